@@ -1,0 +1,62 @@
+# mtrain: one plain Makefile. CPU backend always; CUDA objects come in a later issue.
+CC       ?= gcc
+OPT      ?= -O3 -march=native
+CFLAGS   ?= $(OPT) -g
+CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread
+LDLIBS   += -lyaml -lzstd -ljansson -lxxhash -lopenblas -lm -lpthread
+LDFLAGS  += -fopenmp
+
+ifeq ($(SANITIZE),1)
+  CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  LDFLAGS += -fsanitize=address,undefined
+  BUILD   ?= build/asan
+else
+  BUILD   ?= build/rel
+endif
+
+LIB_DIRS := config kernels kernels/cpu model data checkpoint parallel cli
+LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+TEST_SRC := $(wildcard tests/unit/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+BENCH_SRC := $(wildcard scripts/bench/*.c)
+BENCH_BIN := $(BENCH_SRC:scripts/bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all test bench clean unit-tests
+all: mtrain
+
+# ./mtrain is always the build of the current flavour (release or sanitized).
+mtrain: $(BUILD)/mtrain
+	cp $< $@
+
+$(BUILD)/mtrain: $(BUILD)/main.o $(BUILD)/libmtrain.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/libmtrain.a: $(LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmtrain.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libmtrain.a $(LDLIBS)
+
+$(BUILD)/bench/%: scripts/bench/%.c $(BUILD)/libmtrain.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libmtrain.a $(LDLIBS)
+
+unit-tests: $(TEST_BIN)
+
+# The README's test command. Prints one summary line "N passed, N failed[, N skipped]".
+test: mtrain $(TEST_BIN)
+	BUILD=$(BUILD) bash tests/run.sh
+
+bench: mtrain $(BENCH_BIN)
+	BUILD=$(BUILD) bash scripts/bench/run.sh
+
+clean:
+	rm -rf build mtrain
+
+-include $(LIB_OBJ:.o=.d) $(BUILD)/main.d

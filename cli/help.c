@@ -1,0 +1,43 @@
+#include <string.h>
+
+#include "cli/cli.h"
+#include "config/recipe.h"
+
+void print_usage(FILE *out) {
+    fprintf(out,
+            "usage: mtrain <command> [args]\n\n"
+            "commands:\n");
+    print_commands(out);
+    fprintf(out,
+            "\n'mtrain help <command>' shows a command's options;"
+            " 'mtrain help recipe' lists every recipe key.\n");
+}
+
+int wants_help(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+    return 0;
+}
+
+int cmd_help(int argc, char **argv) {
+    if (argc < 2) {
+        print_usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "recipe")) {
+        recipe_print_schema(stdout);
+        return 0;
+    }
+    const struct command *c = find_command(argv[1]);
+    if (!c) {
+        fprintf(stderr, "mtrain: no help for unknown command '%s'\n", argv[1]);
+        return 2;
+    }
+    char *args[] = {argv[1], "--help", NULL};
+    return c->run(2, args);
+}
+
+int cmd_version(int argc, char **argv) {
+    printf("mtrain %s\n", MTRAIN_VERSION);
+    return 0;
+}

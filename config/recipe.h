@@ -1,0 +1,111 @@
+/* The recipe: every setting of a run, loaded from YAML, overridden by --set,
+ * validated before anything is allocated. The schema table in recipe_schema.c
+ * is the one place where keys, types, defaults, ranges and docs live. */
+#pragma once
+#include <stddef.h>
+#include <stdio.h>
+
+#define RECIPE_PATH_MAX 1024
+#define RECIPE_STR_MAX 32
+
+struct model_config {
+    char arch[RECIPE_STR_MAX];      /* "llama" */
+    int vocab_size;
+    int hidden_size;
+    int num_layers;
+    int num_heads;
+    int num_kv_heads;
+    int intermediate_size;
+    int max_seq_len;                /* max position for RoPE tables */
+    double rope_theta;
+    /* Llama 3.1 frequency scaling; factor 0 disables it. */
+    double rope_scaling_factor;
+    double rope_low_freq_factor;
+    double rope_high_freq_factor;
+    int rope_original_max_pos;
+    double norm_eps;
+    int tie_embeddings;             /* bool */
+    double init_std;
+    char init_from[RECIPE_PATH_MAX];/* optional safetensors file with HF names */
+};
+
+struct parallel_config {
+    int tp, pp, ep, cp, vpp;
+    int sequence_parallel;          /* bool */
+};
+
+struct train_config {
+    int seq_len;
+    int micro_batch;                /* sequences per micro batch per rank */
+    int global_batch;               /* sequences per optimizer step, all ranks */
+    int steps;
+    unsigned long long seed;
+    int eval_interval;              /* 0 disables validation */
+    int eval_batches;
+    char device[RECIPE_STR_MAX];    /* auto | cpu | cuda */
+    double peak_tflops;             /* per device, for MFU */
+    int threads;                    /* 0: OMP default */
+};
+
+struct optimizer_config {
+    char type[RECIPE_STR_MAX];      /* adamw */
+    double lr, min_lr;
+    double beta1, beta2, eps;
+    double weight_decay;
+    double grad_clip;               /* 0 disables clipping */
+    char schedule[RECIPE_STR_MAX];  /* cosine | linear | constant | wsd */
+    int warmup_steps;
+    int decay_steps;                /* 0: train.steps */
+    int wsd_decay_steps;            /* length of the final decay in wsd */
+    int distributed;                /* bool: ZeRO-1 over DP */
+};
+
+struct data_config {
+    char path[RECIPE_PATH_MAX];     /* dataset directory */
+    double valid_fraction;          /* fraction of documents held out */
+};
+
+struct checkpoint_config {
+    char dir[RECIPE_PATH_MAX];      /* empty: no checkpoints */
+    int interval;
+    int keep_last;
+    int async;                      /* bool */
+};
+
+struct log_config {
+    char dir[RECIPE_PATH_MAX];      /* run directory for metrics.jsonl */
+    int interval;                   /* print every N steps */
+};
+
+struct recipe {
+    struct model_config model;
+    struct parallel_config parallel;
+    struct train_config train;
+    struct optimizer_config optimizer;
+    struct data_config data;
+    struct checkpoint_config checkpoint;
+    struct log_config log;
+    char source[RECIPE_PATH_MAX];   /* file it came from, for messages */
+};
+
+/* Fill every field with its documented default. */
+void recipe_defaults(struct recipe *r);
+
+/* Load a YAML recipe on top of the defaults. On error prints
+ * "FILE:LINE:COL: key 'a.b': message" and returns -1. */
+int recipe_load(struct recipe *r, const char *path);
+
+/* Apply one "section.key=value" override with the same type and range checks.
+ * Returns -1 with a message naming the override on error. */
+int recipe_set(struct recipe *r, const char *assignment);
+
+/* Cross-field checks (heads divide hidden, batch divisible, data path ...).
+ * world_size is the number of ranks (1 for a single process). Messages name
+ * the key and, when it came from the file, its line. Returns -1 on error. */
+int recipe_validate(const struct recipe *r, int world_size);
+
+/* Print the resolved recipe as YAML (used by --dry-run and checkpoints). */
+void recipe_print(const struct recipe *r, FILE *out);
+
+/* Print every key with type, default and meaning (mtrain help recipe). */
+void recipe_print_schema(FILE *out);

@@ -1,0 +1,35 @@
+/* mtrain: subcommand dispatch only. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const struct command commands[] = {
+    {"pretrain", cmd_pretrain, "train a model from a YAML recipe"},
+    {"data", cmd_data, "build, inspect and verify token datasets"},
+    {"version", cmd_version, "print the version"},
+    {"help", cmd_help, "show help for mtrain or a subcommand"},
+};
+
+const struct command *find_command(const char *name) {
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(commands[i].name, name) == 0) return &commands[i];
+    return NULL;
+}
+
+void print_commands(FILE *out) {
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return cmd_help(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "--version")) return cmd_version(argc - 1, argv + 1);
+    const struct command *c = find_command(argv[1]);
+    if (!c) {
+        fprintf(stderr, "mtrain: unknown command '%s'\n\n", argv[1]);
+        print_usage(stderr);
+        return 2;
+    }
+    return c->run(argc - 1, argv + 1);
+}

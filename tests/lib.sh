@@ -1,0 +1,21 @@
+# Shared helpers for shell integration tests: each check prints PASS/FAIL/SKIP
+# lines that tests/run.sh counts. Source this, then call pass/fail/expect_*.
+set -u
+MTRAIN=${MTRAIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/mtrain}
+TMP=$(mktemp -d /tmp/mtrain-test.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+FAILED=0
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: ${2:-}"; FAILED=1; }
+skip() { echo "SKIP $1: ${2:-}"; }
+# expect_exit NAME CODE CMD...: run CMD, check its exit code; output in $TMP/out
+expect_exit() {
+    local name=$1 code=$2; shift 2
+    "$@" >"$TMP/out" 2>&1
+    local rc=$?
+    if [ "$rc" = "$code" ]; then pass "$name"; else fail "$name" "exit $rc, want $code: $(head -c 400 "$TMP/out")"; fi
+}
+# expect_output NAME PATTERN: grep -E PATTERN in the last command's output
+expect_output() {
+    if grep -qE -- "$2" "$TMP/out"; then pass "$1"; else fail "$1" "output lacks /$2/: $(head -c 400 "$TMP/out")"; fi
+}
