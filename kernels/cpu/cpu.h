@@ -1,0 +1,31 @@
+/* CPU implementations of the backend ops (fp32, OpenMP + OpenBLAS). */
+#pragma once
+#include "kernels/ops.h"
+
+void *cpu_alloc(size_t bytes);
+void cpu_free(void *p);
+void cpu_zero(void *p, size_t bytes);
+void cpu_copy(void *dst, const void *src, size_t bytes);
+
+void cpu_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C);
+void cpu_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C);
+void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
+void cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                          const float *rstd, int N, int C, int accumulate);
+void cpu_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate);
+void cpu_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
+                         int M, int accumulate_dx);
+void cpu_rope(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse);
+void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
+                           int H, int KVH, int D);
+void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
+                            const float *k, const float *v, int B, int T, int H, int KVH, int D);
+void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
+void cpu_cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale);
+void cpu_add(float *dst, const float *src, size_t n);
+void cpu_scale(float *x, float s, size_t n);
+double cpu_sum(const float *x, size_t n);
+double cpu_sum_squares(const float *x, size_t n);
+void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
+               float eps, float weight_decay, float grad_scale, int step);

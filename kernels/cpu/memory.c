@@ -1,0 +1,47 @@
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/common.h"
+#include "kernels/cpu/cpu.h"
+
+/* 64-byte aligned so AVX-512 loads never split cache lines. */
+void *cpu_alloc(size_t bytes) {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!p) die("out of host memory allocating %zu bytes", bytes);
+    memset(p, 0, rounded);
+    return p;
+}
+
+void cpu_free(void *p) { free(p); }
+void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+void cpu_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) memmove(dst, src, bytes);
+}
+
+const struct backend cpu_backend = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .to_host = cpu_copy,
+    .from_host = cpu_copy,
+    .copy = cpu_copy,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .matmul_forward = cpu_matmul_forward,
+    .matmul_backward = cpu_matmul_backward,
+    .rope = cpu_rope,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .cross_entropy = cpu_cross_entropy,
+    .add = cpu_add,
+    .scale = cpu_scale,
+    .sum = cpu_sum,
+    .sum_squares = cpu_sum_squares,
+    .adamw = cpu_adamw,
+};

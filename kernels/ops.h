@@ -1,0 +1,85 @@
+/* The backend: one table of function pointers that owns device memory and
+ * implements every numeric op the model needs. Model, optimizer and data code
+ * call only through it and never dereference tensor memory, so a CUDA backend
+ * drops in beside kernels/cpu without touching them.
+ *
+ * Conventions (all tensors fp32, row-major, contiguous):
+ *   N = tokens in the micro batch (B*T), C = hidden size, linear weights are
+ *   stored as [out_features, in_features] like torch.nn.Linear / Hugging Face.
+ *   Backward ops ACCUMULATE (+=) into parameter gradients (so gradient
+ *   accumulation over micro batches is free) and OVERWRITE activation
+ *   gradients unless stated otherwise. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+struct backend {
+    const char *name;
+
+    /* memory */
+    void *(*alloc)(size_t bytes);               /* zero-initialised */
+    void (*free)(void *p);
+    void (*zero)(void *p, size_t bytes);
+    void (*to_host)(void *host_dst, const void *src, size_t bytes);
+    void (*from_host)(void *dst, const void *host_src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);
+
+    /* out[n,:] = table[tokens[n],:] */
+    void (*embedding_forward)(float *out, const int32_t *tokens, const float *table, int N, int C);
+    /* dtable[tokens[n],:] += dout[n,:] (deterministic order) */
+    void (*embedding_backward)(float *dtable, const int32_t *tokens, const float *dout, int N, int C);
+
+    /* out = x / rms(x) * w; saves rstd[N] for backward */
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
+    /* dx (+= if accumulate) and dw (+=) */
+    void (*rmsnorm_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                             const float *rstd, int N, int C, int accumulate);
+
+    /* out[N,M] = x[N,K] @ w[M,K]^T (+= if accumulate) */
+    void (*matmul_forward)(float *out, const float *x, const float *w, int N, int K, int M, int accumulate);
+    /* dx[N,K] = dout @ w (+= if accumulate_dx; skipped if dx NULL); dw[M,K] += dout^T @ x */
+    void (*matmul_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w, int N,
+                            int K, int M, int accumulate_dx);
+
+    /* Rotary embedding in place on x[B,T,H,D] (Hugging Face rotate_half
+     * layout): positions 0..T-1, cos/sin tables [max_T, D/2]. inverse=1 applies
+     * the transpose (the backward pass). */
+    void (*rope)(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse);
+
+    /* Causal GQA attention. q[B,T,H,D], k,v[B,T,KVH,D] -> out[B,T,H,D].
+     * att[B,H,T,T] keeps the softmax probabilities for backward. */
+    void (*attention_forward)(float *out, float *att, const float *q, const float *k, const float *v, int B,
+                              int T, int H, int KVH, int D);
+    /* dq, dk, dv overwritten. */
+    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *att,
+                               const float *q, const float *k, const float *v, int B, int T, int H, int KVH,
+                               int D);
+
+    /* out = silu(gate) * up, elementwise over n */
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                            size_t n);
+
+    /* Softmax cross-entropy over logits[N,V] against targets[N] (a target < 0
+     * is ignored). losses[n] = -log p[target]. If dscale != 0 the logits are
+     * overwritten by their gradient times dscale (fused backward). */
+    void (*cross_entropy)(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale);
+
+    /* dst += src */
+    void (*add)(float *dst, const float *src, size_t n);
+    /* x *= s */
+    void (*scale)(float *x, float s, size_t n);
+    /* sum of x (double accumulator, fixed order) */
+    double (*sum)(const float *x, size_t n);
+    /* sum of x^2 (double accumulator, fixed order) */
+    double (*sum_squares)(const float *x, size_t n);
+
+    /* torch.optim.AdamW semantics, one tensor: grad is scaled by grad_scale
+     * first (clipping), step is 1-based. */
+    void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, float grad_scale, int step);
+};
+
+/* "cpu", "cuda" or "auto"; returns NULL with a message if unavailable. */
+const struct backend *backend_get(const char *name);
+extern const struct backend cpu_backend;

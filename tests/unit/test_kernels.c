@@ -1,0 +1,316 @@
+/* Every CPU op against a naive double-precision loop on random data.
+ * Forward: max relative error <= 1e-5 (floored, see check_close).
+ * Backward: compared with central finite differences of the double forward
+ * of L = sum(out * R) for random R: max relative error (floored) <= 1e-4. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "tests/unit/check.h"
+
+static const struct backend *be;
+static unsigned long long seed = 42;
+
+static float *frand(size_t n) {
+    float *x = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) x[i] = test_rand(&seed);
+    return x;
+}
+static double *to_double(const float *x, size_t n) {
+    double *d = malloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+/* ---- double references ---- */
+static int gB = 2, gT = 7, gH = 4, gKVH = 2, gD = 8, gN = 14, gC = 24, gM = 10, gV = 33;
+
+static void ref_matmul(double *out, const double *x, const double *w, int N, int K, int M) {
+    for (int n = 0; n < N; n++)
+        for (int m = 0; m < M; m++) {
+            double a = 0;
+            for (int k = 0; k < K; k++) a += x[n * K + k] * w[m * K + k];
+            out[n * M + m] = a;
+        }
+}
+static void ref_rmsnorm(double *out, const double *x, const double *w, int N, int C, double eps) {
+    for (int n = 0; n < N; n++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += x[n * C + c] * x[n * C + c];
+        double r = 1 / sqrt(ss / C + eps);
+        for (int c = 0; c < C; c++) out[n * C + c] = w[c] * x[n * C + c] * r;
+    }
+}
+static void ref_rope(double *out, const double *x, const float *cs, const float *sn, int B, int T, int H, int D) {
+    int half = D / 2;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++)
+                for (int i = 0; i < D; i++) {
+                    size_t base = (((size_t)b * T + t) * H + h) * D;
+                    int j = i % half;
+                    double c = cs[t * half + j], s = sn[t * half + j];
+                    double rot = i < half ? -x[base + i + half] : x[base + i - half];
+                    out[base + i] = x[base + i] * c + rot * s;
+                }
+}
+static void ref_attention(double *out, const double *q, const double *k, const double *v, int B, int T, int H,
+                          int KVH, int D) {
+    int group = H / KVH;
+    double *p = malloc(sizeof(double) * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                int kh = h / group;
+                double mx = -INFINITY, sum = 0;
+                for (int s = 0; s <= t; s++) {
+                    double d = 0;
+                    for (int i = 0; i < D; i++)
+                        d += q[((b * T + t) * H + h) * D + i] * k[((b * T + s) * KVH + kh) * D + i];
+                    p[s] = d / sqrt(D);
+                    mx = fmax(mx, p[s]);
+                }
+                for (int s = 0; s <= t; s++) sum += (p[s] = exp(p[s] - mx));
+                for (int i = 0; i < D; i++) {
+                    double o = 0;
+                    for (int s = 0; s <= t; s++) o += p[s] / sum * v[((b * T + s) * KVH + kh) * D + i];
+                    out[((b * T + t) * H + h) * D + i] = o;
+                }
+            }
+    free(p);
+}
+static double silu_d(double x) { return x / (1 + exp(-x)); }
+
+/* ---- finite differences: d/dx_i of sum(f(x) * R) ---- */
+typedef void (*ref_fn)(double *out, double **inputs);
+static double objective(ref_fn f, double **in, const double *R, size_t nout, double *scratch) {
+    f(scratch, in);
+    double s = 0;
+    for (size_t i = 0; i < nout; i++) s += scratch[i] * R[i];
+    return s;
+}
+static double *fd_grad(ref_fn f, double **in, int which, size_t nin, const double *R, size_t nout) {
+    double *g = malloc(sizeof(double) * nin), *scratch = malloc(sizeof(double) * nout);
+    for (size_t i = 0; i < nin; i++) {
+        double keep = in[which][i], h = 1e-6;
+        in[which][i] = keep + h;
+        double up = objective(f, in, R, nout, scratch);
+        in[which][i] = keep - h;
+        double dn = objective(f, in, R, nout, scratch);
+        in[which][i] = keep;
+        g[i] = (up - dn) / (2 * h);
+    }
+    free(scratch);
+    return g;
+}
+
+/* Relative error floored at 10% of the reference's RMS (and 1e-2), so float
+ * rounding on values that cancel to near zero is not mistaken for a bug. */
+static double floor_for(const double *want, size_t n) {
+    double ss = 0;
+    for (size_t i = 0; i < n; i++) ss += want[i] * want[i];
+    return fmax(1e-2, 0.1 * sqrt(ss / n));
+}
+static void check_close(const char *name, const float *got, const double *want, size_t n, double tol) {
+    double e = max_rel_err(got, want, n, floor_for(want, n));
+    TEST_RESULT(name, e <= tol, "max rel err %.3g > %.1g", e, tol);
+}
+
+/* ---- tests ---- */
+static void ref_matmul_fn(double *out, double **in) { ref_matmul(out, in[0], in[1], gN, gC, gM); }
+static void test_matmul(void) {
+    int N = gN, K = gC, M = gM;
+    float *x = frand(N * K), *w = frand(M * K), *R = frand(N * M);
+    float *out = calloc(N * M, 4), *dx = calloc(N * K, 4), *dw = calloc(M * K, 4);
+    double *xd = to_double(x, N * K), *wd = to_double(w, M * K), *Rd = to_double(R, N * M);
+    double *ref = malloc(sizeof(double) * N * M), *in[] = {xd, wd};
+    be->matmul_forward(out, x, w, N, K, M, 0);
+    ref_matmul(ref, xd, wd, N, K, M);
+    check_close("matmul_forward", out, ref, N * M, 1e-5);
+    be->matmul_forward(out, x, w, N, K, M, 1);
+    for (int i = 0; i < N * M; i++) ref[i] *= 2;
+    check_close("matmul_forward_accumulate", out, ref, N * M, 1e-5);
+    be->matmul_backward(dx, dw, R, x, w, N, K, M, 0);
+    double *gx = fd_grad(ref_matmul_fn, in, 0, N * K, Rd, N * M), *gw = fd_grad(ref_matmul_fn, in, 1, M * K, Rd, N * M);
+    check_close("matmul_backward_dx", dx, gx, N * K, 1e-4);
+    check_close("matmul_backward_dw", dw, gw, M * K, 1e-4);
+    be->matmul_backward(dx, dw, R, x, w, N, K, M, 1); /* dw accumulates, dx too */
+    for (int i = 0; i < M * K; i++) gw[i] *= 2;
+    for (int i = 0; i < N * K; i++) gx[i] *= 2;
+    check_close("matmul_backward_accumulates", dw, gw, M * K, 1e-4);
+    check_close("matmul_backward_dx_accumulate", dx, gx, N * K, 1e-4);
+    free(x), free(w), free(R), free(out), free(dx), free(dw), free(xd), free(wd), free(Rd), free(ref), free(gx), free(gw);
+}
+
+static void ref_rmsnorm_fn(double *out, double **in) { ref_rmsnorm(out, in[0], in[1], gN, gC, 1e-5); }
+static void test_rmsnorm(void) {
+    int N = gN, C = gC;
+    float *x = frand(N * C), *w = frand(C), *R = frand(N * C), *out = calloc(N * C, 4), *rstd = calloc(N, 4);
+    float *dx = calloc(N * C, 4), *dw = calloc(C, 4);
+    double *xd = to_double(x, N * C), *wd = to_double(w, C), *Rd = to_double(R, N * C), *in[] = {xd, wd};
+    double *ref = malloc(sizeof(double) * N * C);
+    be->rmsnorm_forward(out, rstd, x, w, N, C, 1e-5f);
+    ref_rmsnorm(ref, xd, wd, N, C, 1e-5);
+    check_close("rmsnorm_forward", out, ref, N * C, 1e-5);
+    be->rmsnorm_backward(dx, dw, R, x, w, rstd, N, C, 0);
+    double *gx = fd_grad(ref_rmsnorm_fn, in, 0, N * C, Rd, N * C), *gw = fd_grad(ref_rmsnorm_fn, in, 1, C, Rd, N * C);
+    check_close("rmsnorm_backward_dx", dx, gx, N * C, 1e-4);
+    check_close("rmsnorm_backward_dw", dw, gw, C, 1e-4);
+    free(x), free(w), free(R), free(out), free(rstd), free(dx), free(dw), free(xd), free(wd), free(Rd), free(ref), free(gx), free(gw);
+}
+
+static float *g_cos, *g_sin;
+static void ref_rope_fn(double *out, double **in) { ref_rope(out, in[0], g_cos, g_sin, gB, gT, gH, gD); }
+static void test_rope(void) {
+    int n = gB * gT * gH * gD, half = gD / 2;
+    g_cos = malloc(4 * gT * half), g_sin = malloc(4 * gT * half);
+    for (int t = 0; t < gT; t++)
+        for (int i = 0; i < half; i++) {
+            double a = t * pow(10000.0, -2.0 * i / gD);
+            g_cos[t * half + i] = cos(a), g_sin[t * half + i] = sin(a);
+        }
+    float *x = frand(n), *R = frand(n), *y = malloc(4 * n);
+    double *xd = to_double(x, n), *Rd = to_double(R, n), *ref = malloc(8 * n), *in[] = {xd};
+    memcpy(y, x, 4 * n);
+    be->rope(y, g_cos, g_sin, gB, gT, gH, gD, 0);
+    ref_rope(ref, xd, g_cos, g_sin, gB, gT, gH, gD);
+    check_close("rope_forward", y, ref, n, 1e-5);
+    memcpy(y, R, 4 * n);
+    be->rope(y, g_cos, g_sin, gB, gT, gH, gD, 1);
+    double *gx = fd_grad(ref_rope_fn, in, 0, n, Rd, n);
+    check_close("rope_backward", y, gx, n, 1e-4);
+    free(x), free(R), free(y), free(xd), free(Rd), free(ref), free(gx), free(g_cos), free(g_sin);
+}
+
+static void ref_attn_fn(double *out, double **in) { ref_attention(out, in[0], in[1], in[2], gB, gT, gH, gKVH, gD); }
+static void test_attention(int H, int KVH, const char *fwd_name, const char *bwd_name) {
+    gH = H, gKVH = KVH;
+    int nq = gB * gT * H * gD, nk = gB * gT * KVH * gD;
+    float *q = frand(nq), *k = frand(nk), *v = frand(nk), *R = frand(nq);
+    float *out = calloc(nq, 4), *att = calloc(gB * H * gT * gT, 4);
+    float *dq = calloc(nq, 4), *dk = calloc(nk, 4), *dv = calloc(nk, 4);
+    double *qd = to_double(q, nq), *kd = to_double(k, nk), *vd = to_double(v, nk), *Rd = to_double(R, nq);
+    double *ref = malloc(8 * nq), *in[] = {qd, kd, vd};
+    be->attention_forward(out, att, q, k, v, gB, gT, H, KVH, gD);
+    ref_attention(ref, qd, kd, vd, gB, gT, H, KVH, gD);
+    check_close(fwd_name, out, ref, nq, 1e-5);
+    be->attention_backward(dq, dk, dv, R, att, q, k, v, gB, gT, H, KVH, gD);
+    double *gq = fd_grad(ref_attn_fn, in, 0, nq, Rd, nq), *gk = fd_grad(ref_attn_fn, in, 1, nk, Rd, nq);
+    double *gv = fd_grad(ref_attn_fn, in, 2, nk, Rd, nq);
+    double e = fmax(fmax(max_rel_err(dq, gq, nq, 1e-2), max_rel_err(dk, gk, nk, 1e-2)), max_rel_err(dv, gv, nk, 1e-2));
+    TEST_RESULT(bwd_name, e <= 1e-4, "max rel err %.3g", e);
+    free(q), free(k), free(v), free(R), free(out), free(att), free(dq), free(dk), free(dv);
+    free(qd), free(kd), free(vd), free(Rd), free(ref), free(gq), free(gk), free(gv);
+}
+
+static void ref_swiglu_fn(double *out, double **in) {
+    for (int i = 0; i < gN * gC; i++) out[i] = silu_d(in[0][i]) * in[1][i];
+}
+static void test_swiglu(void) {
+    int n = gN * gC;
+    float *g = frand(n), *u = frand(n), *R = frand(n), *out = malloc(4 * n), *dg = malloc(4 * n), *du = malloc(4 * n);
+    for (int i = 0; i < n; i++) g[i] *= 4; /* exercise the tails of the sigmoid */
+    double *gd = to_double(g, n), *ud = to_double(u, n), *Rd = to_double(R, n), *ref = malloc(8 * n), *in[] = {gd, ud};
+    be->swiglu_forward(out, g, u, n);
+    ref_swiglu_fn(ref, in);
+    check_close("swiglu_forward", out, ref, n, 1e-5);
+    be->swiglu_backward(dg, du, R, g, u, n);
+    double *gg = fd_grad(ref_swiglu_fn, in, 0, n, Rd, n), *gu = fd_grad(ref_swiglu_fn, in, 1, n, Rd, n);
+    check_close("swiglu_backward_dgate", dg, gg, n, 1e-4);
+    check_close("swiglu_backward_dup", du, gu, n, 1e-4);
+    free(g), free(u), free(R), free(out), free(dg), free(du), free(gd), free(ud), free(Rd), free(ref), free(gg), free(gu);
+}
+
+static int32_t g_targets[64];
+static void ref_ce_fn(double *out, double **in) {
+    double total = 0;
+    for (int n = 0; n < gN; n++) {
+        const double *row = in[0] + n * gV;
+        double mx = -INFINITY, s = 0;
+        for (int i = 0; i < gV; i++) mx = fmax(mx, row[i]);
+        for (int i = 0; i < gV; i++) s += exp(row[i] - mx);
+        if (g_targets[n] >= 0) total += log(s) + mx - row[g_targets[n]];
+    }
+    out[0] = total;
+}
+static void test_cross_entropy(void) {
+    int N = gN, V = gV;
+    float *logits = frand(N * V), *work = malloc(4 * N * V), *losses = malloc(4 * N);
+    for (int i = 0; i < N * V; i++) logits[i] *= 5;
+    for (int n = 0; n < N; n++) g_targets[n] = (n == 3) ? -1 : (int)((test_rand(&seed) + 1) / 2 * V) % V;
+    double *ld = to_double(logits, N * V), *in[] = {ld}, one = 1, total_ref;
+    ref_ce_fn(&total_ref, in);
+    memcpy(work, logits, 4 * N * V);
+    be->cross_entropy(losses, work, g_targets, N, V, 1.0f);
+    double total = 0;
+    for (int n = 0; n < N; n++) total += losses[n];
+    TEST_RESULT("cross_entropy_loss", fabs(total - total_ref) / fabs(total_ref) <= 1e-5, "%g vs %g", total, total_ref);
+    TEST_RESULT("cross_entropy_ignores_negative_target", losses[3] == 0.0f, "loss %g", losses[3]);
+    double *g = fd_grad(ref_ce_fn, in, 0, N * V, &one, 1);
+    check_close("cross_entropy_grad", work, g, N * V, 1e-4);
+    free(logits), free(work), free(losses), free(ld), free(g);
+}
+
+static void test_embedding(void) {
+    int N = gN, C = gC, V = 5; /* few rows: tokens repeat, so accumulation is exercised */
+    int32_t tok[64];
+    for (int n = 0; n < N; n++) tok[n] = (n * 7) % V;
+    float *table = frand(V * C), *out = malloc(4 * N * C), *dout = frand(N * C), *dt = calloc(V * C, 4);
+    double *ref = calloc(V * C, 8);
+    be->embedding_forward(out, tok, table, N, C);
+    int ok = 1;
+    for (int n = 0; n < N; n++) ok &= !memcmp(out + n * C, table + tok[n] * C, 4 * C);
+    TEST_RESULT("embedding_forward", ok, "rows differ");
+    be->embedding_backward(dt, tok, dout, N, C);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) ref[tok[n] * C + c] += dout[n * C + c];
+    check_close("embedding_backward", dt, ref, V * C, 1e-5);
+    free(table), free(out), free(dout), free(dt), free(ref);
+}
+
+static void test_adamw(void) {
+    int n = 1000;
+    float *p = frand(n), *g = frand(n), *m = calloc(n, 4), *v = calloc(n, 4);
+    double *pd = to_double(p, n), *md = calloc(n, 8), *vd = calloc(n, 8);
+    double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.5;
+    for (int step = 1; step <= 3; step++) {
+        be->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, gs, step);
+        for (int i = 0; i < n; i++) {
+            double gi = (double)g[i] * gs;
+            pd[i] *= 1 - lr * wd;
+            md[i] = b1 * md[i] + (1 - b1) * gi;
+            vd[i] = b2 * vd[i] + (1 - b2) * gi * gi;
+            double mh = md[i] / (1 - pow(b1, step)), vh = vd[i] / (1 - pow(b2, step));
+            pd[i] -= lr * mh / (sqrt(vh) + eps);
+        }
+    }
+    check_close("adamw_three_steps", p, pd, n, 1e-5);
+    free(p), free(g), free(m), free(v), free(pd), free(md), free(vd);
+}
+
+static void test_reductions(void) {
+    size_t n = 100003;
+    float *x = frand(n);
+    double s = 0, ss = 0;
+    for (size_t i = 0; i < n; i++) s += x[i], ss += (double)x[i] * x[i];
+    TEST_RESULT("sum", fabs(be->sum(x, n) - s) <= 1e-9 * n, "%g vs %g", be->sum(x, n), s);
+    TEST_RESULT("sum_squares", fabs(be->sum_squares(x, n) - ss) / ss <= 1e-12, "%g vs %g", be->sum_squares(x, n), ss);
+    TEST_RESULT("sum_repeatable", be->sum_squares(x, n) == be->sum_squares(x, n), "differs between calls");
+    free(x);
+}
+
+int main(void) {
+    be = backend_get("cpu");
+    test_matmul();
+    test_rmsnorm();
+    test_rope();
+    test_attention(4, 2, "attention_forward_gqa", "attention_backward_gqa");
+    test_attention(4, 4, "attention_forward_mha", "attention_backward_mha");
+    test_attention(4, 1, "attention_forward_mqa", "attention_backward_mqa");
+    test_swiglu();
+    test_cross_entropy();
+    test_embedding();
+    test_adamw();
+    test_reductions();
+    TEST_EXIT();
+}
