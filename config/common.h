@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #define EXIT_RUNTIME 1
 #define EXIT_USAGE 2

@@ -1,0 +1,11 @@
+/* Model weights <-> safetensors with Hugging Face tensor names (the names of
+ * the parameter table), fp32 on disk. */
+#pragma once
+#include "kernels/ops.h"
+#include "model/params.h"
+
+/* Load every tensor of the table from path into the device buffer. Shapes
+ * must match; BF16/F16 are widened. Errors name the file and tensor and exit 1. */
+void weights_load(const struct backend *be, float *buf, const struct param_table *t, const char *path);
+/* Save the device buffer (e.g. parameters or gradients) as fp32 safetensors. */
+void weights_save(const struct backend *be, const float *buf, const struct param_table *t, const char *path);

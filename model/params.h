@@ -1,0 +1,47 @@
+/* The parameter table: every tensor of the model with its Hugging Face name,
+ * global shape, shard rule and offset in this rank's one contiguous buffer.
+ * It drives init, the optimizer, checkpoints and the memory estimate;
+ * gradients and optimizer moments mirror it offset for offset. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config/recipe.h"
+
+#define PARAM_NAME_MAX 96
+
+enum shard_rule {
+    SHARD_REPLICATED = 0,   /* every rank holds the whole tensor */
+    SHARD_TP_ROWS,          /* split on dim 0 over tensor parallel (column-parallel linear, vocab) */
+    SHARD_TP_COLS,          /* split on dim 1 over tensor parallel (row-parallel linear) */
+};
+
+enum param_kind {
+    PARAM_MATRIX = 0,       /* weight-decayed, N(0, std) */
+    PARAM_NORM,             /* no weight decay, ones */
+};
+
+struct param_info {
+    char name[PARAM_NAME_MAX];
+    int ndim;
+    int64_t shape[2];       /* global shape */
+    int64_t local_shape[2]; /* this rank's shard */
+    enum shard_rule shard;
+    enum param_kind kind;
+    float init_std;
+    size_t offset;          /* in floats, into the local parameter buffer */
+    size_t numel;           /* local element count */
+};
+
+struct param_table {
+    struct param_info *items;
+    int count;
+    size_t total;           /* local floats */
+};
+
+/* Build the table of a Llama model for tensor-parallel rank tp_rank of tp. */
+void param_table_build(struct param_table *t, const struct model_config *m, int tp, int tp_rank);
+void param_table_free(struct param_table *t);
+const struct param_info *param_find(const struct param_table *t, const char *name);
+/* Global element count (all shards), counting each tensor once. */
+int64_t param_table_global_count(const struct param_table *t);
