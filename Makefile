@@ -47,10 +47,17 @@ $(BUILD)/bench/%: scripts/bench/%.c $(BUILD)/libmtrain.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libmtrain.a $(LDLIBS)
 
-unit-tests: $(TEST_BIN)
+# drivers the reference and integration tests call (not tests themselves)
+TOOL_SRC := $(wildcard tests/reference/*.c)
+TOOL_BIN := $(TOOL_SRC:tests/reference/%.c=$(BUILD)/tools/%)
+$(BUILD)/tools/%: tests/reference/%.c $(BUILD)/libmtrain.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libmtrain.a $(LDLIBS)
+
+unit-tests: $(TEST_BIN) $(TOOL_BIN)
 
 # The README's test command. Prints one summary line "N passed, N failed[, N skipped]".
-test: mtrain $(TEST_BIN)
+test: mtrain $(TEST_BIN) $(TOOL_BIN)
 	BUILD=$(BUILD) bash tests/run.sh
 
 bench: mtrain $(BENCH_BIN)

@@ -1,0 +1,31 @@
+#include "model/flops.h"
+#include "model/llama.h"
+
+int64_t model_param_count(const struct model_config *m) {
+    struct param_table t;
+    param_table_build(&t, m, 1, 0);
+    int64_t n = param_table_global_count(&t);
+    param_table_free(&t);
+    return n;
+}
+
+double model_flops_per_token(const struct model_config *m, int seq_len) {
+    double C = m->hidden_size, F = m->intermediate_size, L = m->num_layers, V = m->vocab_size;
+    double kv = (double)m->num_kv_heads / m->num_heads;
+    double per_layer = C * C * (2 + 2 * kv) + 3 * C * F; /* q, o, k, v; gate, up, down */
+    double matmul_params = L * per_layer + V * C;          /* + output projection */
+    return 6 * matmul_params + 6 * L * C * seq_len;
+}
+
+struct memory_estimate model_memory_estimate(const struct recipe *r) {
+    struct memory_estimate e = {0};
+    struct param_table t;
+    param_table_build(&t, &r->model, r->parallel.tp, 0);
+    e.params = t.total * sizeof(float);
+    e.grads = e.params;
+    e.optimizer = 2 * e.params;
+    param_table_free(&t);
+    e.activations = llama_arena_bytes(&r->model, r->train.micro_batch, r->train.seq_len);
+    e.total = e.params + e.grads + e.optimizer + e.activations;
+    return e;
+}

@@ -1,0 +1,19 @@
+/* Analytic cost model: FLOPs per token and memory per rank. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config/recipe.h"
+
+/* Training FLOPs per token (forward + backward): 6 x (parameters used in
+ * matmuls, the output projection included, the embedding lookup excluded)
+ * + 6 x layers x hidden x seq_len for causal attention (QK^T and AV, forward
+ * and backward, halved for the causal mask). */
+double model_flops_per_token(const struct model_config *m, int seq_len);
+/* Parameters (global, each tensor once). */
+int64_t model_param_count(const struct model_config *m);
+
+struct memory_estimate {
+    size_t params, grads, optimizer, activations, total; /* bytes per rank */
+};
+struct memory_estimate model_memory_estimate(const struct recipe *r);

@@ -1,0 +1,95 @@
+/* Test driver for the PyTorch reference comparison (tests/reference/llama_ref.py).
+ *
+ *   llama_driver grad  RECIPE WEIGHTS BATCHES OUTDIR
+ *       one global batch: writes OUTDIR/logits.safetensors, OUTDIR/grads.safetensors
+ *       (gradients of the mean token loss) and OUTDIR/loss.txt
+ *   llama_driver train RECIPE WEIGHTS BATCHES OUTDIR
+ *       train.steps optimizer steps through trainer_step (the code path of
+ *       `mtrain pretrain`): OUTDIR/losses.txt (loss grad_norm lr per line) and
+ *       OUTDIR/params.safetensors
+ *
+ * BATCHES is raw little-endian int32: [steps][global_batch][seq_len+1]. */
+#include <string.h>
+
+#include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
+#include "config/common.h"
+#include "model/trainer.h"
+
+static int32_t *read_batches(const char *path, size_t want) {
+    size_t size = 0;
+    char *buf = read_file(path, &size);
+    if (!buf) die("cannot read %s", path);
+    if (size != want * sizeof(int32_t)) die("%s: %zu bytes, expected %zu", path, size, want * sizeof(int32_t));
+    return (int32_t *)buf;
+}
+
+static void grad_mode(struct trainer *tr, const int32_t *samples, const char *outdir) {
+    const struct recipe *r = tr->recipe;
+    struct llama *m = &tr->model;
+    int n = r->train.global_batch, B = r->train.micro_batch, T = r->train.seq_len, V = r->model.vocab_size;
+    float *logits = xmalloc(sizeof(float) * (size_t)n * T * V);
+    double loss = 0;
+    for (int first = 0; first < n; first += B) {
+        for (int b = 0; b < B; b++) {
+            memcpy(tr->inputs + b * T, samples + (size_t)(first + b) * (T + 1), sizeof(int32_t) * T);
+            memcpy(tr->targets + b * T, samples + (size_t)(first + b) * (T + 1) + 1, sizeof(int32_t) * T);
+        }
+        loss += llama_step(m, tr->inputs, tr->targets, 0.0f);
+        m->be->to_host(logits + (size_t)first * T * V, m->logits, sizeof(float) * B * T * V);
+    }
+    char path[2048];
+    struct st_tensor t = {.name = "logits", .dtype = "F32", .ndim = 3, .shape = {n, T, V}, .data = logits,
+                          .nbytes = sizeof(float) * (size_t)n * T * V};
+    snprintf(path, sizeof path, "%s/logits.safetensors", outdir);
+    safetensors_save(path, &t, 1, NULL, NULL, 0);
+    /* gradients of the mean loss, accumulated over micro batches exactly as trainer_step does */
+    m->be->zero(m->grads, sizeof(float) * m->table.total);
+    for (int first = 0; first < n; first += B) {
+        for (int b = 0; b < B; b++) {
+            memcpy(tr->inputs + b * T, samples + (size_t)(first + b) * (T + 1), sizeof(int32_t) * T);
+            memcpy(tr->targets + b * T, samples + (size_t)(first + b) * (T + 1) + 1, sizeof(int32_t) * T);
+        }
+        llama_step(m, tr->inputs, tr->targets, 1.0f / ((float)n * T));
+    }
+    snprintf(path, sizeof path, "%s/grads.safetensors", outdir);
+    weights_save(m->be, m->grads, &m->table, path);
+    snprintf(path, sizeof path, "%s/loss.txt", outdir);
+    FILE *f = xfopen(path, "w");
+    fprintf(f, "%.9g\n", loss / ((double)n * T));
+    xfclose(f, path);
+    free(logits);
+}
+
+static void train_mode(struct trainer *tr, const int32_t *samples, const char *outdir) {
+    const struct recipe *r = tr->recipe;
+    size_t per_step = (size_t)r->train.global_batch * (r->train.seq_len + 1);
+    char path[2048];
+    snprintf(path, sizeof path, "%s/losses.txt", outdir);
+    FILE *f = xfopen(path, "w");
+    for (int s = 0; s < r->train.steps; s++) {
+        struct step_stats st = trainer_step(tr, samples + s * per_step, r->train.global_batch);
+        fprintf(f, "%.9g %.9g %.9g\n", st.loss, st.grad_norm, st.lr);
+    }
+    xfclose(f, path);
+    snprintf(path, sizeof path, "%s/params.safetensors", outdir);
+    weights_save(tr->model.be, tr->model.params, &tr->model.table, path);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6) die("usage: llama_driver grad|train RECIPE WEIGHTS BATCHES OUTDIR");
+    static struct recipe r;
+    recipe_defaults(&r);
+    if (recipe_load(&r, argv[2]) != 0) return 2;
+    struct trainer tr;
+    trainer_create(&tr, backend_get("cpu"), &r);
+    weights_load(tr.model.be, tr.model.params, &tr.model.table, argv[3]);
+    int train = !strcmp(argv[1], "train");
+    size_t steps = train ? r.train.steps : 1;
+    int32_t *samples = read_batches(argv[4], steps * r.train.global_batch * (r.train.seq_len + 1));
+    if (train) train_mode(&tr, samples, argv[5]);
+    else grad_mode(&tr, samples, argv[5]);
+    free(samples);
+    trainer_free(&tr);
+    return 0;
+}
