@@ -33,6 +33,16 @@ struct options {
     int dry_run;
 };
 
+/* World size from the launcher's environment (srun, mpirun), 0 if none. */
+static int launcher_world_size(void) {
+    const char *vars[] = {"PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"};
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 0) return atoi(v);
+    }
+    return 0;
+}
+
 /* Parse argv into r (recipe + overrides, validated). Returns an exit code or -1 to go on. */
 static int parse(int argc, char **argv, struct options *o, struct recipe *r) {
     memset(o, 0, sizeof *o);
@@ -68,7 +78,10 @@ static int parse(int argc, char **argv, struct options *o, struct recipe *r) {
     if (recipe_load(r, o->recipe) != 0) return EXIT_USAGE;
     for (int i = 0; i < nsets; i++)
         if (recipe_set(r, sets[i]) != 0) return EXIT_USAGE;
-    if (recipe_validate(r, 1) != 0) return EXIT_USAGE;
+    /* A dry run plans for the launcher's world size; alone it checks only
+     * what does not depend on one (0 = unknown). */
+    int world = launcher_world_size();
+    if (recipe_validate(r, world ? world : (o->dry_run ? 0 : 1)) != 0) return EXIT_USAGE;
     return -1;
 }
 

@@ -7,6 +7,8 @@
 
 #define RECIPE_PATH_MAX 1024
 #define RECIPE_STR_MAX 32
+/* Upper bound on schema keys; recipe_schema.c checks it at compile time. */
+#define RECIPE_MAX_KEYS 96
 
 struct model_config {
     char arch[RECIPE_STR_MAX];      /* "llama" */
@@ -77,6 +79,13 @@ struct log_config {
     int interval;                   /* print every N steps */
 };
 
+/* Where a key got its value, for messages: line/col are 1-based in
+ * recipe.source; line 0 means the default, RECIPE_MARK_SET means --set. */
+#define RECIPE_MARK_SET (-1)
+struct recipe_mark {
+    int line, col;
+};
+
 struct recipe {
     struct model_config model;
     struct parallel_config parallel;
@@ -86,6 +95,7 @@ struct recipe {
     struct checkpoint_config checkpoint;
     struct log_config log;
     char source[RECIPE_PATH_MAX];   /* file it came from, for messages */
+    struct recipe_mark marks[RECIPE_MAX_KEYS]; /* by schema index; config/ only */
 };
 
 /* Fill every field with its documented default. */
@@ -100,8 +110,10 @@ int recipe_load(struct recipe *r, const char *path);
 int recipe_set(struct recipe *r, const char *assignment);
 
 /* Cross-field checks (heads divide hidden, batch divisible, data path ...).
- * world_size is the number of ranks (1 for a single process). Messages name
- * the key and, when it came from the file, its line. Returns -1 on error. */
+ * world_size is the number of ranks (1 for a single process; 0 when not
+ * known, e.g. a dry run away from the cluster: the checks that need it are
+ * skipped). Messages name the key and, when it came from the file, its line.
+ * Prints the first problem only and returns -1. */
 int recipe_validate(const struct recipe *r, int world_size);
 
 /* Print the resolved recipe as YAML (used by --dry-run and checkpoints). */

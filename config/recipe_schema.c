@@ -1,0 +1,379 @@
+/* The recipe schema: one table of every key with its type, field, default,
+ * range and doc. Defaults, printing, the schema help, the YAML loader and
+ * --set all read this table, so adding a key is one line here plus the field
+ * in recipe.h. */
+#include "config/recipe_schema.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config/common.h"
+
+#define FIELD(sec, f) offsetof(struct recipe, sec.f), sizeof(((struct recipe *)0)->sec.f)
+#define INT(sec, f, def, lo, hi, doc) {#sec "." #f, KEY_INT, FIELD(sec, f), def, lo, hi, 0, NULL, doc}
+#define POS(sec, f, def, doc) INT(sec, f, def, 1, INT_MAX, doc)
+#define NONNEG(sec, f, def, doc) INT(sec, f, def, 0, INT_MAX, doc)
+#define U64(sec, f, def, doc) {#sec "." #f, KEY_UINT64, FIELD(sec, f), def, 0, HUGE_VAL, 0, NULL, doc}
+#define DBL(sec, f, def, lo, hi, fl, doc) {#sec "." #f, KEY_DOUBLE, FIELD(sec, f), def, lo, hi, fl, NULL, doc}
+#define BOOL(sec, f, def, doc) {#sec "." #f, KEY_BOOL, FIELD(sec, f), def, 0, 1, 0, NULL, doc}
+#define STR(sec, f, def, doc) {#sec "." #f, KEY_STRING, FIELD(sec, f), def, 0, 0, 0, NULL, doc}
+#define ENUM(sec, f, def, ch, doc) {#sec "." #f, KEY_ENUM, FIELD(sec, f), def, 0, 0, 0, ch, doc}
+#define INF HUGE_VAL
+#define GT0 KEY_MIN_EXCL   /* (0, inf) */
+#define LT1 KEY_MAX_EXCL   /* [0, 1) */
+
+const char *const recipe_sections[] = {"model", "parallel", "train", "optimizer", "data", "checkpoint", "log", NULL};
+
+const struct recipe_key recipe_keys[] = {
+    STR(model, arch, "llama", "model family; only llama is supported for now"),
+    INT(model, vocab_size, "257", 2, INT_MAX, "vocabulary size (257 = bytes + end of document)"),
+    POS(model, hidden_size, "64", "width of the residual stream"),
+    POS(model, num_layers, "2", "number of transformer blocks"),
+    POS(model, num_heads, "4", "attention query heads"),
+    POS(model, num_kv_heads, "2", "key/value heads (GQA groups); must divide num_heads"),
+    POS(model, intermediate_size, "192", "SwiGLU hidden size of the MLP"),
+    NONNEG(model, max_seq_len, "0", "longest position for RoPE tables; 0 = train.seq_len"),
+    DBL(model, rope_theta, "500000", 0, INF, GT0, "RoPE base frequency"),
+    DBL(model, rope_scaling_factor, "0", 0, INF, 0, "Llama 3.1 RoPE scaling factor (8); 0 disables scaling"),
+    DBL(model, rope_low_freq_factor, "1", 0, INF, GT0, "Llama 3.1 RoPE scaling low_freq_factor"),
+    DBL(model, rope_high_freq_factor, "4", 0, INF, GT0, "Llama 3.1 RoPE scaling high_freq_factor"),
+    POS(model, rope_original_max_pos, "8192", "Llama 3.1 RoPE scaling original_max_position_embeddings"),
+    DBL(model, norm_eps, "1e-5", 0, 1, GT0 | LT1, "RMSNorm epsilon"),
+    BOOL(model, tie_embeddings, "false", "share the embedding and output head weights"),
+    DBL(model, init_std, "0.02", 0, INF, 0, "standard deviation of the normal weight init"),
+    STR(model, init_from, "", "safetensors file (Hugging Face names) to start from; empty = random init"),
+
+    POS(parallel, tp, "1", "tensor parallel size"),
+    POS(parallel, pp, "1", "pipeline parallel size"),
+    POS(parallel, ep, "1", "expert parallel size (MoE models only)"),
+    POS(parallel, cp, "1", "context parallel size"),
+    POS(parallel, vpp, "1", "virtual pipeline stages per rank (interleaved 1F1B)"),
+    BOOL(parallel, sequence_parallel, "false", "shard norm/dropout activations over TP ranks"),
+
+    POS(train, seq_len, "128", "tokens per training sequence"),
+    POS(train, micro_batch, "4", "sequences per micro batch per data-parallel rank"),
+    POS(train, global_batch, "4", "sequences per optimizer step over all ranks"),
+    POS(train, steps, "100", "optimizer steps to train"),
+    U64(train, seed, "1234", "seed of init and data order"),
+    NONNEG(train, eval_interval, "0", "validate every N steps; 0 disables validation"),
+    POS(train, eval_batches, "4", "global batches per validation"),
+    ENUM(train, device, "auto", "auto|cpu|cuda", "compute backend; auto = cuda when available"),
+    DBL(train, peak_tflops, "0", 0, INF, 0, "peak TFLOP/s per device for MFU; 0 = unknown (no MFU)"),
+    INT(train, threads, "0", 0, 4096, "CPU threads; 0 = OpenMP default"),
+
+    ENUM(optimizer, type, "adamw", "adamw", "optimizer"),
+    DBL(optimizer, lr, "3e-4", 0, INF, GT0, "peak learning rate"),
+    DBL(optimizer, min_lr, "3e-5", 0, INF, 0, "learning rate at the end of the decay"),
+    DBL(optimizer, beta1, "0.9", 0, 1, LT1, "AdamW beta1"),
+    DBL(optimizer, beta2, "0.95", 0, 1, LT1, "AdamW beta2"),
+    DBL(optimizer, eps, "1e-8", 0, INF, GT0, "AdamW epsilon"),
+    DBL(optimizer, weight_decay, "0.1", 0, INF, 0, "decoupled weight decay (matrices only)"),
+    DBL(optimizer, grad_clip, "1.0", 0, INF, 0, "clip the global gradient norm to this; 0 disables"),
+    ENUM(optimizer, schedule, "cosine", "cosine|linear|constant|wsd", "learning rate schedule after warmup"),
+    NONNEG(optimizer, warmup_steps, "0", "linear warmup steps from 0 to lr"),
+    NONNEG(optimizer, decay_steps, "0", "step where decay reaches min_lr; 0 = train.steps"),
+    NONNEG(optimizer, wsd_decay_steps, "0", "wsd: length of the final decay to min_lr"),
+    BOOL(optimizer, distributed, "false", "shard optimizer state over data-parallel ranks (ZeRO-1)"),
+
+    STR(data, path, "", "dataset directory from mtrain data build (required)"),
+    DBL(data, valid_fraction, "0", 0, 1, LT1, "fraction of documents held out for validation"),
+
+    STR(checkpoint, dir, "", "checkpoint directory; empty = no checkpoints"),
+    NONNEG(checkpoint, interval, "0", "save every N steps; 0 = never"),
+    NONNEG(checkpoint, keep_last, "2", "checkpoints kept on disk; 0 = keep all"),
+    BOOL(checkpoint, async, "false", "write checkpoints in a background thread"),
+
+    STR(log, dir, "runs/latest", "run directory for metrics.jsonl"),
+    POS(log, interval, "1", "print a console line every N steps"),
+};
+
+const int recipe_nkeys = sizeof recipe_keys / sizeof recipe_keys[0];
+_Static_assert(sizeof recipe_keys / sizeof recipe_keys[0] <= RECIPE_MAX_KEYS, "raise RECIPE_MAX_KEYS");
+
+static const char *const type_names[] = {"int", "uint64", "double", "bool", "string", "enum"};
+
+int recipe_key_index(const char *name) {
+    for (int i = 0; i < recipe_nkeys; i++)
+        if (!strcmp(recipe_keys[i].name, name)) return i;
+    return -1;
+}
+
+/* ---- parsing one value ---- */
+
+/* "[0, 1)", ">= 1", "> 0": the range as users read it in messages and docs. */
+static void range_text(const struct recipe_key *k, char *out, size_t n) {
+    const char *lo = k->flags & KEY_MIN_EXCL ? "(" : "[";
+    const char *hi = k->flags & KEY_MAX_EXCL ? ")" : "]";
+    int unbounded = k->max == INF || (k->type == KEY_INT && k->max == INT_MAX);
+    if (k->type == KEY_UINT64) snprintf(out, n, ">= 0");
+    else if (unbounded) snprintf(out, n, "%s %.6g", k->flags & KEY_MIN_EXCL ? ">" : ">=", k->min);
+    else snprintf(out, n, "%s%.6g, %.6g%s", lo, k->min, k->max, hi);
+}
+
+static int in_range(const struct recipe_key *k, double v) {
+    if (k->flags & KEY_MIN_EXCL ? v <= k->min : v < k->min) return 0;
+    if (k->flags & KEY_MAX_EXCL ? v >= k->max : v > k->max) return 0;
+    return 1;
+}
+
+static int range_error(const struct recipe_key *k, const char *text, char *err, size_t n) {
+    char range[64];
+    range_text(k, range, sizeof range);
+    const char *in = range[0] == '[' || range[0] == '(' ? "in " : "";
+    snprintf(err, n, "value %s out of range: must be %s%s", text, in, range);
+    return -1;
+}
+
+static int parse_int(const struct recipe_key *k, void *field, const char *text, char *err, size_t n) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end || isspace((unsigned char)*text)) {
+        snprintf(err, n, "expected an integer, got '%s'", text);
+        return -1;
+    }
+    if (errno == ERANGE || v > INT_MAX || v < INT_MIN) {
+        snprintf(err, n, "value %s out of range: too large for an integer field", text);
+        return -1;
+    }
+    if (!in_range(k, (double)v)) return range_error(k, text, err, n);
+    *(int *)field = (int)v;
+    return 0;
+}
+
+static int parse_uint64(void *field, const char *text, char *err, size_t n) {
+    char *end;
+    errno = 0;
+    /* strtoull silently negates "-1", so a sign is rejected up front */
+    unsigned long long v = strtoull(text, &end, 10);
+    if (end == text || *end || !isdigit((unsigned char)*text)) {
+        snprintf(err, n, "expected a non-negative integer, got '%s'", text);
+        return -1;
+    }
+    if (errno == ERANGE) {
+        snprintf(err, n, "value %s out of range: must be < 2^64", text);
+        return -1;
+    }
+    *(unsigned long long *)field = v;
+    return 0;
+}
+
+static int parse_double(const struct recipe_key *k, void *field, const char *text, char *err, size_t n) {
+    char *end;
+    double v = strtod(text, &end);
+    if (end == text || *end || isspace((unsigned char)*text) || !isfinite(v)) {
+        snprintf(err, n, "expected a number, got '%s'", text);
+        return -1;
+    }
+    if (!in_range(k, v)) return range_error(k, text, err, n);
+    *(double *)field = v;
+    return 0;
+}
+
+/* YAML 1.1 booleans, which is what libyaml users expect. */
+static int parse_bool(void *field, const char *text, char *err, size_t n) {
+    static const char *const yes[] = {"true", "yes", "on"}, *const no[] = {"false", "no", "off"};
+    for (int i = 0; i < 3; i++) {
+        if (!strcasecmp(text, yes[i])) return *(int *)field = 1, 0;
+        if (!strcasecmp(text, no[i])) return *(int *)field = 0, 0;
+    }
+    snprintf(err, n, "expected true/false, got '%s'", text);
+    return -1;
+}
+
+static int enum_allows(const char *choices, const char *text) {
+    size_t len = strlen(text);
+    for (const char *c = choices; *c;) {
+        size_t w = strcspn(c, "|");
+        if (w == len && !strncmp(c, text, len)) return 1;
+        c += w + (c[w] == '|');
+    }
+    return 0;
+}
+
+static int parse_string(const struct recipe_key *k, void *field, const char *text, int quoted, char *err,
+                        size_t n) {
+    /* an unquoted ~ or null is YAML's null: treat it as "not set" */
+    if (!quoted && (!strcmp(text, "~") || !strcmp(text, "null"))) text = "";
+    size_t len = strlen(text);
+    if (k->type == KEY_ENUM && !enum_allows(k->choices, text)) {
+        char list[256];
+        size_t o = 0;
+        for (const char *c = k->choices; *c && o + 3 < sizeof list; c++) {
+            if (*c == '|') list[o++] = ',', list[o++] = ' ';
+            else list[o++] = *c;
+        }
+        list[o] = 0;
+        snprintf(err, n, "value '%s' not allowed: expected one of %s", text, list);
+        return -1;
+    }
+    if (len >= k->size) {
+        snprintf(err, n, "string too long (%zu characters, at most %zu)", len, k->size - 1);
+        return -1;
+    }
+    /* zero the whole buffer so equal recipes compare equal byte for byte */
+    memset(field, 0, k->size);
+    memcpy(field, text, len);
+    return 0;
+}
+
+int recipe_key_assign(const struct recipe_key *k, struct recipe *r, const char *text, int quoted, char *err,
+                      size_t errsz) {
+    void *field = (char *)r + k->offset;
+    switch (k->type) {
+    case KEY_INT: return parse_int(k, field, text, err, errsz);
+    case KEY_UINT64: return parse_uint64(field, text, err, errsz);
+    case KEY_DOUBLE: return parse_double(k, field, text, err, errsz);
+    case KEY_BOOL: return parse_bool(field, text, err, errsz);
+    case KEY_STRING:
+    case KEY_ENUM: return parse_string(k, field, text, quoted, err, errsz);
+    }
+    return -1;
+}
+
+void recipe_defaults(struct recipe *r) {
+    char err[256];
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < recipe_nkeys; i++)
+        if (recipe_key_assign(&recipe_keys[i], r, recipe_keys[i].def, 1, err, sizeof err) != 0)
+            die("recipe schema: bad default for %s: %s", recipe_keys[i].name, err);
+}
+
+/* ---- did you mean ---- */
+
+static int edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int row[64];
+    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int best = diag + (tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]));
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+static int close_enough(const char *word, int d) {
+    int limit = ((int)strlen(word) + 2) / 3;
+    return d <= (limit < 1 ? 1 : limit);
+}
+
+static void suggest_section(const char *section, char *out, size_t n) {
+    int best = 99;
+    for (int i = 0; recipe_sections[i]; i++) {
+        int d = edit_distance(section, recipe_sections[i]);
+        if (d < best && close_enough(section, d)) {
+            best = d;
+            snprintf(out, n, " (did you mean '%s'?)", recipe_sections[i]);
+        }
+    }
+}
+
+void recipe_suggest(const char *section, const char *key, char *out, size_t n) {
+    out[0] = 0;
+    if (!key) return suggest_section(section, out, n);
+    size_t slen = strlen(section);
+    int best = 99;
+    for (int i = 0; i < recipe_nkeys; i++) {
+        const char *name = recipe_keys[i].name, *field = strchr(name, '.') + 1;
+        int same = !strncmp(name, section, slen) && name[slen] == '.';
+        /* same section: nearest spelling; other sections: the exact key name
+         * (lr under train means optimizer.lr) */
+        int d = same ? edit_distance(key, field) : (strcmp(key, field) ? 99 : 1);
+        if (d < best && close_enough(key, d)) {
+            best = d;
+            snprintf(out, n, " (did you mean '%s'?)", name);
+        }
+    }
+}
+
+void recipe_where(const struct recipe *r, int key, char *out, size_t n) {
+    const struct recipe_mark *m = &r->marks[key];
+    const char *src = r->source[0] ? r->source : "recipe";
+    if (m->line == RECIPE_MARK_SET) snprintf(out, n, "--set");
+    else if (m->line > 0) snprintf(out, n, "%s:%d:%d", src, m->line, m->col);
+    else snprintf(out, n, "%s", src);
+}
+
+/* ---- printing ---- */
+
+/* Shortest text that reads back as the same double, so print -> load is exact. */
+static void format_double(double v, char *out, size_t n) {
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(out, n, "%.*g", prec, v);
+        if (strtod(out, NULL) == v) return;
+    }
+}
+
+static void print_quoted(const char *s, FILE *out) {
+    fputc('"', out);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(out, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f) fprintf(out, "\\x%02x", c);
+        else fputc(c, out);
+    }
+    fputc('"', out);
+}
+
+static void print_value(const struct recipe_key *k, const struct recipe *r, FILE *out) {
+    const void *field = (const char *)r + k->offset;
+    char buf[64];
+    switch (k->type) {
+    case KEY_INT: fprintf(out, "%d", *(const int *)field); break;
+    case KEY_UINT64: fprintf(out, "%llu", *(const unsigned long long *)field); break;
+    case KEY_DOUBLE: format_double(*(const double *)field, buf, sizeof buf), fputs(buf, out); break;
+    case KEY_BOOL: fputs(*(const int *)field ? "true" : "false", out); break;
+    case KEY_ENUM: fputs(field, out); break;
+    case KEY_STRING: print_quoted(field, out); break;
+    }
+}
+
+static int in_section(const struct recipe_key *k, const char *section) {
+    size_t n = strlen(section);
+    return !strncmp(k->name, section, n) && k->name[n] == '.';
+}
+
+void recipe_print(const struct recipe *r, FILE *out) {
+    for (int s = 0; recipe_sections[s]; s++) {
+        fprintf(out, "%s%s:\n", s ? "\n" : "", recipe_sections[s]);
+        for (int i = 0; i < recipe_nkeys; i++) {
+            const struct recipe_key *k = &recipe_keys[i];
+            if (!in_section(k, recipe_sections[s])) continue;
+            fprintf(out, "  %s: ", strchr(k->name, '.') + 1);
+            print_value(k, r, out);
+            fputc('\n', out);
+        }
+    }
+}
+
+static void print_schema_key(const struct recipe_key *k, FILE *out) {
+    char range[64] = "", def[64];
+    if (k->type == KEY_ENUM) snprintf(range, sizeof range, "%s", k->choices);
+    else if (k->type != KEY_STRING && k->type != KEY_BOOL) range_text(k, range, sizeof range);
+    if (k->type == KEY_STRING) snprintf(def, sizeof def, "\"%s\"", k->def);
+    else snprintf(def, sizeof def, "%s", k->def);
+    fprintf(out, "  %-30s %-7s %-13s %-26s %s\n", k->name, type_names[k->type], def, range, k->doc);
+}
+
+void recipe_print_schema(FILE *out) {
+    fprintf(out, "  %-30s %-7s %-13s %-26s %s\n", "KEY", "TYPE", "DEFAULT", "RANGE", "MEANING");
+    for (int s = 0; recipe_sections[s]; s++) {
+        fprintf(out, "%s:\n", recipe_sections[s]);
+        for (int i = 0; i < recipe_nkeys; i++)
+            if (in_section(&recipe_keys[i], recipe_sections[s])) print_schema_key(&recipe_keys[i], out);
+    }
+}

@@ -1,0 +1,159 @@
+/* Cross-field checks of a loaded recipe, run before any rank allocates
+ * memory. Single values were range-checked while loading; here we check
+ * what only makes sense together (shapes that divide, batches that split over
+ * ranks, schedules that fit in the run, paths that exist). The first problem
+ * is reported as one line naming the key and where it was set. */
+#include <stdarg.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "config/recipe_schema.h"
+
+/* "mtrain: error: WHERE: key 'K': message", WHERE being the file:line:col,
+ * --set or the recipe file (for a default). */
+static int verr(const struct recipe *r, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int verr(const struct recipe *r, const char *key, const char *fmt, ...) {
+    char where[RECIPE_PATH_MAX + 32];
+    recipe_where(r, recipe_key_index(key), where, sizeof where);
+    va_list ap;
+    va_start(ap, fmt);
+    fflush(stdout);
+    fprintf(stderr, "mtrain: error: %s: key '%s': ", where, key);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return -1;
+}
+
+/* " (model.num_heads set at FILE:5:3)" for the other key of a pair. */
+static const char *other(const struct recipe *r, const char *key, char *buf, size_t n) {
+    char where[RECIPE_PATH_MAX + 32];
+    int i = recipe_key_index(key);
+    if (r->marks[i].line == 0) snprintf(buf, n, " (%s is the default)", key);
+    else if (r->marks[i].line == RECIPE_MARK_SET) snprintf(buf, n, " (%s set by --set)", key);
+    else snprintf(buf, n, " (%s set at %s)", key, (recipe_where(r, i, where, sizeof where), where));
+    return buf;
+}
+
+static int check_model(const struct recipe *r) {
+    const struct model_config *m = &r->model;
+    char o[RECIPE_PATH_MAX + 96];
+    if (strcmp(m->arch, "llama"))
+        return verr(r, "model.arch", "model family '%s' is not supported yet (supported: llama)", m->arch);
+    if (m->vocab_size < 2) return verr(r, "model.vocab_size", "vocab_size must be at least 2");
+    if (m->hidden_size % m->num_heads)
+        return verr(r, "model.hidden_size", "hidden_size %d is not divisible by num_heads %d%s", m->hidden_size,
+                    m->num_heads, other(r, "model.num_heads", o, sizeof o));
+    if (m->num_heads % m->num_kv_heads)
+        return verr(r, "model.num_kv_heads", "num_kv_heads %d does not divide num_heads %d%s", m->num_kv_heads,
+                    m->num_heads, other(r, "model.num_heads", o, sizeof o));
+    if ((m->hidden_size / m->num_heads) % 2)
+        return verr(r, "model.hidden_size", "head dimension hidden_size/num_heads = %d must be even for RoPE%s",
+                    m->hidden_size / m->num_heads, other(r, "model.num_heads", o, sizeof o));
+    if (m->max_seq_len && m->max_seq_len < r->train.seq_len)
+        return verr(r, "model.max_seq_len", "max_seq_len %d is shorter than train.seq_len %d%s", m->max_seq_len,
+                    r->train.seq_len, other(r, "train.seq_len", o, sizeof o));
+    if (m->rope_scaling_factor != 0 && m->rope_scaling_factor < 1)
+        return verr(r, "model.rope_scaling_factor", "rope_scaling_factor must be 0 (off) or >= 1, got %g",
+                    m->rope_scaling_factor);
+    if (m->rope_scaling_factor != 0 && m->rope_low_freq_factor >= m->rope_high_freq_factor)
+        return verr(r, "model.rope_low_freq_factor", "rope_low_freq_factor %g must be below rope_high_freq_factor %g%s",
+                    m->rope_low_freq_factor, m->rope_high_freq_factor,
+                    other(r, "model.rope_high_freq_factor", o, sizeof o));
+    return 0;
+}
+
+/* Layout: world = tp * cp * pp * dp (ep lives inside dp for MoE models). */
+static int check_parallel(const struct recipe *r, int world_size) {
+    const struct parallel_config *p = &r->parallel;
+    const struct model_config *m = &r->model;
+    char o[RECIPE_PATH_MAX + 96];
+    if (m->num_layers % p->pp)
+        return verr(r, "parallel.pp", "pp %d does not divide model.num_layers %d%s", p->pp, m->num_layers,
+                    other(r, "model.num_layers", o, sizeof o));
+    if (p->vpp > 1 && p->pp == 1)
+        return verr(r, "parallel.vpp", "vpp %d needs pipeline parallelism (pp > 1)", p->vpp);
+    if (m->num_layers % (p->pp * p->vpp))
+        return verr(r, "parallel.vpp", "pp*vpp = %d does not divide model.num_layers %d%s", p->pp * p->vpp,
+                    m->num_layers, other(r, "model.num_layers", o, sizeof o));
+    if (m->num_heads % p->tp)
+        return verr(r, "parallel.tp", "tp %d does not divide model.num_heads %d%s", p->tp, m->num_heads,
+                    other(r, "model.num_heads", o, sizeof o));
+    if (m->num_kv_heads % p->tp)
+        return verr(r, "parallel.tp", "tp %d does not divide model.num_kv_heads %d%s", p->tp, m->num_kv_heads,
+                    other(r, "model.num_kv_heads", o, sizeof o));
+    if (p->ep > 1) return verr(r, "parallel.ep", "ep %d needs a mixture-of-experts model; llama is dense", p->ep);
+    /* context parallel splits each sequence into 2*cp chunks for load balance */
+    if (r->train.seq_len % (2 * p->cp) && p->cp > 1)
+        return verr(r, "parallel.cp", "2*cp = %d does not divide train.seq_len %d%s", 2 * p->cp, r->train.seq_len,
+                    other(r, "train.seq_len", o, sizeof o));
+    /* last: the layout itself may be fine and the job merely launched on the wrong number of ranks */
+    long model_par = (long)p->tp * p->pp * p->cp;
+    if (world_size > 0 && world_size % model_par)
+        return verr(r, "parallel.tp", "world size %d is not divisible by tp*pp*cp = %d*%d*%d = %ld", world_size,
+                    p->tp, p->pp, p->cp, model_par);
+    return 0;
+}
+
+static int check_train(const struct recipe *r, int world_size) {
+    const struct train_config *t = &r->train;
+    const struct parallel_config *p = &r->parallel;
+    char o[RECIPE_PATH_MAX + 96];
+    /* world size unknown (0): only the micro batch split can be checked */
+    int dp = world_size > 0 ? world_size / (p->tp * p->pp * p->cp) : 1;
+    long per_step = (long)t->micro_batch * dp;
+    if (t->global_batch % per_step)
+        return verr(r, "train.global_batch",
+                    "global_batch %d is not divisible by micro_batch * data-parallel size = %d * %d = %ld%s",
+                    t->global_batch, t->micro_batch, dp, per_step, other(r, "train.micro_batch", o, sizeof o));
+    if (t->eval_interval > 0 && r->data.valid_fraction == 0)
+        return verr(r, "train.eval_interval", "validation every %d steps needs data.valid_fraction > 0%s",
+                    t->eval_interval, other(r, "data.valid_fraction", o, sizeof o));
+    return 0;
+}
+
+static int check_schedule(const struct recipe *r) {
+    const struct optimizer_config *op = &r->optimizer;
+    int steps = r->train.steps;
+    char o[RECIPE_PATH_MAX + 96];
+    if (op->warmup_steps > steps)
+        return verr(r, "optimizer.warmup_steps", "warmup_steps %d is more than train.steps %d%s", op->warmup_steps,
+                    steps, other(r, "train.steps", o, sizeof o));
+    if (op->decay_steps && op->decay_steps < op->warmup_steps)
+        return verr(r, "optimizer.decay_steps", "decay_steps %d is less than warmup_steps %d%s", op->decay_steps,
+                    op->warmup_steps, other(r, "optimizer.warmup_steps", o, sizeof o));
+    if (op->wsd_decay_steps > steps)
+        return verr(r, "optimizer.wsd_decay_steps", "wsd_decay_steps %d is more than train.steps %d%s",
+                    op->wsd_decay_steps, steps, other(r, "train.steps", o, sizeof o));
+    if (!strcmp(op->schedule, "wsd") && op->warmup_steps + op->wsd_decay_steps > steps)
+        return verr(r, "optimizer.wsd_decay_steps", "warmup_steps + wsd_decay_steps = %d is more than train.steps %d",
+                    op->warmup_steps + op->wsd_decay_steps, steps);
+    if (op->min_lr > op->lr)
+        return verr(r, "optimizer.min_lr", "min_lr %g is above lr %g%s", op->min_lr, op->lr,
+                    other(r, "optimizer.lr", o, sizeof o));
+    return 0;
+}
+
+static int check_paths(const struct recipe *r) {
+    struct stat st;
+    if (r->checkpoint.interval > 0 && !r->checkpoint.dir[0])
+        return verr(r, "checkpoint.interval", "checkpoints every %d steps need checkpoint.dir", r->checkpoint.interval);
+    if (!r->data.path[0])
+        return verr(r, "data.path", "data.path is required (a dataset directory from 'mtrain data build')");
+    if (stat(r->data.path, &st) != 0)
+        return verr(r, "data.path", "dataset directory '%s' does not exist", r->data.path);
+    if (!S_ISDIR(st.st_mode))
+        return verr(r, "data.path", "'%s' is not a directory (expected a dataset directory)", r->data.path);
+    if (r->model.init_from[0] && stat(r->model.init_from, &st) != 0)
+        return verr(r, "model.init_from", "weights file '%s' does not exist", r->model.init_from);
+    return 0;
+}
+
+int recipe_validate(const struct recipe *r, int world_size) {
+    if (world_size < 0) world_size = 0;
+    if (check_model(r) || check_parallel(r, world_size) || check_train(r, world_size) || check_schedule(r) ||
+        check_paths(r))
+        return -1;
+    return 0;
+}

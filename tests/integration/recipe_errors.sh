@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Malformed recipes: `mtrain pretrain RECIPE --dry-run` must exit 2 with one
+# error line that names the line (":LINE:") and the key, so users can fix the
+# file without guessing. A good recipe must pass the dry run.
+source "$(dirname "$0")/../lib.sh"
+
+if [ ! -x "$MTRAIN" ]; then skip recipe_errors "no $MTRAIN binary (run make)"; exit 0; fi
+
+DATA=$TMP/data
+mkdir -p "$DATA"
+touch "$TMP/afile"
+
+# bad NAME LINE KEY PATTERN YAML [ARGS...]: the dry run exits 2 and stderr
+# holds ":LINE:" (skipped when LINE is -), 'KEY' and the regex PATTERN.
+bad() {
+    local name=$1 line=$2 key=$3 pattern=$4 yaml=$5
+    shift 5
+    printf '%s' "$yaml" >"$TMP/$name.yaml"
+    "$MTRAIN" pretrain "$TMP/$name.yaml" "$@" --dry-run >"$TMP/out" 2>"$TMP/err"
+    local rc=$? msg
+    msg=$(head -c 300 "$TMP/err")
+    if [ "$rc" != 2 ]; then fail "recipe_error_$name" "exit $rc, want 2: $msg"; return; fi
+    if [ "$line" != - ] && ! grep -q -- ":$line:" "$TMP/err"; then
+        fail "recipe_error_$name" "stderr lacks line :$line:: $msg"; return
+    fi
+    if ! grep -qF -- "'$key'" "$TMP/err"; then fail "recipe_error_$name" "stderr lacks key '$key': $msg"; return; fi
+    if ! grep -qE -- "$pattern" "$TMP/err"; then fail "recipe_error_$name" "stderr lacks /$pattern/: $msg"; return; fi
+    pass "recipe_error_$name"
+}
+
+# A valid recipe; error cases below change one thing in it.
+good="model:
+  hidden_size: 64
+  num_heads: 4
+  num_kv_heads: 2
+train:
+  seq_len: 32
+  micro_batch: 2
+  global_batch: 4
+  steps: 10
+data:
+  path: $DATA
+"
+
+# -- YAML syntax --
+bad indentation 3 model.hidden_size 'syntax error' 'model:
+  hidden_size: 64
+ num_layers: 2
+'
+bad tab 3 model.hidden_size 'tab' "$(printf 'model:\n  hidden_size: 64\n\tnum_layers: 2\n')
+"
+bad unclosed_quote 4 model.arch 'quoted scalar at line 2' 'model:
+  arch: "llama
+  num_layers: 2
+'
+bad deeper_indent 2 model.hidden_size 'line 3' 'model:
+  hidden_size: 64
+    num_layers: 2
+'
+
+# -- structure --
+bad unknown_section 13 modle "did you mean 'model'" "$good
+modle:
+  hidden_size: 64
+"
+bad unknown_key 3 model.hiden_size "did you mean 'model.hidden_size'" 'model:
+  num_layers: 2
+  hiden_size: 64
+'
+bad key_in_wrong_section 2 train.lr "did you mean 'optimizer.lr'" 'train:
+  lr: 3e-4
+'
+bad duplicate_key 3 train.steps 'duplicate key \(first set at line 2\)' 'train:
+  steps: 10
+  steps: 20
+'
+bad duplicate_section 3 train 'duplicate section' 'train:
+  steps: 10
+train:
+  seed: 1
+'
+bad section_not_mapping 2 parallel 'must be a mapping' 'model:
+parallel: 4
+'
+bad list_not_scalar 3 model.num_layers 'got a list' 'model:
+  hidden_size: 64
+  num_layers: [1, 2]
+'
+bad mapping_not_scalar 2 optimizer.lr 'got a mapping' 'optimizer:
+  lr: {peak: 1}
+'
+
+# -- types and ranges --
+bad int_type 3 train.steps 'expected an integer' 'train:
+  seq_len: 32
+  steps: ten
+'
+bad int_not_float 2 model.num_layers 'expected an integer' 'model:
+  num_layers: 2.5
+'
+bad bool_type 2 model.tie_embeddings 'expected true/false' 'model:
+  tie_embeddings: maybe
+'
+bad double_type 2 optimizer.lr 'expected a number' 'optimizer:
+  lr: fast
+'
+bad out_of_range 2 model.num_layers 'out of range: must be >= 1' 'model:
+  num_layers: 0
+'
+bad beta_range 3 optimizer.beta2 'must be in \[0, 1\)' 'optimizer:
+  beta1: 0.9
+  beta2: 1.5
+'
+bad enum_value 2 optimizer.schedule 'one of cosine, linear, constant, wsd' 'optimizer:
+  schedule: exponential
+'
+bad enum_device 2 train.device 'one of auto, cpu, cuda' 'train:
+  device: tpu
+'
+bad string_too_long 2 model.arch 'string too long' 'model:
+  arch: a-very-long-model-family-name-that-does-not-fit
+'
+
+# -- cross-field checks name the key and the line it was set on --
+bad heads_divide_hidden 2 model.hidden_size 'not divisible by num_heads 3' "${good/num_heads: 4/num_heads: 3}"
+bad kv_divide_heads 4 model.num_kv_heads 'does not divide num_heads' "${good/num_kv_heads: 2/num_kv_heads: 3}"
+bad batch_divisible 8 train.global_batch 'not divisible by micro_batch' "${good/global_batch: 4/global_batch: 5}"
+bad warmup_steps 14 optimizer.warmup_steps 'more than train.steps 10' "$good
+optimizer:
+  warmup_steps: 20
+"
+bad min_lr 15 optimizer.min_lr 'above lr' "$good
+optimizer:
+  lr: 1e-4
+  min_lr: 1e-3
+"
+bad layers_divide_pp 14 parallel.pp 'does not divide model.num_layers' "$good
+parallel:
+  pp: 3
+"
+bad max_seq_len 5 model.max_seq_len 'shorter than train.seq_len' "${good/num_kv_heads: 2/num_kv_heads: 2
+  max_seq_len: 16}"
+bad arch_not_supported 2 model.arch 'not supported yet' 'model:
+  arch: mixtral
+'
+bad missing_data_path - data.path 'data.path is required' "${good%data:*}"
+bad data_path_not_dir 11 data.path 'not a directory' "${good/path: $DATA/path: $TMP/afile}"
+bad data_path_missing 11 data.path 'does not exist' "${good/path: $DATA/path: $TMP/nowhere}"
+
+# -- --set overrides name the override --
+bad set_unknown_key - train.stepz "did you mean 'train.steps'" "$good" --set train.stepz=5
+bad set_bad_value - optimizer.lr 'set optimizer.lr=abc: .*expected a number' "$good" --set optimizer.lr=abc
+bad set_cross_field 2 model.hidden_size 'model.num_heads set by --set' "$good" --set model.num_heads=5
+
+# -- a good recipe passes; a good --set is applied --
+printf '%s' "$good" >"$TMP/good.yaml"
+expect_exit recipe_good_dry_run 0 "$MTRAIN" pretrain "$TMP/good.yaml" --dry-run
+expect_exit recipe_good_set_dry_run 0 "$MTRAIN" pretrain "$TMP/good.yaml" --set optimizer.lr=1e-3 --dry-run
+exit $FAILED
