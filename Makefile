@@ -1,9 +1,13 @@
 # mtrain: one plain Makefile. CPU backend always; CUDA objects come in a later issue.
 CC       ?= gcc
+# The OpenMP build of OpenBLAS shares our OpenMP thread pool; the pthread
+# build spins its own threads, which fight ours for the cores.
+BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-openmp
+BLAS_LIB ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 OPT      ?= -O3 -march=native
 CFLAGS   ?= $(OPT) -g
-CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread
-LDLIBS   += -lyaml -lzstd -ljansson -lxxhash -lopenblas -lm -lpthread
+CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -I$(BLAS_INC)
+LDLIBS   += -lyaml -lzstd -ljansson -lxxhash -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lm -lpthread
 LDFLAGS  += -fopenmp
 
 ifeq ($(SANITIZE),1)

@@ -3,6 +3,7 @@
  * of seq_len+1 tokens from it. */
 #pragma once
 #include <stdint.h>
+#include <stdio.h>
 
 struct dataset;
 
@@ -20,6 +21,23 @@ int64_t dataset_doc_start(const struct dataset *ds, int64_t d);
  * frame index/offset, and exits 1. */
 void dataset_read(struct dataset *ds, int64_t first, int64_t count, int32_t *out);
 
+/* A dataset handle keeps a decoder and a cache of decoded frames: it is not
+ * thread-safe; a prefetch thread opens its own handle. */
+struct dataset_info {
+    int dtype_bytes;          /* 2 (uint16) or 4 (uint32) on disk */
+    int vocab_size;
+    int64_t eod_id;           /* -1: none */
+    int64_t frame_tokens;     /* nominal tokens per frame at build time */
+    int64_t docs, tokens, shards, frames;
+    int64_t compressed_bytes; /* sum of frame sizes */
+};
+void dataset_get_info(const struct dataset *ds, struct dataset_info *info);
+const char *dataset_dir(const struct dataset *ds);
+/* Decode and check every frame. Prints one line per bad frame to report
+ * ("mtrain: error: DIR/shard-00000.zst: frame 3 at offset 12345: why") and
+ * returns the number of bad frames; never exits. */
+int64_t dataset_verify(struct dataset *ds, FILE *report);
+
 enum split { SPLIT_TRAIN = 0, SPLIT_VALID = 1 };
 struct sampler;
 /* Documents are split by index: the last valid_fraction of documents (at
@@ -33,3 +51,8 @@ void sampler_free(struct sampler *s);
 int64_t sampler_samples_per_epoch(const struct sampler *s);
 /* Global sample index -> tokens (out holds seq_len+1 values). */
 void sampler_get(struct sampler *s, int64_t index, int32_t *out);
+/* Stream position of the first token of global sample index. */
+int64_t sampler_position(struct sampler *s, int64_t index);
+/* The split's documents [*doc_begin, *doc_end) and tokens [*tok_begin, *tok_end). */
+void sampler_split_range(const struct sampler *s, int64_t *doc_begin, int64_t *doc_end, int64_t *tok_begin,
+                         int64_t *tok_end);

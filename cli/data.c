@@ -1,0 +1,316 @@
+/* mtrain data: build, generate, inspect and verify token datasets. Parses
+ * flags and orchestrates; the format itself lives in data/. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "config/common.h"
+#include "data/dataset.h"
+#include "data/shard_writer.h"
+#include "data/synthetic.h"
+#include "data/tokenizer_bytes.h"
+
+#define READ_CHUNK (1 << 20)
+#define GENERATE_DEFAULT_DOCS 5000
+
+static const char usage_data[] =
+    "usage: mtrain data <subcommand> [options]\n\n"
+    "subcommands:\n"
+    "  build      tokenize text files into a dataset directory\n"
+    "  generate   write a synthetic English-like dataset (the default demo data)\n"
+    "  inspect    print a dataset's size, compression and first tokens\n"
+    "  verify     decode every frame and check its checksums\n\n"
+    "'mtrain data <subcommand> --help' shows its options.\n";
+
+static const char usage_build[] =
+    "usage: mtrain data build --tokenizer bytes --out DIR [options] INPUT...\n\n"
+    "Each INPUT text file is one document (or, with --split-lines, each non-empty line is).\n\n"
+    "  --tokenizer NAME     tokenizer; 'bytes' (byte = token, EOD = 256, vocab 257)\n"
+    "  --out DIR            dataset directory to create (written atomically)\n"
+    "  --append-eod         end every document with the EOD token\n"
+    "  --split-lines        one document per non-empty line\n"
+    "  --frame-tokens N     tokens per zstd frame (default 65536)\n"
+    "  --shard-size-mb N    start a new shard after N MiB compressed (default 256)\n"
+    "  --force              replace an existing dataset at DIR\n";
+
+static const char usage_generate[] =
+    "usage: mtrain data generate --out DIR [--docs N] [--seed S] [--force]\n\n"
+    "Writes a deterministic synthetic English-like corpus as a byte-tokenized dataset\n"
+    "(EOD after each document).\n\n"
+    "  --out DIR            dataset directory to create\n"
+    "  --docs N             number of documents (default 5000)\n"
+    "  --seed S             corpus seed (default 1)\n"
+    "  --frame-tokens N     tokens per zstd frame (default 65536)\n"
+    "  --shard-size-mb N    start a new shard after N MiB compressed (default 256)\n"
+    "  --force              replace an existing dataset at DIR\n";
+
+static const char usage_inspect[] =
+    "usage: mtrain data inspect DIR\n\n"
+    "Prints documents, tokens, shards, frames, compression ratio and the first 64 tokens.\n";
+
+static const char usage_verify[] =
+    "usage: mtrain data verify DIR\n\n"
+    "Decodes every frame and checks its size and checksums; lists each bad frame\n"
+    "with its shard file and offset and exits 1 if there is any.\n";
+
+static int show(const char *usage) {
+    printf("%s", usage);
+    return 0;
+}
+
+static int bad_usage(const char *usage, const char *fmt, const char *arg) {
+    fprintf(stderr, "mtrain data: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n\n%s", usage);
+    return EXIT_USAGE;
+}
+
+/* Options shared by build and generate. */
+struct build_args {
+    const char *out, *tokenizer;
+    int append_eod, split_lines, force;
+    int64_t frame_tokens, shard_mb, docs;
+    uint64_t seed;
+    const char **inputs;
+    int ninputs;
+};
+
+/* Parse a number >= min; returns -1 if s is not one. */
+static int parse_number(const char *s, int64_t min, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < min) return -1;
+    *out = v;
+    return 0;
+}
+
+static int is_flag(const char *f, const char *const *names) {
+    for (; *names; names++)
+        if (!strcmp(f, *names)) return 1;
+    return 0;
+}
+
+/* Flags each command accepts; everything else is a usage error. */
+static const char *const build_switches[] = {"--append-eod", "--split-lines", "--force", NULL};
+static const char *const build_values[] = {"--out", "--tokenizer", "--frame-tokens", "--shard-size-mb", NULL};
+static const char *const generate_switches[] = {"--force", NULL};
+static const char *const generate_values[] = {"--out", "--docs", "--seed", "--frame-tokens", "--shard-size-mb",
+                                              NULL};
+
+static int set_value(struct build_args *a, const char *f, const char *v, const char *usage) {
+    int64_t n = 0;
+    if (!strcmp(f, "--out")) a->out = v;
+    else if (!strcmp(f, "--tokenizer")) a->tokenizer = v;
+    else if (parse_number(v, strcmp(f, "--seed") ? 1 : 0, &n)) return bad_usage(usage, "bad number '%s'", v);
+    else if (!strcmp(f, "--frame-tokens")) a->frame_tokens = n;
+    else if (!strcmp(f, "--shard-size-mb")) a->shard_mb = n;
+    else if (!strcmp(f, "--docs")) a->docs = n;
+    else a->seed = (uint64_t)n;
+    return 0;
+}
+
+/* Returns 0, or EXIT_USAGE after printing usage. Values follow their flag. */
+static int parse_build_args(int argc, char **argv, int generate, struct build_args *a) {
+    const char *usage = generate ? usage_generate : usage_build;
+    const char *const *switches = generate ? generate_switches : build_switches;
+    const char *const *values = generate ? generate_values : build_values;
+    a->inputs = (const char **)xcalloc((size_t)argc, sizeof *a->inputs);
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (is_flag(f, switches)) {
+            if (!strcmp(f, "--append-eod")) a->append_eod = 1;
+            else if (!strcmp(f, "--split-lines")) a->split_lines = 1;
+            else a->force = 1;
+        } else if (is_flag(f, values)) {
+            if (i + 1 == argc) return bad_usage(usage, "%s needs a value", f);
+            if (set_value(a, f, argv[++i], usage)) return EXIT_USAGE;
+        } else if (f[0] == '-' && f[1]) {
+            return bad_usage(usage, "unknown option '%s'", f);
+        } else if (generate) {
+            return bad_usage(usage, "unexpected argument '%s'", f);
+        } else {
+            a->inputs[a->ninputs++] = f;
+        }
+    }
+    if (!a->out) return bad_usage(usage, "%s", "--out DIR is required");
+    if (a->shard_mb == 0) a->shard_mb = SHARD_DEFAULT_SHARD_BYTES >> 20;
+    return 0;
+}
+
+static struct shard_writer *open_writer(const struct build_args *a) {
+    struct shard_writer_opts o = {.vocab_size = BYTES_VOCAB_SIZE, .eod_id = BYTES_EOD,
+                                  .frame_tokens = a->frame_tokens, .force = a->force};
+    if (a->shard_mb > (1ll << 40) / (1 << 20)) die("--shard-size-mb %lld is too large", (long long)a->shard_mb);
+    o.shard_bytes = a->shard_mb << 20;
+    return shard_writer_open(a->out, &o);
+}
+
+static void print_summary(const char *out, const struct shard_writer_stats *st, double input_bytes, double secs) {
+    printf("built %s: %lld docs, %lld tokens, %lld shards, %lld frames, %lld compressed bytes "
+           "(ratio %.2fx), %.1f MB/s\n",
+           out, (long long)st->docs, (long long)st->tokens, (long long)st->shards, (long long)st->frames,
+           (long long)st->compressed_bytes,
+           st->compressed_bytes ? (double)st->raw_bytes / (double)st->compressed_bytes : 0.0,
+           input_bytes / 1e6 / (secs > 1e-9 ? secs : 1e-9));
+}
+
+/* Tokenize one input file into the writer. Returns -1 (errno set) on a read
+ * error so the caller can remove the partial output before failing. */
+static int add_file(struct shard_writer *w, const struct build_args *a, const char *path, char *buf,
+                    int32_t *tok, double *bytes) {
+    static const int32_t eod = BYTES_EOD;
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    int64_t in_doc = 0;   /* tokens of the current document so far */
+    size_t got;
+    while ((got = fread(buf, 1, READ_CHUNK, f)) > 0) {
+        *bytes += (double)got;
+        size_t n = tokenizer_bytes_encode(buf, got, tok), start = 0;
+        for (size_t i = 0; a->split_lines && i < n; i++) {
+            if (tok[i] != '\n') continue;
+            shard_writer_add(w, tok + start, (int64_t)(i - start));
+            in_doc += (int64_t)(i - start);
+            if (in_doc && a->append_eod) shard_writer_add(w, &eod, 1);
+            if (in_doc) shard_writer_end_doc(w);
+            in_doc = 0;
+            start = i + 1;
+        }
+        shard_writer_add(w, tok + start, (int64_t)(n - start));
+        in_doc += (int64_t)(n - start);
+    }
+    int err = ferror(f) ? errno : 0;
+    fclose(f);
+    if (err) {
+        errno = err;
+        return -1;
+    }
+    if (in_doc && a->append_eod) shard_writer_add(w, &eod, 1);
+    shard_writer_end_doc(w);
+    return 0;
+}
+
+static int data_build(int argc, char **argv) {
+    if (wants_help(argc, argv)) return show(usage_build);
+    struct build_args a = {0};
+    int rc = parse_build_args(argc, argv, 0, &a);
+    if (!rc && !a.ninputs) rc = bad_usage(usage_build, "%s", "no INPUT files");
+    if (!rc && !a.tokenizer) rc = bad_usage(usage_build, "%s", "--tokenizer is required (only 'bytes' for now)");
+    if (!rc && strcmp(a.tokenizer, "bytes")) rc = bad_usage(usage_build, "unknown tokenizer '%s'", a.tokenizer);
+    if (rc) {
+        free(a.inputs);
+        return rc;
+    }
+    double t0 = now_seconds(), bytes = 0;
+    struct shard_writer *w = open_writer(&a);
+    char *buf = xmalloc(READ_CHUNK);
+    int32_t *tok = xmalloc(READ_CHUNK * sizeof *tok);
+    for (int i = 0; i < a.ninputs; i++) {
+        if (add_file(w, &a, a.inputs[i], buf, tok, &bytes) == 0) continue;
+        int err = errno;
+        shard_writer_abort(w);
+        die("cannot read %s: %s", a.inputs[i], strerror(err));
+    }
+    struct shard_writer_stats st;
+    shard_writer_finish(w, &st);
+    print_summary(a.out, &st, bytes, now_seconds() - t0);
+    free(buf);
+    free(tok);
+    free(a.inputs);
+    return 0;
+}
+
+static int data_generate(int argc, char **argv) {
+    if (wants_help(argc, argv)) return show(usage_generate);
+    struct build_args a = {.docs = GENERATE_DEFAULT_DOCS, .seed = 1};
+    int rc = parse_build_args(argc, argv, 1, &a);
+    free(a.inputs);
+    if (rc) return rc;
+    double t0 = now_seconds(), bytes = 0;
+    struct shard_writer *w = open_writer(&a);
+    char text[SYNTHETIC_DOC_MAX + 1];
+    int32_t tok[SYNTHETIC_DOC_MAX + 1];
+    for (int64_t d = 0; d < a.docs; d++) {
+        size_t n = synthetic_document(a.seed, d, text);
+        tokenizer_bytes_encode(text, n, tok);
+        tok[n] = BYTES_EOD;
+        shard_writer_add(w, tok, (int64_t)n + 1);
+        shard_writer_end_doc(w);
+        bytes += (double)n;
+    }
+    struct shard_writer_stats st;
+    shard_writer_finish(w, &st);
+    print_summary(a.out, &st, bytes, now_seconds() - t0);
+    return 0;
+}
+
+/* Show byte tokens as text with escapes, EOD as <eod>. */
+static void print_bytes_text(const int32_t *tok, int64_t n) {
+    printf("  as text:    \"");
+    for (int64_t i = 0; i < n; i++) {
+        int t = tok[i];
+        if (t == BYTES_EOD) printf("<eod>");
+        else if (t == '\n') printf("\\n");
+        else if (t == '"' || t == '\\') printf("\\%c", t);
+        else if (t >= 32 && t < 127) putchar(t);
+        else printf("\\x%02x", t & 0xff);
+    }
+    printf("\"\n");
+}
+
+static int data_inspect(int argc, char **argv) {
+    if (wants_help(argc, argv)) return show(usage_inspect);
+    if (argc != 2 || argv[1][0] == '-') return bad_usage(usage_inspect, "%s", "expected one DIR");
+    struct dataset *ds = dataset_open(argv[1]);
+    struct dataset_info in;
+    dataset_get_info(ds, &in);
+    double raw = (double)in.tokens * in.dtype_bytes;
+    /* Read before printing so a damaged frame gives just its one error line. */
+    int32_t tok[64];
+    int64_t n = in.tokens < 64 ? in.tokens : 64;
+    dataset_read(ds, 0, n, tok);
+    printf("dataset %s (format version 1)\n", dataset_dir(ds));
+    printf("  documents:  %lld\n", (long long)in.docs);
+    printf("  tokens:     %lld (uint%d, vocab %d, eod %lld)\n", (long long)in.tokens, 8 * in.dtype_bytes,
+           in.vocab_size, (long long)in.eod_id);
+    printf("  shards:     %lld\n", (long long)in.shards);
+    printf("  frames:     %lld (%lld tokens per frame)\n", (long long)in.frames, (long long)in.frame_tokens);
+    printf("  compressed: %lld bytes, ratio %.2fx\n", (long long)in.compressed_bytes,
+           in.compressed_bytes ? raw / (double)in.compressed_bytes : 0.0);
+    printf("  first %lld tokens:", (long long)n);
+    for (int64_t i = 0; i < n; i++) printf(" %d", tok[i]);
+    printf("\n");
+    if (in.vocab_size == BYTES_VOCAB_SIZE && in.eod_id == BYTES_EOD) print_bytes_text(tok, n);
+    dataset_close(ds);
+    return 0;
+}
+
+static int data_verify(int argc, char **argv) {
+    if (wants_help(argc, argv)) return show(usage_verify);
+    if (argc != 2 || argv[1][0] == '-') return bad_usage(usage_verify, "%s", "expected one DIR");
+    struct dataset *ds = dataset_open(argv[1]);
+    struct dataset_info in;
+    dataset_get_info(ds, &in);
+    int64_t bad = dataset_verify(ds, stderr);
+    if (bad) fprintf(stderr, "mtrain: error: verify %s: %lld of %lld frames bad\n", argv[1], (long long)bad,
+                     (long long)in.frames);
+    else printf("verify %s: ok, %lld frames, %lld tokens, %lld documents\n", argv[1], (long long)in.frames,
+                (long long)in.tokens, (long long)in.docs);
+    dataset_close(ds);
+    return bad ? EXIT_RUNTIME : 0;
+}
+
+int cmd_data(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "%s", usage_data);
+        return EXIT_USAGE;
+    }
+    const char *sub = argv[1];
+    if (!strcmp(sub, "--help") || !strcmp(sub, "-h")) return show(usage_data);
+    if (!strcmp(sub, "build")) return data_build(argc - 1, argv + 1);
+    if (!strcmp(sub, "generate")) return data_generate(argc - 1, argv + 1);
+    if (!strcmp(sub, "inspect")) return data_inspect(argc - 1, argv + 1);
+    if (!strcmp(sub, "verify")) return data_verify(argc - 1, argv + 1);
+    return bad_usage(usage_data, "unknown subcommand '%s'", sub);
+}

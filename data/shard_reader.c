@@ -1,0 +1,347 @@
+/* Dataset reader: loads and checks the index, keeps every shard open, and
+ * decodes frames on demand with pread + one zstd call, keeping the last few
+ * decoded frames because sequential samples mostly land in the same frame. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#include "config/common.h"
+#include "data/dataset.h"
+#include "data/shard_format.h"
+
+#define CACHE_SLOTS 4
+#define MAX_FRAME_TOKENS (1u << 28)
+
+struct frame_info {
+    int64_t first;          /* index of the frame's first token in the stream */
+    uint64_t offset, csize, hash;
+    uint32_t shard, ntok;
+};
+
+struct cache_slot {
+    int64_t frame;          /* -1: empty */
+    uint64_t used;          /* LRU clock */
+    int32_t *tokens;
+};
+
+struct dataset {
+    char *dir;
+    char **shard_paths;
+    int *fds;
+    int dtype, vocab;
+    int64_t eod, frame_tokens;
+    int nshards;
+    int64_t nframes, ndocs, ntokens;
+    uint32_t max_ntok;
+    uint64_t max_csize;
+    struct frame_info *frames;
+    int64_t *docs;
+    ZSTD_DCtx *dctx;
+    uint8_t *cbuf, *raw;
+    struct cache_slot cache[CACHE_SLOTS];
+    uint64_t clock;
+};
+
+/* --- index --------------------------------------------------------------- */
+
+static void parse_header(struct dataset *ds, const uint8_t *b, size_t size, const char *path) {
+    if (size < INDEX_HEADER_BYTES + INDEX_TRAILER_BYTES)
+        die("%s: too short (%zu bytes): truncated or not a dataset index", path, size);
+    if (memcmp(b + IDX_MAGIC, DATASET_MAGIC, 8)) die("%s: bad magic: not an mtrain dataset index", path);
+    uint32_t version = get_u32(b + IDX_VERSION);
+    if (version != DATASET_VERSION)
+        die("%s: unsupported format version %u (this mtrain reads version %d)", path, version, DATASET_VERSION);
+    uint64_t want = get_u64(b + size - INDEX_TRAILER_BYTES);
+    if (XXH3_64bits(b, size - INDEX_TRAILER_BYTES) != want) die("%s: checksum mismatch: the index is damaged", path);
+    ds->dtype = (int)get_u32(b + IDX_DTYPE);
+    uint32_t vocab = get_u32(b + IDX_VOCAB), eod = get_u32(b + IDX_EOD);
+    if (vocab < 1 || vocab > INT32_MAX) die("%s: bad vocab size %u", path, vocab);
+    ds->vocab = (int)vocab;
+    if (ds->dtype != dataset_dtype_bytes(vocab))
+        die("%s: token width %d bytes does not fit vocab size %d", path, ds->dtype, ds->vocab);
+    if (eod != DATASET_NO_EOD && eod >= vocab) die("%s: EOD id %u outside vocab of %u", path, eod, vocab);
+    ds->eod = eod == DATASET_NO_EOD ? -1 : (int64_t)eod;
+    ds->nshards = (int)get_u32(b + IDX_SHARDS);
+    ds->frame_tokens = get_u32(b + IDX_FRAME_TOKENS);
+    uint64_t nframes = get_u64(b + IDX_FRAMES), ndocs = get_u64(b + IDX_DOCS);
+    uint64_t ntokens = get_u64(b + IDX_TOKENS);
+    /* Bound the counts before multiplying so a damaged header cannot overflow. */
+    if (nframes > (1ull << 40) || ndocs > (1ull << 40) || ntokens > (1ull << 62) || ds->nshards < 0)
+        die("%s: implausible counts (%llu frames, %llu documents)", path, (unsigned long long)nframes,
+            (unsigned long long)ndocs);
+    uint64_t expect = INDEX_HEADER_BYTES + nframes * INDEX_FRAME_BYTES + (ndocs + 1) * 8 + INDEX_TRAILER_BYTES;
+    if (size != expect)
+        die("%s: %zu bytes, expected %llu for %llu frames and %llu documents", path, size,
+            (unsigned long long)expect, (unsigned long long)nframes, (unsigned long long)ndocs);
+    ds->nframes = (int64_t)nframes;
+    ds->ndocs = (int64_t)ndocs;
+    ds->ntokens = (int64_t)ntokens;
+}
+
+/* Frames must tile each shard from offset 0 in order, shards in order, and
+ * their token counts must add up to the stream length. */
+static void parse_frames(struct dataset *ds, const uint8_t *b, const char *path) {
+    ds->frames = xmalloc((size_t)(ds->nframes ? ds->nframes : 1) * sizeof *ds->frames);
+    int64_t first = 0;
+    uint64_t shard_end = 0;
+    for (int64_t i = 0; i < ds->nframes; i++) {
+        const uint8_t *r = b + INDEX_HEADER_BYTES + (size_t)i * INDEX_FRAME_BYTES;
+        struct frame_info *f = &ds->frames[i];
+        f->shard = get_u32(r + FR_SHARD);
+        f->ntok = get_u32(r + FR_TOKENS);
+        f->offset = get_u64(r + FR_OFFSET);
+        f->csize = get_u64(r + FR_CSIZE);
+        f->hash = get_u64(r + FR_HASH);
+        f->first = first;
+        uint32_t prev_shard = i ? ds->frames[i - 1].shard : 0;
+        if (f->shard >= (uint32_t)ds->nshards || f->shard < prev_shard || f->shard > prev_shard + 1 ||
+            (i == 0 && f->shard != 0))
+            die("%s: frame %lld: shard %u out of order (%d shards)", path, (long long)i, f->shard, ds->nshards);
+        if (f->shard != prev_shard) shard_end = 0;
+        if (f->offset != shard_end)
+            die("%s: frame %lld: offset %llu, but the previous frame of shard %u ends at %llu", path, (long long)i,
+                (unsigned long long)f->offset, f->shard, (unsigned long long)shard_end);
+        if (f->ntok < 1 || f->ntok > MAX_FRAME_TOKENS || f->csize < 1 || f->csize > (1ull << 40))
+            die("%s: frame %lld: bad sizes (%u tokens, %llu bytes)", path, (long long)i, f->ntok,
+                (unsigned long long)f->csize);
+        shard_end = f->offset + f->csize;
+        first += f->ntok;
+        if (f->ntok > ds->max_ntok) ds->max_ntok = f->ntok;
+        if (f->csize > ds->max_csize) ds->max_csize = f->csize;
+    }
+    if (first != ds->ntokens)
+        die("%s: frames hold %lld tokens, header says %lld", path, (long long)first, (long long)ds->ntokens);
+    int64_t last_shard = ds->nframes ? (int64_t)ds->frames[ds->nframes - 1].shard : -1;
+    if (last_shard + 1 != ds->nshards)
+        die("%s: header lists %d shards, frames use %lld", path, ds->nshards, (long long)(last_shard + 1));
+}
+
+static void parse_docs(struct dataset *ds, const uint8_t *b, const char *path) {
+    const uint8_t *p = b + INDEX_HEADER_BYTES + (size_t)ds->nframes * INDEX_FRAME_BYTES;
+    ds->docs = xmalloc((size_t)(ds->ndocs + 1) * sizeof *ds->docs);
+    for (int64_t d = 0; d <= ds->ndocs; d++) {
+        ds->docs[d] = (int64_t)get_u64(p + 8 * d);
+        if ((d == 0 && ds->docs[0] != 0) || (d > 0 && ds->docs[d] <= ds->docs[d - 1]))
+            die("%s: document boundary %lld (%lld) out of order", path, (long long)d, (long long)ds->docs[d]);
+    }
+    if (ds->docs[ds->ndocs] != ds->ntokens)
+        die("%s: documents end at token %lld, stream has %lld", path, (long long)ds->docs[ds->ndocs],
+            (long long)ds->ntokens);
+}
+
+/* Open every shard and check it is long enough for its last frame. */
+static void open_shards(struct dataset *ds) {
+    ds->shard_paths = xcalloc((size_t)ds->nshards + 1, sizeof *ds->shard_paths);
+    ds->fds = xmalloc(((size_t)ds->nshards + 1) * sizeof *ds->fds);
+    int64_t f = 0;
+    for (int s = 0; s < ds->nshards; s++) {
+        size_t n = strlen(ds->dir) + 32;
+        ds->shard_paths[s] = xmalloc(n);
+        snprintf(ds->shard_paths[s], n, "%s/" DATASET_SHARD_FMT, ds->dir, s);
+        ds->fds[s] = open(ds->shard_paths[s], O_RDONLY | O_CLOEXEC);
+        if (ds->fds[s] < 0)
+            die("%s: %s (the index lists %d shards)", ds->shard_paths[s],
+                errno == ENOENT ? "missing" : strerror(errno), ds->nshards);
+        while (f + 1 < ds->nframes && ds->frames[f + 1].shard == (uint32_t)s) f++;
+        const struct frame_info *last = &ds->frames[f];
+        struct stat st;
+        if (fstat(ds->fds[s], &st) != 0) die("%s: %s", ds->shard_paths[s], strerror(errno));
+        if ((uint64_t)st.st_size < last->offset + last->csize)
+            die("%s: truncated: %lld bytes, but frame %lld at offset %llu ends at %llu", ds->shard_paths[s],
+                (long long)st.st_size, (long long)f, (unsigned long long)last->offset,
+                (unsigned long long)(last->offset + last->csize));
+        f++;
+    }
+}
+
+struct dataset *dataset_open(const char *dir) {
+    size_t dl = strlen(dir);
+    while (dl > 1 && dir[dl - 1] == '/') dl--;
+    char path[4096];
+    snprintf(path, sizeof path, "%.*s/%s", (int)dl, dir, DATASET_INDEX_NAME);
+    size_t size = 0;
+    errno = 0;
+    uint8_t *b = (uint8_t *)read_file(path, &size);
+    if (!b)
+        die("%s: cannot read: %s (build a dataset with 'mtrain data build')", path,
+            errno ? strerror(errno) : "read error");
+    struct dataset *ds = xcalloc(1, sizeof *ds);
+    ds->dir = xstrdup(dir);
+    ds->dir[dl] = 0;
+    parse_header(ds, b, size, path);
+    parse_frames(ds, b, path);
+    parse_docs(ds, b, path);
+    free(b);
+    open_shards(ds);
+    ds->dctx = ZSTD_createDCtx();
+    if (!ds->dctx) die("out of memory creating a zstd context");
+    ds->cbuf = xmalloc(ds->max_csize ? ds->max_csize : 1);
+    ds->raw = xmalloc((size_t)ds->max_ntok * ds->dtype + 1);
+    for (int i = 0; i < CACHE_SLOTS; i++) ds->cache[i].frame = -1;
+    return ds;
+}
+
+void dataset_close(struct dataset *ds) {
+    if (!ds) return;
+    for (int s = 0; s < ds->nshards; s++) {
+        if (ds->fds[s] >= 0) close(ds->fds[s]);
+        free(ds->shard_paths[s]);
+    }
+    for (int i = 0; i < CACHE_SLOTS; i++) free(ds->cache[i].tokens);
+    ZSTD_freeDCtx(ds->dctx);
+    free(ds->shard_paths);
+    free(ds->fds);
+    free(ds->frames);
+    free(ds->docs);
+    free(ds->cbuf);
+    free(ds->raw);
+    free(ds->dir);
+    free(ds);
+}
+
+int dataset_vocab_size(const struct dataset *ds) { return ds->vocab; }
+int64_t dataset_num_tokens(const struct dataset *ds) { return ds->ntokens; }
+int64_t dataset_num_docs(const struct dataset *ds) { return ds->ndocs; }
+const char *dataset_dir(const struct dataset *ds) { return ds->dir; }
+
+int64_t dataset_doc_start(const struct dataset *ds, int64_t d) {
+    if (d < 0 || d > ds->ndocs)
+        die("dataset %s: document %lld out of range 0..%lld", ds->dir, (long long)d, (long long)ds->ndocs);
+    return ds->docs[d];
+}
+
+void dataset_get_info(const struct dataset *ds, struct dataset_info *info) {
+    memset(info, 0, sizeof *info);
+    info->dtype_bytes = ds->dtype;
+    info->vocab_size = ds->vocab;
+    info->eod_id = ds->eod;
+    info->frame_tokens = ds->frame_tokens;
+    info->docs = ds->ndocs;
+    info->tokens = ds->ntokens;
+    info->shards = ds->nshards;
+    info->frames = ds->nframes;
+    for (int64_t f = 0; f < ds->nframes; f++) info->compressed_bytes += (int64_t)ds->frames[f].csize;
+}
+
+/* --- frames -------------------------------------------------------------- */
+
+static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int read_compressed(struct dataset *ds, const struct frame_info *f, char *err, size_t n) {
+    uint64_t done = 0;
+    while (done < f->csize) {
+        ssize_t got = pread(ds->fds[f->shard], ds->cbuf + done, f->csize - done, (off_t)(f->offset + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return fail(err, n, "read error: %s", strerror(errno));
+        if (got == 0)
+            return fail(err, n, "truncated: read %llu of %llu bytes", (unsigned long long)done,
+                        (unsigned long long)f->csize);
+        done += (uint64_t)got;
+    }
+    return 0;
+}
+
+/* Decode frame fi into out (ntok int32 values). Returns 0, or -1 with a
+ * description of the damage in err. Never exits, so verify can go on. */
+static int decode_frame(struct dataset *ds, int64_t fi, int32_t *out, char *err, size_t n) {
+    const struct frame_info *f = &ds->frames[fi];
+    if (read_compressed(ds, f, err, n)) return -1;
+    size_t want = (size_t)f->ntok * ds->dtype;
+    unsigned long long content = ZSTD_getFrameContentSize(ds->cbuf, f->csize);
+    if (content == ZSTD_CONTENTSIZE_ERROR) return fail(err, n, "not a zstd frame (bad frame header)");
+    if (content == ZSTD_CONTENTSIZE_UNKNOWN) return fail(err, n, "zstd frame header lacks its content size");
+    if (content != want)
+        return fail(err, n, "frame header says %llu bytes, index says %zu", content, want);
+    size_t fsize = ZSTD_findFrameCompressedSize(ds->cbuf, f->csize);
+    if (ZSTD_isError(fsize)) return fail(err, n, "zstd: %s", ZSTD_getErrorName(fsize));
+    if (fsize != f->csize)
+        return fail(err, n, "zstd frame is %zu bytes, index says %llu", fsize, (unsigned long long)f->csize);
+    size_t got = ZSTD_decompressDCtx(ds->dctx, ds->raw, want, ds->cbuf, f->csize);
+    if (ZSTD_isError(got)) return fail(err, n, "zstd: %s", ZSTD_getErrorName(got));
+    if (got != want) return fail(err, n, "decoded %zu bytes, expected %zu", got, want);
+    if (XXH3_64bits(ds->raw, want) != f->hash) return fail(err, n, "checksum mismatch");
+    for (uint32_t i = 0; i < f->ntok; i++) {
+        const uint8_t *p = ds->raw + (size_t)i * ds->dtype;
+        uint32_t t = ds->dtype == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : get_u32(p);
+        if (t >= (uint32_t)ds->vocab) return fail(err, n, "token %u at %u outside vocab of %d", t, i, ds->vocab);
+        out[i] = (int32_t)t;
+    }
+    return 0;
+}
+
+static const int32_t *get_frame(struct dataset *ds, int64_t fi) {
+    struct cache_slot *slot = &ds->cache[0];
+    for (int i = 0; i < CACHE_SLOTS; i++) {
+        if (ds->cache[i].frame == fi) {
+            ds->cache[i].used = ++ds->clock;
+            return ds->cache[i].tokens;
+        }
+        if (ds->cache[i].used < slot->used) slot = &ds->cache[i];
+    }
+    if (!slot->tokens) slot->tokens = xmalloc((size_t)ds->max_ntok * sizeof(int32_t));
+    slot->frame = -1;
+    char err[256];
+    if (decode_frame(ds, fi, slot->tokens, err, sizeof err))
+        die("%s: frame %lld at offset %llu: %s", ds->shard_paths[ds->frames[fi].shard], (long long)fi,
+            (unsigned long long)ds->frames[fi].offset, err);
+    slot->frame = fi;
+    slot->used = ++ds->clock;
+    return slot->tokens;
+}
+
+/* Frame holding token t: the last frame whose first token is <= t. */
+static int64_t find_frame(const struct dataset *ds, int64_t t) {
+    int64_t lo = 0, hi = ds->nframes - 1;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (ds->frames[mid].first <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+void dataset_read(struct dataset *ds, int64_t first, int64_t count, int32_t *out) {
+    if (first < 0 || count < 0 || first > ds->ntokens - count)
+        die("dataset %s: read of tokens [%lld, %lld) outside the stream of %lld", ds->dir, (long long)first,
+            (long long)(first + count), (long long)ds->ntokens);
+    int64_t fi = count ? find_frame(ds, first) : 0;
+    while (count > 0) {
+        const struct frame_info *f = &ds->frames[fi];
+        const int32_t *tok = get_frame(ds, fi);
+        int64_t off = first - f->first, take = f->ntok - off;
+        if (take > count) take = count;
+        memcpy(out, tok + off, (size_t)take * sizeof *out);
+        out += take;
+        first += take;
+        count -= take;
+        fi++;
+    }
+}
+
+int64_t dataset_verify(struct dataset *ds, FILE *report) {
+    int32_t *tok = xmalloc(((size_t)ds->max_ntok + 1) * sizeof *tok);
+    int64_t bad = 0;
+    char err[256];
+    for (int64_t fi = 0; fi < ds->nframes; fi++) {
+        if (!decode_frame(ds, fi, tok, err, sizeof err)) continue;
+        fprintf(report, "mtrain: error: %s: frame %lld at offset %llu: %s\n", ds->shard_paths[ds->frames[fi].shard],
+                (long long)fi, (unsigned long long)ds->frames[fi].offset, err);
+        bad++;
+    }
+    free(tok);
+    return bad;
+}
