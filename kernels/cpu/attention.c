@@ -1,93 +1,89 @@
 /* Causal grouped-query attention. Query head h reads kv head h / (H/KVH).
- * Probabilities are kept in att[B,H,T,T] (upper triangle zero) for backward. */
+ * Each (batch, head) is a few small sgemms on strided views of the
+ * [B,T,heads,D] tensors: BLAS computes the full T x T score block (twice the
+ * causal work, but far faster than scalar loops) and the mask zeroes the
+ * upper triangle of the probabilities, kept in att[B,H,T,T] for backward.
+ * Inside the OpenMP region OpenBLAS runs each call single-threaded. */
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/common.h"
 #include "kernels/cpu/cpu.h"
+
+/* Row-wise causal softmax of scores already scaled, in place. */
+static void causal_softmax(float *p, int T) {
+    for (int t = 0; t < T; t++) {
+        float *row = p + (size_t)t * T;
+        float maxv = -INFINITY;
+        for (int s = 0; s <= t; s++) maxv = row[s] > maxv ? row[s] : maxv;
+        float sum = 0;
+        for (int s = 0; s <= t; s++) {
+            row[s] = expf(row[s] - maxv);
+            sum += row[s];
+        }
+        float inv = 1.0f / sum;
+        for (int s = 0; s <= t; s++) row[s] *= inv;
+        for (int s = t + 1; s < T; s++) row[s] = 0;
+    }
+}
 
 void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
                            int H, int KVH, int D) {
-    int group = H / KVH;
+    int group = H / KVH, ldq = H * D, ldk = KVH * D;
     float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel for collapse(3) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int t = 0; t < T; t++) {
-                int kh = h / group;
-                const float *qr = q + (((size_t)b * T + t) * H + h) * D;
-                float *p = att + (((size_t)b * H + h) * T + t) * T;
-                float maxv = -INFINITY;
-                for (int s = 0; s <= t; s++) {
-                    const float *kr = k + (((size_t)b * T + s) * KVH + kh) * D;
-                    float dot = 0;
-                    for (int i = 0; i < D; i++) dot += qr[i] * kr[i];
-                    p[s] = dot * scale;
-                    if (p[s] > maxv) maxv = p[s];
-                }
-                float sum = 0;
-                for (int s = 0; s <= t; s++) {
-                    p[s] = expf(p[s] - maxv);
-                    sum += p[s];
-                }
-                float inv = 1.0f / sum;
-                for (int s = 0; s <= t; s++) p[s] *= inv;
-                for (int s = t + 1; s < T; s++) p[s] = 0;
-                float *o = out + (((size_t)b * T + t) * H + h) * D;
-                memset(o, 0, sizeof(float) * D);
-                for (int s = 0; s <= t; s++) {
-                    const float *vr = v + (((size_t)b * T + s) * KVH + kh) * D;
-                    for (int i = 0; i < D; i++) o[i] += p[s] * vr[i];
-                }
-            }
+        for (int h = 0; h < H; h++) {
+            int kh = h / group;
+            const float *qb = q + (size_t)b * T * ldq + h * D;
+            const float *kb = k + (size_t)b * T * ldk + kh * D;
+            const float *vb = v + (size_t)b * T * ldk + kh * D;
+            float *p = att + ((size_t)b * H + h) * T * T;
+            float *ob = out + (size_t)b * T * ldq + h * D;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, scale, qb, ldq, kb, ldk, 0.0f, p, T);
+            causal_softmax(p, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, p, T, vb, ldk, 0.0f, ob, ldq);
+        }
 }
 
-/* Work is split by (batch, kv head) so each thread owns the dk/dv rows it
- * accumulates into: no atomics, and a fixed summation order. */
+/* dP = dO V^T; dS = P * (dP - rowsum(P * dP)) * scale; dQ = dS K;
+ * dK += dS^T Q; dV += P^T dO. Work is split by (batch, kv head) so each
+ * thread owns the dk/dv rows it accumulates into: no atomics, and a fixed
+ * summation order. */
 void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
                             const float *k, const float *v, int B, int T, int H, int KVH, int D) {
-    int group = H / KVH;
+    int group = H / KVH, ldq = H * D, ldk = KVH * D;
     float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel
     {
-        float *dp = malloc(sizeof(float) * T);
+        float *ds = malloc(sizeof(float) * T * T);
+        CHECK(ds);
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int kh = 0; kh < KVH; kh++) {
-                for (int s = 0; s < T; s++) {
-                    memset(dk + (((size_t)b * T + s) * KVH + kh) * D, 0, sizeof(float) * D);
-                    memset(dv + (((size_t)b * T + s) * KVH + kh) * D, 0, sizeof(float) * D);
-                }
-                for (int h = kh * group; h < (kh + 1) * group; h++)
+                const float *kb = k + (size_t)b * T * ldk + kh * D, *vb = v + (size_t)b * T * ldk + kh * D;
+                float *dkb = dk + (size_t)b * T * ldk + kh * D, *dvb = dv + (size_t)b * T * ldk + kh * D;
+                for (int h = kh * group; h < (kh + 1) * group; h++) {
+                    const float *p = att + ((size_t)b * H + h) * T * T;
+                    const float *dob = dout + (size_t)b * T * ldq + h * D, *qb = q + (size_t)b * T * ldq + h * D;
+                    float *dqb = dq + (size_t)b * T * ldq + h * D;
+                    float beta = h == kh * group ? 0.0f : 1.0f; /* first head of the group overwrites */
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, p, T, dob, ldq, beta, dvb, ldk);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, 1.0f, dob, ldq, vb, ldk, 0.0f, ds, T);
                     for (int t = 0; t < T; t++) {
-                        const float *p = att + (((size_t)b * H + h) * T + t) * T;
-                        const float *dor = dout + (((size_t)b * T + t) * H + h) * D;
-                        const float *qr = q + (((size_t)b * T + t) * H + h) * D;
-                        float *dqr = dq + (((size_t)b * T + t) * H + h) * D;
-                        float pdp = 0;
-                        for (int s = 0; s <= t; s++) {
-                            const float *vr = v + (((size_t)b * T + s) * KVH + kh) * D;
-                            float *dvr = dv + (((size_t)b * T + s) * KVH + kh) * D;
-                            float d = 0;
-                            for (int i = 0; i < D; i++) {
-                                d += dor[i] * vr[i];
-                                dvr[i] += p[s] * dor[i];
-                            }
-                            dp[s] = d;
-                            pdp += p[s] * d;
-                        }
-                        memset(dqr, 0, sizeof(float) * D);
-                        for (int s = 0; s <= t; s++) {
-                            float ds = p[s] * (dp[s] - pdp) * scale;
-                            const float *kr = k + (((size_t)b * T + s) * KVH + kh) * D;
-                            float *dkr = dk + (((size_t)b * T + s) * KVH + kh) * D;
-                            for (int i = 0; i < D; i++) {
-                                dqr[i] += ds * kr[i];
-                                dkr[i] += ds * qr[i];
-                            }
-                        }
+                        const float *pr = p + (size_t)t * T;
+                        float *dr = ds + (size_t)t * T;
+                        float dot = 0;
+                        for (int s = 0; s <= t; s++) dot += pr[s] * dr[s];
+                        for (int s = 0; s <= t; s++) dr[s] = pr[s] * (dr[s] - dot) * scale;
+                        for (int s = t + 1; s < T; s++) dr[s] = 0;
                     }
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, ds, T, kb, ldk, 0.0f, dqb, ldq);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, ds, T, qb, ldq, beta, dkb, ldk);
+                }
             }
-        free(dp);
+        free(ds);
     }
 }
