@@ -26,8 +26,23 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard scripts/bench/*.c)
 BENCH_BIN := $(BENCH_SRC:scripts/bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all test bench clean unit-tests
+.PHONY: all test bench clean unit-tests deps quickstart
 all: mtrain
+
+# Installs missing system packages once (scripts/install-deps.sh); the stamp
+# keeps later builds from asking again.
+DEPS_STAMP := build/.deps-build
+$(DEPS_STAMP):
+	bash scripts/install-deps.sh --build-only
+	@mkdir -p build && touch $@
+build/.deps-test: $(DEPS_STAMP)
+	bash scripts/install-deps.sh
+	@touch $@
+deps: build/.deps-test
+
+# The README's default job.
+quickstart:
+	bash scripts/quickstart.sh
 
 # ./mtrain is always the build of the current flavour (release or sanitized).
 mtrain: $(BUILD)/mtrain
@@ -39,7 +54,7 @@ $(BUILD)/mtrain: $(BUILD)/main.o $(BUILD)/libmtrain.a
 $(BUILD)/libmtrain.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 
@@ -61,7 +76,7 @@ $(BUILD)/tools/%: tests/reference/%.c $(BUILD)/libmtrain.a
 unit-tests: $(TEST_BIN) $(TOOL_BIN)
 
 # The README's test command. Prints one summary line "N passed, N failed[, N skipped]".
-test: mtrain $(TEST_BIN) $(TOOL_BIN)
+test: build/.deps-test mtrain $(TEST_BIN) $(TOOL_BIN)
 	BUILD=$(BUILD) bash tests/run.sh
 
 bench: mtrain $(BENCH_BIN)
