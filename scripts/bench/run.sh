@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# make bench: every benchmark in scripts/bench, each printing a table and
+# writing JSON under build/bench/. Ratios are measured in one run, since the
+# machine is shared and absolute CPU timings are noisy.
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build/rel}
+mkdir -p build/bench
+rc=0
+for b in scripts/bench/train.sh scripts/bench/data.sh scripts/bench/checkpoint.sh; do
+    [ -f "$b" ] || continue
+    echo "== $b"
+    BUILD=$BUILD bash "$b" || rc=1
+done
+exit $rc
