@@ -7,7 +7,7 @@ BLAS_LIB ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 OPT      ?= -O3 -march=native
 CFLAGS   ?= $(OPT) -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -I$(BLAS_INC)
-LDLIBS   += -lyaml -lzstd -ljansson -lxxhash -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lm -lpthread
+LDLIBS   += -lyaml -lzstd -ljansson -lxxhash -lpcre2-8 -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lm -lpthread
 LDFLAGS  += -fopenmp
 
 ifeq ($(SANITIZE),1)
@@ -44,9 +44,11 @@ deps: build/.deps-test
 quickstart:
 	bash scripts/quickstart.sh
 
-# ./mtrain is always the build of the current flavour (release or sanitized).
+# ./mtrain is always the build of the current flavour (release or sanitized),
+# so it is re-copied on every make.
+.PHONY: mtrain
 mtrain: $(BUILD)/mtrain
-	cp $< $@
+	@cp $< $@
 
 $(BUILD)/mtrain: $(BUILD)/main.o $(BUILD)/libmtrain.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

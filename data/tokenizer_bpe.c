@@ -1,0 +1,792 @@
+/* Byte-level BPE: loading (tokenizer.json via jansson, tiktoken rank files),
+ * pre-tokenization with PCRE2 and rank-ordered merging.
+ *
+ * Both file kinds become one table: token id -> bytes, bytes -> id, and
+ * (left id, right id) -> (rank, merged id). A tokenizer.json's merges list
+ * gives the pairs directly (rank = position in the list); a tiktoken file has
+ * only ranks, and tiktoken merges any adjacent pair whose concatenation is a
+ * token, ranked by that token's rank, so every split of every token into two
+ * tokens becomes a pair. Merging picks the lowest rank, leftmost on ties, as
+ * both reference implementations do. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "data/tokenizer_bpe.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <pcre2.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "config/common.h"
+
+#define MAX_LEVELS 8
+#define NO_RANK UINT32_MAX
+#define SMALL_PIECE 64        /* quadratic merge below this many bytes, heap above */
+
+const char bpe_llama3_regex[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char gpt2_regex[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+struct vocab_slot { uint64_t hash; int32_t id; };                /* id -1: empty */
+struct pair_slot { uint64_t key; uint32_t rank; int32_t id; };    /* id -1: empty */
+struct special { uint8_t *text; size_t len; int id; };
+
+struct bpe {
+    char *path;
+    int vocab;                    /* max id + 1 */
+    uint8_t *pool;                /* token bytes, back to back */
+    size_t pool_n, pool_cap;
+    uint64_t *tok_off;            /* per id */
+    uint32_t *tok_len;            /* per id; used[id] says whether it exists */
+    uint8_t *used;
+    int32_t byte_tok[256];
+    struct vocab_slot *vt;        /* bytes -> id of ordinary tokens */
+    size_t vt_mask;
+    struct pair_slot *pt;
+    size_t pt_mask, pt_n;
+    int ignore_merges;            /* whole piece looked up before merging */
+    pcre2_code *re[MAX_LEVELS];
+    int jit[MAX_LEVELS];
+    int nre, add_prefix_space;
+    struct special *sp;           /* longest first, for leftmost-longest matching */
+    int nsp;
+    uint8_t sp_first[256];
+};
+
+struct sym { int32_t id, prev, next; };
+struct heap_item { uint32_t rank; int32_t pos, left, right, id; };
+
+struct bpe_state {
+    const struct bpe *b;
+    pcre2_match_data *md[MAX_LEVELS];
+    pcre2_match_context *mctx;
+    pcre2_jit_stack *jstack;
+    int32_t *ids, *newid;
+    uint32_t *ranks;
+    struct sym *sym;
+    struct heap_item *heap;
+    size_t cap, heap_cap;
+    uint8_t *prefixed;
+    size_t prefixed_cap;
+};
+
+/* ---- tables ---------------------------------------------------------------- */
+
+static size_t table_size(size_t n) {
+    size_t s = 1024;
+    while (s < 2 * n) s *= 2;
+    return s;
+}
+
+static const uint8_t *tok_bytes(const struct bpe *b, int id) { return b->pool + b->tok_off[id]; }
+
+static void grow_ids(struct bpe *b, int id) {
+    if (id < b->vocab) return;
+    int n = b->vocab ? b->vocab : 1024;
+    while (n <= id) n *= 2;
+    b->tok_off = xrealloc(b->tok_off, (size_t)n * sizeof *b->tok_off);
+    b->tok_len = xrealloc(b->tok_len, (size_t)n * sizeof *b->tok_len);
+    b->used = xrealloc(b->used, (size_t)n);
+    memset(b->used + b->vocab, 0, (size_t)(n - b->vocab));
+    b->vocab = n;   /* trimmed to max id + 1 once loading is done */
+}
+
+/* Record id -> bytes. Returns -1 if the id is already taken. */
+static int set_token(struct bpe *b, int id, const uint8_t *p, size_t n) {
+    grow_ids(b, id);
+    if (b->used[id]) return -1;
+    if (b->pool_n + n > b->pool_cap) {
+        b->pool_cap = (b->pool_n + n) * 2 + 4096;
+        b->pool = xrealloc(b->pool, b->pool_cap);
+    }
+    memcpy(b->pool + b->pool_n, p, n);
+    b->tok_off[id] = b->pool_n;
+    b->tok_len[id] = (uint32_t)n;
+    b->used[id] = 1;
+    b->pool_n += n;
+    return 0;
+}
+
+static int vocab_find(const struct bpe *b, const uint8_t *p, size_t n) {
+    uint64_t h = XXH3_64bits(p, n);
+    for (size_t i = h & b->vt_mask;; i = (i + 1) & b->vt_mask) {
+        const struct vocab_slot *s = &b->vt[i];
+        if (s->id < 0) return -1;
+        if (s->hash == h && b->tok_len[s->id] == n && !memcmp(tok_bytes(b, s->id), p, n)) return s->id;
+    }
+}
+
+/* Index every ordinary token (not the specials) by its bytes. Returns the id
+ * of a duplicate byte string, or -1. */
+static int build_vocab_table(struct bpe *b, const uint8_t *is_special) {
+    size_t n = 0;
+    for (int i = 0; i < b->vocab; i++) n += b->used[i] && !is_special[i];
+    size_t size = table_size(n);
+    b->vt = xmalloc(size * sizeof *b->vt);
+    for (size_t i = 0; i < size; i++) b->vt[i].id = -1;
+    b->vt_mask = size - 1;
+    for (int id = 0; id < b->vocab; id++) {
+        if (!b->used[id] || is_special[id]) continue;
+        if (vocab_find(b, tok_bytes(b, id), b->tok_len[id]) >= 0) return id;
+        uint64_t h = XXH3_64bits(tok_bytes(b, id), b->tok_len[id]);
+        size_t i = h & b->vt_mask;
+        while (b->vt[i].id >= 0) i = (i + 1) & b->vt_mask;
+        b->vt[i] = (struct vocab_slot){h, id};
+    }
+    return -1;
+}
+
+static uint64_t pair_key(int32_t a, int32_t c) { return (uint64_t)(uint32_t)a << 32 | (uint32_t)c; }
+static size_t pair_hash(uint64_t k) { return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20); }
+
+static const struct pair_slot *pair_find(const struct bpe *b, int32_t a, int32_t c) {
+    uint64_t k = pair_key(a, c);
+    for (size_t i = pair_hash(k) & b->pt_mask;; i = (i + 1) & b->pt_mask) {
+        const struct pair_slot *s = &b->pt[i];
+        if (s->id < 0) return NULL;
+        if (s->key == k) return s;
+    }
+}
+
+/* Add a pair unless present (the first, lowest-ranked definition wins). */
+static void pair_add(struct bpe *b, int32_t a, int32_t c, uint32_t rank, int32_t id) {
+    if (2 * (b->pt_n + 1) > b->pt_mask + 1) {
+        size_t old = b->pt_mask + 1, size = b->pt ? 2 * old : 1 << 16;
+        struct pair_slot *prev = b->pt;
+        b->pt = xmalloc(size * sizeof *b->pt);
+        for (size_t i = 0; i < size; i++) b->pt[i].id = -1;
+        b->pt_mask = size - 1;
+        for (size_t i = 0; prev && i < old; i++) {
+            if (prev[i].id < 0) continue;
+            size_t j = pair_hash(prev[i].key) & b->pt_mask;
+            while (b->pt[j].id >= 0) j = (j + 1) & b->pt_mask;
+            b->pt[j] = prev[i];
+        }
+        free(prev);
+    }
+    uint64_t k = pair_key(a, c);
+    size_t i = pair_hash(k) & b->pt_mask;
+    for (; b->pt[i].id >= 0; i = (i + 1) & b->pt_mask)
+        if (b->pt[i].key == k) return;
+    b->pt[i] = (struct pair_slot){k, rank, id};
+    b->pt_n++;
+}
+
+/* ---- regexes and specials ---------------------------------------------------- */
+
+static void add_regex(struct bpe *b, const char *pattern, const char *what) {
+    if (b->nre == MAX_LEVELS) die("%s: more than %d pre-tokenizer splits", b->path, MAX_LEVELS);
+    int code;
+    PCRE2_SIZE off;
+    /* UCP: \s \d \w are Unicode-aware, as in the Rust regex engines of the
+     * references; MATCH_INVALID_UTF: stray bytes never match instead of
+     * failing, so they fall into the gaps between matches. */
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &code, &off, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[256];
+        if (pcre2_get_error_message(code, msg, sizeof msg) < 0) snprintf((char *)msg, sizeof msg, "error %d", code);
+        die("%s: %s regex does not compile at offset %zu: %s", b->path, what, (size_t)off, (char *)msg);
+    }
+    b->jit[b->nre] = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0;
+    b->re[b->nre++] = re;
+}
+
+static int cmp_special_len(const void *x, const void *y) {
+    const struct special *a = x, *c = y;
+    return a->len < c->len ? 1 : a->len > c->len ? -1 : a->id - c->id;
+}
+
+static void add_special(struct bpe *b, const char *text, int id) {
+    size_t n = strlen(text);
+    if (!n) die("%s: special token %d has empty text", b->path, id);
+    b->sp = xrealloc(b->sp, (size_t)(b->nsp + 1) * sizeof *b->sp);
+    b->sp[b->nsp].text = (uint8_t *)xstrdup(text);
+    b->sp[b->nsp].len = n;
+    b->sp[b->nsp].id = id;
+    b->nsp++;
+    b->sp_first[(uint8_t)text[0]] = 1;
+}
+
+/* Shared end of loading: trim the id range, index tokens, check bytes. */
+static void finish_load(struct bpe *b) {
+    int max = -1;
+    for (int i = 0; i < b->vocab; i++)
+        if (b->used[i]) max = i;
+    if (max < 0) die("%s: empty vocabulary", b->path);
+    b->vocab = max + 1;
+    uint8_t *is_special = xcalloc((size_t)b->vocab, 1);
+    for (int i = 0; i < b->nsp; i++) is_special[b->sp[i].id] = 1;
+    int dup = build_vocab_table(b, is_special);
+    free(is_special);
+    if (dup >= 0) die("%s: token %d has the same bytes as an earlier token", b->path, dup);
+    for (int c = 0; c < 256; c++) {
+        uint8_t byte = (uint8_t)c;
+        b->byte_tok[c] = vocab_find(b, &byte, 1);
+        if (b->byte_tok[c] < 0)
+            die("%s: no token for byte 0x%02x: not a byte-level BPE vocabulary (every byte needs a token)", b->path, c);
+    }
+    qsort(b->sp, (size_t)b->nsp, sizeof *b->sp, cmp_special_len);
+    if (!b->pt) {  /* an empty pair table, so lookups need no NULL check */
+        b->pt = xmalloc((1 << 16) * sizeof *b->pt);
+        for (size_t i = 0; i < 1 << 16; i++) b->pt[i].id = -1;
+        b->pt_mask = (1 << 16) - 1;
+    }
+}
+
+static struct bpe *bpe_new(const char *path) {
+    struct bpe *b = xcalloc(1, sizeof *b);
+    b->path = xstrdup(path);
+    return b;
+}
+
+void bpe_free(struct bpe *b) {
+    if (!b) return;
+    for (int i = 0; i < b->nre; i++) pcre2_code_free(b->re[i]);
+    for (int i = 0; i < b->nsp; i++) free(b->sp[i].text);
+    free(b->sp);
+    free(b->pool);
+    free(b->tok_off);
+    free(b->tok_len);
+    free(b->used);
+    free(b->vt);
+    free(b->pt);
+    free(b->path);
+    free(b);
+}
+
+int bpe_vocab_size(const struct bpe *b) { return b->vocab; }
+
+int bpe_special_id(const struct bpe *b, const char *text) {
+    size_t n = strlen(text);
+    for (int i = 0; i < b->nsp; i++)
+        if (b->sp[i].len == n && !memcmp(b->sp[i].text, text, n)) return b->sp[i].id;
+    return -1;
+}
+
+int bpe_token_bytes(const struct bpe *b, int id, const uint8_t **bytes, size_t *len) {
+    if (id < 0 || id >= b->vocab || !b->used[id]) return -1;
+    *bytes = tok_bytes(b, id);
+    *len = b->tok_len[id];
+    return 0;
+}
+
+/* ---- tokenizer.json ----------------------------------------------------------- */
+
+/* GPT-2's byte <-> unicode alphabet: printable Latin-1 bytes stand for
+ * themselves, the other 68 bytes for U+0100 + n in byte order. */
+static void byte_alphabet(int cp_to_byte[324]) {
+    for (int i = 0; i < 324; i++) cp_to_byte[i] = -1;
+    int n = 0;
+    for (int c = 0; c < 256; c++) {
+        int printable = (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255);
+        cp_to_byte[printable ? c : 256 + n++] = c;
+    }
+}
+
+/* Decode one UTF-8 sequence; returns its length, or 0 if malformed. */
+static int utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) {
+    if (s[0] < 0x80) return *cp = s[0], 1;
+    int len = s[0] >= 0xF0 ? 4 : s[0] >= 0xE0 ? 3 : s[0] >= 0xC0 ? 2 : 0;
+    if (!len || (size_t)len > n) return 0;
+    uint32_t v = s[0] & (0x7F >> len);
+    for (int i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80) return 0;
+        v = v << 6 | (s[i] & 0x3F);
+    }
+    *cp = v;
+    return len;
+}
+
+/* A vocab string in the byte alphabet -> raw bytes (out holds strlen(s)).
+ * Returns the byte count, or -1 if a character is outside the alphabet. */
+static long alphabet_to_bytes(const char *s, const int cp_to_byte[324], uint8_t *out) {
+    const uint8_t *p = (const uint8_t *)s;
+    size_t n = strlen(s), k = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int len = utf8_decode(p + i, n - i, &cp);
+        if (!len || cp >= 324 || cp_to_byte[cp] < 0) return -1;
+        out[k++] = (uint8_t)cp_to_byte[cp];
+        i += (size_t)len;
+    }
+    return (long)k;
+}
+
+static const char *json_str(json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* The pre-tokenizer: Split(Regex, Isolated) and ByteLevel steps, alone or in
+ * a Sequence, become the list of regexes each piece is split by in turn. */
+static void load_pretokenizer(struct bpe *b, json_t *pt, int depth) {
+    if (!pt || json_is_null(pt)) return;
+    const char *type = json_str(pt, "type");
+    if (!type) die("%s: pre_tokenizer without a type", b->path);
+    if (!strcmp(type, "Sequence")) {
+        json_t *list = json_object_get(pt, "pretokenizers"), *item;
+        size_t i;
+        if (!json_is_array(list) || depth > 2) die("%s: pre_tokenizer Sequence without a pretokenizers list", b->path);
+        json_array_foreach(list, i, item) load_pretokenizer(b, item, depth + 1);
+    } else if (!strcmp(type, "Split")) {
+        json_t *pat = json_object_get(pt, "pattern");
+        const char *re = json_str(pat, "Regex"), *lit = json_str(pat, "String");
+        const char *behavior = json_str(pt, "behavior");
+        if (!re && !lit) die("%s: Split pre_tokenizer without a Regex or String pattern", b->path);
+        if (!behavior || strcmp(behavior, "Isolated"))
+            die("%s: Split behavior '%s' is not supported (only Isolated)", b->path, behavior ? behavior : "?");
+        if (json_is_true(json_object_get(pt, "invert"))) die("%s: inverted Split is not supported", b->path);
+        if (lit) {
+            /* a literal pattern: quote it for PCRE2 */
+            size_t n = strlen(lit);
+            char *q = xmalloc(n + 5);
+            snprintf(q, n + 5, "\\Q%s\\E", lit);
+            add_regex(b, q, "Split");
+            free(q);
+        } else {
+            add_regex(b, re, "Split");
+        }
+    } else if (!strcmp(type, "ByteLevel")) {
+        if (json_is_true(json_object_get(pt, "add_prefix_space"))) {
+            if (b->nre) die("%s: ByteLevel add_prefix_space after a Split is not supported", b->path);
+            b->add_prefix_space = 1;
+        }
+        json_t *use = json_object_get(pt, "use_regex");
+        if (!use || json_is_true(use)) add_regex(b, gpt2_regex, "ByteLevel");
+    } else {
+        die("%s: pre_tokenizer type '%s' is not supported (Split, ByteLevel, Sequence)", b->path, type);
+    }
+}
+
+static void load_added(struct bpe *b, json_t *root) {
+    json_t *added = json_object_get(root, "added_tokens"), *t;
+    size_t i;
+    if (added && !json_is_array(added)) die("%s: added_tokens is not a list", b->path);
+    json_array_foreach(added, i, t) {
+        json_t *idv = json_object_get(t, "id");
+        const char *content = json_str(t, "content");
+        if (!json_is_integer(idv) || !content || json_integer_value(idv) < 0 || json_integer_value(idv) > INT32_MAX - 1)
+            die("%s: added_tokens[%zu]: needs an integer id and a content string", b->path, i);
+        int id = (int)json_integer_value(idv);
+        add_special(b, content, id);
+        /* an added token may also sit in model.vocab (trained files): the
+         * added token's literal text is what it decodes to */
+        grow_ids(b, id);
+        b->used[id] = 0;
+        set_token(b, id, (const uint8_t *)content, strlen(content));
+    }
+}
+
+static void load_vocab(struct bpe *b, json_t *vocab, const int cp_to_byte[324]) {
+    const char *key;
+    json_t *v;
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    int nsp = b->nsp;
+    json_object_foreach(vocab, key, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX - 1)
+            die("%s: model.vocab['%s']: id is not a non-negative integer", b->path, key);
+        int id = (int)json_integer_value(v);
+        int special = 0;
+        for (int i = 0; i < nsp && !special; i++) special = b->sp[i].id == id;
+        if (special) continue;
+        size_t n = strlen(key);
+        if (n + 1 > cap) buf = xrealloc(buf, cap = 2 * n + 16);
+        long len = alphabet_to_bytes(key, cp_to_byte, buf);
+        if (len <= 0) die("%s: model.vocab['%s']: not in the byte-level alphabet", b->path, key);
+        if (set_token(b, id, buf, (size_t)len)) die("%s: model.vocab: id %d used twice", b->path, id);
+    }
+    free(buf);
+}
+
+/* One merge, "a b" or ["a", "b"], to the (left, right) -> merged pair. */
+static void load_merge(struct bpe *b, json_t *m, size_t rank, const int cp_to_byte[324], uint8_t *buf,
+                       size_t bufcap) {
+    const char *l = NULL, *r = NULL;
+    char *copy = NULL;
+    if (json_is_string(m)) {
+        copy = xstrdup(json_string_value(m));
+        char *space = strchr(copy, ' ');
+        if (!space || strchr(space + 1, ' ')) die("%s: model.merges[%zu]: expected \"a b\"", b->path, rank);
+        *space = 0;
+        l = copy;
+        r = space + 1;
+    } else if (json_is_array(m) && json_array_size(m) == 2) {
+        l = json_string_value(json_array_get(m, 0));
+        r = json_string_value(json_array_get(m, 1));
+    }
+    if (!l || !r) die("%s: model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"]", b->path, rank);
+    if (strlen(l) + strlen(r) > bufcap) die("%s: model.merges[%zu]: longer than any token", b->path, rank);
+    long nl = alphabet_to_bytes(l, cp_to_byte, buf);
+    long nr = nl > 0 ? alphabet_to_bytes(r, cp_to_byte, buf + nl) : -1;
+    if (nl <= 0 || nr <= 0) die("%s: model.merges[%zu]: not in the byte-level alphabet", b->path, rank);
+    int a = vocab_find(b, buf, (size_t)nl), c = vocab_find(b, buf + nl, (size_t)nr);
+    int ab = vocab_find(b, buf, (size_t)(nl + nr));
+    if (a < 0 || c < 0 || ab < 0)
+        die("%s: model.merges[%zu]: '%s' + '%s' or their merge is not in model.vocab", b->path, rank, l, r);
+    pair_add(b, a, c, (uint32_t)rank, ab);
+    free(copy);
+}
+
+struct bpe *bpe_load_hf(const char *path) {
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    if (!root) die("%s:%d:%d: cannot load tokenizer.json: %s", path, err.line, err.column, err.text);
+    struct bpe *b = bpe_new(path);
+    json_t *model = json_object_get(root, "model");
+    const char *type = json_str(model, "type");
+    if (!type || strcmp(type, "BPE")) die("%s: model.type is '%s'; only byte-level BPE is supported", path, type ? type : "?");
+    if (json_is_true(json_object_get(model, "byte_fallback")))
+        die("%s: byte_fallback BPE (SentencePiece style) is not supported", path);
+    const char *cont = json_str(model, "continuing_subword_prefix"), *suf = json_str(model, "end_of_word_suffix");
+    if ((cont && *cont) || (suf && *suf)) die("%s: subword prefixes/suffixes are not supported", path);
+    json_t *norm = json_object_get(root, "normalizer");
+    if (norm && !json_is_null(norm)) die("%s: normalizers are not supported (normalizer must be null)", path);
+    b->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
+    load_pretokenizer(b, json_object_get(root, "pre_tokenizer"), 0);
+    int cp_to_byte[324];
+    byte_alphabet(cp_to_byte);
+    load_added(b, root);
+    json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges"), *m;
+    if (!json_is_object(vocab) || !json_is_array(merges)) die("%s: model needs a vocab object and a merges list", path);
+    load_vocab(b, vocab, cp_to_byte);
+    /* index the vocabulary first: merges are resolved through it */
+    finish_load(b);
+    size_t i, maxlen = 0;
+    for (int id = 0; id < b->vocab; id++)
+        if (b->used[id] && b->tok_len[id] > maxlen) maxlen = b->tok_len[id];
+    /* a merge's two halves make one token: at most 2 UTF-8 bytes per token byte */
+    size_t bufcap = 2 * maxlen + 16;
+    uint8_t *buf = xmalloc(bufcap);
+    json_array_foreach(merges, i, m) load_merge(b, m, i, cp_to_byte, buf, bufcap);
+    free(buf);
+    json_decref(root);
+    return b;
+}
+
+/* ---- tiktoken ------------------------------------------------------------------ */
+
+static int b64_value(int c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
+/* Decode standard base64 with padding; returns the length or -1. */
+static long b64_decode(const char *s, size_t n, uint8_t *out) {
+    if (n % 4) return -1;
+    long k = 0;
+    for (size_t i = 0; i < n; i += 4) {
+        int v[4], pad = 0;
+        for (int j = 0; j < 4; j++) {
+            v[j] = s[i + j] == '=' && i + 4 == n && j >= 2 ? (pad++, 0) : b64_value((unsigned char)s[i + j]);
+            if (v[j] < 0) return -1;
+        }
+        if (pad == 1 && s[i + 2] == '=') return -1;
+        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        out[k++] = (uint8_t)(w >> 16);
+        if (pad < 2) out[k++] = (uint8_t)(w >> 8);
+        if (pad < 1) out[k++] = (uint8_t)w;
+    }
+    return k;
+}
+
+/* Every way to cut token id into two tokens is a pair ranked by id's rank. */
+static void add_tiktoken_pairs(struct bpe *b, int nranks) {
+    for (int id = 0; id < nranks; id++) {
+        if (!b->used[id] || b->tok_len[id] < 2) continue;
+        const uint8_t *p = tok_bytes(b, id);
+        size_t n = b->tok_len[id];
+        for (size_t k = 1; k < n; k++) {
+            int l = vocab_find(b, p, k), r = l >= 0 ? vocab_find(b, p + k, n - k) : -1;
+            if (r >= 0) pair_add(b, l, r, (uint32_t)id, id);
+        }
+    }
+}
+
+struct bpe *bpe_load_tiktoken(const char *path, const char *regex, const struct bpe_special *specials,
+                              int nspecials) {
+    size_t size = 0;
+    errno = 0;
+    char *text = read_file(path, &size);
+    if (!text) die("%s: cannot read tiktoken file: %s", path, errno ? strerror(errno) : "read error");
+    struct bpe *b = bpe_new(path);
+    b->ignore_merges = 1;
+    uint8_t buf[1024];
+    int nranks = 0, line = 0;
+    for (char *p = text, *end = text + size; p < end; line++) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        if (!nl) nl = end;
+        char *sp = memchr(p, ' ', (size_t)(nl - p));
+        if (nl == p || (nl == p + 1 && *p == '\r')) {  /* blank line */
+            p = nl + 1;
+            continue;
+        }
+        char *stop;
+        long rank = sp ? strtol(sp + 1, &stop, 10) : -1;
+        if (!sp || rank < 0 || rank > INT32_MAX - 1 || (*stop && *stop != '\n' && *stop != '\r') || stop == sp + 1)
+            die("%s:%d: expected 'BASE64 RANK'", path, line + 1);
+        if ((size_t)(sp - p) > 4 * sizeof buf / 3)
+            die("%s:%d: token longer than %zu bytes", path, line + 1, sizeof buf);
+        long n = b64_decode(p, (size_t)(sp - p), buf);
+        if (n <= 0) die("%s:%d: bad base64 token", path, line + 1);
+        if (set_token(b, (int)rank, buf, (size_t)n)) die("%s:%d: rank %ld used twice", path, line + 1, rank);
+        if (rank + 1 > nranks) nranks = (int)rank + 1;
+        p = nl + 1;
+    }
+    free(text);
+    for (int i = 0; i < nspecials; i++) {
+        int id = specials[i].id < 0 ? nranks + i : specials[i].id;
+        if (id < nranks || id > INT32_MAX - 1)
+            die("%s: special token '%s' id %d collides with the ranks 0..%d", path, specials[i].text, id, nranks - 1);
+        add_special(b, specials[i].text, id);
+        if (set_token(b, id, (const uint8_t *)specials[i].text, strlen(specials[i].text)))
+            die("%s: special token id %d given twice", path, id);
+    }
+    add_regex(b, regex ? regex : bpe_llama3_regex, "tiktoken");
+    finish_load(b);
+    add_tiktoken_pairs(b, nranks);
+    return b;
+}
+
+void bpe_llama3_specials(int base, struct bpe_special out[BPE_LLAMA3_SPECIALS],
+                         char names[BPE_LLAMA3_SPECIALS][40]) {
+    static const char *const named[] = {"<|begin_of_text|>", "<|end_of_text|>", NULL, NULL, NULL, NULL,
+                                        "<|start_header_id|>", "<|end_header_id|>", NULL, "<|eot_id|>"};
+    int reserved = 0;
+    for (int i = 0; i < BPE_LLAMA3_SPECIALS; i++) {
+        if (i < 10 && named[i]) snprintf(names[i], 40, "%s", named[i]);
+        else snprintf(names[i], 40, "<|reserved_special_token_%d|>", reserved++);
+        out[i].text = names[i];
+        out[i].id = base + i;
+    }
+}
+
+/* ---- encoding ------------------------------------------------------------------- */
+
+struct bpe_state *bpe_state_create(const struct bpe *b) {
+    struct bpe_state *st = xcalloc(1, sizeof *st);
+    st->b = b;
+    st->mctx = pcre2_match_context_create(NULL);
+    /* long whitespace or letter runs need more than the default 32 KiB */
+    st->jstack = pcre2_jit_stack_create(32 << 10, 8 << 20, NULL);
+    if (!st->mctx || !st->jstack) die("out of memory creating PCRE2 match state");
+    pcre2_jit_stack_assign(st->mctx, NULL, st->jstack);
+    for (int i = 0; i < b->nre; i++) {
+        st->md[i] = pcre2_match_data_create_from_pattern(b->re[i], NULL);
+        if (!st->md[i]) die("out of memory creating PCRE2 match data");
+    }
+    return st;
+}
+
+void bpe_state_free(struct bpe_state *st) {
+    if (!st) return;
+    for (int i = 0; i < st->b->nre; i++) pcre2_match_data_free(st->md[i]);
+    pcre2_match_context_free(st->mctx);
+    pcre2_jit_stack_free(st->jstack);
+    free(st->ids);
+    free(st->newid);
+    free(st->ranks);
+    free(st->sym);
+    free(st->heap);
+    free(st->prefixed);
+    free(st);
+}
+
+struct out { int32_t **v; size_t *len, *cap; };
+
+static void push(struct out *o, int32_t t) {
+    if (*o->len == *o->cap) {
+        *o->cap = *o->cap ? 2 * *o->cap : 1024;
+        *o->v = xrealloc(*o->v, *o->cap * sizeof **o->v);
+    }
+    (*o->v)[(*o->len)++] = t;
+}
+
+static void scratch(struct bpe_state *st, size_t n) {
+    if (n <= st->cap) return;
+    st->cap = 2 * n;
+    st->ids = xrealloc(st->ids, st->cap * sizeof *st->ids);
+    st->newid = xrealloc(st->newid, st->cap * sizeof *st->newid);
+    st->ranks = xrealloc(st->ranks, st->cap * sizeof *st->ranks);
+    st->sym = xrealloc(st->sym, st->cap * sizeof *st->sym);
+}
+
+static uint32_t rank_of(const struct bpe *b, int32_t l, int32_t r, int32_t *id) {
+    const struct pair_slot *s = pair_find(b, l, r);
+    if (!s) return NO_RANK;
+    *id = s->id;
+    return s->rank;
+}
+
+/* Short pieces: rescan the pair ranks for the minimum each round. */
+static void merge_small(struct bpe_state *st, size_t m, struct out *o) {
+    const struct bpe *b = st->b;
+    int32_t *ids = st->ids, *nid = st->newid;
+    uint32_t *rk = st->ranks;
+    for (size_t i = 0; i + 1 < m; i++) rk[i] = rank_of(b, ids[i], ids[i + 1], &nid[i]);
+    while (m > 1) {
+        size_t best = 0;
+        for (size_t i = 1; i + 1 < m; i++)
+            if (rk[i] < rk[best]) best = i;
+        if (rk[best] == NO_RANK) break;
+        ids[best] = nid[best];
+        memmove(ids + best + 1, ids + best + 2, (m - best - 2) * sizeof *ids);
+        size_t tail = m > best + 3 ? m - best - 3 : 0;  /* pairs after the removed one */
+        memmove(rk + best + 1, rk + best + 2, tail * sizeof *rk);
+        memmove(nid + best + 1, nid + best + 2, tail * sizeof *nid);
+        m--;
+        if (best > 0) rk[best - 1] = rank_of(b, ids[best - 1], ids[best], &nid[best - 1]);
+        if (best + 1 < m) rk[best] = rank_of(b, ids[best], ids[best + 1], &nid[best]);
+    }
+    for (size_t i = 0; i < m; i++) push(o, ids[i]);
+}
+
+static int heap_less(const struct heap_item *a, const struct heap_item *c) {
+    return a->rank < c->rank || (a->rank == c->rank && a->pos < c->pos);
+}
+
+static void heap_push(struct bpe_state *st, size_t *n, struct heap_item it) {
+    if (*n == st->heap_cap) {
+        st->heap_cap = st->heap_cap ? 2 * st->heap_cap : 256;
+        st->heap = xrealloc(st->heap, st->heap_cap * sizeof *st->heap);
+    }
+    size_t i = (*n)++;
+    while (i > 0 && heap_less(&it, &st->heap[(i - 1) / 2])) {
+        st->heap[i] = st->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    st->heap[i] = it;
+}
+
+static struct heap_item heap_pop(struct bpe_state *st, size_t *n) {
+    struct heap_item top = st->heap[0], last = st->heap[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && heap_less(&st->heap[c + 1], &st->heap[c])) c++;
+        if (!heap_less(&st->heap[c], &last)) break;
+        st->heap[i] = st->heap[c];
+        i = c;
+    }
+    if (*n) st->heap[i] = last;
+    return top;
+}
+
+static void push_pair(struct bpe_state *st, size_t *hn, int32_t pos) {
+    const struct sym *s = st->sym;
+    int32_t next = s[pos].next, id;
+    if (next < 0) return;
+    uint32_t rank = rank_of(st->b, s[pos].id, s[next].id, &id);
+    if (rank != NO_RANK) heap_push(st, hn, (struct heap_item){rank, pos, s[pos].id, s[next].id, id});
+}
+
+/* Long pieces: a linked list of symbols and a heap of candidate merges,
+ * where stale entries are skipped when popped. */
+static void merge_large(struct bpe_state *st, size_t m, struct out *o) {
+    struct sym *s = st->sym;
+    for (size_t i = 0; i < m; i++) s[i] = (struct sym){st->ids[i], (int32_t)i - 1, i + 1 < m ? (int32_t)i + 1 : -1};
+    size_t hn = 0;
+    for (size_t i = 0; i + 1 < m; i++) push_pair(st, &hn, (int32_t)i);
+    while (hn) {
+        struct heap_item it = heap_pop(st, &hn);
+        int32_t next = s[it.pos].next;
+        if (s[it.pos].id != it.left || next < 0 || s[next].id != it.right) continue;
+        s[it.pos].id = it.id;
+        s[it.pos].next = s[next].next;
+        if (s[next].next >= 0) s[s[next].next].prev = it.pos;
+        s[next].id = -1;
+        if (s[it.pos].prev >= 0) push_pair(st, &hn, s[it.pos].prev);
+        push_pair(st, &hn, it.pos);
+    }
+    for (int32_t i = 0; i >= 0; i = s[i].next) push(o, s[i].id);
+}
+
+static void encode_piece(struct bpe_state *st, const uint8_t *p, size_t n, struct out *o) {
+    const struct bpe *b = st->b;
+    if (n == 1) return push(o, b->byte_tok[p[0]]);
+    if (b->ignore_merges) {
+        int id = vocab_find(b, p, n);
+        if (id >= 0) return push(o, id);
+    }
+    scratch(st, n);
+    for (size_t i = 0; i < n; i++) st->ids[i] = b->byte_tok[p[i]];
+    if (n <= SMALL_PIECE) merge_small(st, n, o);
+    else merge_large(st, n, o);
+}
+
+static size_t utf8_len(uint8_t c) { return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
+
+/* Split p[0..n) by regex level; matches and the gaps between them are pieces
+ * (Split "Isolated"), each split further by the next level. */
+static void split_level(struct bpe_state *st, int level, const uint8_t *p, size_t n, struct out *o) {
+    const struct bpe *b = st->b;
+    if (!n) return;
+    if (level == b->nre) return encode_piece(st, p, n, o);
+    size_t start = 0, gap = 0;
+    while (start < n) {
+        int rc = b->jit[level] ? pcre2_jit_match(b->re[level], p, n, start, 0, st->md[level], st->mctx)
+                               : pcre2_match(b->re[level], p, n, start, 0, st->md[level], st->mctx);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            if (pcre2_get_error_message(rc, msg, sizeof msg) < 0) snprintf((char *)msg, sizeof msg, "error %d", rc);
+            die("%s: pre-tokenizer regex failed at byte %zu of a %zu-byte piece: %s", b->path, start, n, (char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(st->md[level]);
+        size_t ms = ov[0], me = ov[1];
+        if (me == ms) {  /* empty match: not a piece; step over one character */
+            start = ms + (ms < n ? utf8_len(p[ms]) : 1);
+            continue;
+        }
+        if (ms > gap) split_level(st, level + 1, p + gap, ms - gap, o);
+        split_level(st, level + 1, p + ms, me - ms, o);
+        start = gap = me;
+    }
+    if (gap < n) split_level(st, level + 1, p + gap, n - gap, o);
+}
+
+static void encode_segment(struct bpe_state *st, const uint8_t *p, size_t n, struct out *o) {
+    if (!n) return;
+    if (st->b->add_prefix_space && p[0] != ' ') {
+        if (n + 1 > st->prefixed_cap) st->prefixed = xrealloc(st->prefixed, st->prefixed_cap = 2 * n + 2);
+        st->prefixed[0] = ' ';
+        memcpy(st->prefixed + 1, p, n);
+        p = st->prefixed;
+        n++;
+    }
+    split_level(st, 0, p, n, o);
+}
+
+/* Leftmost-longest special token at or after from; returns its index or -1. */
+static int find_special(const struct bpe *b, const uint8_t *p, size_t n, size_t from, size_t *at) {
+    for (size_t i = from; i < n; i++) {
+        if (!b->sp_first[p[i]]) continue;
+        for (int k = 0; k < b->nsp; k++)
+            if (b->sp[k].len <= n - i && !memcmp(p + i, b->sp[k].text, b->sp[k].len)) return *at = i, k;
+    }
+    return -1;
+}
+
+void bpe_encode(struct bpe_state *st, const char *text, size_t n, int match_special, int32_t **out, size_t *len,
+                size_t *cap) {
+    struct out o = {out, len, cap};
+    const uint8_t *p = (const uint8_t *)text;
+    size_t done = 0, at;
+    int k;
+    while (match_special && st->b->nsp && (k = find_special(st->b, p, n, done, &at)) >= 0) {
+        encode_segment(st, p + done, at - done, &o);
+        push(&o, st->b->sp[k].id);
+        done = at + st->b->sp[k].len;
+    }
+    encode_segment(st, p + done, n - done, &o);
+}

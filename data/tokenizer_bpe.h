@@ -1,0 +1,53 @@
+/* Byte-level BPE tokenizer (GPT-2 / Llama 3 / DeepSeek style), loaded from a
+ * Hugging Face tokenizer.json or a tiktoken rank file. Text is cut into
+ * special tokens and the rest; the rest is split by the pre-tokenizer
+ * regexes (PCRE2, JIT) into pieces, and each piece's bytes are merged by
+ * rank. Formats and the exact semantics are in docs/data.md.
+ *
+ * A struct bpe is immutable after loading and may be shared by threads; each
+ * thread encodes with its own struct bpe_state (PCRE2 match data, scratch). */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+struct bpe;
+struct bpe_state;
+
+struct bpe_special {
+    const char *text;   /* the literal text that is matched and decoded */
+    int id;
+};
+
+/* Load tokenizer.json (model.type BPE, byte-level). Any problem prints one
+ * line naming the file (and the JSON line:column or the entry) and exits 1. */
+struct bpe *bpe_load_hf(const char *path);
+/* Load a tiktoken rank file ("base64 rank" per line). regex NULL means the
+ * Llama 3 pattern; specials are matched literally when encoding with
+ * match_special. A special with id -1 gets id ranks + its index in the list
+ * (Llama 3 numbers its specials right after the ranks). */
+struct bpe *bpe_load_tiktoken(const char *path, const char *regex, const struct bpe_special *specials,
+                              int nspecials);
+void bpe_free(struct bpe *b);
+
+/* Ids are 0..vocab-1 (some ids may be unused). */
+int bpe_vocab_size(const struct bpe *b);
+/* Id of the special (added) token with this text, or -1. */
+int bpe_special_id(const struct bpe *b, const char *text);
+/* The bytes a token decodes to; returns 0, or -1 for an unused/out of range id. */
+int bpe_token_bytes(const struct bpe *b, int id, const uint8_t **bytes, size_t *len);
+
+struct bpe_state *bpe_state_create(const struct bpe *b);
+void bpe_state_free(struct bpe_state *st);
+
+/* Append the tokens of text[0..n) to *out (growable array of *cap entries,
+ * *len used). match_special: find special tokens in the text first;
+ * otherwise their text is encoded like any other text. */
+void bpe_encode(struct bpe_state *st, const char *text, size_t n, int match_special, int32_t **out, size_t *len,
+                size_t *cap);
+
+/* The Llama 3 pre-tokenizer regex (also tiktoken's cl100k-style pattern). */
+extern const char bpe_llama3_regex[];
+/* Llama 3's 256 special tokens for ids base+0 .. base+255 (128000.. for the
+ * real vocabulary): fills out[256], whose texts point into names. */
+#define BPE_LLAMA3_SPECIALS 256
+void bpe_llama3_specials(int base, struct bpe_special out[BPE_LLAMA3_SPECIALS], char names[BPE_LLAMA3_SPECIALS][40]);
