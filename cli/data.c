@@ -9,9 +9,11 @@
 #include "data/dataset.h"
 #include "data/shard_writer.h"
 #include "data/synthetic.h"
+#include "data/text_build.h"
+#include "data/text_input.h"
+#include "data/tokenizer.h"
 #include "data/tokenizer_bytes.h"
 
-#define READ_CHUNK (1 << 20)
 #define GENERATE_DEFAULT_DOCS 5000
 
 static const char usage_data[] =
@@ -24,14 +26,25 @@ static const char usage_data[] =
     "'mtrain data <subcommand> --help' shows its options.\n";
 
 static const char usage_build[] =
-    "usage: mtrain data build --tokenizer bytes --out DIR [options] INPUT...\n\n"
-    "Each INPUT text file is one document (or, with --split-lines, each non-empty line is).\n\n"
-    "  --tokenizer NAME     tokenizer; 'bytes' (byte = token, EOD = 256, vocab 257)\n"
+    "usage: mtrain data build --tokenizer SPEC --out DIR [options] INPUT...\n\n"
+    "Tokenizes text into a dataset. A plain INPUT file is one document (or, with\n"
+    "--split-lines, each non-empty line is); a JSON-lines INPUT (*.jsonl, or every\n"
+    "input with --json-key) holds one document per line in a string field. Inputs\n"
+    "may be zstd-compressed (.zst); gzip is refused (decompress it first).\n\n"
+    "  --tokenizer SPEC     bytes | hf:tokenizer.json | tiktoken:RANKFILE\n"
     "  --out DIR            dataset directory to create (written atomically)\n"
+    "  --json-key KEY       every input is JSON lines; the document is field KEY (default text)\n"
     "  --append-eod         end every document with the EOD token\n"
-    "  --split-lines        one document per non-empty line\n"
+    "  --eod TOKEN          EOD token text or id (default: <|end_of_text|>, <|endoftext|>, </s>, ...)\n"
+    "  --special-tokens M   text (default): special-token text is ordinary text;\n"
+    "                       match: it becomes the special token's id\n"
+    "  --tiktoken-regex RE  pre-tokenizer regex for tiktoken files (default: Llama 3's)\n"
+    "  --tiktoken-specials S  llama3 (default: Llama 3's 256 specials after the ranks) or none\n"
+    "  --workers N          tokenizing threads (default 1); the output is the same for any N\n"
+    "  --split-lines        plain text: one document per non-empty line\n"
     "  --frame-tokens N     tokens per zstd frame (default 65536)\n"
     "  --shard-size-mb N    start a new shard after N MiB compressed (default 256)\n"
+    "  --quiet              no progress line on stderr\n"
     "  --force              replace an existing dataset at DIR\n";
 
 static const char usage_generate[] =
@@ -68,9 +81,10 @@ static int bad_usage(const char *usage, const char *fmt, const char *arg) {
 
 /* Options shared by build and generate. */
 struct build_args {
-    const char *out, *tokenizer;
-    int append_eod, split_lines, force;
-    int64_t frame_tokens, shard_mb, docs;
+    const char *out, *tokenizer, *json_key, *special_tokens;
+    struct tokenizer_opts topts;
+    int append_eod, split_lines, force, quiet;
+    int64_t frame_tokens, shard_mb, docs, workers;
     uint64_t seed;
     const char **inputs;
     int ninputs;
@@ -93,8 +107,10 @@ static int is_flag(const char *f, const char *const *names) {
 }
 
 /* Flags each command accepts; everything else is a usage error. */
-static const char *const build_switches[] = {"--append-eod", "--split-lines", "--force", NULL};
-static const char *const build_values[] = {"--out", "--tokenizer", "--frame-tokens", "--shard-size-mb", NULL};
+static const char *const build_switches[] = {"--append-eod", "--split-lines", "--force", "--quiet", NULL};
+static const char *const build_values[] = {"--out", "--tokenizer", "--frame-tokens", "--shard-size-mb",
+                                           "--json-key", "--workers", "--special-tokens", "--eod",
+                                           "--tiktoken-regex", "--tiktoken-specials", NULL};
 static const char *const generate_switches[] = {"--force", NULL};
 static const char *const generate_values[] = {"--out", "--docs", "--seed", "--frame-tokens", "--shard-size-mb",
                                               NULL};
@@ -103,10 +119,16 @@ static int set_value(struct build_args *a, const char *f, const char *v, const c
     int64_t n = 0;
     if (!strcmp(f, "--out")) a->out = v;
     else if (!strcmp(f, "--tokenizer")) a->tokenizer = v;
+    else if (!strcmp(f, "--json-key")) a->json_key = v;
+    else if (!strcmp(f, "--special-tokens")) a->special_tokens = v;
+    else if (!strcmp(f, "--eod")) a->topts.eod = v;
+    else if (!strcmp(f, "--tiktoken-regex")) a->topts.tiktoken_regex = v;
+    else if (!strcmp(f, "--tiktoken-specials")) a->topts.tiktoken_specials = v;
     else if (parse_number(v, strcmp(f, "--seed") ? 1 : 0, &n)) return bad_usage(usage, "bad number '%s'", v);
     else if (!strcmp(f, "--frame-tokens")) a->frame_tokens = n;
     else if (!strcmp(f, "--shard-size-mb")) a->shard_mb = n;
     else if (!strcmp(f, "--docs")) a->docs = n;
+    else if (!strcmp(f, "--workers")) a->workers = n;
     else a->seed = (uint64_t)n;
     return 0;
 }
@@ -122,6 +144,7 @@ static int parse_build_args(int argc, char **argv, int generate, struct build_ar
         if (is_flag(f, switches)) {
             if (!strcmp(f, "--append-eod")) a->append_eod = 1;
             else if (!strcmp(f, "--split-lines")) a->split_lines = 1;
+            else if (!strcmp(f, "--quiet")) a->quiet = 1;
             else a->force = 1;
         } else if (is_flag(f, values)) {
             if (i + 1 == argc) return bad_usage(usage, "%s needs a value", f);
@@ -139,9 +162,9 @@ static int parse_build_args(int argc, char **argv, int generate, struct build_ar
     return 0;
 }
 
-static struct shard_writer *open_writer(const struct build_args *a) {
-    struct shard_writer_opts o = {.vocab_size = BYTES_VOCAB_SIZE, .eod_id = BYTES_EOD,
-                                  .frame_tokens = a->frame_tokens, .force = a->force};
+static struct shard_writer *open_writer(const struct build_args *a, int vocab, int64_t eod) {
+    struct shard_writer_opts o = {.vocab_size = vocab, .eod_id = eod, .frame_tokens = a->frame_tokens,
+                                  .force = a->force};
     if (a->shard_mb > (1ll << 40) / (1 << 20)) die("--shard-size-mb %lld is too large", (long long)a->shard_mb);
     o.shard_bytes = a->shard_mb << 20;
     return shard_writer_open(a->out, &o);
@@ -156,67 +179,58 @@ static void print_summary(const char *out, const struct shard_writer_stats *st, 
            input_bytes / 1e6 / (secs > 1e-9 ? secs : 1e-9));
 }
 
-/* Tokenize one input file into the writer. Returns -1 (errno set) on a read
- * error so the caller can remove the partial output before failing. */
-static int add_file(struct shard_writer *w, const struct build_args *a, const char *path, char *buf,
-                    int32_t *tok, double *bytes) {
-    static const int32_t eod = BYTES_EOD;
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    int64_t in_doc = 0;   /* tokens of the current document so far */
-    size_t got;
-    while ((got = fread(buf, 1, READ_CHUNK, f)) > 0) {
-        *bytes += (double)got;
-        size_t n = tokenizer_bytes_encode(buf, got, tok), start = 0;
-        for (size_t i = 0; a->split_lines && i < n; i++) {
-            if (tok[i] != '\n') continue;
-            shard_writer_add(w, tok + start, (int64_t)(i - start));
-            in_doc += (int64_t)(i - start);
-            if (in_doc && a->append_eod) shard_writer_add(w, &eod, 1);
-            if (in_doc) shard_writer_end_doc(w);
-            in_doc = 0;
-            start = i + 1;
-        }
-        shard_writer_add(w, tok + start, (int64_t)(n - start));
-        in_doc += (int64_t)(n - start);
-    }
-    int err = ferror(f) ? errno : 0;
-    fclose(f);
-    if (err) {
-        errno = err;
-        return -1;
-    }
-    if (in_doc && a->append_eod) shard_writer_add(w, &eod, 1);
-    shard_writer_end_doc(w);
+/* Usage checks of build that need no files: returns 0 or EXIT_USAGE. */
+static int check_build_args(struct build_args *a) {
+    char err[512];
+    if (!a->ninputs) return bad_usage(usage_build, "%s", "no INPUT files");
+    if (!a->tokenizer) return bad_usage(usage_build, "%s", "--tokenizer is required (bytes, hf:FILE or tiktoken:FILE)");
+    if (strcmp(a->tokenizer, "bytes") && strncmp(a->tokenizer, "hf:", 3) && strncmp(a->tokenizer, "tiktoken:", 9))
+        return bad_usage(usage_build, "unknown tokenizer '%s' (bytes, hf:FILE or tiktoken:FILE)", a->tokenizer);
+    if (a->special_tokens && strcmp(a->special_tokens, "text") && strcmp(a->special_tokens, "match"))
+        return bad_usage(usage_build, "--special-tokens '%s': expected text or match", a->special_tokens);
+    if (a->workers > 256) return bad_usage(usage_build, "%s", "--workers: at most 256");
+    if (a->json_key && a->split_lines)
+        return bad_usage(usage_build, "%s", "--split-lines is for plain text; JSON lines are always one document each");
+    for (int i = 0; i < a->ninputs; i++)
+        if (text_input_check(a->inputs[i], err, sizeof err) == -2) return bad_usage(usage_build, "%s", err);
     return 0;
 }
 
 static int data_build(int argc, char **argv) {
     if (wants_help(argc, argv)) return show(usage_build);
-    struct build_args a = {0};
+    struct build_args a = {.workers = 1};
     int rc = parse_build_args(argc, argv, 0, &a);
-    if (!rc && !a.ninputs) rc = bad_usage(usage_build, "%s", "no INPUT files");
-    if (!rc && !a.tokenizer) rc = bad_usage(usage_build, "%s", "--tokenizer is required (only 'bytes' for now)");
-    if (!rc && strcmp(a.tokenizer, "bytes")) rc = bad_usage(usage_build, "unknown tokenizer '%s'", a.tokenizer);
+    if (!rc) rc = check_build_args(&a);
     if (rc) {
         free(a.inputs);
         return rc;
     }
-    double t0 = now_seconds(), bytes = 0;
-    struct shard_writer *w = open_writer(&a);
-    char *buf = xmalloc(READ_CHUNK);
-    int32_t *tok = xmalloc(READ_CHUNK * sizeof *tok);
-    for (int i = 0; i < a.ninputs; i++) {
-        if (add_file(w, &a, a.inputs[i], buf, tok, &bytes) == 0) continue;
-        int err = errno;
+    char err[1024];
+    /* every input must be readable before anything is written */
+    for (int i = 0; i < a.ninputs; i++)
+        if (text_input_check(a.inputs[i], err, sizeof err) < -1) die("%s", err);
+    double t0 = now_seconds();
+    struct tokenizer *tok = tokenizer_open(a.tokenizer, &a.topts, err, sizeof err);
+    if (!tok) {
+        free(a.inputs);
+        return bad_usage(usage_build, "%s", err);
+    }
+    if (a.append_eod && tokenizer_eod(tok) < 0)
+        die_code(EXIT_USAGE, "--append-eod: %s has no end-of-document token; name one with --eod", a.tokenizer);
+    struct shard_writer *w = open_writer(&a, tokenizer_vocab_size(tok), tokenizer_eod(tok));
+    struct text_build_opts o = {.tok = tok, .json_key = a.json_key ? a.json_key : "text", .jsonl_all = !!a.json_key,
+                                .split_lines = a.split_lines, .append_eod = a.append_eod,
+                                .match_special = a.special_tokens && !strcmp(a.special_tokens, "match"),
+                                .workers = (int)a.workers, .progress = !a.quiet};
+    struct text_build_stats ts;
+    if (text_build(w, a.inputs, a.ninputs, &o, &ts, err, sizeof err)) {
         shard_writer_abort(w);
-        die("cannot read %s: %s", a.inputs[i], strerror(err));
+        die("%s", err);
     }
     struct shard_writer_stats st;
     shard_writer_finish(w, &st);
-    print_summary(a.out, &st, bytes, now_seconds() - t0);
-    free(buf);
-    free(tok);
+    print_summary(a.out, &st, ts.text_bytes, now_seconds() - t0);
+    tokenizer_close(tok);
     free(a.inputs);
     return 0;
 }
@@ -228,7 +242,7 @@ static int data_generate(int argc, char **argv) {
     free(a.inputs);
     if (rc) return rc;
     double t0 = now_seconds(), bytes = 0;
-    struct shard_writer *w = open_writer(&a);
+    struct shard_writer *w = open_writer(&a, BYTES_VOCAB_SIZE, BYTES_EOD);
     char text[SYNTHETIC_DOC_MAX + 1];
     int32_t tok[SYNTHETIC_DOC_MAX + 1];
     for (int64_t d = 0; d < a.docs; d++) {

@@ -74,6 +74,19 @@ struct checkpoint_config {
     int async;                      /* bool */
 };
 
+/* Rewind-on-failure: watch each step, roll back to the last checkpoint and
+ * skip the offending data when the loss or grad norm goes bad. */
+struct rewind_config {
+    int enabled;                    /* bool */
+    int window;                     /* steps of history before spikes are judged */
+    double spike_factor;            /* loss > factor x EMA(loss) is a spike */
+    double grad_spike_factor;       /* grad norm > factor x EMA(grad norm) is a spike */
+    int skip_margin;                /* extra global batches skipped past the bad step */
+    int max_rewinds;                /* consecutive rewinds before giving up (exit 1) */
+    double lr_scale;                /* LR multiplier after a rewind */
+    int lr_scale_steps;             /* steps the multiplier lasts */
+};
+
 struct log_config {
     char dir[RECIPE_PATH_MAX];      /* run directory for metrics.jsonl */
     int interval;                   /* print every N steps */
@@ -93,6 +106,7 @@ struct recipe {
     struct optimizer_config optimizer;
     struct data_config data;
     struct checkpoint_config checkpoint;
+    struct rewind_config rewind;
     struct log_config log;
     char source[RECIPE_PATH_MAX];   /* file it came from, for messages */
     struct recipe_mark marks[RECIPE_MAX_KEYS]; /* by schema index; config/ only */

@@ -27,7 +27,7 @@
 #define GT0 KEY_MIN_EXCL   /* (0, inf) */
 #define LT1 KEY_MAX_EXCL   /* [0, 1) */
 
-const char *const recipe_sections[] = {"model", "parallel", "train", "optimizer", "data", "checkpoint", "log", NULL};
+const char *const recipe_sections[] = {"model", "parallel", "train", "optimizer", "data", "checkpoint", "rewind", "log", NULL};
 
 const struct recipe_key recipe_keys[] = {
     STR(model, arch, "llama", "model family; only llama is supported for now"),
@@ -87,6 +87,15 @@ const struct recipe_key recipe_keys[] = {
     NONNEG(checkpoint, interval, "0", "save every N steps; 0 = never"),
     NONNEG(checkpoint, keep_last, "2", "checkpoints kept on disk; 0 = keep all"),
     BOOL(checkpoint, async, "false", "write checkpoints in a background thread"),
+
+    BOOL(rewind, enabled, "false", "roll back to the last checkpoint on NaN/Inf or a loss/grad-norm spike"),
+    POS(rewind, window, "20", "steps of loss history before spikes are judged (EMA span)"),
+    DBL(rewind, spike_factor, "3", 1, INF, GT0, "a loss above this x its running average is a spike"),
+    DBL(rewind, grad_spike_factor, "20", 1, INF, GT0, "a grad norm above this x its running average is a spike"),
+    NONNEG(rewind, skip_margin, "5", "global batches skipped past the bad step, besides the window"),
+    POS(rewind, max_rewinds, "3", "rewinds in a row (no checkpoint in between) before exiting with code 1"),
+    DBL(rewind, lr_scale, "1", 0, 1, GT0, "multiply the LR by this after a rewind"),
+    NONNEG(rewind, lr_scale_steps, "0", "steps the reduced LR lasts after a rewind"),
 
     STR(log, dir, "runs/latest", "run directory for metrics.jsonl"),
     POS(log, interval, "1", "print a console line every N steps"),

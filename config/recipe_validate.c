@@ -137,6 +137,8 @@ static int check_schedule(const struct recipe *r) {
 
 static int check_paths(const struct recipe *r) {
     struct stat st;
+    if (r->rewind.enabled && (!r->checkpoint.dir[0] || r->checkpoint.interval == 0))
+        return verr(r, "rewind.enabled", "rewinding needs checkpoints: set checkpoint.dir and checkpoint.interval");
     if (r->checkpoint.interval > 0 && !r->checkpoint.dir[0])
         return verr(r, "checkpoint.interval", "checkpoints every %d steps need checkpoint.dir", r->checkpoint.interval);
     if (!r->data.path[0])

@@ -30,7 +30,7 @@ static void stage_micro_batch(struct trainer *tr, const int32_t *samples, int fi
     }
 }
 
-struct step_stats trainer_step(struct trainer *tr, const int32_t *samples, int n) {
+struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, int n) {
     const struct recipe *r = tr->recipe;
     struct llama *m = &tr->model;
     int B = r->train.micro_batch, T = r->train.seq_len;
@@ -48,8 +48,17 @@ struct step_stats trainer_step(struct trainer *tr, const int32_t *samples, int n
     st.tokens = (long)n * T;
     st.loss = loss_sum / st.tokens;
     st.grad_norm = grad_global_norm(m->be, &m->table, m->grads);
-    st.lr = lr_at(&r->optimizer, r->train.steps, tr->opt.step);
-    optimizer_step(&tr->opt, m->params, m->grads, st.lr, st.grad_norm);
+    return st;
+}
+
+void trainer_update(struct trainer *tr, struct step_stats *st, double lr_scale) {
+    st->lr = lr_at(&tr->recipe->optimizer, tr->recipe->train.steps, tr->opt.step) * lr_scale;
+    optimizer_step(&tr->opt, tr->model.params, tr->model.grads, st->lr, st->grad_norm);
+}
+
+struct step_stats trainer_step(struct trainer *tr, const int32_t *samples, int n) {
+    struct step_stats st = trainer_compute(tr, samples, n);
+    trainer_update(tr, &st, 1.0);
     return st;
 }
 

@@ -1,0 +1,41 @@
+#include "checkpoint/async_save.h"
+
+#include <string.h>
+
+#include "config/common.h"
+
+static void *writer_main(void *arg) {
+    struct async_saver *a = arg;
+    double t0 = now_seconds();
+    checkpoint_write(a->snap, a->dir, a->crash_in_save);
+    a->write_seconds = now_seconds() - t0;
+    __atomic_store_n(&a->finished, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+void async_saver_start(struct async_saver *a, struct ckpt_snapshot *snap, const char *dir, int crash_in_save) {
+    CHECK(!a->busy);
+    a->snap = snap;
+    a->dir = dir;
+    a->crash_in_save = crash_in_save;
+    a->finished = 0;
+    a->started = now_seconds();
+    int rc = pthread_create(&a->thread, NULL, writer_main, a);
+    if (rc != 0) die("cannot start the checkpoint writer thread: %s", strerror(rc));
+    a->busy = 1;
+}
+
+double async_saver_wait(struct async_saver *a) {
+    if (!a->busy) return 0;
+    double t0 = now_seconds();
+    int rc = pthread_join(a->thread, NULL);
+    if (rc != 0) die("cannot join the checkpoint writer thread: %s", strerror(rc));
+    a->busy = 0;
+    return now_seconds() - t0;
+}
+
+int async_saver_poll(struct async_saver *a) {
+    if (!a->busy || !__atomic_load_n(&a->finished, __ATOMIC_ACQUIRE)) return 0;
+    async_saver_wait(a);
+    return 1;
+}

@@ -1,0 +1,22 @@
+/* Background checkpoint writer: the training thread takes a host snapshot,
+ * hands it over and goes on; a second save waits for the first. */
+#pragma once
+#include <pthread.h>
+
+#include "checkpoint/checkpoint.h"
+
+struct async_saver {
+    pthread_t thread;
+    int busy;                 /* a write was started and not yet joined */
+    volatile int finished;    /* set by the writer thread when done */
+    struct ckpt_snapshot *snap;
+    const char *dir;
+    int crash_in_save;
+    double started, write_seconds;
+};
+
+void async_saver_start(struct async_saver *a, struct ckpt_snapshot *snap, const char *dir, int crash_in_save);
+/* Block until the write in flight (if any) is committed; returns seconds waited. */
+double async_saver_wait(struct async_saver *a);
+/* Non-blocking: 1 if a write finished since the last call (joined now), else 0. */
+int async_saver_poll(struct async_saver *a);

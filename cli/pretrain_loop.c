@@ -1,0 +1,390 @@
+/* The training loop of `mtrain pretrain`: data -> step -> checks -> update ->
+ * logs -> checkpoint, with resume, in-process rewind and signal handling. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <omp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "checkpoint/async_save.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/rewind.h"
+#include "checkpoint/weights.h"
+#include "cli/cli.h"
+#include "cli/pretrain.h"
+#include "config/common.h"
+#include "data/dataset.h"
+#include "model/flops.h"
+#include "model/trainer.h"
+
+void openblas_set_num_threads(int);
+
+#define HISTORY 64
+
+struct run {
+    const struct recipe *r;
+    const struct pretrain_opts *o;
+    const struct backend *be;
+    struct dataset *ds;
+    struct sampler *train, *valid;
+    struct trainer tr;
+    struct train_state st;
+    struct ckpt_snapshot snap;
+    struct async_saver saver;
+    int saved_step;          /* step of the newest save started (-1 none) */
+    int consecutive_rewinds; /* since the last checkpoint after a rewind */
+    int injected_nan, injected_spike;
+    FILE *metrics;
+    char metrics_path[RECIPE_PATH_MAX + 32];
+    int32_t *batch;          /* global_batch x (seq_len+1) */
+    double flops_per_token;
+    struct { int step; double loss, grad_norm; } history[HISTORY];
+    int nhistory;
+};
+
+/* ---- signals: the first SIGTERM/SIGUSR1 asks for checkpoint-and-exit at the
+ * next step boundary; a second SIGTERM exits at once ---- */
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig) {
+    if (sig == SIGTERM && stop_signal) _exit(128 + SIGTERM);
+    stop_signal = sig;
+}
+
+static void install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0) die("cannot install signal handlers");
+}
+
+/* ---- output ---- */
+
+static double peak_rss_mib(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return ru.ru_maxrss / 1024.0;
+}
+
+static void event(struct run *run, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void event(struct run *run, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(run->metrics, fmt, ap);
+    va_end(ap);
+    fputc('\n', run->metrics);
+    if (fflush(run->metrics) != 0) die("cannot write %s", run->metrics_path);
+}
+
+static void log_step(struct run *run, int step, const struct step_stats *st, double seconds) {
+    const struct recipe *r = run->r;
+    double tps = st->tokens / seconds, tflops = tps * run->flops_per_token / 1e12;
+    double mfu = r->train.peak_tflops > 0 ? tflops / r->train.peak_tflops : 0;
+    double mem = peak_rss_mib();
+    event(run,
+          "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"tflops\":%.6f,"
+          "\"mfu\":%.6f,\"mem_mib\":%.1f,\"step_ms\":%.2f,\"consumed_samples\":%lld}",
+          step, st->loss, st->lr, st->grad_norm, tps, tflops, mfu, mem, seconds * 1e3,
+          (long long)run->st.consumed_samples);
+    if (step % r->log.interval && step != 1 && step != r->train.steps) return;
+    char mfu_text[32] = "-";
+    if (r->train.peak_tflops > 0) snprintf(mfu_text, sizeof mfu_text, "%.1f%%", 100 * mfu);
+    printf("step %6d/%d | loss %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %.3f TFLOP/s | mfu %s | mem %.0f MiB\n",
+           step, r->train.steps, st->loss, st->lr, st->grad_norm, tps, tflops, mfu_text, mem);
+    fflush(stdout);
+}
+
+static void fill_batch(struct sampler *s, int32_t *out, int64_t first, int n, int T) {
+    for (int i = 0; i < n; i++) sampler_get(s, first + i, out + (size_t)i * (T + 1));
+}
+
+static void run_eval(struct run *run, int step) {
+    const struct recipe *r = run->r;
+    int B = r->train.micro_batch, n = r->train.eval_batches * B;
+    int chunk = r->train.global_batch - r->train.global_batch % B; /* the batch buffer holds this many */
+    double sum = 0;
+    /* the same fixed validation samples every time, so the curve is comparable */
+    for (int first = 0; first < n; first += chunk) {
+        int k = n - first < chunk ? n - first : chunk;
+        fill_batch(run->valid, run->batch, first, k, r->train.seq_len);
+        sum += trainer_eval(&run->tr, run->batch, k) * k;
+    }
+    double val = sum / n;
+    printf("eval  step %6d | val_loss %.4f | ppl %.2f\n", step, val, exp(val));
+    event(run, "{\"event\":\"eval\",\"step\":%d,\"val_loss\":%.6f}", step, val);
+}
+
+/* ---- checkpoints ---- */
+
+static void save_checkpoint(struct run *run) {
+    const struct recipe *r = run->r;
+    double t0 = now_seconds();
+    double waited = async_saver_wait(&run->saver);
+    struct llama *m = &run->tr.model;
+    ckpt_snapshot_take(&run->snap, run->be, m->params, run->tr.opt.m, run->tr.opt.v, &run->st);
+    int crash = run->o->inject_crash_in_save == run->st.step;
+    if (r->checkpoint.async) {
+        async_saver_start(&run->saver, &run->snap, r->checkpoint.dir, crash);
+    } else {
+        checkpoint_write(&run->snap, r->checkpoint.dir, crash);
+    }
+    double stall = now_seconds() - t0;
+    run->saved_step = run->st.step;
+    run->consecutive_rewinds = 0;
+    event(run, "{\"event\":\"checkpoint\",\"step\":%d,\"async\":%s,\"stall_ms\":%.2f,\"waited_ms\":%.2f}",
+          run->st.step, r->checkpoint.async ? "true" : "false", stall * 1e3, waited * 1e3);
+    printf("checkpoint step %d %s (training stalled %.0f ms)\n", run->st.step,
+           r->checkpoint.async ? "snapshot taken, writing in background" : "written", stall * 1e3);
+}
+
+static void poll_saver(struct run *run) {
+    if (async_saver_poll(&run->saver))
+        event(run, "{\"event\":\"checkpoint_committed\",\"step\":%d,\"write_ms\":%.2f}", run->saver.snap->state.step,
+              run->saver.write_seconds * 1e3);
+}
+
+/* Load step `step` of checkpoint.dir (or an explicit directory); on success
+ * the trainer and run->st hold its state. */
+static int load_checkpoint(struct run *run, const char *step_dir, char *err, size_t errlen) {
+    struct llama *m = &run->tr.model;
+    struct train_state st;
+    int rc = checkpoint_load(step_dir, &m->table, run->be, m->params, run->tr.opt.m, run->tr.opt.v, &st, err, errlen);
+    if (rc == 0) {
+        run->st = st;
+        run->tr.opt.step = st.opt_step;
+    }
+    return rc;
+}
+
+/* Returns what was loaded (for the resume event) or NULL for a fresh start. */
+static const char *resume(struct run *run) {
+    const struct recipe *r = run->r;
+    const char *how = run->o->resume;
+    char err[2048];
+    static char path[RECIPE_PATH_MAX + 32];
+    if (!strcmp(how, "never")) return NULL;
+    if (strcmp(how, "auto")) { /* an explicit step directory: no fallback */
+        int rc = load_checkpoint(run, how, err, sizeof err);
+        if (rc != 0) die_code(rc == -2 ? EXIT_USAGE : EXIT_RUNTIME, "cannot resume: %s", err);
+    } else {
+        if (!r->checkpoint.dir[0]) return NULL;
+        checkpoint_clean_partial(r->checkpoint.dir);
+        int steps[4096], n = checkpoint_list(r->checkpoint.dir, steps, 4096), latest = checkpoint_latest(r->checkpoint.dir);
+        int loaded = 0;
+        for (int i = 0; i < n && !loaded; i++) {
+            if (latest >= 0 && steps[i] > latest) continue; /* committed but `latest` not yet updated: skip */
+            checkpoint_step_dir(path, sizeof path, r->checkpoint.dir, steps[i]);
+            int rc = load_checkpoint(run, path, err, sizeof err);
+            if (rc == -2) die_code(EXIT_USAGE, "cannot resume: %s", err);
+            if (rc == 0) loaded = 1;
+            else warn("%s; falling back to the previous checkpoint", err);
+        }
+        if (!loaded) {
+            if (n > 0) die("no loadable checkpoint in %s", r->checkpoint.dir);
+            return NULL;
+        }
+        how = path;
+    }
+    printf("resumed from %s at step %d (%lld samples consumed)\n", how, run->st.step,
+           (long long)run->st.consumed_samples);
+    return how;
+}
+
+/* ---- rewind ---- */
+
+static void write_diagnostics(struct run *run, int step, enum rewind_reason why) {
+    char path[RECIPE_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/rewind-diagnostics.json", run->r->log.dir);
+    FILE *f = xfopen(path, "w");
+    fprintf(f, "{\"step\":%d,\"reason\":\"%s\",\"rewinds\":%d,\"consecutive\":%d,\"recent\":[", step,
+            rewind_reason_name(why), run->st.rewinds, run->consecutive_rewinds);
+    int n = run->nhistory < HISTORY ? run->nhistory : HISTORY;
+    for (int i = 0; i < n; i++) {
+        int k = (run->nhistory - n + i) % HISTORY;
+        fprintf(f, "%s{\"step\":%d,\"loss\":%.6g,\"grad_norm\":%.6g}", i ? "," : "", run->history[k].step,
+                run->history[k].loss, run->history[k].grad_norm);
+    }
+    fprintf(f, "]}\n");
+    xfclose(f, path);
+    fprintf(stderr, "mtrain: diagnostics written to %s\n", path);
+}
+
+/* Roll back to a committed checkpoint (the newest, then older ones on
+ * repeated rewinds) and move the data position past the bad batch plus
+ * skip_margin batches. */
+static void rewind_to_checkpoint(struct run *run, int bad_step, enum rewind_reason why) {
+    const struct recipe *r = run->r;
+    const struct rewind_config *c = &r->rewind;
+    int G = r->train.global_batch;
+    async_saver_wait(&run->saver);
+    poll_saver(run);
+    run->consecutive_rewinds++;
+    if (run->consecutive_rewinds > c->max_rewinds) {
+        write_diagnostics(run, bad_step, why);
+        die("step %d: %s again after %d rewinds in a row; giving up", bad_step, rewind_reason_name(why),
+            c->max_rewinds);
+    }
+    int64_t resume_at = run->st.consumed_samples + (int64_t)G * (1 + c->skip_margin);
+    int rewinds = run->st.rewinds + 1;
+    int steps[4096], n = checkpoint_list(r->checkpoint.dir, steps, 4096);
+    char path[RECIPE_PATH_MAX + 32], err[2048];
+    int from = run->consecutive_rewinds - 1 < n ? run->consecutive_rewinds - 1 : n - 1;
+    for (int i = from < 0 ? n : from; i < n; i++) {
+        checkpoint_step_dir(path, sizeof path, r->checkpoint.dir, steps[i]);
+        if (load_checkpoint(run, path, err, sizeof err) == 0) {
+            int64_t skipped = resume_at - run->st.consumed_samples;
+            run->st.consumed_samples = resume_at;
+            run->st.rewinds = rewinds;
+            if (c->lr_scale_steps > 0) {
+                run->st.lr_scale = c->lr_scale;
+                run->st.lr_scale_until = run->st.step + c->lr_scale_steps;
+            }
+            printf("rewind: step %d %s -> back to step %d, skipping %lld samples (rewind %d)\n", bad_step,
+                   rewind_reason_name(why), run->st.step, (long long)skipped, rewinds);
+            event(run,
+                  "{\"event\":\"rewind\",\"step\":%d,\"reason\":\"%s\",\"to_step\":%d,\"skipped_samples\":%lld,"
+                  "\"consumed_samples\":%lld,\"rewinds\":%d}",
+                  bad_step, rewind_reason_name(why), run->st.step, (long long)skipped,
+                  (long long)run->st.consumed_samples, rewinds);
+            return;
+        }
+        warn("%s; trying an older checkpoint", err);
+    }
+    write_diagnostics(run, bad_step, why);
+    die("step %d: %s and no checkpoint to rewind to in %s", bad_step, rewind_reason_name(why), r->checkpoint.dir);
+}
+
+/* ---- the loop ---- */
+
+static void setup(struct run *run) {
+    const struct recipe *r = run->r;
+    if (r->train.threads > 0) {
+        omp_set_num_threads(r->train.threads);
+        openblas_set_num_threads(r->train.threads);
+    }
+    run->ds = dataset_open(r->data.path);
+    if (dataset_vocab_size(run->ds) > r->model.vocab_size)
+        die("vocabulary mismatch: dataset %s has token ids up to %d but model.vocab_size is %d (%s)", r->data.path,
+            dataset_vocab_size(run->ds) - 1, r->model.vocab_size, r->source);
+    run->train = sampler_create(run->ds, r->train.seq_len, r->train.seed, SPLIT_TRAIN, r->data.valid_fraction);
+    if (r->train.eval_interval > 0 && r->data.valid_fraction > 0)
+        run->valid = sampler_create(run->ds, r->train.seq_len, r->train.seed, SPLIT_VALID, r->data.valid_fraction);
+    trainer_create(&run->tr, run->be, r);
+    if (r->model.init_from[0]) weights_load(run->be, run->tr.model.params, &run->tr.model.table, r->model.init_from);
+    else llama_init_params(&run->tr.model, r->train.seed);
+    run->st.lr_scale = 1.0;
+    run->saved_step = -1;
+    if (r->checkpoint.dir[0]) ckpt_snapshot_init(&run->snap, r, &run->tr.model.table);
+    run->flops_per_token = model_flops_per_token(&r->model, r->train.seq_len);
+    run->batch = xmalloc(sizeof(int32_t) * r->train.global_batch * (r->train.seq_len + 1));
+    if (mkdir_p(r->log.dir) != 0) die("cannot create log.dir %s", r->log.dir);
+    snprintf(run->metrics_path, sizeof run->metrics_path, "%s/metrics.jsonl", r->log.dir);
+}
+
+static void teardown(struct run *run) {
+    async_saver_wait(&run->saver);
+    poll_saver(run);
+    xfclose(run->metrics, run->metrics_path);
+    if (run->r->checkpoint.dir[0]) ckpt_snapshot_free(&run->snap);
+    free(run->batch);
+    trainer_free(&run->tr);
+    sampler_free(run->train);
+    if (run->valid) sampler_free(run->valid);
+    dataset_close(run->ds);
+}
+
+/* One step; returns 0 if it was applied, 1 if it was rolled back. */
+static int one_step(struct run *run, int step) {
+    const struct recipe *r = run->r;
+    int G = r->train.global_batch;
+    double t0 = now_seconds();
+    fill_batch(run->train, run->batch, run->st.consumed_samples, G, r->train.seq_len);
+    struct step_stats st = trainer_compute(&run->tr, run->batch, G);
+    if (run->o->inject_nan == step && !run->injected_nan) {
+        run->injected_nan = 1;
+        st.loss = st.grad_norm = NAN;
+    }
+    if (run->o->inject_spike == step && !run->injected_spike) {
+        run->injected_spike = 1;
+        st.loss *= 100;
+    }
+    run->history[run->nhistory % HISTORY].step = step;
+    run->history[run->nhistory % HISTORY].loss = st.loss;
+    run->history[run->nhistory % HISTORY].grad_norm = st.grad_norm;
+    run->nhistory++;
+    if (r->rewind.enabled) {
+        enum rewind_reason why = rewind_check(&r->rewind, &run->st, st.loss, st.grad_norm);
+        if (why != REWIND_NONE) {
+            rewind_to_checkpoint(run, step, why);
+            return 1;
+        }
+    } else if (!isfinite(st.loss) || !isfinite(st.grad_norm)) {
+        die("step %d: loss %g, grad norm %g (set rewind.enabled to recover automatically)", step, st.loss,
+            st.grad_norm);
+    }
+    trainer_update(&run->tr, &st, step <= run->st.lr_scale_until ? run->st.lr_scale : 1.0);
+    run->st.step = step;
+    run->st.opt_step = run->tr.opt.step;
+    run->st.consumed_samples += G;
+    log_step(run, step, &st, now_seconds() - t0);
+    return 0;
+}
+
+int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
+    static struct run run;
+    memset(&run, 0, sizeof run);
+    run.r = r, run.o = o;
+    run.be = backend_get(r->train.device);
+    if (!run.be) return EXIT_RUNTIME;
+    setup(&run);
+    const char *from = resume(&run);
+    /* a resumed run continues the metrics stream of the run it resumes */
+    run.metrics = xfopen(run.metrics_path, from ? "a" : "w");
+    if (from)
+        event(&run, "{\"event\":\"resume\",\"step\":%d,\"from\":\"%s\",\"consumed_samples\":%lld}", run.st.step,
+              from, (long long)run.st.consumed_samples);
+    install_signals();
+    struct rlimit no_core = {0, 0};
+    if (o->inject_crash || o->inject_crash_in_save) setrlimit(RLIMIT_CORE, &no_core); /* injected aborts: no core files */
+    printf("mtrain %s | %s | llama %lld params | device %s | threads %d | data %s: %lld tokens, %lld docs\n",
+           MTRAIN_VERSION, r->source, (long long)model_param_count(&r->model), run.be->name, omp_get_max_threads(),
+           r->data.path, (long long)dataset_num_tokens(run.ds), (long long)dataset_num_docs(run.ds));
+    event(&run, "{\"event\":\"start\",\"step\":%d,\"params\":%lld,\"flops_per_token\":%.6g,\"steps\":%d}", run.st.step,
+          (long long)model_param_count(&r->model), run.flops_per_token, r->train.steps);
+    double t_start = now_seconds();
+    int first = run.st.step + 1;
+    for (int step = first; step <= r->train.steps; step = run.st.step + 1) {
+        if (stop_signal || (o->stop_after > 0 && run.st.step >= o->stop_after)) {
+            const char *name = !stop_signal ? "stop-after" : stop_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
+            printf("%s: saving a checkpoint at step %d and exiting\n", name, run.st.step);
+            if (r->checkpoint.dir[0] && run.saved_step != run.st.step) save_checkpoint(&run);
+            event(&run, "{\"event\":\"signal\",\"signal\":\"%s\",\"step\":%d}", name, run.st.step);
+            teardown(&run);
+            return 0;
+        }
+        if (o->inject_crash == step) {
+            fprintf(stderr, "mtrain: injected crash at step %d\n", step);
+            abort();
+        }
+        if (one_step(&run, step)) continue;
+        if (run.valid && (step % r->train.eval_interval == 0 || step == r->train.steps)) run_eval(&run, step);
+        if (r->checkpoint.dir[0] && r->checkpoint.interval > 0 &&
+            (step % r->checkpoint.interval == 0 || step == r->train.steps))
+            save_checkpoint(&run);
+        poll_saver(&run);
+    }
+    char path[RECIPE_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/model.safetensors", r->log.dir);
+    weights_save(run.be, run.tr.model.params, &run.tr.model.table, path);
+    event(&run, "{\"event\":\"end\",\"step\":%d,\"seconds\":%.3f,\"rewinds\":%d}", run.st.step, now_seconds() - t_start,
+          run.st.rewinds);
+    printf("done: step %d, %.1f s; metrics in %s, weights in %s\n", run.st.step, now_seconds() - t_start,
+           run.metrics_path, path);
+    teardown(&run);
+    return 0;
+}
