@@ -1,0 +1,210 @@
+"""Reference test of mtrain's byte-level BPE against Hugging Face `tokenizers`.
+
+Trains a small byte-level BPE with a Llama-3-style Split pre-tokenizer on a
+seeded multilingual sample (so a real tokenizer.json exists with no
+download), then checks, token for token on held-out text:
+  - mtrain (hf:tokenizer.json) == tokenizers' encoder, specials matched;
+  - the same with the merges rewritten in the newer ["a", "b"] pair form;
+  - a tiktoken rank file made from the same vocabulary == a direct Python
+    implementation of tiktoken's merge rule;
+  - decode(encode(x)) == x, and `mtrain data build` gives the same tokens.
+Prints PASS/FAIL lines. Usage: tokenizer_ref.py BPE_TOOL MTRAIN WORKDIR"""
+import base64, json, os, random, struct, subprocess, sys
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+TOOL, MTRAIN, WORK = sys.argv[1:4]
+os.makedirs(WORK, exist_ok=True)
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+          r"\s*[\r\n]+|\s+(?!\S)|\s+")
+SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
+failed = 0
+
+
+def result(name, ok, why=""):
+    global failed
+    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, why)), flush=True)
+    failed += not ok
+
+
+WORDS = [
+    "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "Hello", "world", "don't", "I'll", "we've",
+    "She's", "THEY'RE", "café", "naïve", "résumé", "Größe", "straße", "über", "niño", "mañana", "façade",
+    "Ελληνικά", "γλώσσα", "Москва", "привет", "мир", "日本語", "東京", "こんにちは", "カタカナ", "中文", "北京",
+    "你好世界", "한국어", "안녕하세요", "العربية", "مرحبا", "हिन्दी", "नमस्ते", "ภาษาไทย", "😀", "🚀", "👍🏽",
+    "👨‍👩‍👧", "🇫🇷", "12345", "3.14159", "2024-01-01", "$100", "1,000,000", "foo_bar", "x+=1;", "def", "f(x):",
+    "return", "{", "}", "<div>", "</div>", "http://example.com", "#include", "==", "!=", "...", "—", "«", "»",
+]
+SPACES = [" ", " ", " ", "  ", "   ", "\t", "\n", "\n\n", " \n", "\r\n", "    ", "\u00a0", "\u3000"]
+
+
+def sample(rng, n_words, specials):
+    out = []
+    for _ in range(n_words):
+        r = rng.random()
+        if specials and r < 0.02:
+            out.append(rng.choice(SPECIALS))
+        elif r < 0.05:
+            out.append(str(rng.randrange(10 ** rng.randrange(1, 9))))
+        else:
+            out.append(rng.choice(WORDS))
+        out.append(rng.choice(SPACES))
+    return "".join(out)
+
+
+rng = random.Random(1)
+train_texts = [sample(rng, rng.randrange(5, 200), False) for _ in range(3000)]
+held = random.Random(2)
+held_texts = [sample(held, held.randrange(1, 300), True) for _ in range(300)]
+held_texts += [
+    "", " ", "   leading and trailing   ", "\n\n\n", "a" * 5000, " " * 3000 + "x", "1234567890" * 50,
+    "unseen: 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ∮ E⋅da = Q, ⠁⠃⠉ ᚠᛇᚻ Ꙭ 龘 𠜎𠜱 \u200b\ufeff",
+    "<|end_of_text|><|end_of_text|>x<|begin_of_text|> <|eot_id|>\n",
+    "partial <|end_of_tex and <|eot_id| not special", "It's 'S 'LL 'd 'x",
+]
+
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
+    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+tok.decoder = decoders.ByteLevel()
+trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=SPECIALS, show_progress=False,
+                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+tok.train_from_iterator(train_texts, trainer)
+tj = os.path.join(WORK, "tokenizer.json")
+tok.save(tj)
+doc = json.load(open(tj))
+nmerges = len(doc["model"]["merges"])
+result("tokenizer_ref_trained", len(doc["model"]["vocab"]) > 1000 and nmerges > 500,
+       "vocab %d merges %d" % (len(doc["model"]["vocab"]), nmerges))
+
+held_path = os.path.join(WORK, "held.jsonl")
+with open(held_path, "w") as f:
+    for t in held_texts:
+        f.write(json.dumps({"text": t}) + "\n")
+expected = [tok.encode(t, add_special_tokens=False).ids for t in held_texts]
+
+
+def mtrain_encode(spec, mode="match"):
+    p = subprocess.run([TOOL, "encode", spec, held_path, mode], capture_output=True, text=True)
+    if p.returncode:
+        return None, p.stderr.strip()[:300]
+    return [[int(x) for x in line.split()] for line in p.stdout.split("\n")[:-1]], ""
+
+
+def compare(name, got, err, want):
+    if got is None:
+        return result(name, False, err)
+    bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    why = ""
+    if bad:
+        i = bad[0]
+        why = "%d of %d texts differ; first %d: %r\n  got  %s\n  want %s" % (
+            len(bad), len(want), i, held_texts[i][:80], got[i][:40], want[i][:40])
+    result(name, len(got) == len(want) and not bad, why or "count %d vs %d" % (len(got), len(want)))
+
+
+got, err = mtrain_encode("hf:" + tj)
+compare("tokenizer_hf_matches_reference", got, err, expected)
+ntok = sum(len(e) for e in expected)
+print("  (%d held-out texts, %d tokens, %d bytes)" % (len(held_texts), ntok, sum(len(t.encode()) for t in held_texts)))
+
+# the newer pair form of merges, and ignore_merges (tiktoken-like lookup first)
+doc2 = json.loads(json.dumps(doc))
+doc2["model"]["merges"] = [m.split(" ") if isinstance(m, str) else m for m in doc["model"]["merges"]]
+tj2 = os.path.join(WORK, "tokenizer_pairs.json")
+json.dump(doc2, open(tj2, "w"), ensure_ascii=False)
+got, err = mtrain_encode("hf:" + tj2)
+compare("tokenizer_hf_pair_merges", got, err, expected)
+doc3 = json.loads(json.dumps(doc))  # string merges: older tokenizers read only those
+doc3["model"]["ignore_merges"] = True
+tj3 = os.path.join(WORK, "tokenizer_ignore.json")
+json.dump(doc3, open(tj3, "w"), ensure_ascii=False)
+got, err = mtrain_encode("hf:" + tj3)
+compare("tokenizer_hf_ignore_merges", got, err,
+        [Tokenizer.from_file(tj3).encode(t, add_special_tokens=False).ids for t in held_texts])
+
+# specials as plain text when not matched
+got, err = mtrain_encode("hf:" + tj, "text")
+specials_as_text = got is not None and got[-3] != expected[-3] and all(
+    x not in (0, 1, 2) for x in got[-3])
+result("tokenizer_specials_as_text", specials_as_text, err or "specials were matched in text mode")
+
+# tiktoken: ranks = the trained vocabulary's ids (bytes recovered from the byte alphabet)
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b)
+        cs.append(256 + n)
+        n += 1
+char_to_byte = {chr(c): b for b, c in zip(bs, cs)}
+vocab = {k: v for k, v in doc["model"]["vocab"].items() if k not in SPECIALS}
+base = len(SPECIALS)  # trained specials take ids 0..2: shift the ranks down
+ranks = {bytes(char_to_byte[c] for c in k): v - base for k, v in vocab.items()}
+tk_path = os.path.join(WORK, "ranks.tiktoken")
+with open(tk_path, "w") as f:
+    for b, r in sorted(ranks.items(), key=lambda x: x[1]):
+        f.write("%s %d\n" % (base64.b64encode(b).decode(), r))
+
+
+def tiktoken_piece(piece):
+    """tiktoken's rule, directly: whole piece first, else merge the adjacent
+    pair whose concatenation has the lowest rank (leftmost on ties)."""
+    if piece in ranks:
+        return [ranks[piece]]
+    parts = [bytes([b]) for b in piece]
+    while len(parts) > 1:
+        best, at = None, -1
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and (best is None or r < best):
+                best, at = r, i
+        if best is None:
+            break
+        parts[at:at + 2] = [parts[at] + parts[at + 1]]
+    return [ranks[p] for p in parts]
+
+
+# the pieces come from tokenizers' own pre-tokenizer (the same regex)
+pre = pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False)
+llama3_specials = ["<|begin_of_text|>", "<|end_of_text|>"] + ["<|reserved_special_token_%d|>" % i for i in range(4)] + [
+    "<|start_header_id|>", "<|end_header_id|>", "<|reserved_special_token_4|>", "<|eot_id|>"]
+sp_id = {s: len(ranks) + i for i, s in enumerate(llama3_specials)}
+
+
+def tiktoken_encode(text):
+    out, i = [], 0
+    import re
+    pat = re.compile("|".join(re.escape(s) for s in sorted(sp_id, key=len, reverse=True)))
+    for seg in re.split("(%s)" % pat.pattern, text):
+        if seg in sp_id:
+            out.append(sp_id[seg])
+            continue
+        for piece, _ in pre.pre_tokenize_str(seg):
+            out += tiktoken_piece(piece.encode())
+    return out
+
+
+tk_want = [tiktoken_encode(t) for t in held_texts]
+got, err = mtrain_encode("tiktoken:" + tk_path)
+compare("tokenizer_tiktoken_matches_reference", got, err, tk_want)
+
+for spec in ("hf:" + tj, "tiktoken:" + tk_path):
+    p = subprocess.run([TOOL, "roundtrip", spec, held_path], capture_output=True, text=True)
+    result("tokenizer_roundtrip_" + spec.split(":")[0], p.returncode == 0, (p.stdout + p.stderr).strip()[:300])
+
+# end to end: mtrain data build with the HF tokenizer and 3 workers
+ds = os.path.join(WORK, "ds")
+p = subprocess.run([MTRAIN, "data", "build", "--tokenizer", "hf:" + tj, "--special-tokens", "match", "--workers", "3",
+                    "--out", ds, held_path], capture_output=True, text=True)
+if p.returncode:
+    result("tokenizer_data_build_matches_reference", False, p.stderr.strip()[:300])
+else:
+    raw = b"".join(subprocess.run(["zstd", "-q", "-dc", os.path.join(ds, f)], capture_output=True).stdout
+                   for f in sorted(os.listdir(ds)) if f.endswith(".zst"))
+    stream = list(struct.unpack("<%dH" % (len(raw) // 2), raw))
+    flat = [t for e in expected for t in e]
+    result("tokenizer_data_build_matches_reference", stream == flat,
+           "stream of %d tokens vs %d expected" % (len(stream), len(flat)))
+sys.exit(1 if failed else 0)
