@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "config/common.h"
 #include "data/dataset.h"
+#include "data/megatron.h"
 #include "data/shard_writer.h"
 #include "data/synthetic.h"
 #include "data/text_build.h"
@@ -21,6 +22,7 @@ static const char usage_data[] =
     "subcommands:\n"
     "  build      tokenize text files into a dataset directory\n"
     "  generate   write a synthetic English-like dataset (the default demo data)\n"
+    "  import     copy a Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx)\n"
     "  inspect    print a dataset's size, compression and first tokens\n"
     "  verify     decode every frame and check its checksums\n\n"
     "'mtrain data <subcommand> --help' shows its options.\n";
@@ -54,6 +56,17 @@ static const char usage_generate[] =
     "  --out DIR            dataset directory to create\n"
     "  --docs N             number of documents (default 5000)\n"
     "  --seed S             corpus seed (default 1)\n"
+    "  --frame-tokens N     tokens per zstd frame (default 65536)\n"
+    "  --shard-size-mb N    start a new shard after N MiB compressed (default 256)\n"
+    "  --force              replace an existing dataset at DIR\n";
+
+static const char usage_import[] =
+    "usage: mtrain data import PREFIX --out DIR [options]\n\n"
+    "Copies the Megatron-LM indexed dataset PREFIX.bin + PREFIX.idx (any dtype code)\n"
+    "token for token, one document per Megatron document.\n\n"
+    "  --out DIR            dataset directory to create (written atomically)\n"
+    "  --vocab-size N       vocabulary size (default: largest token id + 1)\n"
+    "  --eod ID             end-of-document id to record (default: none)\n"
     "  --frame-tokens N     tokens per zstd frame (default 65536)\n"
     "  --shard-size-mb N    start a new shard after N MiB compressed (default 256)\n"
     "  --force              replace an existing dataset at DIR\n";
@@ -235,6 +248,71 @@ static int data_build(int argc, char **argv) {
     return 0;
 }
 
+static int data_import(int argc, char **argv) {
+    if (wants_help(argc, argv)) return show(usage_import);
+    const char *prefix = NULL, *out = NULL;
+    int64_t vocab = 0, eod = -1, frame_tokens = 0, shard_mb = SHARD_DEFAULT_SHARD_BYTES >> 20;
+    int force = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        int64_t *num = !strcmp(f, "--vocab-size") ? &vocab : !strcmp(f, "--eod") ? &eod
+                       : !strcmp(f, "--frame-tokens") ? &frame_tokens : !strcmp(f, "--shard-size-mb") ? &shard_mb : NULL;
+        if (!strcmp(f, "--force")) force = 1;
+        else if ((num || !strcmp(f, "--out")) && i + 1 == argc) return bad_usage(usage_import, "%s needs a value", f);
+        else if (!strcmp(f, "--out")) out = argv[++i];
+        else if (num && parse_number(argv[++i], num == &eod ? 0 : 1, num))
+            return bad_usage(usage_import, "bad number '%s'", argv[i]);
+        else if (num) continue;
+        else if (f[0] == '-' && f[1]) return bad_usage(usage_import, "unknown option '%s'", f);
+        else if (prefix) return bad_usage(usage_import, "unexpected argument '%s'", f);
+        else prefix = f;
+    }
+    if (!prefix || !out) return bad_usage(usage_import, "%s", "PREFIX and --out DIR are required");
+    if (vocab > INT32_MAX || shard_mb > (1ll << 20)) return bad_usage(usage_import, "%s", "number too large");
+    char err[1024];
+    double t0 = now_seconds();
+    struct megatron *m = megatron_open(prefix, err, sizeof err);
+    if (!m) die("%s", err);
+    int32_t *tok = NULL;
+    size_t cap = 0;
+    int64_t ndocs = megatron_num_docs(m), max = -1;
+    /* without --vocab-size the vocabulary is the largest id + 1: one pass to find it */
+    for (int64_t d = 0; !vocab && d < ndocs; d++) {
+        int64_t n = megatron_read_doc(m, d, &tok, &cap, err, sizeof err);
+        if (n < 0) die("%s", err);
+        for (int64_t i = 0; i < n; i++) max = tok[i] > max ? tok[i] : max;
+    }
+    if (!vocab) vocab = max + 1 > eod + 1 ? max + 1 : eod + 1;
+    if (vocab < 1) vocab = 1;
+    if (eod >= vocab) die("--eod %lld is outside the vocabulary of %lld", (long long)eod, (long long)vocab);
+    struct shard_writer_opts o = {.vocab_size = (int)vocab, .eod_id = eod, .frame_tokens = frame_tokens,
+                                  .shard_bytes = shard_mb << 20, .force = force};
+    struct shard_writer *w = shard_writer_open(out, &o);
+    for (int64_t d = 0; d < ndocs; d++) {
+        int64_t n = megatron_read_doc(m, d, &tok, &cap, err, sizeof err);
+        for (int64_t i = 0; n > 0 && i < n; i++)
+            if (tok[i] >= vocab) {
+                snprintf(err, sizeof err, "%s.bin: document %lld: token %d is outside --vocab-size %lld", prefix,
+                         (long long)d, tok[i], (long long)vocab);
+                n = -1;
+            }
+        if (n < 0) {
+            shard_writer_abort(w);
+            die("%s", err);
+        }
+        shard_writer_add(w, tok, n);
+        shard_writer_end_doc(w);
+    }
+    struct shard_writer_stats st;
+    shard_writer_finish(w, &st);
+    printf("imported %s (%s, %lld documents, %lld tokens) -> ", prefix, megatron_dtype_name(m), (long long)ndocs,
+           (long long)megatron_num_tokens(m));
+    print_summary(out, &st, (double)megatron_num_tokens(m) * megatron_itemsize(m), now_seconds() - t0);
+    free(tok);
+    megatron_close(m);
+    return 0;
+}
+
 static int data_generate(int argc, char **argv) {
     if (wants_help(argc, argv)) return show(usage_generate);
     struct build_args a = {.docs = GENERATE_DEFAULT_DOCS, .seed = 1};
@@ -324,6 +402,7 @@ int cmd_data(int argc, char **argv) {
     if (!strcmp(sub, "--help") || !strcmp(sub, "-h")) return show(usage_data);
     if (!strcmp(sub, "build")) return data_build(argc - 1, argv + 1);
     if (!strcmp(sub, "generate")) return data_generate(argc - 1, argv + 1);
+    if (!strcmp(sub, "import")) return data_import(argc - 1, argv + 1);
     if (!strcmp(sub, "inspect")) return data_inspect(argc - 1, argv + 1);
     if (!strcmp(sub, "verify")) return data_verify(argc - 1, argv + 1);
     return bad_usage(usage_data, "unknown subcommand '%s'", sub);
