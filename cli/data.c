@@ -72,8 +72,13 @@ static const char usage_import[] =
     "  --force              replace an existing dataset at DIR\n";
 
 static const char usage_inspect[] =
-    "usage: mtrain data inspect DIR\n\n"
-    "Prints documents, tokens, shards, frames, compression ratio and the first 64 tokens.\n";
+    "usage: mtrain data inspect DIR [--tokens N] [--tokenizer SPEC]\n\n"
+    "Prints documents, tokens, shards, frames, compression ratio, a histogram of\n"
+    "document lengths and the first N tokens (64 by default), decoded with SPEC\n"
+    "(bytes | hf:tokenizer.json | tiktoken:RANKFILE) when given.\n\n"
+    "  --tokens N           how many tokens to print\n"
+    "  --tokenizer SPEC     decode them with this tokenizer\n"
+    "  --tiktoken-regex RE, --tiktoken-specials S   as for 'mtrain data build'\n";
 
 static const char usage_verify[] =
     "usage: mtrain data verify DIR\n\n"
@@ -351,16 +356,77 @@ static void print_bytes_text(const int32_t *tok, int64_t n) {
     printf("\"\n");
 }
 
+/* Document lengths in power-of-two buckets: [1], [2,3], [4,7], ... */
+static void print_histogram(struct dataset *ds, int64_t ndocs) {
+    int64_t count[64] = {0}, longest = 0;
+    int top = 0, bottom = 63;
+    for (int64_t d = 0; d < ndocs; d++) {
+        int64_t len = dataset_doc_start(ds, d + 1) - dataset_doc_start(ds, d);
+        int b = 0;
+        while ((2ll << b) <= len) b++;
+        count[b]++;
+        if (b > top) top = b;
+        if (b < bottom) bottom = b;
+        if (len > longest) longest = len;
+    }
+    int64_t most = 1;
+    for (int b = 0; b <= top; b++) most = count[b] > most ? count[b] : most;
+    printf("  document lengths (tokens; mean %.1f, longest %lld):\n",
+           ndocs ? (double)dataset_num_tokens(ds) / (double)ndocs : 0.0, (long long)longest);
+    for (int b = bottom; ndocs && b <= top; b++) {
+        char range[48];
+        snprintf(range, sizeof range, b ? "%lld-%lld" : "%lld", 1ll << b, (2ll << b) - 1);
+        int bar = (int)((40 * count[b] + most - 1) / most);
+        printf("    %-21s %10lld  %.*s\n", range, (long long)count[b], bar, "########################################");
+    }
+}
+
+/* Decoded text with control characters escaped; UTF-8 passes through. */
+static void print_decoded(const char *s, size_t n) {
+    printf("  decoded:    \"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n') printf("\\n");
+        else if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c < 32 || c == 127) printf("\\x%02x", c);
+        else putchar(c);
+    }
+    printf("\"\n");
+}
+
 static int data_inspect(int argc, char **argv) {
     if (wants_help(argc, argv)) return show(usage_inspect);
-    if (argc != 2 || argv[1][0] == '-') return bad_usage(usage_inspect, "%s", "expected one DIR");
-    struct dataset *ds = dataset_open(argv[1]);
+    const char *dir = NULL, *spec = NULL;
+    int64_t want = 64;
+    struct tokenizer_opts topts = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        int value = !strcmp(f, "--tokens") || !strcmp(f, "--tokenizer") || !strcmp(f, "--tiktoken-regex") ||
+                    !strcmp(f, "--tiktoken-specials");
+        if (value && i + 1 == argc) return bad_usage(usage_inspect, "%s needs a value", f);
+        if (!strcmp(f, "--tokens")) {
+            if (parse_number(argv[++i], 0, &want) || want > (1 << 24)) return bad_usage(usage_inspect, "bad number '%s'", argv[i]);
+        } else if (!strcmp(f, "--tokenizer")) spec = argv[++i];
+        else if (!strcmp(f, "--tiktoken-regex")) topts.tiktoken_regex = argv[++i];
+        else if (!strcmp(f, "--tiktoken-specials")) topts.tiktoken_specials = argv[++i];
+        else if (f[0] == '-' && f[1]) return bad_usage(usage_inspect, "unknown option '%s'", f);
+        else if (dir) return bad_usage(usage_inspect, "%s", "expected one DIR");
+        else dir = f;
+    }
+    if (!dir) return bad_usage(usage_inspect, "%s", "expected one DIR");
+    char err[512];
+    struct tokenizer *tk = NULL;
+    if (spec && !(tk = tokenizer_open(spec, &topts, err, sizeof err))) return bad_usage(usage_inspect, "%s", err);
+    struct dataset *ds = dataset_open(dir);
     struct dataset_info in;
     dataset_get_info(ds, &in);
+    if (tk && tokenizer_vocab_size(tk) < in.vocab_size)
+        die("vocabulary mismatch: %s has %d ids, dataset %s has vocab %d", spec, tokenizer_vocab_size(tk), dir,
+            in.vocab_size);
     double raw = (double)in.tokens * in.dtype_bytes;
     /* Read before printing so a damaged frame gives just its one error line. */
-    int32_t tok[64];
-    int64_t n = in.tokens < 64 ? in.tokens : 64;
+    int64_t n = in.tokens < want ? in.tokens : want;
+    int32_t *tok = xmalloc((size_t)(n + 1) * sizeof *tok);
     dataset_read(ds, 0, n, tok);
     printf("dataset %s (format version 1)\n", dataset_dir(ds));
     printf("  documents:  %lld\n", (long long)in.docs);
@@ -370,10 +436,21 @@ static int data_inspect(int argc, char **argv) {
     printf("  frames:     %lld (%lld tokens per frame)\n", (long long)in.frames, (long long)in.frame_tokens);
     printf("  compressed: %lld bytes, ratio %.2fx\n", (long long)in.compressed_bytes,
            in.compressed_bytes ? raw / (double)in.compressed_bytes : 0.0);
+    print_histogram(ds, in.docs);
     printf("  first %lld tokens:", (long long)n);
     for (int64_t i = 0; i < n; i++) printf(" %d", tok[i]);
     printf("\n");
-    if (in.vocab_size == BYTES_VOCAB_SIZE && in.eod_id == BYTES_EOD) print_bytes_text(tok, n);
+    if (tk) {
+        char *text = NULL;
+        size_t len = 0, cap = 0;
+        tokenizer_decode(tk, tok, (size_t)n, &text, &len, &cap);
+        print_decoded(text, len);
+        free(text);
+        tokenizer_close(tk);
+    } else if (in.vocab_size == BYTES_VOCAB_SIZE && in.eod_id == BYTES_EOD) {
+        print_bytes_text(tok, n);
+    }
+    free(tok);
     dataset_close(ds);
     return 0;
 }

@@ -62,4 +62,9 @@ expect_exit build_bad_special_mode 2 "$MTRAIN" data build --tokenizer bytes --sp
 expect_exit build_bad_workers 2 "$MTRAIN" data build --tokenizer bytes --workers 0 --out "$D/x" "$D/t.txt"
 expect_exit build_missing_tokenizer_file 1 "$MTRAIN" data build --tokenizer hf:"$D/nope.json" --out "$D/x" "$D/t.txt"
 expect_output build_missing_tokenizer_file_message "nope.json"
+# inspect: histogram and --tokenizer decoding
+expect_exit inspect_histogram 0 "$MTRAIN" data inspect "$D/j" --tokens 4 --tokenizer bytes
+expect_output inspect_histogram_rows "^    2-3 +2  #{40}$"
+expect_output inspect_decoded 'decoded: +"ab<eod>c"'
+expect_exit inspect_bad_tokenizer 2 "$MTRAIN" data inspect "$D/j" --tokenizer gpt9
 exit $FAILED

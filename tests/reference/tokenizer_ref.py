@@ -207,4 +207,12 @@ else:
     flat = [t for e in expected for t in e]
     result("tokenizer_data_build_matches_reference", stream == flat,
            "stream of %d tokens vs %d expected" % (len(stream), len(flat)))
+    # inspect decodes the first document back to its text
+    k = len(expected[0])
+    p = subprocess.run([MTRAIN, "data", "inspect", ds, "--tokens", str(k), "--tokenizer", "hf:" + tj],
+                       capture_output=True, text=True)
+    esc = "".join("\\n" if c == "\n" else "\\" + c if c in '"\\' else "\\x%02x" % ord(c) if ord(c) < 32 else c
+                  for c in held_texts[0])
+    result("tokenizer_inspect_decodes", p.returncode == 0 and ('decoded:    "%s"' % esc) in p.stdout,
+           (p.stdout + p.stderr)[-300:])
 sys.exit(1 if failed else 0)
