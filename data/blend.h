@@ -1,0 +1,35 @@
+/* Weighted blending of several datasets, as Megatron-LM's BlendedDataset:
+ * weights are normalized, and global sample s goes to the dataset whose
+ * realized count lags its target the most, argmax_i (w_i * max(s, 1) - c_i)
+ * (lowest i on ties), as that dataset's next sample. Every prefix of the
+ * sequence, so every global batch, holds each dataset's share to within one
+ * sample. Within a dataset, samples come from its own sampler (data/dataset.h).
+ *
+ * blend_get is a pure function of (sources, seq_len, seed, split, index):
+ * any set of readers (DP ranks taking r, r+D, ...) sees the same samples. A
+ * blend owns its dataset handles, which are not thread-safe: a prefetch
+ * thread creates its own blend. */
+#pragma once
+#include <stdint.h>
+
+#include "data/dataset.h"
+
+struct blend_source {
+    const char *path;
+    double weight;            /* > 0; normalized over the sources */
+};
+
+struct blend;
+
+/* Opens every dataset (errors name the dataset and exit 1). A single source
+ * gives exactly sampler_create(..., seed, ...)'s samples; source i > 0 uses
+ * a seed derived from (seed, i) so equal datasets are not read in lockstep. */
+struct blend *blend_create(const struct blend_source *src, int n, int seq_len, uint64_t seed, enum split split,
+                           double valid_fraction);
+void blend_free(struct blend *b);
+int blend_num_sources(const struct blend *b);
+struct dataset *blend_dataset(const struct blend *b, int i);
+/* Which source global sample index comes from, and its index there. */
+void blend_locate(struct blend *b, int64_t index, int *source, int64_t *sample);
+/* Global sample index -> seq_len+1 tokens. */
+void blend_get(struct blend *b, int64_t index, int32_t *out);
