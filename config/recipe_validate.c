@@ -83,6 +83,19 @@ static int check_parallel(const struct recipe *r, int world_size) {
     if (m->num_kv_heads % p->tp)
         return verr(r, "parallel.tp", "tp %d does not divide model.num_kv_heads %d%s", p->tp, m->num_kv_heads,
                     other(r, "model.num_kv_heads", o, sizeof o));
+    if (m->vocab_size % p->tp)
+        return verr(r, "parallel.tp", "tp %d does not divide model.vocab_size %d (vocab-parallel embedding; pad the "
+                    "vocabulary to a multiple of tp)%s", p->tp, m->vocab_size, other(r, "model.vocab_size", o, sizeof o));
+    if (m->intermediate_size % p->tp)
+        return verr(r, "parallel.tp", "tp %d does not divide model.intermediate_size %d%s", p->tp,
+                    m->intermediate_size, other(r, "model.intermediate_size", o, sizeof o));
+    if (m->tie_embeddings && p->pp > 1)
+        return verr(r, "model.tie_embeddings", "tied embeddings with pipeline parallelism (pp %d) are not supported",
+                    p->pp);
+    if (p->sequence_parallel && ((long)r->train.micro_batch * r->train.seq_len) % p->tp)
+        return verr(r, "parallel.sequence_parallel", "sequence parallel needs micro_batch * seq_len (%ld) divisible "
+                    "by tp %d", (long)r->train.micro_batch * r->train.seq_len, p->tp);
+    if (p->cp > 1) return verr(r, "parallel.cp", "context parallelism (cp %d) is not implemented yet", p->cp);
     if (p->ep > 1) return verr(r, "parallel.ep", "ep %d needs a mixture-of-experts model; llama is dense", p->ep);
     /* context parallel splits each sequence into 2*cp chunks for load balance */
     if (r->train.seq_len % (2 * p->cp) && p->cp > 1)
@@ -107,6 +120,10 @@ static int check_train(const struct recipe *r, int world_size) {
         return verr(r, "train.global_batch",
                     "global_batch %d is not divisible by micro_batch * data-parallel size = %d * %d = %ld%s",
                     t->global_batch, t->micro_batch, dp, per_step, other(r, "train.micro_batch", o, sizeof o));
+    long micro_batches = t->global_batch / per_step;
+    if (p->vpp > 1 && world_size > 0 && micro_batches % p->pp)
+        return verr(r, "parallel.vpp", "interleaved 1F1B (vpp %d) needs the micro batches per data-parallel rank (%ld) "
+                    "to be a multiple of pp %d", p->vpp, micro_batches, p->pp);
     if (t->eval_interval > 0 && r->data.valid_fraction == 0)
         return verr(r, "train.eval_interval", "validation every %d steps needs data.valid_fraction > 0%s",
                     t->eval_interval, other(r, "data.valid_fraction", o, sizeof o));
