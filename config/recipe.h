@@ -62,9 +62,20 @@ struct optimizer_config {
     int distributed;                /* bool: ZeRO-1 over DP */
 };
 
+#define RECIPE_MAX_BLEND 16
+/* data.blend: datasets mixed by weight (data/blend.h); n == 0 uses data.path */
+struct data_blend {
+    int n;
+    struct {
+        char path[RECIPE_PATH_MAX];
+        double weight;
+    } e[RECIPE_MAX_BLEND];
+};
+
 struct data_config {
     char path[RECIPE_PATH_MAX];     /* dataset directory */
     double valid_fraction;          /* fraction of documents held out */
+    struct data_blend blend;
 };
 
 struct checkpoint_config {

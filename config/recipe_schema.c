@@ -22,6 +22,7 @@
 #define DBL(sec, f, def, lo, hi, fl, doc) {#sec "." #f, KEY_DOUBLE, FIELD(sec, f), def, lo, hi, fl, NULL, doc}
 #define BOOL(sec, f, def, doc) {#sec "." #f, KEY_BOOL, FIELD(sec, f), def, 0, 1, 0, NULL, doc}
 #define STR(sec, f, def, doc) {#sec "." #f, KEY_STRING, FIELD(sec, f), def, 0, 0, 0, NULL, doc}
+#define BLEND(sec, f, doc) {#sec "." #f, KEY_BLEND, FIELD(sec, f), "", 0, 0, 0, NULL, doc}
 #define ENUM(sec, f, def, ch, doc) {#sec "." #f, KEY_ENUM, FIELD(sec, f), def, 0, 0, 0, ch, doc}
 #define INF HUGE_VAL
 #define GT0 KEY_MIN_EXCL   /* (0, inf) */
@@ -82,6 +83,7 @@ const struct recipe_key recipe_keys[] = {
 
     STR(data, path, "", "dataset directory from mtrain data build (required)"),
     DBL(data, valid_fraction, "0", 0, 1, LT1, "fraction of documents held out for validation"),
+    BLEND(data, blend, "datasets mixed by weight: [{path: DIR, weight: W}, ...]; replaces data.path"),
 
     STR(checkpoint, dir, "", "checkpoint directory; empty = no checkpoints"),
     NONNEG(checkpoint, interval, "0", "save every N steps; 0 = never"),
@@ -104,7 +106,7 @@ const struct recipe_key recipe_keys[] = {
 const int recipe_nkeys = sizeof recipe_keys / sizeof recipe_keys[0];
 _Static_assert(sizeof recipe_keys / sizeof recipe_keys[0] <= RECIPE_MAX_KEYS, "raise RECIPE_MAX_KEYS");
 
-static const char *const type_names[] = {"int", "uint64", "double", "bool", "string", "enum"};
+static const char *const type_names[] = {"int", "uint64", "double", "bool", "string", "enum", "list"};
 
 int recipe_key_index(const char *name) {
     for (int i = 0; i < recipe_nkeys; i++)
@@ -231,6 +233,46 @@ static int parse_string(const struct recipe_key *k, void *field, const char *tex
     return 0;
 }
 
+int recipe_blend_append(struct data_blend *b, const char *path, double weight, char *err, size_t errsz) {
+    if (b->n == RECIPE_MAX_BLEND) {
+        snprintf(err, errsz, "at most %d datasets", RECIPE_MAX_BLEND);
+        return -1;
+    }
+    if (!*path || strlen(path) >= sizeof b->e[0].path) {
+        snprintf(err, errsz, "entry %d: path must be 1 to %zu characters", b->n, sizeof b->e[0].path - 1);
+        return -1;
+    }
+    if (!(weight > 0) || !isfinite(weight)) {
+        snprintf(err, errsz, "entry %d (%s): weight %g must be a positive number", b->n, path, weight);
+        return -1;
+    }
+    memset(b->e[b->n].path, 0, sizeof b->e[b->n].path);
+    memcpy(b->e[b->n].path, path, strlen(path));
+    b->e[b->n++].weight = weight;
+    return 0;
+}
+
+/* --set form: "PATH:WEIGHT,PATH:WEIGHT" (empty: no blend). */
+static int parse_blend(void *field, const char *text, char *err, size_t n) {
+    struct data_blend *b = field;
+    memset(b, 0, sizeof *b);
+    char *copy = xstrdup(text), *save = NULL;
+    int rc = 0;
+    for (char *item = strtok_r(copy, ",", &save); item && !rc; item = strtok_r(NULL, ",", &save)) {
+        char *colon = strrchr(item, ':'), *end;
+        double w = colon ? strtod(colon + 1, &end) : 0;
+        if (!colon || end == colon + 1 || *end) {
+            snprintf(err, n, "expected PATH:WEIGHT[,PATH:WEIGHT...], got '%s'", item);
+            rc = -1;
+            break;
+        }
+        *colon = 0;
+        rc = recipe_blend_append(b, item, w, err, n);
+    }
+    free(copy);
+    return rc;
+}
+
 int recipe_key_assign(const struct recipe_key *k, struct recipe *r, const char *text, int quoted, char *err,
                       size_t errsz) {
     void *field = (char *)r + k->offset;
@@ -241,6 +283,7 @@ int recipe_key_assign(const struct recipe_key *k, struct recipe *r, const char *
     case KEY_BOOL: return parse_bool(field, text, err, errsz);
     case KEY_STRING:
     case KEY_ENUM: return parse_string(k, field, text, quoted, err, errsz);
+    case KEY_BLEND: return parse_blend(field, text, err, errsz);
     }
     return -1;
 }
@@ -348,6 +391,18 @@ static void print_value(const struct recipe_key *k, const struct recipe *r, FILE
     case KEY_BOOL: fputs(*(const int *)field ? "true" : "false", out); break;
     case KEY_ENUM: fputs(field, out); break;
     case KEY_STRING: print_quoted(field, out); break;
+    case KEY_BLEND: {
+        const struct data_blend *b = field;
+        fputc('[', out);
+        for (int i = 0; i < b->n; i++) {
+            format_double(b->e[i].weight, buf, sizeof buf);
+            fprintf(out, "%s{path: ", i ? ", " : "");
+            print_quoted(b->e[i].path, out);
+            fprintf(out, ", weight: %s}", buf);
+        }
+        fputc(']', out);
+        break;
+    }
     }
 }
 
@@ -374,6 +429,7 @@ static void print_schema_key(const struct recipe_key *k, FILE *out) {
     if (k->type == KEY_ENUM) snprintf(range, sizeof range, "%s", k->choices);
     else if (k->type != KEY_STRING && k->type != KEY_BOOL) range_text(k, range, sizeof range);
     if (k->type == KEY_STRING) snprintf(def, sizeof def, "\"%s\"", k->def);
+    else if (k->type == KEY_BLEND) snprintf(def, sizeof def, "[]");
     else snprintf(def, sizeof def, "%s", k->def);
     fprintf(out, "  %-30s %-7s %-13s %-26s %s\n", k->name, type_names[k->type], def, range, k->doc);
 }

@@ -5,7 +5,7 @@
 
 #include "config/recipe.h"
 
-enum recipe_type { KEY_INT, KEY_UINT64, KEY_DOUBLE, KEY_BOOL, KEY_STRING, KEY_ENUM };
+enum recipe_type { KEY_INT, KEY_UINT64, KEY_DOUBLE, KEY_BOOL, KEY_STRING, KEY_ENUM, KEY_BLEND };
 
 /* Range bounds are inclusive unless the flag makes them exclusive. */
 #define KEY_MIN_EXCL 1u
@@ -34,6 +34,8 @@ int recipe_key_index(const char *name);
  * On error returns -1 and writes a message (no key, no location) to err. */
 int recipe_key_assign(const struct recipe_key *k, struct recipe *r, const char *text, int quoted,
                       char *err, size_t errsz);
+/* Append one {path, weight} to a data.blend list; -1 with a message in err. */
+int recipe_blend_append(struct data_blend *b, const char *path, double weight, char *err, size_t errsz);
 /* Write "did you mean 'x'?" hints for an unknown section (key NULL) or key;
  * writes "" when nothing is close. */
 void recipe_suggest(const char *section, const char *key, char *out, size_t n);

@@ -158,11 +158,16 @@ static int check_paths(const struct recipe *r) {
         return verr(r, "rewind.enabled", "rewinding needs checkpoints: set checkpoint.dir and checkpoint.interval");
     if (r->checkpoint.interval > 0 && !r->checkpoint.dir[0])
         return verr(r, "checkpoint.interval", "checkpoints every %d steps need checkpoint.dir", r->checkpoint.interval);
-    if (!r->data.path[0])
+    const struct data_blend *bl = &r->data.blend;
+    if (bl->n && r->data.path[0]) return verr(r, "data.blend", "set data.path or data.blend, not both");
+    for (int i = 0; i < bl->n; i++)
+        if (stat(bl->e[i].path, &st) != 0 || !S_ISDIR(st.st_mode))
+            return verr(r, "data.blend", "entry %d: dataset directory '%s' does not exist", i, bl->e[i].path);
+    if (!bl->n && !r->data.path[0])
         return verr(r, "data.path", "data.path is required (a dataset directory from 'mtrain data build')");
-    if (stat(r->data.path, &st) != 0)
+    if (!bl->n && stat(r->data.path, &st) != 0)
         return verr(r, "data.path", "dataset directory '%s' does not exist", r->data.path);
-    if (!S_ISDIR(st.st_mode))
+    if (!bl->n && !S_ISDIR(st.st_mode))
         return verr(r, "data.path", "'%s' is not a directory (expected a dataset directory)", r->data.path);
     if (r->model.init_from[0] && stat(r->model.init_from, &st) != 0)
         return verr(r, "model.init_from", "weights file '%s' does not exist", r->model.init_from);

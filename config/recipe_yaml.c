@@ -4,6 +4,7 @@
  * it is on when something goes wrong, so each error names FILE:LINE:COL and
  * the key. */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,13 +78,65 @@ static int find_section(const char *name) {
     return -1;
 }
 
+/* One {path: DIR, weight: W} entry of data.blend; e is its MAPPING_START. */
+static int load_blend_entry(struct loader *L, struct data_blend *b, const yaml_event_t *start, const char *name) {
+    char path[RECIPE_PATH_MAX] = "", err[256];
+    double weight = NAN;
+    for (;;) {
+        yaml_event_t k, v;
+        if (next_event(L, &k)) return -1;
+        if (k.type == YAML_MAPPING_END_EVENT) break;
+        if (k.type != YAML_SCALAR_EVENT) {
+            yaml_event_delete(&k);
+            return load_error(L, start->start_mark, name, "entry %d: expected 'path' and 'weight' fields", b->n);
+        }
+        if (next_event(L, &v)) return yaml_event_delete(&k), -1;
+        const char *key = (const char *)k.data.scalar.value;
+        const char *val = v.type == YAML_SCALAR_EVENT ? (const char *)v.data.scalar.value : NULL;
+        char *end = NULL;
+        int rc = 0;
+        if (!val) rc = load_error(L, v.start_mark, name, "entry %d: '%s' needs a single value", b->n, key);
+        else if (!strcmp(key, "path")) snprintf(path, sizeof path, "%s", val);
+        else if (!strcmp(key, "weight") && ((weight = strtod(val, &end)), end == val || *end))
+            rc = load_error(L, v.start_mark, name, "entry %d: weight '%s' is not a number", b->n, val);
+        else if (strcmp(key, "weight"))
+            rc = load_error(L, k.start_mark, name, "entry %d: unknown field '%s' (path, weight)", b->n, key);
+        yaml_event_delete(&k);
+        yaml_event_delete(&v);
+        if (rc) return -1;
+    }
+    if (!path[0] || isnan(weight))
+        return load_error(L, start->start_mark, name, "entry %d: needs both path and weight", b->n);
+    if (recipe_blend_append(b, path, weight, err, sizeof err)) return load_error(L, start->start_mark, name, "%s", err);
+    return 0;
+}
+
+/* data.blend: a list of {path, weight} mappings. */
+static int load_blend(struct loader *L, int idx, const char *name) {
+    struct data_blend *b = (struct data_blend *)((char *)L->r + recipe_keys[idx].offset);
+    memset(b, 0, sizeof *b);
+    for (;;) {
+        yaml_event_t e;
+        if (next_event(L, &e)) return -1;
+        int rc = 0;
+        if (e.type == YAML_SEQUENCE_END_EVENT) return yaml_event_delete(&e), 0;
+        if (e.type == YAML_MAPPING_START_EVENT) rc = load_blend_entry(L, b, &e, name);
+        else rc = load_error(L, e.start_mark, name, "expected a list of {path: DIR, weight: W}, got %s",
+                             event_kind(e.type));
+        yaml_event_delete(&e);
+        if (rc) return -1;
+    }
+}
+
 /* The value of one key: a scalar parsed by the schema. */
 static int load_value(struct loader *L, int idx, const char *name) {
     yaml_event_t e;
     if (next_event(L, &e)) return -1;
     int rc = 0;
     char err[256];
-    if (e.type != YAML_SCALAR_EVENT) {
+    if (recipe_keys[idx].type == KEY_BLEND && e.type == YAML_SEQUENCE_START_EVENT) {
+        rc = load_blend(L, idx, name);
+    } else if (e.type != YAML_SCALAR_EVENT) {
         rc = load_error(L, e.start_mark, name, "expected a single value, got %s", event_kind(e.type));
     } else if (strlen((const char *)e.data.scalar.value) != e.data.scalar.length) {
         rc = load_error(L, e.start_mark, name, "value contains a NUL character");

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "config/common.h"
+#include "config/recipe.h"
 
 #define BLOCK 4096
 
@@ -132,4 +133,18 @@ void blend_get(struct blend *b, int64_t index, int32_t *out) {
     int64_t sample;
     blend_locate(b, index, &src, &sample);
     sampler_get(b->smp[src], sample, out);
+}
+
+struct blend *blend_from_recipe(const struct recipe *r, enum split split) {
+    const struct data_blend *bl = &r->data.blend;
+    struct blend_source src[RECIPE_MAX_BLEND];
+    int n = bl->n;
+    for (int i = 0; i < n; i++) src[i] = (struct blend_source){bl->e[i].path, bl->e[i].weight};
+    if (!n) src[n++] = (struct blend_source){r->data.path, 1.0};
+    struct blend *b = blend_create(src, n, r->train.seq_len, r->train.seed, split, r->data.valid_fraction);
+    for (int i = 0; i < n; i++)
+        if (dataset_vocab_size(b->ds[i]) > r->model.vocab_size)
+            die("vocabulary mismatch: dataset %s has token ids up to %d but model.vocab_size is %d (%s)", src[i].path,
+                dataset_vocab_size(b->ds[i]) - 1, r->model.vocab_size, r->source);
+    return b;
 }

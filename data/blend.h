@@ -33,3 +33,11 @@ struct dataset *blend_dataset(const struct blend *b, int i);
 void blend_locate(struct blend *b, int64_t index, int *source, int64_t *sample);
 /* Global sample index -> seq_len+1 tokens. */
 void blend_get(struct blend *b, int64_t index, int32_t *out);
+
+struct recipe;
+/* The recipe's data: data.blend, or data.path alone as a one-source blend
+ * (which gives exactly the plain sampler's samples). The trainer calls
+ * blend_from_recipe(r, SPLIT_TRAIN) and blend_get(b, index, out) in place of
+ * sampler_create / sampler_get. Checks every dataset's vocabulary against
+ * model.vocab_size (one-line error, exit 1). */
+struct blend *blend_from_recipe(const struct recipe *r, enum split split);
