@@ -137,7 +137,7 @@ void blend_get(struct blend *b, int64_t index, int32_t *out) {
 
 struct blend *blend_from_recipe(const struct recipe *r, enum split split) {
     const struct data_blend *bl = &r->data.blend;
-    struct blend_source src[RECIPE_MAX_BLEND];
+    struct blend_source src[RECIPE_MAX_BLEND] = {{0}};
     int n = bl->n;
     for (int i = 0; i < n; i++) src[i] = (struct blend_source){bl->e[i].path, bl->e[i].weight};
     if (!n) src[n++] = (struct blend_source){r->data.path, 1.0};
