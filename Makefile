@@ -6,8 +6,8 @@ BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-openmp
 BLAS_LIB ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 OPT      ?= -O3 -march=native
 CFLAGS   ?= $(OPT) -g
-CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -I$(BLAS_INC)
-LDLIBS   += -lyaml -lzstd -ljansson -lxxhash -lpcre2-8 -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lm -lpthread
+CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -I$(BLAS_INC) -I/usr/include/x86_64-linux-gnu/mpich
+LDLIBS   += -lyaml -lzstd -ljansson -lxxhash -lpcre2-8 -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lmpich -lm -lpthread
 LDFLAGS  += -fopenmp
 
 ifeq ($(SANITIZE),1)

@@ -1,13 +1,17 @@
 /* mtrain pretrain RECIPE [--set key=value]... [--dry-run]
  * Parse options, load and validate the recipe before anything is allocated,
  * then plan (--dry-run) or train (pretrain_loop.c). */
+#include <fcntl.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/pretrain.h"
 #include "config/common.h"
 #include "config/recipe.h"
 #include "model/flops.h"
+#include "parallel/grid.h"
+#include "parallel/schedule.h"
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -104,9 +108,15 @@ static int parse(int argc, char **argv, struct pretrain_opts *o, struct recipe *
         if (recipe_set(r, sets[i]) != 0) return EXIT_USAGE;
     /* A dry run plans for the launcher's world size; alone it checks only
      * what does not depend on one (0 = unknown). */
-    int world = launcher_world_size();
+    int world = parallel_world_size() > 1 ? parallel_world_size() : launcher_world_size();
     if (recipe_validate(r, world ? world : (o->dry_run ? 0 : 1)) != 0) return EXIT_USAGE;
     return -1;
+}
+
+static int has_flag(int argc, char **argv, const char *a, const char *b) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], a) || (b && !strcmp(argv[i], b))) return 1;
+    return 0;
 }
 
 static void dry_run(const struct recipe *r) {
@@ -119,6 +129,13 @@ static void dry_run(const struct recipe *r) {
     printf("flops_per_token:  %.4g\n", model_flops_per_token(&r->model, r->train.seq_len));
     printf("flops_per_step:   %.4g\n",
            model_flops_per_token(&r->model, r->train.seq_len) * r->train.global_batch * r->train.seq_len);
+    if (r->parallel.pp > 1) {
+        int world = launcher_world_size(), dp = world ? world / (r->parallel.tp * r->parallel.pp * r->parallel.cp) : 1;
+        int m = r->train.global_batch / (r->train.micro_batch * dp);
+        printf("pipeline schedule (%s, %d micro batches per rank, dp %d): F/B<micro batch>.<chunk>\n",
+               r->parallel.vpp > 1 ? "interleaved 1F1B" : "1F1B", m, dp);
+        schedule_print(stdout, r->parallel.pp, r->parallel.vpp, m);
+    }
     printf("memory_per_rank:  %.3f GiB (params %.3f, grads %.3f, adam %.3f, activations %.3f; fp32)\n",
            e.total / gib, e.params / gib, e.grads / gib, e.optimizer / gib, e.activations / gib);
 }
@@ -126,11 +143,30 @@ static void dry_run(const struct recipe *r) {
 int cmd_pretrain(int argc, char **argv) {
     static struct recipe r; /* large (paths); keep it off the stack */
     struct pretrain_opts o;
-    int rc = parse(argc, argv, &o, &r);
-    if (rc >= 0) return rc;
-    if (o.dry_run) {
-        dry_run(&r);
-        return 0;
+    int launched = !has_flag(argc, argv, "--dry-run", NULL) && !has_flag(argc, argv, "--help", "-h");
+    int saved_stderr = -1;
+    if (launched) {
+        parallel_init(&argc, &argv);
+        /* every rank checks the recipe; only rank 0 says what is wrong */
+        if (parallel_world_rank() != 0) {
+            int devnull = open("/dev/null", O_WRONLY);
+            saved_stderr = dup(STDERR_FILENO);
+            if (devnull >= 0 && saved_stderr >= 0) dup2(devnull, STDERR_FILENO);
+            if (devnull >= 0) close(devnull);
+        }
     }
-    return pretrain_run(&r, &o);
+    int rc = parse(argc, argv, &o, &r);
+    if (saved_stderr >= 0) {
+        fflush(stderr);
+        dup2(saved_stderr, STDERR_FILENO);
+        close(saved_stderr);
+    }
+    if (rc < 0 && o.dry_run) {
+        dry_run(&r);
+        rc = 0;
+    } else if (rc < 0) {
+        rc = pretrain_run(&r, &o);
+    }
+    parallel_finalize();
+    return rc;
 }

@@ -16,9 +16,11 @@
 #include "cli/cli.h"
 #include "cli/pretrain.h"
 #include "config/common.h"
+#include "data/blend.h"
 #include "data/dataset.h"
 #include "model/flops.h"
 #include "model/trainer.h"
+#include "parallel/grid.h"
 
 void openblas_set_num_threads(int);
 
@@ -28,8 +30,9 @@ struct run {
     const struct recipe *r;
     const struct pretrain_opts *o;
     const struct backend *be;
-    struct dataset *ds;
-    struct sampler *train, *valid;
+    struct grid grid;
+    int rank0;               /* world rank 0 prints and writes the metrics */
+    struct blend *train, *valid;
     struct trainer tr;
     struct train_state st;
     struct ckpt_snapshot snap;
@@ -73,6 +76,7 @@ static double peak_rss_mib(void) {
 
 static void event(struct run *run, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void event(struct run *run, const char *fmt, ...) {
+    if (!run->rank0) return;
     va_list ap;
     va_start(ap, fmt);
     vfprintf(run->metrics, fmt, ap);
@@ -86,6 +90,7 @@ static void log_step(struct run *run, int step, const struct step_stats *st, dou
     double tps = st->tokens / seconds, tflops = tps * run->flops_per_token / 1e12;
     double mfu = r->train.peak_tflops > 0 ? tflops / r->train.peak_tflops : 0;
     double mem = peak_rss_mib();
+    if (!run->rank0) return;
     event(run,
           "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"tflops\":%.6f,"
           "\"mfu\":%.6f,\"mem_mib\":%.1f,\"step_ms\":%.2f,\"consumed_samples\":%lld}",
@@ -99,23 +104,26 @@ static void log_step(struct run *run, int step, const struct step_stats *st, dou
     fflush(stdout);
 }
 
-static void fill_batch(struct sampler *s, int32_t *out, int64_t first, int n, int T) {
-    for (int i = 0; i < n; i++) sampler_get(s, first + i, out + (size_t)i * (T + 1));
+/* This data-parallel rank's share of the global batch starting at sample
+ * `first`: samples first + dp_rank, first + dp_rank + dp, ... so the data
+ * does not depend on the layout. Returns the count. */
+static int fill_batch(struct run *run, struct blend *b, int64_t first) {
+    const struct recipe *r = run->r;
+    int dp = run->grid.dp, n = r->train.global_batch / dp, T = r->train.seq_len;
+    for (int i = 0; i < n; i++) blend_get(b, first + (int64_t)i * dp + run->grid.dp_rank, run->batch + (size_t)i * (T + 1));
+    return n;
 }
 
 static void run_eval(struct run *run, int step) {
     const struct recipe *r = run->r;
-    int B = r->train.micro_batch, n = r->train.eval_batches * B;
-    int chunk = r->train.global_batch - r->train.global_batch % B; /* the batch buffer holds this many */
     double sum = 0;
     /* the same fixed validation samples every time, so the curve is comparable */
-    for (int first = 0; first < n; first += chunk) {
-        int k = n - first < chunk ? n - first : chunk;
-        fill_batch(run->valid, run->batch, first, k, r->train.seq_len);
-        sum += trainer_eval(&run->tr, run->batch, k) * k;
+    for (int e = 0; e < r->train.eval_batches; e++) {
+        int n = fill_batch(run, run->valid, (int64_t)e * r->train.global_batch);
+        sum += trainer_eval(&run->tr, run->batch, n);
     }
-    double val = sum / n;
-    printf("eval  step %6d | val_loss %.4f | ppl %.2f\n", step, val, exp(val));
+    double val = sum / r->train.eval_batches;
+    if (run->rank0) printf("eval  step %6d | val_loss %.4f | ppl %.2f\n", step, val, exp(val));
     event(run, "{\"event\":\"eval\",\"step\":%d,\"val_loss\":%.6f}", step, val);
 }
 
@@ -267,14 +275,13 @@ static void setup(struct run *run) {
         omp_set_num_threads(r->train.threads);
         openblas_set_num_threads(r->train.threads);
     }
-    run->ds = dataset_open(r->data.path);
-    if (dataset_vocab_size(run->ds) > r->model.vocab_size)
-        die("vocabulary mismatch: dataset %s has token ids up to %d but model.vocab_size is %d (%s)", r->data.path,
-            dataset_vocab_size(run->ds) - 1, r->model.vocab_size, r->source);
-    run->train = sampler_create(run->ds, r->train.seq_len, r->train.seed, SPLIT_TRAIN, r->data.valid_fraction);
-    if (r->train.eval_interval > 0 && r->data.valid_fraction > 0)
-        run->valid = sampler_create(run->ds, r->train.seq_len, r->train.seed, SPLIT_VALID, r->data.valid_fraction);
-    trainer_create(&run->tr, run->be, r);
+    grid_create(&run->grid, &r->parallel);
+    run->rank0 = run->grid.world_rank == 0;
+    if (run->grid.world_size > 1 && r->checkpoint.dir[0])
+        die("checkpoints of multi-rank runs are not supported yet; unset checkpoint.dir");
+    run->train = blend_from_recipe(r, SPLIT_TRAIN);
+    if (r->train.eval_interval > 0 && r->data.valid_fraction > 0) run->valid = blend_from_recipe(r, SPLIT_VALID);
+    trainer_create(&run->tr, run->be, r, &run->grid);
     if (r->model.init_from[0]) weights_load(run->be, run->tr.model.params, &run->tr.model.table, r->model.init_from);
     else llama_init_params(&run->tr.model, r->train.seed);
     run->st.lr_scale = 1.0;
@@ -282,20 +289,20 @@ static void setup(struct run *run) {
     if (r->checkpoint.dir[0]) ckpt_snapshot_init(&run->snap, r, &run->tr.model.table);
     run->flops_per_token = model_flops_per_token(&r->model, r->train.seq_len);
     run->batch = xmalloc(sizeof(int32_t) * r->train.global_batch * (r->train.seq_len + 1));
-    if (mkdir_p(r->log.dir) != 0) die("cannot create log.dir %s", r->log.dir);
+    if (run->rank0 && mkdir_p(r->log.dir) != 0) die("cannot create log.dir %s", r->log.dir);
     snprintf(run->metrics_path, sizeof run->metrics_path, "%s/metrics.jsonl", r->log.dir);
 }
 
 static void teardown(struct run *run) {
     async_saver_wait(&run->saver);
     poll_saver(run);
-    xfclose(run->metrics, run->metrics_path);
+    if (run->metrics) xfclose(run->metrics, run->metrics_path);
     if (run->r->checkpoint.dir[0]) ckpt_snapshot_free(&run->snap);
     free(run->batch);
     trainer_free(&run->tr);
-    sampler_free(run->train);
-    if (run->valid) sampler_free(run->valid);
-    dataset_close(run->ds);
+    blend_free(run->train);
+    if (run->valid) blend_free(run->valid);
+    grid_free(&run->grid);
 }
 
 /* One step; returns 0 if it was applied, 1 if it was rolled back. */
@@ -303,8 +310,8 @@ static int one_step(struct run *run, int step) {
     const struct recipe *r = run->r;
     int G = r->train.global_batch;
     double t0 = now_seconds();
-    fill_batch(run->train, run->batch, run->st.consumed_samples, G, r->train.seq_len);
-    struct step_stats st = trainer_compute(&run->tr, run->batch, G);
+    int n = fill_batch(run, run->train, run->st.consumed_samples);
+    struct step_stats st = trainer_compute(&run->tr, run->batch, n);
     if (run->o->inject_nan == step && !run->injected_nan) {
         run->injected_nan = 1;
         st.loss = st.grad_norm = NAN;
@@ -344,24 +351,33 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     setup(&run);
     const char *from = resume(&run);
     /* a resumed run continues the metrics stream of the run it resumes */
-    run.metrics = xfopen(run.metrics_path, from ? "a" : "w");
+    if (run.rank0) run.metrics = xfopen(run.metrics_path, from ? "a" : "w");
     if (from)
         event(&run, "{\"event\":\"resume\",\"step\":%d,\"from\":\"%s\",\"consumed_samples\":%lld}", run.st.step,
               from, (long long)run.st.consumed_samples);
     install_signals();
     struct rlimit no_core = {0, 0};
     if (o->inject_crash || o->inject_crash_in_save) setrlimit(RLIMIT_CORE, &no_core); /* injected aborts: no core files */
-    printf("mtrain %s | %s | llama %lld params | device %s | threads %d | data %s: %lld tokens, %lld docs\n",
-           MTRAIN_VERSION, r->source, (long long)model_param_count(&r->model), run.be->name, omp_get_max_threads(),
-           r->data.path, (long long)dataset_num_tokens(run.ds), (long long)dataset_num_docs(run.ds));
+    if (run.rank0) {
+        const struct grid *g = &run.grid;
+        struct dataset *ds = blend_dataset(run.train, 0);
+        printf("mtrain %s | %s | llama %lld params | device %s | threads %d | ranks %d (tp %d pp %d dp %d) | data %s: "
+               "%lld tokens, %lld docs\n",
+               MTRAIN_VERSION, r->source, (long long)model_param_count(&r->model), run.be->name, omp_get_max_threads(),
+               g->world_size, g->tp, g->pp, g->dp, dataset_dir(ds), (long long)dataset_num_tokens(ds),
+               (long long)dataset_num_docs(ds));
+    }
     event(&run, "{\"event\":\"start\",\"step\":%d,\"params\":%lld,\"flops_per_token\":%.6g,\"steps\":%d}", run.st.step,
           (long long)model_param_count(&r->model), run.flops_per_token, r->train.steps);
     double t_start = now_seconds();
     int first = run.st.step + 1;
     for (int step = first; step <= r->train.steps; step = run.st.step + 1) {
-        if (stop_signal || (o->stop_after > 0 && run.st.step >= o->stop_after)) {
-            const char *name = !stop_signal ? "stop-after" : stop_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
-            printf("%s: saving a checkpoint at step %d and exiting\n", name, run.st.step);
+        /* every rank must agree to stop at the same step boundary */
+        float stop = stop_signal;
+        comm_all_reduce_max(&run.grid.world, &stop, 1);
+        if (stop != 0 || (o->stop_after > 0 && run.st.step >= o->stop_after)) {
+            const char *name = stop == 0 ? "stop-after" : stop == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
+            if (run.rank0) printf("%s: saving a checkpoint at step %d and exiting\n", name, run.st.step);
             if (r->checkpoint.dir[0] && run.saved_step != run.st.step) save_checkpoint(&run);
             event(&run, "{\"event\":\"signal\",\"signal\":\"%s\",\"step\":%d}", name, run.st.step);
             teardown(&run);
@@ -378,13 +394,16 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
             save_checkpoint(&run);
         poll_saver(&run);
     }
-    char path[RECIPE_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/model.safetensors", r->log.dir);
-    weights_save(run.be, run.tr.model.params, &run.tr.model.table, path);
+    char path[RECIPE_PATH_MAX + 32] = "(none: multi-rank; export a checkpoint with mtrain convert)";
+    if (run.grid.world_size == 1) {
+        snprintf(path, sizeof path, "%s/model.safetensors", r->log.dir);
+        weights_save(run.be, run.tr.model.params, &run.tr.model.table, path);
+    }
     event(&run, "{\"event\":\"end\",\"step\":%d,\"seconds\":%.3f,\"rewinds\":%d}", run.st.step, now_seconds() - t_start,
           run.st.rewinds);
-    printf("done: step %d, %.1f s; metrics in %s, weights in %s\n", run.st.step, now_seconds() - t_start,
-           run.metrics_path, path);
+    if (run.rank0)
+        printf("done: step %d, %.1f s; metrics in %s, weights in %s\n", run.st.step, now_seconds() - t_start,
+               run.metrics_path, path);
     teardown(&run);
     return 0;
 }

@@ -24,10 +24,14 @@ struct backend {
     void (*from_host)(void *dst, const void *host_src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);
 
-    /* out[n,:] = table[tokens[n],:] */
-    void (*embedding_forward)(float *out, const int32_t *tokens, const float *table, int N, int C);
-    /* dtable[tokens[n],:] += dout[n,:] (deterministic order) */
-    void (*embedding_backward)(float *dtable, const int32_t *tokens, const float *dout, int N, int C);
+    /* Vocab-parallel embedding: table holds rows [vstart, vstart+V) of the
+     * vocabulary. out[n,:] = table[tokens[n]-vstart,:], or zeros for a token
+     * outside the slice (the tensor-parallel all-reduce fills it in). */
+    void (*embedding_forward)(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart,
+                              int V);
+    /* dtable[tokens[n]-vstart,:] += dout[n,:] for tokens in the slice (deterministic order) */
+    void (*embedding_backward)(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
+                               int V);
 
     /* out = x / rms(x) * w; saves rstd[N] for backward */
     void (*rmsnorm_forward)(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
@@ -64,6 +68,18 @@ struct backend {
      * is ignored). losses[n] = -log p[target]. If dscale != 0 the logits are
      * overwritten by their gradient times dscale (fused backward). */
     void (*cross_entropy)(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale);
+
+    /* Vocab-parallel cross-entropy in three passes around two all-reduces
+     * (max, then sums): logits [N,V] is this rank's slice of the vocabulary
+     * starting at vstart. */
+    void (*ce_row_max)(float *rowmax, const float *logits, int N, int V);
+    /* sumexp[n] = sum exp(logit - rowmax); target_logit[n] = logit of the
+     * target if this slice holds it, else 0 */
+    void (*ce_row_sumexp)(float *sumexp, float *target_logit, const float *logits, const int32_t *targets,
+                          const float *rowmax, int N, int V, int vstart);
+    /* losses from the global stats; logits become dscale * dloss/dlogits if dscale != 0 */
+    void (*ce_finish)(float *losses, float *logits, const int32_t *targets, const float *rowmax,
+                      const float *sumexp, const float *target_logit, int N, int V, int vstart, float dscale);
 
     /* dst += src */
     void (*add)(float *dst, const float *src, size_t n);

@@ -3,7 +3,9 @@
 
 int64_t model_param_count(const struct model_config *m) {
     struct param_table t;
-    param_table_build(&t, m, 1, 0);
+    struct model_part part;
+    model_part_full(&part, m);
+    param_table_build(&t, m, &part);
     int64_t n = param_table_global_count(&t);
     param_table_free(&t);
     return n;
@@ -20,7 +22,9 @@ double model_flops_per_token(const struct model_config *m, int seq_len) {
 struct memory_estimate model_memory_estimate(const struct recipe *r) {
     struct memory_estimate e = {0};
     struct param_table t;
-    param_table_build(&t, &r->model, r->parallel.tp, 0);
+    struct model_part part;
+    model_part_for(&part, &r->model, r->parallel.tp, 0, r->parallel.pp, r->parallel.vpp, 0);
+    param_table_build(&t, &r->model, &part);
     e.params = t.total * sizeof(float);
     e.grads = e.params;
     e.optimizer = 2 * e.params;

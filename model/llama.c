@@ -4,7 +4,7 @@
 #include "model/init.h"
 #include "model/llama.h"
 
-/* ---- activation arena layout: one pass computes sizes, a second carves ---- */
+/* ---- arena layout: one pass computes sizes, a second carves ---- */
 
 struct carver {
     float *base;
@@ -17,32 +17,55 @@ static float *carve(struct carver *c, size_t n) {
     return p;
 }
 
-static void layout_arena(struct llama *m, struct carver *c) {
-    size_t N = (size_t)m->B * m->T, C = m->C, QD = (size_t)m->H * m->D, KD = (size_t)m->KV * m->D, F = m->F;
+static int is_local_layer(const struct model_part *p, int l) {
+    for (int c = 0; c < p->nchunks; c++)
+        if (l >= p->layer_begin[c] && l < p->layer_end[c]) return 1;
+    return 0;
+}
+
+static void layout_slot(struct llama *m, struct act_slot *s, struct carver *c) {
+    size_t N = m->N, Ns = m->Ns, C = m->C, QD = (size_t)m->Hl * m->D, KD = (size_t)m->KVl * m->D, F = m->Fl;
     for (int l = 0; l < m->L; l++) {
-        struct layer_acts *a = &m->acts[l];
-        a->x = carve(c, N * C);
+        if (!is_local_layer(&m->part, l)) continue;
+        struct layer_acts *a = &s->acts[l];
+        a->x = carve(c, Ns * C);
         a->ln1 = carve(c, N * C);
-        a->rstd1 = carve(c, N);
+        a->rstd1 = carve(c, Ns);
         a->q = carve(c, N * QD);
         a->k = carve(c, N * KD);
         a->v = carve(c, N * KD);
-        a->att = carve(c, (size_t)m->B * m->H * m->T * m->T);
+        a->att = carve(c, (size_t)m->B * m->Hl * m->T * m->T);
         a->attn_out = carve(c, N * QD);
-        a->xmid = carve(c, N * C);
+        a->xmid = carve(c, Ns * C);
         a->ln2 = carve(c, N * C);
-        a->rstd2 = carve(c, N);
+        a->rstd2 = carve(c, Ns);
         a->gate = carve(c, N * F);
         a->up = carve(c, N * F);
         a->h = carve(c, N * F);
     }
-    m->x_final = carve(c, N * C);
-    m->lnf = carve(c, N * C);
-    m->rstdf = carve(c, N);
-    m->logits = carve(c, N * m->V);
-    m->losses = carve(c, N);
-    m->d_resid = carve(c, N * C);
-    m->d_ln = carve(c, N * C);
+    if (m->part.has_head) {
+        s->x_final = carve(c, Ns * C);
+        s->lnf = carve(c, N * C);
+        s->rstdf = carve(c, Ns);
+        s->logits = carve(c, N * m->Vl);
+        s->losses = carve(c, N);
+        s->ce_max = carve(c, N);
+        s->ce_sum = carve(c, N);
+        s->ce_tgt = carve(c, N);
+    }
+    s->tokens = (int32_t *)carve(c, N);
+    s->targets = (int32_t *)carve(c, N);
+}
+
+static void layout_arena(struct llama *m, struct carver *c) {
+    size_t N = m->N, Ns = m->Ns, C = m->C, QD = (size_t)m->Hl * m->D, KD = (size_t)m->KVl * m->D, F = m->Fl;
+    for (int i = 0; i < m->nslots; i++) layout_slot(m, &m->slots[i], c);
+    m->d_resid = carve(c, Ns * C);
+    m->d_full = carve(c, N * C);
+    m->d_ln_full = carve(c, N * C);
+    m->d_ln = m->sp ? carve(c, Ns * C) : m->d_ln_full;
+    m->tmp_full = carve(c, N * C);
+    m->tmp_shard = carve(c, Ns * C);
     m->d_attn = carve(c, N * QD);
     m->d_q = carve(c, N * QD);
     m->d_k = carve(c, N * KD);
@@ -52,24 +75,34 @@ static void layout_arena(struct llama *m, struct carver *c) {
     m->d_h = carve(c, N * F);
     m->rope_cos = carve(c, (size_t)m->T * m->D / 2);
     m->rope_sin = carve(c, (size_t)m->T * m->D / 2);
-    m->tokens = (int32_t *)carve(c, N);
-    m->targets = (int32_t *)carve(c, N);
 }
 
-static void set_dims(struct llama *m, const struct model_config *cfg, int B, int T) {
+static void set_dims(struct llama *m, const struct model_config *cfg, const struct model_part *part, int sp, int B,
+                     int T, int nslots) {
     m->cfg = *cfg;
-    m->B = B, m->T = T;
+    m->part = *part;
+    m->B = B, m->T = T, m->N = B * T;
     m->C = cfg->hidden_size, m->H = cfg->num_heads, m->KV = cfg->num_kv_heads;
     m->D = m->C / m->H, m->F = cfg->intermediate_size, m->V = cfg->vocab_size, m->L = cfg->num_layers;
+    m->tp = part->tp;
+    m->sp = sp && part->tp > 1;
+    m->Ns = m->sp ? m->N / m->tp : m->N;
+    m->Hl = m->H / m->tp, m->KVl = m->KV / m->tp, m->Fl = m->F / m->tp, m->Vl = m->V / m->tp;
+    m->vstart = part->tp_rank * m->Vl;
+    m->nslots = nslots;
 }
 
 size_t llama_arena_bytes(const struct model_config *cfg, int B, int T) {
     struct llama m = {0};
-    set_dims(&m, cfg, B, T);
-    m.acts = xcalloc(m.L, sizeof *m.acts);
+    struct model_part part;
+    model_part_full(&part, cfg);
+    set_dims(&m, cfg, &part, 0, B, T, 1);
+    struct act_slot slot = {0};
+    slot.acts = xcalloc(m.L, sizeof *slot.acts);
+    m.slots = &slot;
     struct carver c = {0};
     layout_arena(&m, &c);
-    free(m.acts);
+    free(slot.acts);
     return c.used * sizeof(float);
 }
 
@@ -79,6 +112,7 @@ static void bind_layers(struct llama *m, float *buf, struct llama_layer *layers,
     char name[PARAM_NAME_MAX];
 #define P(nm) (buf + param_find(&m->table, nm)->offset)
     for (int l = 0; l < m->L; l++) {
+        if (!is_local_layer(&m->part, l)) continue;
         struct llama_layer *y = &layers[l];
 #define LP(field, suffix)                                               \
     snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);       \
@@ -94,24 +128,29 @@ static void bind_layers(struct llama *m, float *buf, struct llama_layer *layers,
         LP(wdown, "mlp.down_proj.weight");
 #undef LP
     }
-    *embed = P("model.embed_tokens.weight");
-    *norm_w = P("model.norm.weight");
-    *lm_head = m->cfg.tie_embeddings ? *embed : P("lm_head.weight");
+    *embed = m->part.has_embed ? P("model.embed_tokens.weight") : NULL;
+    *norm_w = m->part.has_head ? P("model.norm.weight") : NULL;
+    *lm_head = !m->part.has_head ? NULL : m->cfg.tie_embeddings ? *embed : P("lm_head.weight");
 #undef P
 }
 
-void llama_create(struct llama *m, const struct backend *be, const struct model_config *cfg, int B, int T) {
+void llama_create(struct llama *m, const struct backend *be, const struct model_config *cfg,
+                  const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
+                  int nslots) {
     memset(m, 0, sizeof *m);
     m->be = be;
-    set_dims(m, cfg, B, T);
-    param_table_build(&m->table, cfg, 1, 0);
+    m->tp_comm = tp_comm;
+    set_dims(m, cfg, part, sequence_parallel, B, T, nslots);
+    CHECK(m->tp == 1 || (tp_comm && tp_comm->size == m->tp));
+    param_table_build(&m->table, cfg, part);
     m->params = be->alloc(sizeof(float) * m->table.total);
     m->grads = be->alloc(sizeof(float) * m->table.total);
     m->layers = xcalloc(m->L, sizeof *m->layers);
     m->dlayers = xcalloc(m->L, sizeof *m->dlayers);
     bind_layers(m, m->params, m->layers, &m->embed, &m->norm_w, &m->lm_head);
     bind_layers(m, m->grads, m->dlayers, &m->dembed, &m->dnorm_w, &m->dlm_head);
-    m->acts = xcalloc(m->L, sizeof *m->acts);
+    m->slots = xcalloc(nslots, sizeof *m->slots);
+    for (int i = 0; i < nslots; i++) m->slots[i].acts = xcalloc(m->L, sizeof(struct layer_acts));
     struct carver c = {0};
     layout_arena(m, &c);
     m->arena_floats = c.used;
@@ -130,81 +169,186 @@ void llama_free(struct llama *m) {
     m->be->free(m->params);
     m->be->free(m->grads);
     m->be->free(m->arena);
+    for (int i = 0; i < m->nslots; i++) free(m->slots[i].acts);
+    free(m->slots);
     free(m->layers);
     free(m->dlayers);
-    free(m->acts);
     param_table_free(&m->table);
 }
 
-void llama_init_params(struct llama *m, uint64_t seed) { params_init(m->be, m->params, &m->table, seed, 0); }
+void llama_init_params(struct llama *m, uint64_t seed) {
+    params_init(m->be, m->params, &m->table, seed, m->part.tp_rank);
+}
+
+void llama_stage(struct llama *m, int slot, const int32_t *tokens, const int32_t *targets) {
+    m->be->from_host(m->slots[slot].tokens, tokens, sizeof(int32_t) * m->N);
+    m->be->from_host(m->slots[slot].targets, targets, sizeof(int32_t) * m->N);
+}
+
+float *llama_chunk_input(struct llama *m, int slot, int chunk) {
+    return m->slots[slot].acts[m->part.layer_begin[chunk]].x;
+}
+
+/* ---- tensor-parallel plumbing: the conjugate pairs of Megatron's f and g ---- */
+
+/* Normalised residual rows [Ns] -> the full [N] input of column-parallel linears. */
+static void gather_rows(struct llama *m, const float *shard, float *full) {
+    if (m->sp) comm_all_gather(m->tp_comm, shard, full, (size_t)m->Ns * m->C);
+}
+
+/* Partial sums [N] of a row-parallel linear (or of the input gradient of
+ * column-parallel ones) -> reduced rows: [Ns] under sequence parallelism
+ * (reduce-scatter into shard), else [N] in place (all-reduce). */
+static float *reduce_rows(struct llama *m, float *partial, float *shard) {
+    if (m->sp) {
+        comm_reduce_scatter_sum(m->tp_comm, partial, shard, (size_t)m->Ns * m->C);
+        return shard;
+    }
+    if (m->tp > 1) comm_all_reduce_sum(m->tp_comm, partial, (size_t)m->N * m->C);
+    return partial;
+}
+
+/* out[Ns] = residual + in @ W^T (a row-parallel linear added to the stream) */
+static void row_parallel_residual(struct llama *m, float *out, const float *residual, const float *in,
+                                  const float *w, int K) {
+    const struct backend *be = m->be;
+    be->copy(out, residual, sizeof(float) * m->Ns * m->C);
+    if (m->tp == 1) {
+        be->matmul_forward(out, in, w, m->N, K, m->C, 1);
+        return;
+    }
+    be->matmul_forward(m->tmp_full, in, w, m->N, K, m->C, 0);
+    be->add(out, reduce_rows(m, m->tmp_full, m->tmp_shard), (size_t)m->Ns * m->C);
+}
+
+/* rmsnorm of residual rows into the full-row input of the next linears */
+static void norm_for_linear(struct llama *m, float *full_out, float *rstd, const float *x, const float *w) {
+    float eps = (float)m->cfg.norm_eps;
+    m->be->rmsnorm_forward(m->sp ? m->tmp_shard : full_out, rstd, x, w, m->Ns, m->C, eps);
+    gather_rows(m, m->tmp_shard, full_out);
+}
+
+/* The residual-stream gradient [Ns] as full rows [N] for a row-parallel backward. */
+static const float *grad_full_rows(struct llama *m) {
+    if (!m->sp) return m->d_resid;
+    comm_all_gather(m->tp_comm, m->d_resid, m->d_full, (size_t)m->Ns * m->C);
+    return m->d_full;
+}
 
 /* ---- forward ---- */
 
-static void block_forward(struct llama *m, int l, float *out) {
+static void block_forward(struct llama *m, struct act_slot *s, int l, float *out) {
     const struct backend *be = m->be;
     const struct llama_layer *w = &m->layers[l];
-    struct layer_acts *a = &m->acts[l];
-    int N = m->B * m->T, C = m->C, QD = m->H * m->D, KD = m->KV * m->D, F = m->F;
-    float eps = (float)m->cfg.norm_eps;
-    be->rmsnorm_forward(a->ln1, a->rstd1, a->x, w->ln1_w, N, C, eps);
+    struct layer_acts *a = &s->acts[l];
+    int N = m->N, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, F = m->Fl;
+    norm_for_linear(m, a->ln1, a->rstd1, a->x, w->ln1_w);
     be->matmul_forward(a->q, a->ln1, w->wq, N, C, QD, 0);
     be->matmul_forward(a->k, a->ln1, w->wk, N, C, KD, 0);
     be->matmul_forward(a->v, a->ln1, w->wv, N, C, KD, 0);
-    be->rope(a->q, m->rope_cos, m->rope_sin, m->B, m->T, m->H, m->D, 0);
-    be->rope(a->k, m->rope_cos, m->rope_sin, m->B, m->T, m->KV, m->D, 0);
-    be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->H, m->KV, m->D);
-    be->copy(a->xmid, a->x, sizeof(float) * N * C);
-    be->matmul_forward(a->xmid, a->attn_out, w->wo, N, QD, C, 1);
-    be->rmsnorm_forward(a->ln2, a->rstd2, a->xmid, w->ln2_w, N, C, eps);
+    be->rope(a->q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 0);
+    be->rope(a->k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 0);
+    be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D);
+    row_parallel_residual(m, a->xmid, a->x, a->attn_out, w->wo, QD);
+    norm_for_linear(m, a->ln2, a->rstd2, a->xmid, w->ln2_w);
     be->matmul_forward(a->gate, a->ln2, w->wgate, N, C, F, 0);
     be->matmul_forward(a->up, a->ln2, w->wup, N, C, F, 0);
     be->swiglu_forward(a->h, a->gate, a->up, (size_t)N * F);
-    be->copy(out, a->xmid, sizeof(float) * N * C);
-    be->matmul_forward(out, a->h, w->wdown, N, F, C, 1);
+    row_parallel_residual(m, out, a->xmid, a->h, w->wdown, F);
+}
+
+static void embed_forward(struct llama *m, struct act_slot *s, float *x) {
+    const struct backend *be = m->be;
+    if (m->tp == 1) {
+        be->embedding_forward(x, s->tokens, m->embed, m->N, m->C, 0, m->V);
+        return;
+    }
+    /* vocab-parallel: each rank fills the rows of its vocabulary slice */
+    be->embedding_forward(m->tmp_full, s->tokens, m->embed, m->N, m->C, m->vstart, m->Vl);
+    be->copy(x, reduce_rows(m, m->tmp_full, m->tmp_shard), sizeof(float) * m->Ns * m->C);
+}
+
+/* Final norm, output head and cross-entropy; returns the summed token loss. */
+static double head_forward(struct llama *m, struct act_slot *s, float dscale) {
+    const struct backend *be = m->be;
+    int N = m->N, C = m->C, V = m->Vl;
+    norm_for_linear(m, s->lnf, s->rstdf, s->x_final, m->norm_w);
+    be->matmul_forward(s->logits, s->lnf, m->lm_head, N, C, V, 0);
+    if (m->tp == 1) {
+        be->cross_entropy(s->losses, s->logits, s->targets, N, V, dscale);
+    } else { /* vocab-parallel: no rank ever holds the full logits */
+        be->ce_row_max(s->ce_max, s->logits, N, V);
+        comm_all_reduce_max(m->tp_comm, s->ce_max, N);
+        be->ce_row_sumexp(s->ce_sum, s->ce_tgt, s->logits, s->targets, s->ce_max, N, V, m->vstart);
+        comm_all_reduce_sum(m->tp_comm, s->ce_sum, N);
+        comm_all_reduce_sum(m->tp_comm, s->ce_tgt, N);
+        be->ce_finish(s->losses, s->logits, s->targets, s->ce_max, s->ce_sum, s->ce_tgt, N, V, m->vstart, dscale);
+    }
+    return be->sum(s->losses, N);
+}
+
+double llama_forward_chunk(struct llama *m, int slot, int chunk, float *out, float dscale) {
+    struct act_slot *s = &m->slots[slot];
+    int l0 = m->part.layer_begin[chunk], l1 = m->part.layer_end[chunk];
+    int head = m->part.has_head && chunk == m->part.nchunks - 1;
+    if (m->part.has_embed && chunk == 0) embed_forward(m, s, s->acts[l0].x);
+    for (int l = l0; l < l1; l++) block_forward(m, s, l, l + 1 < l1 ? s->acts[l + 1].x : head ? s->x_final : out);
+    return head ? head_forward(m, s, dscale) : 0.0;
 }
 
 /* ---- backward: m->d_resid holds dL/d(layer output) on entry, dL/d(layer input) on exit ---- */
 
-static void block_backward(struct llama *m, int l) {
+static void block_backward(struct llama *m, struct act_slot *s, int l) {
     const struct backend *be = m->be;
     const struct llama_layer *w = &m->layers[l];
     struct llama_layer *dw = &m->dlayers[l];
-    struct layer_acts *a = &m->acts[l];
-    int N = m->B * m->T, C = m->C, QD = m->H * m->D, KD = m->KV * m->D, F = m->F;
+    struct layer_acts *a = &s->acts[l];
+    int N = m->N, Ns = m->Ns, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, F = m->Fl;
     /* MLP branch */
-    be->matmul_backward(m->d_h, dw->wdown, m->d_resid, a->h, w->wdown, N, F, C, 0);
+    be->matmul_backward(m->d_h, dw->wdown, grad_full_rows(m), a->h, w->wdown, N, F, C, 0);
     be->swiglu_backward(m->d_gate, m->d_up, m->d_h, a->gate, a->up, (size_t)N * F);
-    be->matmul_backward(m->d_ln, dw->wgate, m->d_gate, a->ln2, w->wgate, N, C, F, 0);
-    be->matmul_backward(m->d_ln, dw->wup, m->d_up, a->ln2, w->wup, N, C, F, 1);
-    be->rmsnorm_backward(m->d_resid, dw->ln2_w, m->d_ln, a->xmid, w->ln2_w, a->rstd2, N, C, 1);
+    be->matmul_backward(m->d_ln_full, dw->wgate, m->d_gate, a->ln2, w->wgate, N, C, F, 0);
+    be->matmul_backward(m->d_ln_full, dw->wup, m->d_up, a->ln2, w->wup, N, C, F, 1);
+    float *d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
+    be->rmsnorm_backward(m->d_resid, dw->ln2_w, d_ln, a->xmid, w->ln2_w, a->rstd2, Ns, C, 1);
     /* attention branch */
-    be->matmul_backward(m->d_attn, dw->wo, m->d_resid, a->attn_out, w->wo, N, QD, C, 0);
-    be->attention_backward(m->d_q, m->d_k, m->d_v, m->d_attn, a->att, a->q, a->k, a->v, m->B, m->T, m->H, m->KV,
+    be->matmul_backward(m->d_attn, dw->wo, grad_full_rows(m), a->attn_out, w->wo, N, QD, C, 0);
+    be->attention_backward(m->d_q, m->d_k, m->d_v, m->d_attn, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl,
                            m->D);
-    be->rope(m->d_q, m->rope_cos, m->rope_sin, m->B, m->T, m->H, m->D, 1);
-    be->rope(m->d_k, m->rope_cos, m->rope_sin, m->B, m->T, m->KV, m->D, 1);
-    be->matmul_backward(m->d_ln, dw->wq, m->d_q, a->ln1, w->wq, N, C, QD, 0);
-    be->matmul_backward(m->d_ln, dw->wk, m->d_k, a->ln1, w->wk, N, C, KD, 1);
-    be->matmul_backward(m->d_ln, dw->wv, m->d_v, a->ln1, w->wv, N, C, KD, 1);
-    be->rmsnorm_backward(m->d_resid, dw->ln1_w, m->d_ln, a->x, w->ln1_w, a->rstd1, N, C, 1);
+    be->rope(m->d_q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 1);
+    be->rope(m->d_k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 1);
+    be->matmul_backward(m->d_ln_full, dw->wq, m->d_q, a->ln1, w->wq, N, C, QD, 0);
+    be->matmul_backward(m->d_ln_full, dw->wk, m->d_k, a->ln1, w->wk, N, C, KD, 1);
+    be->matmul_backward(m->d_ln_full, dw->wv, m->d_v, a->ln1, w->wv, N, C, KD, 1);
+    d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
+    be->rmsnorm_backward(m->d_resid, dw->ln1_w, d_ln, a->x, w->ln1_w, a->rstd1, Ns, C, 1);
+}
+
+static void head_backward(struct llama *m, struct act_slot *s) {
+    const struct backend *be = m->be;
+    /* logits hold dL/dlogits (written by the cross-entropy) */
+    be->matmul_backward(m->d_ln_full, m->dlm_head, s->logits, s->lnf, m->lm_head, m->N, m->C, m->Vl, 0);
+    float *d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
+    be->rmsnorm_backward(m->d_resid, m->dnorm_w, d_ln, s->x_final, m->norm_w, s->rstdf, m->Ns, m->C, 0);
+}
+
+static void embed_backward(struct llama *m, struct act_slot *s) {
+    m->be->embedding_backward(m->dembed, s->tokens, grad_full_rows(m), m->N, m->C, m->vstart, m->Vl);
+}
+
+void llama_backward_chunk(struct llama *m, int slot, int chunk, const float *d_out) {
+    struct act_slot *s = &m->slots[slot];
+    int l0 = m->part.layer_begin[chunk], l1 = m->part.layer_end[chunk];
+    if (m->part.has_head && chunk == m->part.nchunks - 1) head_backward(m, s);
+    else m->be->copy(m->d_resid, d_out, sizeof(float) * m->Ns * m->C);
+    for (int l = l1 - 1; l >= l0; l--) block_backward(m, s, l);
+    if (m->part.has_embed && chunk == 0) embed_backward(m, s);
 }
 
 double llama_step(struct llama *m, const int32_t *tokens, const int32_t *targets, float dscale) {
-    const struct backend *be = m->be;
-    int N = m->B * m->T, C = m->C, V = m->V;
-    be->from_host(m->tokens, tokens, sizeof(int32_t) * N);
-    be->from_host(m->targets, targets, sizeof(int32_t) * N);
-    be->embedding_forward(m->acts[0].x, m->tokens, m->embed, N, C);
-    for (int l = 0; l < m->L; l++) block_forward(m, l, l + 1 < m->L ? m->acts[l + 1].x : m->x_final);
-    be->rmsnorm_forward(m->lnf, m->rstdf, m->x_final, m->norm_w, N, C, (float)m->cfg.norm_eps);
-    be->matmul_forward(m->logits, m->lnf, m->lm_head, N, C, V, 0);
-    be->cross_entropy(m->losses, m->logits, m->targets, N, V, dscale);
-    double loss = be->sum(m->losses, N);
-    if (dscale == 0.0f) return loss;
-    /* logits now hold dL/dlogits */
-    be->matmul_backward(m->d_ln, m->dlm_head, m->logits, m->lnf, m->lm_head, N, C, V, 0);
-    be->rmsnorm_backward(m->d_resid, m->dnorm_w, m->d_ln, m->x_final, m->norm_w, m->rstdf, N, C, 0);
-    for (int l = m->L - 1; l >= 0; l--) block_backward(m, l);
-    be->embedding_backward(m->dembed, m->tokens, m->d_resid, N, C);
+    CHECK(m->part.nchunks == 1 && m->part.has_embed && m->part.has_head);
+    llama_stage(m, 0, tokens, targets);
+    double loss = llama_forward_chunk(m, 0, 0, NULL, dscale);
+    if (dscale != 0.0f) llama_backward_chunk(m, 0, 0, NULL);
     return loss;
 }

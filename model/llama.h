@@ -1,60 +1,96 @@
-/* A Llama 3 decoder: parameters, gradients and activations in three big
- * buffers owned by the backend, forward and backward as explicit per-block
- * functions (llm.c style). */
+/* A Llama 3 decoder: this rank's part of the parameters (tensor-parallel
+ * shard, pipeline chunks), gradients and activations in big buffers owned by
+ * the backend, forward and backward as explicit per-block functions (llm.c
+ * style). Tensor parallelism lives inside the blocks (column/row-parallel
+ * linears, vocab-parallel embedding and cross-entropy, optional sequence
+ * parallelism); with tp = 1 no collective is called. */
 #pragma once
 #include <stdint.h>
 
 #include "config/recipe.h"
 #include "kernels/ops.h"
 #include "model/params.h"
+#include "parallel/comm.h"
 
 struct llama_layer {
     float *ln1_w, *wq, *wk, *wv, *wo, *ln2_w, *wgate, *wup, *wdown;
 };
 
-/* Saved forward activations of one layer, [N, ...] with N = B*T. */
+/* Saved forward activations of one layer. Residual-stream tensors (x, xmid,
+ * rstd) have Ns rows (N/tp under sequence parallelism, else N = B*T); the
+ * normalised inputs of the linears (ln1, ln2) are gathered to N rows. */
 struct layer_acts {
-    float *x;            /* layer input (residual stream) */
-    float *ln1, *rstd1;
-    float *q, *k, *v;    /* after RoPE */
-    float *att;          /* [B,H,T,T] probabilities */
-    float *attn_out;     /* [N, H*D] */
-    float *xmid;         /* residual after attention */
-    float *ln2, *rstd2;
-    float *gate, *up, *h;
+    float *x;            /* layer input (residual stream) [Ns, C] */
+    float *ln1, *rstd1;  /* [N, C], [Ns] */
+    float *q, *k, *v;    /* [N, Hl*D], [N, KVl*D] after RoPE */
+    float *att;          /* [B, Hl, T, T] probabilities */
+    float *attn_out;     /* [N, Hl*D] */
+    float *xmid;         /* residual after attention [Ns, C] */
+    float *ln2, *rstd2;  /* [N, C], [Ns] */
+    float *gate, *up, *h;/* [N, Fl] */
+};
+
+/* Activations of one micro batch in flight (pipeline schedules keep several). */
+struct act_slot {
+    struct layer_acts *acts;      /* indexed by global layer; only local layers are set */
+    float *x_final, *lnf, *rstdf; /* head: [Ns, C], [N, C], [Ns] */
+    float *logits, *losses;       /* [N, Vl], [N] */
+    float *ce_max, *ce_sum, *ce_tgt; /* vocab-parallel cross-entropy stats [N] */
+    int32_t *tokens, *targets;    /* [N] */
 };
 
 struct llama {
     const struct backend *be;
+    struct comm *tp_comm;        /* tensor-parallel group (size 1: none) */
     struct model_config cfg;
-    int B, T;                    /* micro batch shape the arena is sized for */
-    int C, H, KV, D, F, V, L;
+    struct model_part part;
+    int B, T, N, Ns;             /* micro batch shape; Ns rows of the residual stream */
+    int C, H, KV, D, F, V, L;    /* global sizes */
+    int tp, sp, Hl, KVl, Fl, Vl, vstart; /* tensor-parallel local sizes */
     struct param_table table;
     float *params, *grads;       /* one buffer each, table offsets */
-    struct llama_layer *layers;  /* pointers into params */
-    struct llama_layer *dlayers; /* pointers into grads */
-    float *embed, *norm_w, *lm_head, *dembed, *dnorm_w, *dlm_head;
+    struct llama_layer *layers;  /* by global layer: pointers into params (local layers only) */
+    struct llama_layer *dlayers; /* ... into grads */
+    float *embed, *norm_w, *lm_head, *dembed, *dnorm_w, *dlm_head; /* NULL where not local */
     float *rope_cos, *rope_sin;  /* [T, D/2] */
-    /* activation arena */
+    int nslots;
+    struct act_slot *slots;
+    /* scratch shared by all slots */
+    float *d_resid;              /* [Ns, C]: gradient flowing down the residual stream */
+    float *d_full, *d_ln_full;   /* [N, C] */
+    float *d_ln;                 /* [Ns, C] (aliases d_ln_full without sequence parallelism) */
+    float *tmp_full, *tmp_shard; /* [N, C], [Ns, C] */
+    float *d_attn, *d_q, *d_k, *d_v, *d_gate, *d_up, *d_h;
     float *arena;
     size_t arena_floats;
-    struct layer_acts *acts;     /* L entries */
-    float *x_final, *lnf, *rstdf, *logits, *losses;
-    float *d_resid, *d_ln, *d_attn, *d_q, *d_k, *d_v, *d_gate, *d_up, *d_h;
-    int32_t *tokens, *targets;   /* device copies of the micro batch */
 };
 
-/* Allocate everything for micro batches of B x T. Parameters are zero until
- * llama_init_params or a load. */
-void llama_create(struct llama *m, const struct backend *be, const struct model_config *cfg, int B, int T);
+/* Allocate this rank's part for micro batches of B x T with nslots
+ * activation slots. tp_comm may be NULL for a single rank. Parameters are
+ * zero until llama_init_params or a load. */
+void llama_create(struct llama *m, const struct backend *be, const struct model_config *cfg,
+                  const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
+                  int nslots);
 void llama_free(struct llama *m);
 void llama_init_params(struct llama *m, uint64_t seed);
-/* Bytes the activation arena takes for B x T (for the memory estimate). */
+/* Bytes of activations for one slot of B x T (for the memory estimate). */
 size_t llama_arena_bytes(const struct model_config *cfg, int B, int T);
 
-/* Forward a micro batch (host tokens/targets, B*T each). Returns the summed
- * token loss (host). If dscale != 0, also runs the backward pass, adding
- * dscale * d(sum loss)/d(param) into m->grads. */
+/* Copy a micro batch (host, B*T each) into a slot. */
+void llama_stage(struct llama *m, int slot, const int32_t *tokens, const int32_t *targets);
+/* Where a chunk without the embedding expects its input activation [Ns, C]. */
+float *llama_chunk_input(struct llama *m, int slot, int chunk);
+/* Forward one pipeline chunk. A chunk with the head returns the summed token
+ * loss (and, if dscale != 0, leaves dscale * dloss/dlogits for backward);
+ * other chunks write their output activation [Ns, C] to out and return 0. */
+double llama_forward_chunk(struct llama *m, int slot, int chunk, float *out, float dscale);
+/* Backward one chunk; d_out [Ns, C] is the gradient of its output (ignored
+ * by the chunk with the head). Parameter gradients accumulate into grads;
+ * the gradient of the chunk's input is left in m->d_resid. */
+void llama_backward_chunk(struct llama *m, int slot, int chunk, const float *d_out);
+
+/* Whole model on one rank, slot 0: forward (and backward if dscale != 0).
+ * Returns the summed token loss. */
 double llama_step(struct llama *m, const int32_t *tokens, const int32_t *targets, float dscale);
 
 /* Fill [T, D/2] cos/sin tables, with Llama 3.1 frequency scaling when

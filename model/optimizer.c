@@ -5,18 +5,77 @@
 #include "model/optimizer.h"
 
 void optimizer_create(struct optimizer *o, const struct backend *be, const struct param_table *t,
-                      const struct optimizer_config *cfg) {
+                      const struct optimizer_config *cfg, struct comm *dp, struct comm *tp, int sequence_parallel) {
     memset(o, 0, sizeof *o);
     o->be = be;
     o->table = t;
     o->cfg = *cfg;
-    o->m = be->alloc(sizeof(float) * t->total);
-    o->v = be->alloc(sizeof(float) * t->total);
+    o->dp = dp, o->tp = tp;
+    o->sequence_parallel = sequence_parallel && tp && tp->size > 1;
+    o->distributed = cfg->distributed && dp && dp->size > 1;
+    o->shard_begin = 0;
+    o->shard_len = t->total;
+    if (o->distributed) {
+        size_t per = (t->total + dp->size - 1) / dp->size;
+        per = (per + 15) / 16 * 16;
+        o->shard_len = per;
+        o->shard_begin = per * dp->rank;
+        o->grad_shard = be->alloc(sizeof(float) * per);
+        o->flat = be->alloc(sizeof(float) * per * dp->size);
+    }
+    o->m = be->alloc(sizeof(float) * (o->shard_len ? o->shard_len : 1));
+    o->v = be->alloc(sizeof(float) * (o->shard_len ? o->shard_len : 1));
 }
 
 void optimizer_free(struct optimizer *o) {
     o->be->free(o->m);
     o->be->free(o->v);
+    if (o->distributed) {
+        o->be->free(o->grad_shard);
+        o->be->free(o->flat);
+    }
+}
+
+void optimizer_reduce_grads(struct optimizer *o, float *grads) {
+    const struct param_table *t = o->table;
+    if (o->sequence_parallel) /* norm weights saw only this rank's tokens */
+        for (int i = 0; i < t->count; i++)
+            if (t->items[i].shard == SHARD_REPLICATED) comm_all_reduce_sum(o->tp, grads + t->items[i].offset, t->items[i].numel);
+    if (!o->dp || o->dp->size == 1) return;
+    if (!o->distributed) {
+        comm_all_reduce_sum(o->dp, grads, t->total);
+        return;
+    }
+    o->be->zero(o->flat, sizeof(float) * o->shard_len * o->dp->size);
+    o->be->copy(o->flat, grads, sizeof(float) * t->total);
+    comm_reduce_scatter_sum(o->dp, o->flat, o->grad_shard, o->shard_len);
+}
+
+/* The part of tensor p inside [begin, begin+len): local offset and length. */
+static int intersect(const struct param_info *p, size_t begin, size_t len, size_t *off, size_t *n) {
+    size_t lo = p->offset > begin ? p->offset : begin;
+    size_t hi = p->offset + p->numel < begin + len ? p->offset + p->numel : begin + len;
+    if (lo >= hi) return 0;
+    *off = lo, *n = hi - lo;
+    return 1;
+}
+
+double optimizer_grad_norm(struct optimizer *o, const float *grads, struct comm *world) {
+    const struct param_table *t = o->table;
+    double ss = 0;
+    /* DP replicas hold the same reduced gradient: count it on DP rank 0 only,
+     * unless ZeRO split it into disjoint shards */
+    int count_dp = o->distributed || !o->dp || o->dp->rank == 0;
+    const float *g = o->distributed ? o->grad_shard : grads;
+    for (int i = 0; i < t->count && count_dp; i++) {
+        const struct param_info *p = &t->items[i];
+        if (p->shard == SHARD_REPLICATED && t->tp_rank != 0) continue; /* the same on every TP rank */
+        size_t off, n;
+        if (!intersect(p, o->shard_begin, o->shard_len, &off, &n)) continue;
+        ss += o->be->sum_squares(g + (off - o->shard_begin), n);
+    }
+    if (world) comm_all_reduce_sum_f64(world, &ss, 1);
+    return sqrt(ss);
 }
 
 double grad_global_norm(const struct backend *be, const struct param_table *t, const float *grads) {
@@ -32,11 +91,54 @@ void optimizer_step(struct optimizer *o, float *params, const float *grads, doub
         if (coef < 1.0) scale = (float)coef;
     }
     o->step++;
+    const float *g = o->distributed ? o->grad_shard : grads;
     for (int i = 0; i < o->table->count; i++) {
         const struct param_info *p = &o->table->items[i];
+        size_t off, n;
+        if (!intersect(p, o->shard_begin, o->shard_len, &off, &n)) continue;
+        size_t k = off - o->shard_begin;
         float wd = p->kind == PARAM_NORM ? 0.0f : (float)o->cfg.weight_decay;
-        o->be->adamw(params + p->offset, grads + p->offset, o->m + p->offset, o->v + p->offset, p->numel,
-                     (float)lr, (float)o->cfg.beta1, (float)o->cfg.beta2, (float)o->cfg.eps, wd, scale, o->step);
+        o->be->adamw(params + off, g + k, o->m + k, o->v + k, n, (float)lr, (float)o->cfg.beta1, (float)o->cfg.beta2,
+                     (float)o->cfg.eps, wd, scale, o->step);
+    }
+    if (!o->distributed) return;
+    /* every DP rank updated its slice: gather the whole parameter buffer back */
+    size_t total = o->table->total, mine = o->shard_begin < total ? total - o->shard_begin : 0;
+    if (mine > o->shard_len) mine = o->shard_len;
+    o->be->zero(o->grad_shard, sizeof(float) * o->shard_len); /* reused as the send buffer */
+    o->be->copy(o->grad_shard, params + o->shard_begin, sizeof(float) * mine);
+    comm_all_gather(o->dp, o->grad_shard, o->flat, o->shard_len);
+    o->be->copy(params, o->flat, sizeof(float) * total);
+}
+
+void optimizer_get_moments(struct optimizer *o, float *m_out, float *v_out) {
+    size_t total = o->table->total;
+    if (!o->distributed) {
+        o->be->to_host(m_out, o->m, sizeof(float) * total);
+        o->be->to_host(v_out, o->v, sizeof(float) * total);
+        return;
+    }
+    float *bufs[2] = {o->m, o->v}, *outs[2] = {m_out, v_out};
+    for (int k = 0; k < 2; k++) {
+        comm_all_gather(o->dp, bufs[k], o->flat, o->shard_len);
+        o->be->to_host(outs[k], o->flat, sizeof(float) * total);
+    }
+}
+
+void optimizer_set_moments(struct optimizer *o, const float *m_in, const float *v_in) {
+    size_t total = o->table->total;
+    if (!o->distributed) {
+        o->be->from_host(o->m, m_in, sizeof(float) * total);
+        o->be->from_host(o->v, v_in, sizeof(float) * total);
+        return;
+    }
+    float *bufs[2] = {o->m, o->v};
+    const float *ins[2] = {m_in, v_in};
+    size_t mine = o->shard_begin < total ? total - o->shard_begin : 0;
+    if (mine > o->shard_len) mine = o->shard_len;
+    for (int k = 0; k < 2; k++) {
+        o->be->zero(bufs[k], sizeof(float) * o->shard_len);
+        o->be->from_host(bufs[k], ins[k] + o->shard_begin, sizeof(float) * mine);
     }
 }
 

@@ -1,26 +1,49 @@
-/* AdamW over the parameter table, gradient clipping by global norm, and the
- * learning-rate schedules. */
+/* AdamW over the parameter table, gradient synchronisation across the
+ * process grid, clipping by global norm, and the learning-rate schedules.
+ *
+ * Without optimizer.distributed every data-parallel rank all-reduces the full
+ * gradient and updates the full local parameters. With it (ZeRO-1) each DP
+ * rank reduce-scatters the gradient, keeps fp32 moments and updates only its
+ * 1/dp slice of the flat parameter buffer, and all-gathers the parameters. */
 #pragma once
 #include "config/recipe.h"
 #include "kernels/ops.h"
 #include "model/params.h"
+#include "parallel/comm.h"
 
 struct optimizer {
     const struct backend *be;
     const struct param_table *table;
     struct optimizer_config cfg;
-    float *m, *v;     /* moments, mirroring the parameter buffer */
-    int step;         /* completed updates */
+    struct comm *dp, *tp;      /* data- and tensor-parallel groups (may be size 1) */
+    int sequence_parallel;     /* replicated tensors' grads are partial over TP */
+    int distributed;           /* ZeRO-1 in effect (distributed and dp > 1) */
+    size_t shard_begin, shard_len; /* the flat range this rank updates */
+    float *m, *v;              /* moments of [shard_begin, shard_begin+shard_len) */
+    float *grad_shard;         /* ZeRO: reduced gradient of the shard */
+    float *flat;               /* ZeRO: padded scratch of dp * shard_len floats */
+    int step;                  /* completed updates */
 };
 
 void optimizer_create(struct optimizer *o, const struct backend *be, const struct param_table *t,
-                      const struct optimizer_config *cfg);
+                      const struct optimizer_config *cfg, struct comm *dp, struct comm *tp, int sequence_parallel);
 void optimizer_free(struct optimizer *o);
-/* L2 norm over all gradients (each parameter counted once). */
-double grad_global_norm(const struct backend *be, const struct param_table *t, const float *grads);
-/* One AdamW update at learning rate lr; grads are clipped to cfg.grad_clip by
- * global norm (torch clip_grad_norm_ semantics). Weight decay skips norms. */
+/* Sum gradients over the grid as the layout needs (TP for sequence-parallel
+ * replicated tensors; DP all-reduce, or reduce-scatter under ZeRO-1). */
+void optimizer_reduce_grads(struct optimizer *o, float *grads);
+/* Global L2 norm of the reduced gradients, each parameter counted once
+ * across TP, PP and DP; world is the group of all ranks. */
+double optimizer_grad_norm(struct optimizer *o, const float *grads, struct comm *world);
+/* One AdamW update at learning rate lr; gradients are clipped to
+ * cfg.grad_clip by the global norm (torch clip_grad_norm_ semantics). Weight
+ * decay skips norms. */
 void optimizer_step(struct optimizer *o, float *params, const float *grads, double lr, double grad_norm);
+/* Full local moments (gathered over DP under ZeRO) into host buffers of
+ * table->total floats each, for checkpoints; and the reverse. */
+void optimizer_get_moments(struct optimizer *o, float *m_out, float *v_out);
+void optimizer_set_moments(struct optimizer *o, const float *m_in, const float *v_in);
 
+/* L2 norm over all gradients of one rank (single-rank helper). */
+double grad_global_norm(const struct backend *be, const struct param_table *t, const float *grads);
 /* Learning rate after `step` completed updates (the rate for update step+1). */
 double lr_at(const struct optimizer_config *cfg, int total_steps, int step);

@@ -26,7 +26,27 @@ static void add(struct param_table *t, int cap, const char *name, int64_t d0, in
     (void)tp_rank;
 }
 
-void param_table_build(struct param_table *t, const struct model_config *m, int tp, int tp_rank) {
+void model_part_full(struct model_part *p, const struct model_config *m) {
+    model_part_for(p, m, 1, 0, 1, 1, 0);
+}
+
+void model_part_for(struct model_part *p, const struct model_config *m, int tp, int tp_rank, int pp, int vpp,
+                    int pp_rank) {
+    memset(p, 0, sizeof *p);
+    CHECK(vpp <= MAX_CHUNKS && m->num_layers % (pp * vpp) == 0);
+    p->tp = tp, p->tp_rank = tp_rank, p->pp = pp, p->pp_rank = pp_rank, p->nchunks = vpp;
+    int per_stage = m->num_layers / (pp * vpp);
+    for (int c = 0; c < vpp; c++) {
+        int vs = c * pp + pp_rank;
+        p->layer_begin[c] = vs * per_stage;
+        p->layer_end[c] = (vs + 1) * per_stage;
+    }
+    p->has_embed = pp_rank == 0;
+    p->has_head = pp_rank == pp - 1;
+}
+
+void param_table_build(struct param_table *t, const struct model_config *m, const struct model_part *part) {
+    int tp = part->tp, tp_rank = part->tp_rank;
     int L = m->num_layers, C = m->hidden_size, H = m->num_heads, KV = m->num_kv_heads;
     int D = C / H, F = m->intermediate_size, V = m->vocab_size;
     int cap = 3 + 9 * L;
@@ -35,9 +55,11 @@ void param_table_build(struct param_table *t, const struct model_config *m, int 
     float std = m->init_std, out_std = m->init_std / sqrtf(2.0f * L);
     char name[PARAM_NAME_MAX];
     memset(t, 0, sizeof *t);
+    t->tp = tp, t->tp_rank = tp_rank;
     t->items = xcalloc(cap, sizeof *t->items);
-    add(t, cap, "model.embed_tokens.weight", V, C, SHARD_TP_ROWS, PARAM_MATRIX, std, tp, tp_rank);
-    for (int l = 0; l < L; l++) {
+    if (part->has_embed) add(t, cap, "model.embed_tokens.weight", V, C, SHARD_TP_ROWS, PARAM_MATRIX, std, tp, tp_rank);
+    for (int c = 0; c < part->nchunks; c++)
+    for (int l = part->layer_begin[c]; l < part->layer_end[c]; l++) {
 #define LAYER(suffix, d0, d1, shard, kind, s)                                  \
     snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);              \
     add(t, cap, name, d0, d1, shard, kind, s, tp, tp_rank)
@@ -52,6 +74,7 @@ void param_table_build(struct param_table *t, const struct model_config *m, int 
         LAYER("mlp.down_proj.weight", C, F, SHARD_TP_COLS, PARAM_MATRIX, out_std);
 #undef LAYER
     }
+    if (!part->has_head) return;
     add(t, cap, "model.norm.weight", C, 0, SHARD_REPLICATED, PARAM_NORM, 0, tp, tp_rank);
     if (!m->tie_embeddings) add(t, cap, "lm_head.weight", V, C, SHARD_TP_ROWS, PARAM_MATRIX, std, tp, tp_rank);
 }

@@ -37,10 +37,28 @@ struct param_table {
     struct param_info *items;
     int count;
     size_t total;           /* local floats */
+    int tp, tp_rank;        /* the tensor-parallel shard this table describes */
 };
 
-/* Build the table of a Llama model for tensor-parallel rank tp_rank of tp. */
-void param_table_build(struct param_table *t, const struct model_config *m, int tp, int tp_rank);
+/* The part of the model one rank holds: its tensor-parallel shard and its
+ * pipeline chunks (vpp of them, interleaved: chunk c of pipeline rank p is
+ * virtual stage c*pp + p). The embedding lives on virtual stage 0, the final
+ * norm and output head on the last. */
+#define MAX_CHUNKS 16
+struct model_part {
+    int tp, tp_rank;
+    int pp, pp_rank, nchunks;
+    int layer_begin[MAX_CHUNKS], layer_end[MAX_CHUNKS];
+    int has_embed, has_head;    /* chunk 0 has the embedding / chunk nchunks-1 the head */
+};
+
+/* The whole model on one rank. */
+void model_part_full(struct model_part *p, const struct model_config *m);
+void model_part_for(struct model_part *p, const struct model_config *m, int tp, int tp_rank, int pp, int vpp,
+                    int pp_rank);
+/* Build the table of the tensors `part` holds (names and global shapes are
+ * those of the whole model; local shapes are the TP shard). */
+void param_table_build(struct param_table *t, const struct model_config *m, const struct model_part *part);
 void param_table_free(struct param_table *t);
 const struct param_info *param_find(const struct param_table *t, const char *name);
 /* Global element count (all shards), counting each tensor once. */

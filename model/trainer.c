@@ -3,51 +3,132 @@
 #include "config/common.h"
 #include "model/trainer.h"
 
-void trainer_create(struct trainer *tr, const struct backend *be, const struct recipe *r) {
+void trainer_create(struct trainer *tr, const struct backend *be, const struct recipe *r, struct grid *g) {
     memset(tr, 0, sizeof *tr);
     tr->recipe = r;
-    llama_create(&tr->model, be, &r->model, r->train.micro_batch, r->train.seq_len);
-    optimizer_create(&tr->opt, be, &tr->model.table, &r->optimizer);
-    size_t n = (size_t)r->train.micro_batch * r->train.seq_len;
-    tr->inputs = xmalloc(sizeof(int32_t) * n);
-    tr->targets = xmalloc(sizeof(int32_t) * n);
+    tr->grid = g;
+    int B = r->train.micro_batch, T = r->train.seq_len, vpp = g->pp > 1 ? g->vpp : 1;
+    tr->micro_batches = r->train.global_batch / (B * g->dp);
+    int m = tr->micro_batches;
+    tr->schedule = xmalloc(sizeof *tr->schedule * 2 * m * vpp);
+    tr->schedule_len = schedule_build(tr->schedule, g->pp, vpp, g->pp_rank, m);
+    tr->eval_schedule = xmalloc(sizeof *tr->eval_schedule * m * vpp);
+    tr->eval_len = schedule_build_forward(tr->eval_schedule, vpp, m);
+    int slots = schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp);
+    struct model_part part;
+    model_part_for(&part, &r->model, g->tp, g->tp_rank, g->pp, vpp, g->pp_rank);
+    llama_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots);
+    optimizer_create(&tr->opt, be, &tr->model.table, &r->optimizer, &g->dp_comm, &g->tp_comm,
+                     r->parallel.sequence_parallel);
+    tr->slot_of = xmalloc(sizeof(int) * m);
+    if (g->pp > 1) {
+        size_t act = (size_t)tr->model.Ns * tr->model.C;
+        tr->send_fwd = be->alloc(sizeof(float) * act * m * vpp);
+        tr->send_bwd = be->alloc(sizeof(float) * act * m * vpp);
+        tr->recv_grad = be->alloc(sizeof(float) * act);
+    }
+    tr->inputs = xmalloc(sizeof(int32_t) * B * T);
+    tr->targets = xmalloc(sizeof(int32_t) * B * T);
 }
 
 void trainer_free(struct trainer *tr) {
+    const struct backend *be = tr->model.be;
+    if (tr->send_fwd) {
+        be->free(tr->send_fwd);
+        be->free(tr->send_bwd);
+        be->free(tr->recv_grad);
+    }
     optimizer_free(&tr->opt);
     llama_free(&tr->model);
+    free(tr->schedule);
+    free(tr->eval_schedule);
+    free(tr->slot_of);
     free(tr->inputs);
     free(tr->targets);
 }
 
-/* Split micro batch i of samples into inputs (first T tokens) and targets (shifted by one). */
-static void stage_micro_batch(struct trainer *tr, const int32_t *samples, int first) {
+/* Micro batch mb of samples -> slot: inputs are the first T tokens, targets
+ * the same shifted by one. */
+static void stage_micro_batch(struct trainer *tr, const int32_t *samples, int mb, int slot) {
     int T = tr->recipe->train.seq_len, B = tr->recipe->train.micro_batch;
     for (int b = 0; b < B; b++) {
-        const int32_t *s = samples + (size_t)(first + b) * (T + 1);
+        const int32_t *s = samples + (size_t)(mb * B + b) * (T + 1);
         memcpy(tr->inputs + (size_t)b * T, s, sizeof(int32_t) * T);
         memcpy(tr->targets + (size_t)b * T, s + 1, sizeof(int32_t) * T);
     }
+    llama_stage(&tr->model, slot, tr->inputs, tr->targets);
+}
+
+/* ---- pipeline plumbing: virtual stage vs = chunk * pp + pp_rank ---- */
+
+static int tag(struct trainer *tr, int mb, int vs, int backward) {
+    return ((mb * tr->grid->pp * tr->model.part.nchunks) + vs) * 2 + backward;
+}
+
+static float *send_buf(struct trainer *tr, float *base, int mb, int chunk) {
+    return base + ((size_t)mb * tr->model.part.nchunks + chunk) * tr->model.Ns * tr->model.C;
+}
+
+/* Run a list of forwards/backwards; returns this rank's summed token loss
+ * (counted on TP rank 0 of the last stage only). */
+static double run_schedule(struct trainer *tr, const int32_t *samples, const struct sched_item *s, int n,
+                           float dscale, int eval) {
+    struct llama *m = &tr->model;
+    struct grid *g = tr->grid;
+    int pp = g->pp, last_vs = pp * m->part.nchunks - 1;
+    size_t act_bytes = sizeof(float) * m->Ns * m->C;
+    int next_slot = 0, free_slots[64], nfree = 0;
+    double loss = 0;
+    for (int i = 0; i < n; i++) {
+        int mb = s[i].mb, c = s[i].chunk, vs = c * pp + g->pp_rank;
+        if (s[i].op == SCHED_FORWARD) {
+            if (c == 0) { /* first visit of this micro batch on this rank: give it a slot */
+                int slot = eval ? 0 : nfree ? free_slots[--nfree] : next_slot++;
+                CHECK(slot < m->nslots);
+                tr->slot_of[mb] = slot;
+                stage_micro_batch(tr, samples, mb, slot);
+            }
+            int slot = tr->slot_of[mb];
+            if (vs > 0)
+                comm_recv(&g->pp_comm, llama_chunk_input(m, slot, c), act_bytes, (vs - 1) % pp, tag(tr, mb, vs, 0));
+            float *out = vs < last_vs ? send_buf(tr, tr->send_fwd, mb, c) : NULL;
+            double l = llama_forward_chunk(m, slot, c, out, dscale);
+            if (vs == last_vs && g->tp_rank == 0) loss += l;
+            if (vs < last_vs) comm_send(&g->pp_comm, out, act_bytes, (vs + 1) % pp, tag(tr, mb, vs + 1, 0));
+        } else {
+            int slot = tr->slot_of[mb];
+            if (vs < last_vs) comm_recv(&g->pp_comm, tr->recv_grad, act_bytes, (vs + 1) % pp, tag(tr, mb, vs, 1));
+            llama_backward_chunk(m, slot, c, tr->recv_grad);
+            if (vs > 0) {
+                float *out = send_buf(tr, tr->send_bwd, mb, c);
+                m->be->copy(out, m->d_resid, act_bytes);
+                comm_send(&g->pp_comm, out, act_bytes, (vs - 1) % pp, tag(tr, mb, vs - 1, 1));
+            }
+            if (c == 0) {
+                CHECK(nfree < 64);
+                free_slots[nfree++] = slot;
+            }
+        }
+    }
+    comm_wait_sends(&g->pp_comm);
+    return loss;
 }
 
 struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, int n) {
     const struct recipe *r = tr->recipe;
     struct llama *m = &tr->model;
-    int B = r->train.micro_batch, T = r->train.seq_len;
-    CHECK(n % B == 0);
+    CHECK(n == tr->micro_batches * r->train.micro_batch);
     struct step_stats st = {0};
-    /* the loss is the mean over every token of the batch, so each micro
-     * batch's gradient is scaled by 1 / (all tokens) */
-    float dscale = 1.0f / ((float)n * T);
+    st.tokens = (long)r->train.global_batch * r->train.seq_len;
+    /* the loss is the mean over every token of the global batch, so each
+     * micro batch's gradient is scaled by 1 / (all tokens) */
+    float dscale = 1.0f / (float)st.tokens;
     m->be->zero(m->grads, sizeof(float) * m->table.total);
-    double loss_sum = 0;
-    for (int first = 0; first < n; first += B) {
-        stage_micro_batch(tr, samples, first);
-        loss_sum += llama_step(m, tr->inputs, tr->targets, dscale);
-    }
-    st.tokens = (long)n * T;
-    st.loss = loss_sum / st.tokens;
-    st.grad_norm = grad_global_norm(m->be, &m->table, m->grads);
+    double loss = run_schedule(tr, samples, tr->schedule, tr->schedule_len, dscale, 0);
+    comm_all_reduce_sum_f64(&tr->grid->world, &loss, 1);
+    st.loss = loss / st.tokens;
+    optimizer_reduce_grads(&tr->opt, m->grads);
+    st.grad_norm = optimizer_grad_norm(&tr->opt, m->grads, &tr->grid->world);
     return st;
 }
 
@@ -63,11 +144,9 @@ struct step_stats trainer_step(struct trainer *tr, const int32_t *samples, int n
 }
 
 double trainer_eval(struct trainer *tr, const int32_t *samples, int n) {
-    int B = tr->recipe->train.micro_batch, T = tr->recipe->train.seq_len;
-    double loss_sum = 0;
-    for (int first = 0; first + B <= n; first += B) {
-        stage_micro_batch(tr, samples, first);
-        loss_sum += llama_step(&tr->model, tr->inputs, tr->targets, 0.0f);
-    }
-    return loss_sum / ((double)(n / B) * B * T);
+    const struct recipe *r = tr->recipe;
+    CHECK(n == tr->micro_batches * r->train.micro_batch);
+    double loss = run_schedule(tr, samples, tr->eval_schedule, tr->eval_len, 0.0f, 1);
+    comm_all_reduce_sum_f64(&tr->grid->world, &loss, 1);
+    return loss / ((double)r->train.global_batch * r->train.seq_len);
 }

@@ -1,17 +1,28 @@
-/* One optimizer step of a model: micro-batch gradient accumulation, global
- * grad norm, clipping, LR schedule, AdamW. Used by `mtrain pretrain` and by
- * the PyTorch reference driver, so both exercise the same path. */
+/* One optimizer step of this rank's part of the model: the pipeline schedule
+ * over micro batches (gradient accumulation is the schedule with pp = 1),
+ * gradient synchronisation, global grad norm, clipping, LR schedule, AdamW.
+ * Used by `mtrain pretrain`, the PyTorch reference driver and the benchmarks,
+ * so all of them exercise the same path. */
 #pragma once
 #include <stdint.h>
 
 #include "config/recipe.h"
 #include "model/llama.h"
 #include "model/optimizer.h"
+#include "parallel/grid.h"
+#include "parallel/schedule.h"
 
 struct trainer {
     struct llama model;
     struct optimizer opt;
     const struct recipe *recipe;
+    struct grid *grid;
+    int micro_batches;           /* per data-parallel rank and step */
+    struct sched_item *schedule, *eval_schedule;
+    int schedule_len, eval_len;
+    int *slot_of;                /* micro batch -> activation slot */
+    float *send_fwd, *send_bwd;  /* pipeline send buffers, [micro batch][chunk][Ns*C] */
+    float *recv_grad;            /* [Ns*C] */
     int32_t *inputs, *targets;   /* host staging for one micro batch */
 };
 
@@ -19,18 +30,20 @@ struct step_stats {
     double loss;        /* mean token loss of the global batch */
     double grad_norm;   /* before clipping */
     double lr;
-    long tokens;
+    long tokens;        /* tokens of the global batch */
 };
 
-void trainer_create(struct trainer *tr, const struct backend *be, const struct recipe *r);
+/* g describes the layout (grid_single for one process). */
+void trainer_create(struct trainer *tr, const struct backend *be, const struct recipe *r, struct grid *g);
 void trainer_free(struct trainer *tr);
-/* samples: n sequences of seq_len+1 tokens (this rank's share of the global
- * batch), consumed micro_batch at a time. Computes loss, gradients and their
- * norm; parameters are untouched, so a caller can still reject the step. */
+/* samples: this data-parallel rank's share of the global batch (global_batch
+ * / dp sequences of seq_len+1 tokens). Computes the loss, reduced gradients
+ * and their global norm; parameters are untouched, so a caller can still
+ * reject the step. The result is the same on every rank. */
 struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, int n);
 /* Apply AdamW with the schedule's LR times lr_scale (stats->lr is set). */
 void trainer_update(struct trainer *tr, struct step_stats *stats, double lr_scale);
 /* trainer_compute + trainer_update. */
 struct step_stats trainer_step(struct trainer *tr, const int32_t *samples, int n);
-/* Mean token loss over n samples without touching gradients. */
+/* Mean token loss over this rank's n samples (all DP ranks together), no gradients. */
 double trainer_eval(struct trainer *tr, const int32_t *samples, int n);

@@ -7,8 +7,9 @@ void cpu_free(void *p);
 void cpu_zero(void *p, size_t bytes);
 void cpu_copy(void *dst, const void *src, size_t bytes);
 
-void cpu_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C);
-void cpu_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C);
+void cpu_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V);
+void cpu_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
+                            int V);
 void cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
 void cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
                           const float *rstd, int N, int C, int accumulate);
@@ -23,6 +24,11 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
 void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
 void cpu_cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale);
+void cpu_ce_row_max(float *rowmax, const float *logits, int N, int V);
+void cpu_ce_row_sumexp(float *sumexp, float *target_logit, const float *logits, const int32_t *targets,
+                       const float *rowmax, int N, int V, int vstart);
+void cpu_ce_finish(float *losses, float *logits, const int32_t *targets, const float *rowmax, const float *sumexp,
+                   const float *target_logit, int N, int V, int vstart, float dscale);
 void cpu_add(float *dst, const float *src, size_t n);
 void cpu_scale(float *x, float s, size_t n);
 double cpu_sum(const float *x, size_t n);

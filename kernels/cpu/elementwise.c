@@ -5,19 +5,26 @@
 
 #include "kernels/cpu/cpu.h"
 
-void cpu_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C) {
+void cpu_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V) {
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, table + (size_t)tokens[n] * C, sizeof(float) * C);
+    for (int n = 0; n < N; n++) {
+        int row = tokens[n] - vstart;
+        if (row >= 0 && row < V) memcpy(out + (size_t)n * C, table + (size_t)row * C, sizeof(float) * C);
+        else memset(out + (size_t)n * C, 0, sizeof(float) * C);
+    }
 }
 
 /* Tokens are visited in order; threads split the channels, so every row of
  * dtable sums its contributions in the same order on every run. */
-void cpu_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C) {
+void cpu_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
+                            int V) {
 #pragma omp parallel for schedule(static)
     for (int c0 = 0; c0 < C; c0 += 64) {
         int c1 = c0 + 64 < C ? c0 + 64 : C;
         for (int n = 0; n < N; n++) {
-            float *row = dtable + (size_t)tokens[n] * C;
+            int r = tokens[n] - vstart;
+            if (r < 0 || r >= V) continue;
+            float *row = dtable + (size_t)r * C;
             const float *g = dout + (size_t)n * C;
             for (int c = c0; c < c1; c++) row[c] += g[c];
         }
@@ -60,6 +67,48 @@ void cpu_cross_entropy(float *losses, float *logits, const int32_t *targets, int
         }
         for (int i = 0; i < V; i++) row[i] = (float)exp((double)row[i] - logz) * dscale;
         row[tgt] -= dscale;
+    }
+}
+
+void cpu_ce_row_max(float *rowmax, const float *logits, int N, int V) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *row = logits + (size_t)n * V;
+        float maxv = -INFINITY;
+        for (int i = 0; i < V; i++) maxv = row[i] > maxv ? row[i] : maxv;
+        rowmax[n] = maxv;
+    }
+}
+
+void cpu_ce_row_sumexp(float *sumexp, float *target_logit, const float *logits, const int32_t *targets,
+                       const float *rowmax, int N, int V, int vstart) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *row = logits + (size_t)n * V;
+        double sum = 0;
+        for (int i = 0; i < V; i++) sum += exp((double)row[i] - rowmax[n]);
+        sumexp[n] = (float)sum;
+        int t = targets[n] - vstart;
+        target_logit[n] = (t >= 0 && t < V) ? row[t] : 0.0f;
+    }
+}
+
+void cpu_ce_finish(float *losses, float *logits, const int32_t *targets, const float *rowmax, const float *sumexp,
+                   const float *target_logit, int N, int V, int vstart, float dscale) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        double logz = log((double)sumexp[n]) + rowmax[n];
+        int ignore = targets[n] < 0;
+        losses[n] = ignore ? 0.0f : (float)(logz - target_logit[n]);
+        if (dscale == 0.0f) continue;
+        float *row = logits + (size_t)n * V;
+        if (ignore) {
+            memset(row, 0, sizeof(float) * V);
+            continue;
+        }
+        for (int i = 0; i < V; i++) row[i] = (float)exp((double)row[i] - logz) * dscale;
+        int t = targets[n] - vstart;
+        if (t >= 0 && t < V) row[t] -= dscale;
     }
 }
 

@@ -22,7 +22,9 @@ int main(int argc, char **argv) {
     r.checkpoint.keep_last = 1;
     const struct backend *be = backend_get("cpu");
     struct param_table t;
-    param_table_build(&t, &r.model, 1, 0);
+    struct model_part part;
+    model_part_full(&part, &r.model);
+    param_table_build(&t, &r.model, &part);
     size_t bytes = sizeof(float) * t.total;
     float *p = be->alloc(bytes), *m = be->alloc(bytes), *v = be->alloc(bytes);
     params_init(be, p, &t, 1, 0);

@@ -54,7 +54,9 @@ int main(int argc, char **argv) {
     int steps = atoi(argv[9]), B = r.train.micro_batch, T = r.train.seq_len;
     r.train.steps = steps + 1;
     struct trainer tr;
-    trainer_create(&tr, backend_get("cpu"), &r);
+    struct grid g;
+    grid_single(&g);
+    trainer_create(&tr, backend_get("cpu"), &r, &g);
     llama_init_params(&tr.model, 1);
     int32_t *samples = xmalloc(sizeof(int32_t) * B * (T + 1));
     uint64_t s = 7;

@@ -36,7 +36,7 @@ static void grad_mode(struct trainer *tr, const int32_t *samples, const char *ou
             memcpy(tr->targets + b * T, samples + (size_t)(first + b) * (T + 1) + 1, sizeof(int32_t) * T);
         }
         loss += llama_step(m, tr->inputs, tr->targets, 0.0f);
-        m->be->to_host(logits + (size_t)first * T * V, m->logits, sizeof(float) * B * T * V);
+        m->be->to_host(logits + (size_t)first * T * V, m->slots[0].logits, sizeof(float) * B * T * V);
     }
     char path[2048];
     struct st_tensor t = {.name = "logits", .dtype = "F32", .ndim = 3, .shape = {n, T, V}, .data = logits,
@@ -82,7 +82,9 @@ int main(int argc, char **argv) {
     recipe_defaults(&r);
     if (recipe_load(&r, argv[2]) != 0) return 2;
     struct trainer tr;
-    trainer_create(&tr, backend_get("cpu"), &r);
+    struct grid g;
+    grid_single(&g);
+    trainer_create(&tr, backend_get("cpu"), &r, &g);
     weights_load(tr.model.be, tr.model.params, &tr.model.table, argv[3]);
     int train = !strcmp(argv[1], "train");
     size_t steps = train ? r.train.steps : 1;

@@ -257,15 +257,60 @@ static void test_embedding(void) {
     for (int n = 0; n < N; n++) tok[n] = (n * 7) % V;
     float *table = frand(V * C), *out = malloc(4 * N * C), *dout = frand(N * C), *dt = calloc(V * C, 4);
     double *ref = calloc(V * C, 8);
-    be->embedding_forward(out, tok, table, N, C);
+    be->embedding_forward(out, tok, table, N, C, 0, V);
     int ok = 1;
     for (int n = 0; n < N; n++) ok &= !memcmp(out + n * C, table + tok[n] * C, 4 * C);
     TEST_RESULT("embedding_forward", ok, "rows differ");
-    be->embedding_backward(dt, tok, dout, N, C);
+    be->embedding_backward(dt, tok, dout, N, C, 0, V);
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++) ref[tok[n] * C + c] += dout[n * C + c];
     check_close("embedding_backward", dt, ref, V * C, 1e-5);
-    free(table), free(out), free(dout), free(dt), free(ref);
+    /* a vocab slice [2, 4): other tokens give zero rows and no gradient */
+    float *dslice = calloc(2 * C, 4);
+    be->embedding_forward(out, tok, table + 2 * C, N, C, 2, 2);
+    ok = 1;
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++)
+            ok &= out[n * C + c] == ((tok[n] >= 2 && tok[n] < 4) ? table[tok[n] * C + c] : 0.0f);
+    TEST_RESULT("embedding_forward_vocab_slice", ok, "rows differ");
+    be->embedding_backward(dslice, tok, dout, N, C, 2, 2);
+    check_close("embedding_backward_vocab_slice", dslice, ref + 2 * C, 2 * C, 1e-5);
+    free(table), free(out), free(dout), free(dt), free(ref), free(dslice);
+}
+
+/* Vocab-parallel cross-entropy over 3 slices, combined as the all-reduces
+ * would, against the fused single-slice op. */
+static void test_vocab_parallel_ce(void) {
+    int N = gN, V = 33, parts = 3, Vl = V / parts;
+    float *logits = frand(N * V), *fused = malloc(4 * N * V), *lf = malloc(4 * N);
+    for (int i = 0; i < N * V; i++) logits[i] *= 5;
+    int32_t tg[64];
+    for (int n = 0; n < N; n++) tg[n] = (n * 11) % V;
+    memcpy(fused, logits, 4 * N * V);
+    be->cross_entropy(lf, fused, tg, N, V, 0.5f);
+    float *slice[3], mx[64], sm[64], tl[64], part[64], part2[64], losses[64];
+    for (int n = 0; n < N; n++) mx[n] = -INFINITY, sm[n] = 0, tl[n] = 0;
+    for (int p = 0; p < parts; p++) { /* slice p = columns [p*Vl, (p+1)*Vl) */
+        slice[p] = malloc(4 * N * Vl);
+        for (int n = 0; n < N; n++) memcpy(slice[p] + n * Vl, logits + n * V + p * Vl, 4 * Vl);
+        be->ce_row_max(part, slice[p], N, Vl);
+        for (int n = 0; n < N; n++) mx[n] = fmaxf(mx[n], part[n]);
+    }
+    for (int p = 0; p < parts; p++) {
+        be->ce_row_sumexp(part, part2, slice[p], tg, mx, N, Vl, p * Vl);
+        for (int n = 0; n < N; n++) sm[n] += part[n], tl[n] += part2[n];
+    }
+    double worst = 0;
+    for (int p = 0; p < parts; p++) {
+        be->ce_finish(losses, slice[p], tg, mx, sm, tl, N, Vl, p * Vl, 0.5f);
+        for (int n = 0; n < N; n++) {
+            worst = fmax(worst, fabs(losses[n] - lf[n]) / fabs(lf[n]));
+            for (int i = 0; i < Vl; i++) worst = fmax(worst, fabs(slice[p][n * Vl + i] - fused[n * V + p * Vl + i]));
+        }
+        free(slice[p]);
+    }
+    TEST_RESULT("cross_entropy_vocab_parallel", worst <= 1e-5, "max err %.3g", worst);
+    free(logits), free(fused), free(lf);
 }
 
 static void test_adamw(void) {
@@ -310,6 +355,7 @@ int main(void) {
     test_swiglu();
     test_cross_entropy();
     test_embedding();
+    test_vocab_parallel_ce();
     test_adamw();
     test_reductions();
     TEST_EXIT();

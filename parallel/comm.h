@@ -1,0 +1,38 @@
+/* Collective and point-to-point communication over one group of ranks.
+ * The interface is backend-neutral (buffers are backend memory); this build
+ * implements it with MPI, and an NCCL implementation plugs in later behind
+ * the same functions. Every call counts the bytes it moves, for the
+ * communication-volume benchmark. A group of size 1 makes every collective a
+ * no-op (or a copy), so single-rank code pays nothing. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+struct comm {
+    int rank, size;
+    void *handle;               /* MPI_Comm (owned) */
+    uint64_t bytes_sent;        /* payload bytes this rank sent on this group */
+    const char *name;           /* "tp", "dp", "pp", "world" (messages, stats) */
+};
+
+/* sum (or max) in place over the group */
+void comm_all_reduce_sum(struct comm *c, float *buf, size_t n);
+void comm_all_reduce_max(struct comm *c, float *buf, size_t n);
+void comm_all_reduce_sum_f64(struct comm *c, double *buf, size_t n);
+/* in: size * n floats (rank-major blocks); out: this rank's reduced block of n */
+void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t n);
+/* in: n floats; out: size * n floats, rank-major */
+void comm_all_gather(struct comm *c, const float *in, float *out, size_t n);
+void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root);
+/* Point to point: sends are non-blocking and complete in comm_wait_sends, so
+ * the caller keeps the buffer alive until then; recv blocks. */
+void comm_send(struct comm *c, const void *buf, size_t bytes, int peer, int tag);
+void comm_recv(struct comm *c, void *buf, size_t bytes, int peer, int tag);
+void comm_wait_sends(struct comm *c);
+/* in and out: size blocks of n floats each */
+void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n);
+void comm_barrier(struct comm *c);
+/* Non-blocking sum all-reduce in place; comm_wait_all completes every
+ * outstanding non-blocking collective of c. */
+void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n);
+void comm_wait_all(struct comm *c);

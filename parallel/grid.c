@@ -1,0 +1,99 @@
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/common.h"
+#include "parallel/grid.h"
+
+static int initialized;
+
+void parallel_init(int *argc, char ***argv) {
+    if (initialized) return;
+    int provided;
+    /* the async checkpoint writer is a thread, but only the main thread calls MPI */
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) die("MPI_Init failed");
+    initialized = 1;
+}
+
+void parallel_finalize(void) {
+    if (initialized) MPI_Finalize();
+    initialized = 0;
+}
+
+int parallel_world_size(void) {
+    int n = 1;
+    if (initialized) MPI_Comm_size(MPI_COMM_WORLD, &n);
+    return n;
+}
+
+int parallel_world_rank(void) {
+    int r = 0;
+    if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+void parallel_abort(int code) {
+    fflush(stdout);
+    fflush(stderr);
+    if (initialized && parallel_world_size() > 1) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}
+
+static int env_int(const char *const *names, int fallback) {
+    for (int i = 0; names[i]; i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v) return atoi(v);
+    }
+    return fallback;
+}
+
+/* Group of the ranks that share every coordinate but `axis`. */
+static void make_comm(struct comm *c, const char *name, int color, int key) {
+    memset(c, 0, sizeof *c);
+    c->name = name;
+    MPI_Comm *h = xmalloc(sizeof *h);
+    if (MPI_Comm_split(MPI_COMM_WORLD, color, key, h) != MPI_SUCCESS) die("MPI_Comm_split(%s) failed", name);
+    MPI_Comm_rank(*h, &c->rank);
+    MPI_Comm_size(*h, &c->size);
+    c->handle = h;
+}
+
+void grid_create(struct grid *g, const struct parallel_config *p) {
+    memset(g, 0, sizeof *g);
+    g->world_rank = parallel_world_rank();
+    g->world_size = parallel_world_size();
+    static const char *const local_vars[] = {"SLURM_LOCALID", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", NULL};
+    g->local_rank = env_int(local_vars, 0);
+    g->tp = p->tp, g->cp = p->cp, g->ep = 1, g->pp = p->pp, g->vpp = p->vpp;
+    g->dp = g->world_size / (g->tp * g->cp * g->pp);
+    CHECK(g->dp * g->tp * g->cp * g->pp == g->world_size);
+    /* rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank)) */
+    int r = g->world_rank;
+    g->tp_rank = r % g->tp, r /= g->tp;
+    g->cp_rank = r % g->cp, r /= g->cp;
+    g->dp_rank = r % g->dp, r /= g->dp;
+    g->pp_rank = r;
+    int tp = g->tp_rank, cp = g->cp_rank, dp = g->dp_rank, pp = g->pp_rank;
+    make_comm(&g->world, "world", 0, g->world_rank);
+    make_comm(&g->tp_comm, "tp", ((pp * g->dp) + dp) * g->cp + cp, tp);
+    make_comm(&g->dp_comm, "dp", ((pp * g->cp) + cp) * g->tp + tp, dp);
+    make_comm(&g->pp_comm, "pp", ((dp * g->cp) + cp) * g->tp + tp, pp);
+}
+
+void grid_single(struct grid *g) {
+    memset(g, 0, sizeof *g);
+    g->world_size = g->tp = g->cp = g->ep = g->dp = g->pp = g->vpp = 1;
+    struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm};
+    const char *names[] = {"world", "tp", "dp", "pp"};
+    for (int i = 0; i < 4; i++) cs[i]->size = 1, cs[i]->name = names[i];
+}
+
+void grid_free(struct grid *g) {
+    struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm};
+    for (int i = 0; i < 4; i++) {
+        if (!cs[i]->handle) continue;
+        MPI_Comm_free((MPI_Comm *)cs[i]->handle);
+        free(cs[i]->handle);
+        cs[i]->handle = NULL;
+    }
+}

@@ -1,0 +1,28 @@
+/* The process grid: world rank -> (tp, cp, ep, dp, pp) coordinates in
+ * Megatron's order (tp fastest, then cp, ep, dp, pp slowest, so tensor-parallel
+ * groups stay inside a node), and one communicator per group. */
+#pragma once
+#include "config/recipe.h"
+#include "parallel/comm.h"
+
+struct grid {
+    int world_rank, world_size, local_rank;
+    int tp, cp, ep, dp, pp, vpp;
+    int tp_rank, cp_rank, ep_rank, dp_rank, pp_rank;
+    struct comm world, tp_comm, dp_comm, pp_comm;
+};
+
+/* MPI_Init (a singleton run works without mpirun). Safe to call once. */
+void parallel_init(int *argc, char ***argv);
+void parallel_finalize(void);
+/* World size and rank after parallel_init. */
+int parallel_world_size(void);
+int parallel_world_rank(void);
+/* Build the grid for the recipe's layout; dp = world / (tp*cp*pp). The
+ * layout must already be validated for this world size. */
+void grid_create(struct grid *g, const struct parallel_config *p);
+void grid_free(struct grid *g);
+/* A single-rank grid with no MPI (tests, tools). */
+void grid_single(struct grid *g);
+/* Abort every rank of the job with exit code code (after a message). */
+void parallel_abort(int code) __attribute__((noreturn));
