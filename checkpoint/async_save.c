@@ -7,7 +7,7 @@
 static void *writer_main(void *arg) {
     struct async_saver *a = arg;
     double t0 = now_seconds();
-    checkpoint_write(a->snap, a->dir, a->crash_in_save);
+    checkpoint_write_rank(a->snap, a->dir, a->crash_in_save);
     a->write_seconds = now_seconds() - t0;
     __atomic_store_n(&a->finished, 1, __ATOMIC_RELEASE);
     return NULL;
@@ -34,8 +34,6 @@ double async_saver_wait(struct async_saver *a) {
     return now_seconds() - t0;
 }
 
-int async_saver_poll(struct async_saver *a) {
-    if (!a->busy || !__atomic_load_n(&a->finished, __ATOMIC_ACQUIRE)) return 0;
-    async_saver_wait(a);
-    return 1;
+int async_saver_finished(struct async_saver *a) {
+    return !a->busy || __atomic_load_n(&a->finished, __ATOMIC_ACQUIRE);
 }

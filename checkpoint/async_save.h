@@ -1,5 +1,7 @@
 /* Background checkpoint writer: the training thread takes a host snapshot,
- * hands it over and goes on; a second save waits for the first. */
+ * hands it over and goes on; the thread writes this rank's shard. The commit
+ * (once every rank's writer is done) is the training loop's job, on the main
+ * thread, since it needs the other ranks. A second save waits for the first. */
 #pragma once
 #include <pthread.h>
 
@@ -18,5 +20,5 @@ struct async_saver {
 void async_saver_start(struct async_saver *a, struct ckpt_snapshot *snap, const char *dir, int crash_in_save);
 /* Block until the write in flight (if any) is committed; returns seconds waited. */
 double async_saver_wait(struct async_saver *a);
-/* Non-blocking: 1 if a write finished since the last call (joined now), else 0. */
-int async_saver_poll(struct async_saver *a);
+/* Non-blocking: 1 if no write is in flight or it has finished (not yet joined). */
+int async_saver_finished(struct async_saver *a);

@@ -11,6 +11,7 @@
 
 #include "config/recipe.h"
 #include "kernels/ops.h"
+#include "model/optimizer.h"
 #include "model/params.h"
 
 #define CHECKPOINT_FORMAT_VERSION 1
@@ -27,30 +28,52 @@ struct train_state {
     int ema_seen;               /* steps the averages have seen */
 };
 
+/* Where a rank sits, as far as checkpoints care. */
+struct ckpt_layout {
+    int world_rank, tp, tp_rank, pp, pp_rank, dp, vpp;
+    int writer;                 /* this rank writes its shard (DP rank 0) */
+};
+
 /* A host copy of one rank's state, taken at a step boundary, that a writer
  * (this thread or the async one) turns into files. */
 struct ckpt_snapshot {
     const struct recipe *recipe;
     const struct param_table *table;
+    struct ckpt_layout layout;
     float *host;                /* params | exp_avg | exp_avg_sq, table->total floats each */
     struct train_state state;
 };
 
-void ckpt_snapshot_init(struct ckpt_snapshot *s, const struct recipe *r, const struct param_table *t);
+void ckpt_snapshot_init(struct ckpt_snapshot *s, const struct recipe *r, const struct param_table *t,
+                        const struct ckpt_layout *layout);
 void ckpt_snapshot_free(struct ckpt_snapshot *s);
-void ckpt_snapshot_take(struct ckpt_snapshot *s, const struct backend *be, const float *params, const float *m,
-                        const float *v, const struct train_state *st);
+/* Copy parameters and (gathered) optimizer moments to host: every rank of a
+ * data-parallel group must call it together (ZeRO-1 gathers the moments). */
+void ckpt_snapshot_take(struct ckpt_snapshot *s, const struct backend *be, const float *params,
+                        struct optimizer *opt, const struct train_state *st);
 
-/* Write, commit, update `latest`, apply keep_last. If crash_in_save, the
- * process aborts after the rank file is written and before the commit (a
- * fault-injection hook for tests). Dies (exit 1) on I/O errors. */
+/* Saving is three phases so the middle one can run in a background thread:
+ * prepare (rank 0, then a barrier), write each writer's shard, and commit
+ * (rank 0, once every writer has finished). */
+void checkpoint_prepare(const char *dir, int step);
+/* Write this rank's shard file and its part of the manifest. If crash, abort
+ * after the shard file and before the part (fault injection). */
+void checkpoint_write_rank(const struct ckpt_snapshot *s, const char *dir, int crash);
+/* Merge the parts into manifest.json, commit by rename, update `latest`,
+ * apply keep_last. */
+void checkpoint_commit(const struct ckpt_snapshot *s, const char *dir);
+/* All three on one rank. */
 void checkpoint_write(const struct ckpt_snapshot *s, const char *dir, int crash_in_save);
 
-/* Load a committed step directory into device buffers. Returns 0; -1 if it
- * is unreadable or damaged (checksum); -2 if it belongs to another model
- * shape. err names the file and tensor. */
-int checkpoint_load(const char *step_dir, const struct param_table *t, const struct backend *be, float *params,
-                    float *m, float *v, struct train_state *st, char *err, size_t errlen);
+/* Load a committed step directory, saved with any layout, into host buffers
+ * of t->total floats each (params, moments) for the part of the model t
+ * describes. Returns 0; -1 if it is unreadable or damaged (checksum); -2 if
+ * it belongs to another model shape. err names the file and tensor. */
+int checkpoint_load(const char *step_dir, const struct param_table *t, float *params, float *m, float *v,
+                    struct train_state *st, char *err, size_t errlen);
+/* Read just the manifest's state and recipe text (caller frees *recipe_text). */
+int checkpoint_read_manifest(const char *step_dir, struct train_state *st, char **recipe_text, char *err,
+                             size_t errlen);
 
 /* Committed step numbers under dir, newest first; returns the count (<= max). */
 int checkpoint_list(const char *dir, int *steps, int max);

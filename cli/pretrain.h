@@ -1,7 +1,14 @@
 /* Internal to `mtrain pretrain`: options parsed in pretrain.c, the training
  * loop (checkpoints, resume, rewind, signals) in pretrain_loop.c. */
 #pragma once
+#include <stdio.h>
+
+#include "checkpoint/async_save.h"
+#include "checkpoint/checkpoint.h"
 #include "config/recipe.h"
+#include "data/blend.h"
+#include "model/trainer.h"
+#include "parallel/grid.h"
 
 struct pretrain_opts {
     const char *recipe;
@@ -12,4 +19,46 @@ struct pretrain_opts {
     int inject_nan, inject_spike, inject_crash, inject_crash_in_save;
 };
 
+#define HISTORY 64
+
+/* The state of one training run on this rank. */
+struct run {
+    const struct recipe *r;
+    const struct pretrain_opts *o;
+    const struct backend *be;
+    struct grid grid;
+    int rank0;               /* world rank 0 prints and writes the metrics */
+    struct blend *train, *valid;
+    struct trainer tr;
+    struct train_state st;
+    struct ckpt_snapshot snap;
+    struct async_saver saver;
+    int commit_pending;      /* a save was written (or is being written) but not committed */
+    int saved_step;          /* step of the newest save started (-1 none) */
+    int consecutive_rewinds; /* since the last checkpoint after a rewind */
+    int injected_nan, injected_spike;
+    FILE *metrics;
+    char metrics_path[RECIPE_PATH_MAX + 32];
+    int32_t *batch;          /* global_batch x (seq_len+1) */
+    double flops_per_token;
+    struct { int step; double loss, grad_norm; } history[HISTORY];
+    int nhistory;
+};
+
 int pretrain_run(const struct recipe *r, const struct pretrain_opts *o);
+
+/* pretrain_loop.c: append one JSON object to the metrics stream (rank 0). */
+void event(struct run *run, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* pretrain_ckpt.c: checkpoints across the process grid */
+void ckpt_setup(struct run *run);
+/* Snapshot and write (or start writing) a checkpoint of the current step. */
+void save_checkpoint(struct run *run);
+/* Commit a background save once every rank's writer is done; block = wait for it. */
+void finish_save(struct run *run, int block);
+/* Load a step directory on every rank; all ranks agree on the outcome
+ * (0, -1 damaged, -2 other model). err holds this rank's message, if any. */
+int load_checkpoint(struct run *run, const char *step_dir, char *err, size_t errlen);
+/* --resume: returns what was loaded or NULL for a fresh start. */
+const char *resume(struct run *run);
+

@@ -24,30 +24,6 @@
 
 void openblas_set_num_threads(int);
 
-#define HISTORY 64
-
-struct run {
-    const struct recipe *r;
-    const struct pretrain_opts *o;
-    const struct backend *be;
-    struct grid grid;
-    int rank0;               /* world rank 0 prints and writes the metrics */
-    struct blend *train, *valid;
-    struct trainer tr;
-    struct train_state st;
-    struct ckpt_snapshot snap;
-    struct async_saver saver;
-    int saved_step;          /* step of the newest save started (-1 none) */
-    int consecutive_rewinds; /* since the last checkpoint after a rewind */
-    int injected_nan, injected_spike;
-    FILE *metrics;
-    char metrics_path[RECIPE_PATH_MAX + 32];
-    int32_t *batch;          /* global_batch x (seq_len+1) */
-    double flops_per_token;
-    struct { int step; double loss, grad_norm; } history[HISTORY];
-    int nhistory;
-};
-
 /* ---- signals: the first SIGTERM/SIGUSR1 asks for checkpoint-and-exit at the
  * next step boundary; a second SIGTERM exits at once ---- */
 
@@ -74,8 +50,7 @@ static double peak_rss_mib(void) {
     return ru.ru_maxrss / 1024.0;
 }
 
-static void event(struct run *run, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void event(struct run *run, const char *fmt, ...) {
+void event(struct run *run, const char *fmt, ...) {
     if (!run->rank0) return;
     va_list ap;
     va_start(ap, fmt);
@@ -127,85 +102,10 @@ static void run_eval(struct run *run, int step) {
     event(run, "{\"event\":\"eval\",\"step\":%d,\"val_loss\":%.6f}", step, val);
 }
 
-/* ---- checkpoints ---- */
-
-static void save_checkpoint(struct run *run) {
-    const struct recipe *r = run->r;
-    double t0 = now_seconds();
-    double waited = async_saver_wait(&run->saver);
-    struct llama *m = &run->tr.model;
-    ckpt_snapshot_take(&run->snap, run->be, m->params, run->tr.opt.m, run->tr.opt.v, &run->st);
-    int crash = run->o->inject_crash_in_save == run->st.step;
-    if (r->checkpoint.async) {
-        async_saver_start(&run->saver, &run->snap, r->checkpoint.dir, crash);
-    } else {
-        checkpoint_write(&run->snap, r->checkpoint.dir, crash);
-    }
-    double stall = now_seconds() - t0;
-    run->saved_step = run->st.step;
-    run->consecutive_rewinds = 0;
-    event(run, "{\"event\":\"checkpoint\",\"step\":%d,\"async\":%s,\"stall_ms\":%.2f,\"waited_ms\":%.2f}",
-          run->st.step, r->checkpoint.async ? "true" : "false", stall * 1e3, waited * 1e3);
-    printf("checkpoint step %d %s (training stalled %.0f ms)\n", run->st.step,
-           r->checkpoint.async ? "snapshot taken, writing in background" : "written", stall * 1e3);
-}
-
-static void poll_saver(struct run *run) {
-    if (async_saver_poll(&run->saver))
-        event(run, "{\"event\":\"checkpoint_committed\",\"step\":%d,\"write_ms\":%.2f}", run->saver.snap->state.step,
-              run->saver.write_seconds * 1e3);
-}
-
-/* Load step `step` of checkpoint.dir (or an explicit directory); on success
- * the trainer and run->st hold its state. */
-static int load_checkpoint(struct run *run, const char *step_dir, char *err, size_t errlen) {
-    struct llama *m = &run->tr.model;
-    struct train_state st;
-    int rc = checkpoint_load(step_dir, &m->table, run->be, m->params, run->tr.opt.m, run->tr.opt.v, &st, err, errlen);
-    if (rc == 0) {
-        run->st = st;
-        run->tr.opt.step = st.opt_step;
-    }
-    return rc;
-}
-
-/* Returns what was loaded (for the resume event) or NULL for a fresh start. */
-static const char *resume(struct run *run) {
-    const struct recipe *r = run->r;
-    const char *how = run->o->resume;
-    char err[2048];
-    static char path[RECIPE_PATH_MAX + 32];
-    if (!strcmp(how, "never")) return NULL;
-    if (strcmp(how, "auto")) { /* an explicit step directory: no fallback */
-        int rc = load_checkpoint(run, how, err, sizeof err);
-        if (rc != 0) die_code(rc == -2 ? EXIT_USAGE : EXIT_RUNTIME, "cannot resume: %s", err);
-    } else {
-        if (!r->checkpoint.dir[0]) return NULL;
-        checkpoint_clean_partial(r->checkpoint.dir);
-        int steps[4096], n = checkpoint_list(r->checkpoint.dir, steps, 4096), latest = checkpoint_latest(r->checkpoint.dir);
-        int loaded = 0;
-        for (int i = 0; i < n && !loaded; i++) {
-            if (latest >= 0 && steps[i] > latest) continue; /* committed but `latest` not yet updated: skip */
-            checkpoint_step_dir(path, sizeof path, r->checkpoint.dir, steps[i]);
-            int rc = load_checkpoint(run, path, err, sizeof err);
-            if (rc == -2) die_code(EXIT_USAGE, "cannot resume: %s", err);
-            if (rc == 0) loaded = 1;
-            else warn("%s; falling back to the previous checkpoint", err);
-        }
-        if (!loaded) {
-            if (n > 0) die("no loadable checkpoint in %s", r->checkpoint.dir);
-            return NULL;
-        }
-        how = path;
-    }
-    printf("resumed from %s at step %d (%lld samples consumed)\n", how, run->st.step,
-           (long long)run->st.consumed_samples);
-    return how;
-}
-
 /* ---- rewind ---- */
 
 static void write_diagnostics(struct run *run, int step, enum rewind_reason why) {
+    if (!run->rank0) return;
     char path[RECIPE_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/rewind-diagnostics.json", run->r->log.dir);
     FILE *f = xfopen(path, "w");
@@ -222,6 +122,23 @@ static void write_diagnostics(struct run *run, int step, enum rewind_reason why)
     fprintf(stderr, "mtrain: diagnostics written to %s\n", path);
 }
 
+/* A failure every rank reaches together: one message (rank 0), exit 1 everywhere. */
+static void fail_run(struct run *run, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+static void fail_run(struct run *run, const char *fmt, ...) {
+    if (run->rank0) {
+        va_list ap;
+        va_start(ap, fmt);
+        fflush(stdout);
+        fprintf(stderr, "mtrain: error: ");
+        vfprintf(stderr, fmt, ap);
+        fprintf(stderr, "\n");
+        va_end(ap);
+    }
+    if (run->metrics) fflush(run->metrics);
+    parallel_finalize();
+    exit(EXIT_RUNTIME);
+}
+
 /* Roll back to a committed checkpoint (the newest, then older ones on
  * repeated rewinds) and move the data position past the bad batch plus
  * skip_margin batches. */
@@ -229,13 +146,12 @@ static void rewind_to_checkpoint(struct run *run, int bad_step, enum rewind_reas
     const struct recipe *r = run->r;
     const struct rewind_config *c = &r->rewind;
     int G = r->train.global_batch;
-    async_saver_wait(&run->saver);
-    poll_saver(run);
+    finish_save(run, 1);
     run->consecutive_rewinds++;
     if (run->consecutive_rewinds > c->max_rewinds) {
         write_diagnostics(run, bad_step, why);
-        die("step %d: %s again after %d rewinds in a row; giving up", bad_step, rewind_reason_name(why),
-            c->max_rewinds);
+        fail_run(run, "step %d: %s again after %d rewinds in a row; giving up", bad_step, rewind_reason_name(why),
+                 c->max_rewinds);
     }
     int64_t resume_at = run->st.consumed_samples + (int64_t)G * (1 + c->skip_margin);
     int rewinds = run->st.rewinds + 1;
@@ -252,7 +168,7 @@ static void rewind_to_checkpoint(struct run *run, int bad_step, enum rewind_reas
                 run->st.lr_scale = c->lr_scale;
                 run->st.lr_scale_until = run->st.step + c->lr_scale_steps;
             }
-            printf("rewind: step %d %s -> back to step %d, skipping %lld samples (rewind %d)\n", bad_step,
+            if (run->rank0) printf("rewind: step %d %s -> back to step %d, skipping %lld samples (rewind %d)\n", bad_step,
                    rewind_reason_name(why), run->st.step, (long long)skipped, rewinds);
             event(run,
                   "{\"event\":\"rewind\",\"step\":%d,\"reason\":\"%s\",\"to_step\":%d,\"skipped_samples\":%lld,"
@@ -261,24 +177,29 @@ static void rewind_to_checkpoint(struct run *run, int bad_step, enum rewind_reas
                   (long long)run->st.consumed_samples, rewinds);
             return;
         }
-        warn("%s; trying an older checkpoint", err);
+        if (!strstr(err, "another rank")) warn("%s; trying an older checkpoint", err);
     }
     write_diagnostics(run, bad_step, why);
-    die("step %d: %s and no checkpoint to rewind to in %s", bad_step, rewind_reason_name(why), r->checkpoint.dir);
+    fail_run(run, "step %d: %s and no checkpoint to rewind to in %s", bad_step, rewind_reason_name(why),
+             r->checkpoint.dir);
 }
 
 /* ---- the loop ---- */
 
 static void setup(struct run *run) {
     const struct recipe *r = run->r;
-    if (r->train.threads > 0) {
-        omp_set_num_threads(r->train.threads);
-        openblas_set_num_threads(r->train.threads);
-    }
     grid_create(&run->grid, &r->parallel);
+    /* ranks sharing a node share its cores: without a setting, split them */
+    int threads = r->train.threads;
+    if (threads == 0 && run->grid.local_size > 1 && !getenv("OMP_NUM_THREADS")) {
+        threads = (int)sysconf(_SC_NPROCESSORS_ONLN) / run->grid.local_size;
+        if (threads < 1) threads = 1;
+    }
+    if (threads > 0) {
+        omp_set_num_threads(threads);
+        openblas_set_num_threads(threads);
+    }
     run->rank0 = run->grid.world_rank == 0;
-    if (run->grid.world_size > 1 && r->checkpoint.dir[0])
-        die("checkpoints of multi-rank runs are not supported yet; unset checkpoint.dir");
     run->train = blend_from_recipe(r, SPLIT_TRAIN);
     if (r->train.eval_interval > 0 && r->data.valid_fraction > 0) run->valid = blend_from_recipe(r, SPLIT_VALID);
     trainer_create(&run->tr, run->be, r, &run->grid);
@@ -286,7 +207,7 @@ static void setup(struct run *run) {
     else llama_init_params(&run->tr.model, r->train.seed);
     run->st.lr_scale = 1.0;
     run->saved_step = -1;
-    if (r->checkpoint.dir[0]) ckpt_snapshot_init(&run->snap, r, &run->tr.model.table);
+    ckpt_setup(run);
     run->flops_per_token = model_flops_per_token(&r->model, r->train.seq_len);
     run->batch = xmalloc(sizeof(int32_t) * r->train.global_batch * (r->train.seq_len + 1));
     if (run->rank0 && mkdir_p(r->log.dir) != 0) die("cannot create log.dir %s", r->log.dir);
@@ -294,8 +215,7 @@ static void setup(struct run *run) {
 }
 
 static void teardown(struct run *run) {
-    async_saver_wait(&run->saver);
-    poll_saver(run);
+    finish_save(run, 1);
     if (run->metrics) xfclose(run->metrics, run->metrics_path);
     if (run->r->checkpoint.dir[0]) ckpt_snapshot_free(&run->snap);
     free(run->batch);
@@ -331,8 +251,8 @@ static int one_step(struct run *run, int step) {
             return 1;
         }
     } else if (!isfinite(st.loss) || !isfinite(st.grad_norm)) {
-        die("step %d: loss %g, grad norm %g (set rewind.enabled to recover automatically)", step, st.loss,
-            st.grad_norm);
+        fail_run(run, "step %d: loss %g, grad norm %g (set rewind.enabled to recover automatically)", step, st.loss,
+                 st.grad_norm);
     }
     trainer_update(&run->tr, &st, step <= run->st.lr_scale_until ? run->st.lr_scale : 1.0);
     run->st.step = step;
@@ -392,7 +312,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         if (r->checkpoint.dir[0] && r->checkpoint.interval > 0 &&
             (step % r->checkpoint.interval == 0 || step == r->train.steps))
             save_checkpoint(&run);
-        poll_saver(&run);
+        finish_save(&run, 0);
     }
     char path[RECIPE_PATH_MAX + 32] = "(none: multi-rank; export a checkpoint with mtrain convert)";
     if (run.grid.world_size == 1) {

@@ -64,6 +64,12 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
     g->world_size = parallel_world_size();
     static const char *const local_vars[] = {"SLURM_LOCALID", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", NULL};
     g->local_rank = env_int(local_vars, 0);
+    MPI_Comm node;
+    g->local_size = 1;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g->world_rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        MPI_Comm_size(node, &g->local_size);
+        MPI_Comm_free(&node);
+    }
     g->tp = p->tp, g->cp = p->cp, g->ep = 1, g->pp = p->pp, g->vpp = p->vpp;
     g->dp = g->world_size / (g->tp * g->cp * g->pp);
     CHECK(g->dp * g->tp * g->cp * g->pp == g->world_size);
@@ -82,7 +88,7 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
 
 void grid_single(struct grid *g) {
     memset(g, 0, sizeof *g);
-    g->world_size = g->tp = g->cp = g->ep = g->dp = g->pp = g->vpp = 1;
+    g->world_size = g->local_size = g->tp = g->cp = g->ep = g->dp = g->pp = g->vpp = 1;
     struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm};
     const char *names[] = {"world", "tp", "dp", "pp"};
     for (int i = 0; i < 4; i++) cs[i]->size = 1, cs[i]->name = names[i];

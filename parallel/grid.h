@@ -6,7 +6,7 @@
 #include "parallel/comm.h"
 
 struct grid {
-    int world_rank, world_size, local_rank;
+    int world_rank, world_size, local_rank, local_size; /* local: ranks on this node */
     int tp, cp, ep, dp, pp, vpp;
     int tp_rank, cp_rank, ep_rank, dp_rank, pp_rank;
     struct comm world, tp_comm, dp_comm, pp_comm;

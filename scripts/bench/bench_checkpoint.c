@@ -26,16 +26,19 @@ int main(int argc, char **argv) {
     model_part_full(&part, &r.model);
     param_table_build(&t, &r.model, &part);
     size_t bytes = sizeof(float) * t.total;
-    float *p = be->alloc(bytes), *m = be->alloc(bytes), *v = be->alloc(bytes);
+    float *p = be->alloc(bytes);
+    struct optimizer opt;
+    optimizer_create(&opt, be, &t, &r.optimizer, NULL, NULL, 0);
     params_init(be, p, &t, 1, 0);
-    params_init(be, m, &t, 2, 0);
-    params_init(be, v, &t, 3, 0);
+    params_init(be, opt.m, &t, 2, 0);
+    params_init(be, opt.v, &t, 3, 0);
     struct train_state st = {.step = 1, .lr_scale = 1};
     struct ckpt_snapshot snap;
-    ckpt_snapshot_init(&snap, &r, &t);
+    struct ckpt_layout layout = {.tp = 1, .pp = 1, .dp = 1, .vpp = 1, .writer = 1};
+    ckpt_snapshot_init(&snap, &r, &t, &layout);
 
     double t0 = now_seconds();
-    ckpt_snapshot_take(&snap, be, p, m, v, &st);
+    ckpt_snapshot_take(&snap, be, p, &opt, &st);
     double snap_s = now_seconds() - t0;
     checkpoint_write(&snap, r.checkpoint.dir, 0);
     double write_s = now_seconds() - t0;
@@ -43,17 +46,20 @@ int main(int argc, char **argv) {
     char dir[4096], err[2048];
     checkpoint_step_dir(dir, sizeof dir, r.checkpoint.dir, 1);
     struct train_state back;
+    float *host = xmalloc(3 * bytes);
     t0 = now_seconds();
-    if (checkpoint_load(dir, &t, be, p, m, v, &back, err, sizeof err) != 0) die("%s", err);
+    if (checkpoint_load(dir, &t, host, host + t.total, host + 2 * t.total, &back, err, sizeof err) != 0) die("%s", err);
     double read_s = now_seconds() - t0;
 
     st.step = 2; /* async: the stall is the snapshot; the write overlaps "training" */
     struct async_saver saver = {0};
     t0 = now_seconds();
-    ckpt_snapshot_take(&snap, be, p, m, v, &st);
+    ckpt_snapshot_take(&snap, be, p, &opt, &st);
+    checkpoint_prepare(r.checkpoint.dir, st.step);
     async_saver_start(&saver, &snap, r.checkpoint.dir, 0);
     double stall_s = now_seconds() - t0;
     async_saver_wait(&saver);
+    checkpoint_commit(&snap, r.checkpoint.dir);
     double async_total_s = now_seconds() - t0;
 
     double gb = 3.0 * bytes / 1e9;
@@ -61,7 +67,9 @@ int main(int argc, char **argv) {
            "\"snapshot_s\":%.3f,\"async_stall_s\":%.3f,\"async_total_s\":%.3f}\n",
            gb, write_s, gb / write_s, read_s, gb / read_s, snap_s, stall_s, async_total_s);
     ckpt_snapshot_free(&snap);
-    be->free(p), be->free(m), be->free(v);
+    free(host);
+    optimizer_free(&opt);
+    be->free(p);
     param_table_free(&t);
     return 0;
 }
