@@ -6,7 +6,8 @@
 
 static const struct command commands[] = {
     {"pretrain", cmd_pretrain, "train a model from a YAML recipe"},
-    {"data", cmd_data, "build, inspect and verify token datasets"},
+    {"data", cmd_data, "build, import, inspect and verify token datasets"},
+    {"convert", cmd_convert, "reshard a checkpoint, show its manifest, export to Hugging Face"},
     {"version", cmd_version, "print the version"},
     {"help", cmd_help, "show help for mtrain or a subcommand"},
 };

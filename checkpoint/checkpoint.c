@@ -100,36 +100,43 @@ static json_t *tensor_json(const struct param_info *p, const char *name, const c
     return t;
 }
 
-void checkpoint_write_rank(const struct ckpt_snapshot *s, const char *dir, int crash) {
-    const struct param_table *t = s->table;
-    const struct ckpt_layout *L = &s->layout;
-    if (!L->writer) return;
-    char tmp[4200], path[4400], file[64];
-    tmp_step_dir(tmp, sizeof tmp, dir, s->state.step);
+/* Supplies the data of tensor p, section sec (0 params, 1, 2 moments). */
+typedef const float *(*shard_source)(void *ctx, int sec, const struct param_info *p);
+
+/* Write one shard file (tensors of t) and its part of the manifest into the
+ * temporary step directory, one tensor in memory at a time. */
+static void write_shard(const char *tmp, const struct param_table *t, const struct ckpt_layout *L, int step,
+                        shard_source get, void *ctx, int crash) {
+    char path[4400], file[64];
     snprintf(file, sizeof file, "rank-%05d.safetensors", L->world_rank);
     int n = 3 * t->count;
     struct st_tensor *ts = xcalloc(n ? n : 1, sizeof *ts);
     char (*names)[PARAM_NAME_MAX + 32] = xcalloc(n ? n : 1, sizeof *names);
-    json_t *tensors = json_array();
     for (int sec = 0; sec < 3; sec++)
         for (int i = 0; i < t->count; i++) {
             const struct param_info *p = &t->items[i];
             int k = sec * t->count + i;
             snprintf(names[k], sizeof names[k], "%s%s", section_prefix[sec], p->name);
-            const float *data = s->host + (size_t)sec * t->total + p->offset;
-            ts[k] = (struct st_tensor){.name = names[k], .dtype = "F32", .ndim = p->ndim, .data = data,
+            ts[k] = (struct st_tensor){.name = names[k], .dtype = "F32", .ndim = p->ndim,
                                        .nbytes = sizeof(float) * p->numel};
             for (int d = 0; d < p->ndim; d++) ts[k].shape[d] = p->local_shape[d];
-            json_array_append_new(tensors, tensor_json(p, names[k], file, L->tp_rank, L->tp,
-                                                       XXH3_64bits(data, ts[k].nbytes)));
         }
     snprintf(path, sizeof path, "%s/%s", tmp, file);
     char step_text[32];
-    snprintf(step_text, sizeof step_text, "%d", s->state.step);
+    snprintf(step_text, sizeof step_text, "%d", step);
     const char *mk[] = {"format", "mtrain_step"}, *mv[] = {"pt", step_text};
-    safetensors_save(path, ts, n, mk, mv, 2);
+    struct st_writer w;
+    st_writer_open(&w, path, ts, n, mk, mv, 2);
+    json_t *tensors = json_array();
+    for (int k = 0; k < n; k++) {
+        const struct param_info *p = &t->items[k % t->count];
+        const float *data = get(ctx, k / t->count, p);
+        st_writer_put(&w, data, ts[k].nbytes);
+        json_array_append_new(tensors, tensor_json(p, names[k], file, L->tp_rank, L->tp, XXH3_64bits(data, ts[k].nbytes)));
+    }
+    st_writer_close(&w);
     if (crash) {
-        fprintf(stderr, "mtrain: injected crash while saving step %d\n", s->state.step);
+        fprintf(stderr, "mtrain: injected crash while saving step %d\n", step);
         signal(SIGABRT, SIG_DFL);
         abort();
     }
@@ -144,6 +151,18 @@ void checkpoint_write_rank(const struct ckpt_snapshot *s, const char *dir, int c
     json_decref(part);
     free(ts);
     free(names);
+}
+
+static const float *snapshot_source(void *ctx, int sec, const struct param_info *p) {
+    const struct ckpt_snapshot *s = ctx;
+    return s->host + (size_t)sec * s->table->total + p->offset;
+}
+
+void checkpoint_write_rank(const struct ckpt_snapshot *s, const char *dir, int crash) {
+    if (!s->layout.writer) return;
+    char tmp[4200];
+    tmp_step_dir(tmp, sizeof tmp, dir, s->state.step);
+    write_shard(tmp, s->table, &s->layout, s->state.step, snapshot_source, (void *)s, crash);
 }
 
 /* Every writer's part (rank-*.json) -> one tensors array and a files list. */
@@ -371,21 +390,6 @@ static int assemble(struct open_files *o, json_t *tensors, const struct param_in
     return 0;
 }
 
-static int load_tensors(const char *step_dir, json_t *tensors, const struct param_table *t, float *bufs[3],
-                        char *err, size_t errlen) {
-    struct open_files o = {.dir = step_dir};
-    char name[PARAM_NAME_MAX + 32];
-    int rc = 0;
-    for (int sec = 0; sec < 3 && !rc; sec++)
-        for (int i = 0; i < t->count && !rc; i++) {
-            const struct param_info *p = &t->items[i];
-            snprintf(name, sizeof name, "%s%s", section_prefix[sec], p->name);
-            rc = assemble(&o, tensors, p, t->tp_rank, name, bufs[sec] + p->offset, err, errlen);
-        }
-    close_shards(&o);
-    return rc;
-}
-
 static json_t *load_manifest(const char *step_dir, struct train_state *st, char *err, size_t errlen, int *rc) {
     char path[4400];
     snprintf(path, sizeof path, "%s/manifest.json", step_dir);
@@ -411,27 +415,149 @@ static json_t *load_manifest(const char *step_dir, struct train_state *st, char 
     return NULL;
 }
 
+struct ckpt_reader {
+    json_t *man;
+    struct open_files files;
+    struct train_state st;
+    char *dir;
+};
+
+struct ckpt_reader *ckpt_reader_open(const char *step_dir, char *err, size_t errlen, int *rc) {
+    struct ckpt_reader *rd = xcalloc(1, sizeof *rd);
+    rd->man = load_manifest(step_dir, &rd->st, err, errlen, rc);
+    if (!rd->man) {
+        free(rd);
+        return NULL;
+    }
+    rd->dir = xstrdup(step_dir);
+    rd->files.dir = rd->dir;
+    return rd;
+}
+
+const struct train_state *ckpt_reader_state(const struct ckpt_reader *rd) { return &rd->st; }
+
+const char *ckpt_reader_recipe(const struct ckpt_reader *rd) {
+    json_t *r = json_object_get(rd->man, "recipe");
+    return json_is_string(r) ? json_string_value(r) : "";
+}
+
+int ckpt_reader_read(struct ckpt_reader *rd, const struct param_info *p, int tp_rank, int section, float *out,
+                     char *err, size_t errlen) {
+    char name[PARAM_NAME_MAX + 32];
+    snprintf(name, sizeof name, "%s%s", section_prefix[section], p->name);
+    return assemble(&rd->files, json_object_get(rd->man, "tensors"), p, tp_rank, name, out, err, errlen);
+}
+
+void ckpt_reader_close(struct ckpt_reader *rd) {
+    if (!rd) return;
+    close_shards(&rd->files);
+    json_decref(rd->man);
+    free(rd->dir);
+    free(rd);
+}
+
 int checkpoint_read_manifest(const char *step_dir, struct train_state *st, char **recipe_text_out, char *err,
                              size_t errlen) {
     int rc;
-    json_t *man = load_manifest(step_dir, st, err, errlen, &rc);
-    if (!man) return rc;
-    json_t *rt = json_object_get(man, "recipe");
-    *recipe_text_out = xstrdup(json_is_string(rt) ? json_string_value(rt) : "");
-    json_decref(man);
+    struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, errlen, &rc);
+    if (!rd) return rc;
+    *st = rd->st;
+    *recipe_text_out = xstrdup(ckpt_reader_recipe(rd));
+    ckpt_reader_close(rd);
     return 0;
 }
 
 int checkpoint_load(const char *step_dir, const struct param_table *t, float *params, float *m, float *v,
                     struct train_state *st, char *err, size_t errlen) {
     int rc;
-    json_t *man = load_manifest(step_dir, st, err, errlen, &rc);
-    if (!man) return rc;
+    struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, errlen, &rc);
+    if (!rd) return rc;
+    *st = rd->st;
     float *bufs[3] = {params, m, v};
     for (int k = 0; k < 3; k++) memset(bufs[k], 0, sizeof(float) * t->total);
-    rc = load_tensors(step_dir, json_object_get(man, "tensors"), t, bufs, err, errlen);
-    json_decref(man);
+    rc = 0;
+    for (int sec = 0; sec < 3 && !rc; sec++)
+        for (int i = 0; i < t->count && !rc; i++)
+            rc = ckpt_reader_read(rd, &t->items[i], t->tp_rank, sec, bufs[sec] + t->items[i].offset, err, errlen);
+    ckpt_reader_close(rd);
     return rc;
+}
+
+/* ---- offline resharding ---- */
+
+struct convert_ctx {
+    struct ckpt_reader *rd;
+    int tp_rank;
+    float *buf;
+    size_t cap;
+    char *err;
+    size_t errlen;
+};
+
+static const float *convert_source(void *ctx, int sec, const struct param_info *p) {
+    struct convert_ctx *c = ctx;
+    if (p->numel > c->cap) c->buf = xrealloc(c->buf, sizeof(float) * (c->cap = p->numel));
+    if (ckpt_reader_read(c->rd, p, c->tp_rank, sec, c->buf, c->err, c->errlen) != 0) die("%s", c->err);
+    return c->buf;
+}
+
+/* The recipe a checkpoint was saved with, read back through the recipe loader. */
+static int recipe_of(struct ckpt_reader *rd, struct recipe *r, char *err, size_t errlen) {
+    char path[] = "/tmp/mtrain-recipe-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot create a temporary file: %s", strerror(errno));
+        return -1;
+    }
+    const char *text = ckpt_reader_recipe(rd);
+    int ok = write(fd, text, strlen(text)) == (ssize_t)strlen(text);
+    close(fd);
+    recipe_defaults(r);
+    ok = ok && recipe_load(r, path) == 0;
+    unlink(path);
+    if (!ok) snprintf(err, errlen, "%s: the manifest's recipe cannot be read back", rd->dir);
+    return ok ? 0 : -1;
+}
+
+int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, int pp, int vpp, int dp, char *err,
+                       size_t errlen) {
+    int rc;
+    struct ckpt_reader *rd = ckpt_reader_open(src_step_dir, err, errlen, &rc);
+    if (!rd) return rc;
+    static struct recipe r;
+    if (recipe_of(rd, &r, err, errlen) != 0) {
+        ckpt_reader_close(rd);
+        return -1;
+    }
+    r.parallel.tp = tp, r.parallel.pp = pp, r.parallel.vpp = vpp;
+    snprintf(r.data.path, sizeof r.data.path, "/"); /* the layout is checked here, not the data */
+    if (recipe_validate(&r, tp * pp * dp) != 0) {
+        snprintf(err, errlen, "layout tp %d pp %d vpp %d dp %d does not fit this model (see above)", tp, pp, vpp, dp);
+        ckpt_reader_close(rd);
+        return -2;
+    }
+    struct ckpt_snapshot s = {.recipe = &r, .state = rd->st,
+                              .layout = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .writer = 1}};
+    checkpoint_prepare(dst_dir, s.state.step);
+    char tmp[4200];
+    tmp_step_dir(tmp, sizeof tmp, dst_dir, s.state.step);
+    struct convert_ctx ctx = {.rd = rd, .err = err, .errlen = errlen};
+    for (int p = 0; p < pp; p++)
+        for (int t = 0; t < tp; t++) {
+            struct model_part part;
+            struct param_table table;
+            model_part_for(&part, &r.model, tp, t, pp, vpp, p);
+            param_table_build(&table, &r.model, &part);
+            struct ckpt_layout L = {.world_rank = t + tp * dp * p, .tp = tp, .tp_rank = t, .pp = pp, .pp_rank = p,
+                                    .dp = dp, .vpp = vpp, .writer = 1};
+            ctx.tp_rank = t;
+            write_shard(tmp, &table, &L, s.state.step, convert_source, &ctx, 0);
+            param_table_free(&table);
+        }
+    checkpoint_commit(&s, dst_dir);
+    free(ctx.buf);
+    ckpt_reader_close(rd);
+    return 0;
 }
 
 static int parse_step_name(const char *name) {

@@ -75,6 +75,24 @@ int checkpoint_load(const char *step_dir, const struct param_table *t, float *pa
 int checkpoint_read_manifest(const char *step_dir, struct train_state *st, char **recipe_text, char *err,
                              size_t errlen);
 
+/* Reading a checkpoint tensor by tensor, whatever layout wrote it. */
+struct ckpt_reader;
+struct ckpt_reader *ckpt_reader_open(const char *step_dir, char *err, size_t errlen, int *rc);
+const struct train_state *ckpt_reader_state(const struct ckpt_reader *rd);
+/* The resolved recipe text the checkpoint was saved with. */
+const char *ckpt_reader_recipe(const struct ckpt_reader *rd);
+/* Fill out with tensor p's shard for tensor-parallel rank tp_rank (p's
+ * local shape); section 0 = parameter, 1 = exp_avg, 2 = exp_avg_sq. */
+int ckpt_reader_read(struct ckpt_reader *rd, const struct param_info *p, int tp_rank, int section, float *out,
+                     char *err, size_t errlen);
+void ckpt_reader_close(struct ckpt_reader *rd);
+
+/* Rewrite a committed step directory for another layout, streaming tensor by
+ * tensor (memory near the largest tensor). Returns 0, -1 (damaged source),
+ * -2 (layout does not fit the model; err says why). */
+int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, int pp, int vpp, int dp, char *err,
+                       size_t errlen);
+
 /* Committed step numbers under dir, newest first; returns the count (<= max). */
 int checkpoint_list(const char *dir, int *steps, int max);
 /* "DIR/step-NNNNNNNNN" */

@@ -22,8 +22,9 @@ int safetensors_dtype_size(const char *dtype) {
     return 0;
 }
 
-void safetensors_save(const char *path, const struct st_tensor *tensors, int n, const char *const *meta_keys,
-                      const char *const *meta_values, int n_meta) {
+void st_writer_open(struct st_writer *w, const char *path, const struct st_tensor *tensors, int n,
+                    const char *const *meta_keys, const char *const *meta_values, int n_meta) {
+    memset(w, 0, sizeof *w);
     json_t *root = json_object();
     CHECK(root);
     uint64_t offset = 0;
@@ -47,16 +48,40 @@ void safetensors_save(const char *path, const struct st_tensor *tensors, int n, 
     size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = xfopen(tmp, "wb");
+    w->f = xfopen(tmp, "wb");
+    w->tmp = xstrdup(tmp);
+    w->path = xstrdup(path);
+    w->meta = tensors;
+    w->n = n;
     uint8_t len_le[8];
     for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    xfwrite(len_le, 8, f, tmp);
-    xfwrite(header, hlen, f, tmp);
-    for (size_t i = hlen; i < padded; i++) xfwrite(" ", 1, f, tmp);
-    for (int i = 0; i < n; i++) xfwrite(tensors[i].data, tensors[i].nbytes, f, tmp);
-    xfclose(f, tmp);
+    xfwrite(len_le, 8, w->f, tmp);
+    xfwrite(header, hlen, w->f, tmp);
+    for (size_t i = hlen; i < padded; i++) xfwrite(" ", 1, w->f, tmp);
     free(header);
-    if (rename(tmp, path) != 0) die("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+}
+
+void st_writer_put(struct st_writer *w, const void *data, size_t nbytes) {
+    CHECK(w->next < w->n && w->meta[w->next].nbytes == nbytes);
+    w->next++;
+    xfwrite(data, nbytes, w->f, w->tmp);
+}
+
+void st_writer_close(struct st_writer *w) {
+    CHECK(w->next == w->n);
+    xfclose(w->f, w->tmp);
+    if (rename(w->tmp, w->path) != 0) die("cannot rename %s to %s: %s", w->tmp, w->path, strerror(errno));
+    free(w->tmp);
+    free(w->path);
+    memset(w, 0, sizeof *w);
+}
+
+void safetensors_save(const char *path, const struct st_tensor *tensors, int n, const char *const *meta_keys,
+                      const char *const *meta_values, int n_meta) {
+    struct st_writer w;
+    st_writer_open(&w, path, tensors, n, meta_keys, meta_values, n_meta);
+    for (int i = 0; i < n; i++) st_writer_put(&w, tensors[i].data, tensors[i].nbytes);
+    st_writer_close(&w);
 }
 
 static int fail(char *err, size_t errlen, const char *path, const char *what) {

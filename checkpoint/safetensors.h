@@ -3,6 +3,7 @@
  * then the raw little-endian data. Any tool that reads safetensors reads ours. */
 #pragma once
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #define ST_MAX_DIMS 8
@@ -20,6 +21,20 @@ struct st_tensor {
  * atomically. Dies with the path on an I/O error. */
 void safetensors_save(const char *path, const struct st_tensor *tensors, int n, const char *const *meta_keys,
                       const char *const *meta_values, int n_meta);
+
+/* Streaming writer: the header (names, dtypes, shapes) first, then each
+ * tensor's bytes in order, so a file is written with one tensor in memory.
+ * Written to PATH.tmp.PID and renamed on close. */
+struct st_writer {
+    FILE *f;
+    char *path, *tmp;
+    const struct st_tensor *meta;
+    int n, next;
+};
+void st_writer_open(struct st_writer *w, const char *path, const struct st_tensor *meta, int n,
+                    const char *const *meta_keys, const char *const *meta_values, int n_meta);
+void st_writer_put(struct st_writer *w, const void *data, size_t nbytes);
+void st_writer_close(struct st_writer *w);
 
 struct st_entry {
     char *name;

@@ -24,7 +24,8 @@ static void usage(FILE *out) {
             "               falling back to older checkpoints if it is damaged; never: start\n"
             "               fresh; DIR: load that step directory (no fallback)\n"
             "  --stop-after N  save a checkpoint after step N and exit 0 (like SIGTERM)\n"
-            "  --inject K@S fault injection for tests: nan, spike, crash or crash-in-save at step S\n\n"
+            "  --inject K@S fault injection for tests: nan, spike, crash or crash-in-save at step S\n"
+            "               (crash@S:R crashes world rank R only)\n\n"
             "Signals: SIGTERM or SIGUSR1 saves a checkpoint at the next step boundary and\n"
             "exits 0; a second SIGTERM exits at once.\n"
             "Writes LOG_DIR/metrics.jsonl (one JSON object per step and per event) and\n"
@@ -37,8 +38,9 @@ static void usage(FILE *out) {
 static int parse_inject(struct pretrain_opts *o, const char *spec) {
     static const char *const kinds[] = {"nan", "spike", "crash", "crash-in-save"};
     int *slots[] = {&o->inject_nan, &o->inject_spike, &o->inject_crash, &o->inject_crash_in_save};
-    const char *at = strchr(spec, '@');
+    const char *at = strchr(spec, '@'), *colon = at ? strchr(at, ':') : NULL;
     int step = at ? atoi(at + 1) : 0;
+    if (colon) o->inject_crash_rank = atoi(colon + 1);
     for (int k = 0; at && step > 0 && k < 4; k++)
         if ((size_t)(at - spec) == strlen(kinds[k]) && !strncmp(spec, kinds[k], at - spec)) {
             *slots[k] = step;
@@ -62,6 +64,7 @@ static int launcher_world_size(void) {
 static int parse(int argc, char **argv, struct pretrain_opts *o, struct recipe *r) {
     memset(o, 0, sizeof *o);
     o->resume = "auto";
+    o->inject_crash_rank = -1;
     recipe_defaults(r);
     const char *sets[256];
     int nsets = 0;

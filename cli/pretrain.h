@@ -17,6 +17,7 @@ struct pretrain_opts {
     const char *resume;     /* "auto" (default), "never" or a step directory */
     /* fault injection for tests: a step number, or 0 for none */
     int inject_nan, inject_spike, inject_crash, inject_crash_in_save;
+    int inject_crash_rank;  /* crash only this world rank (-1: every rank) */
 };
 
 #define HISTORY 64

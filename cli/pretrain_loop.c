@@ -303,7 +303,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
             teardown(&run);
             return 0;
         }
-        if (o->inject_crash == step) {
+        if (o->inject_crash == step && (o->inject_crash_rank < 0 || o->inject_crash_rank == run.grid.world_rank)) {
             fprintf(stderr, "mtrain: injected crash at step %d\n", step);
             abort();
         }

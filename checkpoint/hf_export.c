@@ -1,0 +1,92 @@
+#define _GNU_SOURCE
+#include "checkpoint/hf_export.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "config/common.h"
+
+/* config.json keys of transformers' LlamaConfig for this model. */
+static void write_config(const struct model_config *m, const char *path) {
+    json_t *c = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:s, s:s, s:b, s:b, s:f}",
+                          "architectures", "LlamaForCausalLM", "model_type", "llama", "vocab_size", m->vocab_size,
+                          "hidden_size", m->hidden_size, "intermediate_size", m->intermediate_size,
+                          "num_hidden_layers", m->num_layers, "num_attention_heads", m->num_heads,
+                          "num_key_value_heads", m->num_kv_heads, "max_position_embeddings",
+                          m->max_seq_len ? m->max_seq_len : 8192, "rope_theta", m->rope_theta, "rms_norm_eps",
+                          m->norm_eps, "tie_word_embeddings", m->tie_embeddings, "hidden_act", "silu", "torch_dtype",
+                          "float32", "attention_bias", 0, "mlp_bias", 0, "initializer_range", m->init_std);
+    CHECK(c);
+    if (m->rope_scaling_factor > 0) {
+        json_t *rs = json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor", m->rope_scaling_factor,
+                               "low_freq_factor", m->rope_low_freq_factor, "high_freq_factor", m->rope_high_freq_factor,
+                               "original_max_position_embeddings", m->rope_original_max_pos);
+        CHECK(rs && json_object_set_new(c, "rope_scaling", rs) == 0);
+    }
+    char *text = json_dumps(c, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    CHECK(text);
+    write_file_atomic(path, text, strlen(text));
+    free(text);
+    json_decref(c);
+}
+
+int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, size_t errlen) {
+    int rc;
+    struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, errlen, &rc);
+    if (!rd) return rc;
+    static struct recipe r;
+    char tmp[] = "/tmp/mtrain-recipe-XXXXXX";
+    int fd = mkstemp(tmp);
+    const char *text = ckpt_reader_recipe(rd);
+    int ok = fd >= 0 && write(fd, text, strlen(text)) == (ssize_t)strlen(text);
+    if (fd >= 0) close(fd);
+    recipe_defaults(&r);
+    ok = ok && recipe_load(&r, tmp) == 0;
+    unlink(tmp);
+    if (!ok) {
+        snprintf(err, errlen, "%s: the manifest's recipe cannot be read back", step_dir);
+        ckpt_reader_close(rd);
+        return -1;
+    }
+    if (mkdir_p(out_dir) != 0) die("cannot create %s: %s", out_dir, strerror(errno));
+    struct model_part part;
+    struct param_table t;
+    model_part_full(&part, &r.model);
+    param_table_build(&t, &r.model, &part);
+    struct st_tensor *ts = xcalloc(t.count, sizeof *ts);
+    size_t largest = 1;
+    for (int i = 0; i < t.count; i++) {
+        const struct param_info *p = &t.items[i];
+        ts[i] = (struct st_tensor){.name = p->name, .dtype = "F32", .ndim = p->ndim, .nbytes = sizeof(float) * p->numel};
+        for (int d = 0; d < p->ndim; d++) ts[i].shape[d] = p->shape[d];
+        if (p->numel > largest) largest = p->numel;
+    }
+    char path[4400];
+    snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+    const char *mk[] = {"format"}, *mv[] = {"pt"};
+    struct st_writer w;
+    st_writer_open(&w, path, ts, t.count, mk, mv, 1);
+    float *buf = xmalloc(sizeof(float) * largest);
+    for (int i = 0; i < t.count && rc == 0; i++) {
+        rc = ckpt_reader_read(rd, &t.items[i], 0, 0, buf, err, errlen);
+        if (rc == 0) st_writer_put(&w, buf, ts[i].nbytes);
+    }
+    if (rc == 0) {
+        st_writer_close(&w);
+        snprintf(path, sizeof path, "%s/config.json", out_dir);
+        write_config(&r.model, path);
+    } else {
+        fclose(w.f);
+        unlink(w.tmp);
+    }
+    free(buf);
+    free(ts);
+    param_table_free(&t);
+    ckpt_reader_close(rd);
+    return rc;
+}

@@ -1,0 +1,7 @@
+/* Export a checkpoint (any layout) as a Hugging Face model directory:
+ * model.safetensors (fp32, HF tensor names) + config.json for
+ * LlamaForCausalLM, loadable with transformers' from_pretrained. */
+#pragma once
+#include <stddef.h>
+
+int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, size_t errlen);
