@@ -184,6 +184,26 @@ static void rewind_to_checkpoint(struct run *run, int bad_step, enum rewind_reas
              r->checkpoint.dir);
 }
 
+/* Communication payload per step of every rank and group (tp, dp, pp), as
+ * one event: rank r's numbers are at [3r .. 3r+2]. Eval and checkpoint
+ * traffic is included, so benchmarks run without them. */
+static void log_comm(struct run *run, int steps) {
+    struct grid *g = &run->grid;
+    int n = g->world_size;
+    double *v = xcalloc(3 * n, sizeof *v);
+    struct comm *groups[3] = {&g->tp_comm, &g->dp_comm, &g->pp_comm};
+    for (int k = 0; k < 3; k++) v[3 * g->world_rank + k] = (double)groups[k]->bytes / (steps > 0 ? steps : 1);
+    comm_all_reduce_sum_f64(&g->world, v, 3 * n);
+    if (run->rank0 && run->metrics) {
+        fprintf(run->metrics, "{\"event\":\"comm\",\"steps\":%d,\"bytes_per_step\":[", steps);
+        for (int r = 0; r < n; r++)
+            fprintf(run->metrics, "%s{\"rank\":%d,\"tp\":%.0f,\"dp\":%.0f,\"pp\":%.0f}", r ? "," : "", r, v[3 * r],
+                    v[3 * r + 1], v[3 * r + 2]);
+        fprintf(run->metrics, "]}\n");
+    }
+    free(v);
+}
+
 /* ---- the loop ---- */
 
 static void setup(struct run *run) {
@@ -319,6 +339,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         snprintf(path, sizeof path, "%s/model.safetensors", r->log.dir);
         weights_save(run.be, run.tr.model.params, &run.tr.model.table, path);
     }
+    log_comm(&run, run.st.step - first + 1);
     event(&run, "{\"event\":\"end\",\"step\":%d,\"seconds\":%.3f,\"rewinds\":%d}", run.st.step, now_seconds() - t_start,
           run.st.rewinds);
     if (run.rank0)

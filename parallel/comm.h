@@ -1,8 +1,10 @@
 /* Collective and point-to-point communication over one group of ranks.
  * The interface is backend-neutral (buffers are backend memory); this build
  * implements it with MPI, and an NCCL implementation plugs in later behind
- * the same functions. Every call counts the bytes it moves, for the
- * communication-volume benchmark. A group of size 1 makes every collective a
+ * the same functions. Every call adds its payload to bytes (the buffer a
+ * collective reduces or gathers: n elements for an all-reduce, size * n for a
+ * reduce-scatter's input or an all-gather's output; the message for a send),
+ * for the communication-volume benchmark. A group of size 1 makes every collective a
  * no-op (or a copy), so single-rank code pays nothing. */
 #pragma once
 #include <stddef.h>
@@ -11,7 +13,8 @@
 struct comm {
     int rank, size;
     void *handle;               /* MPI_Comm (owned) */
-    uint64_t bytes_sent;        /* payload bytes this rank sent on this group */
+    uint64_t bytes;             /* payload bytes of this rank's calls on this group */
+    uint64_t calls;
     const char *name;           /* "tp", "dp", "pp", "world" (messages, stats) */
 };
 

@@ -36,19 +36,19 @@ static void track(const struct comm *c, MPI_Request r) {
 
 void comm_all_reduce_sum(struct comm *c, float *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
-    c->bytes_sent += 2 * n * sizeof(float) * (c->size - 1) / c->size; /* ring all-reduce volume */
+    c->bytes += n * sizeof(float), c->calls++;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, handle(c)));
 }
 
 void comm_all_reduce_max(struct comm *c, float *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
-    c->bytes_sent += 2 * n * sizeof(float) * (c->size - 1) / c->size;
+    c->bytes += n * sizeof(float), c->calls++;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_MAX, handle(c)));
 }
 
 void comm_all_reduce_sum_f64(struct comm *c, double *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
-    c->bytes_sent += 2 * n * sizeof(double) * (c->size - 1) / c->size;
+    c->bytes += n * sizeof(double), c->calls++;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, handle(c)));
 }
 
@@ -57,7 +57,7 @@ void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t
         if (out != in) memmove(out, in, n * sizeof(float));
         return;
     }
-    c->bytes_sent += n * sizeof(float) * (c->size - 1);
+    c->bytes += (size_t)c->size * n * sizeof(float), c->calls++;
     MPI_CHECK(MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, handle(c)));
 }
 
@@ -66,19 +66,19 @@ void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
         if (out != in) memmove(out, in, n * sizeof(float));
         return;
     }
-    c->bytes_sent += n * sizeof(float) * (c->size - 1);
+    c->bytes += (size_t)c->size * n * sizeof(float), c->calls++;
     MPI_CHECK(MPI_Allgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, handle(c)));
 }
 
 void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
     if (c->size == 1) return;
-    if (c->rank == root) c->bytes_sent += bytes;
+    c->bytes += bytes, c->calls++;
     MPI_CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, handle(c)));
 }
 
 void comm_send(struct comm *c, const void *buf, size_t bytes, int peer, int tag) {
     MPI_Request r;
-    c->bytes_sent += bytes;
+    c->bytes += bytes, c->calls++;
     MPI_CHECK(MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, handle(c), &r));
     track(c, r);
 }
@@ -106,7 +106,7 @@ void comm_wait_all(struct comm *c) { wait_owned(c); }
 void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
     MPI_Request r;
-    c->bytes_sent += 2 * n * sizeof(float) * (c->size - 1) / c->size;
+    c->bytes += n * sizeof(float), c->calls++;
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, handle(c), &r));
     track(c, r);
 }
@@ -116,7 +116,7 @@ void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n) {
         if (out != in) memmove(out, in, n * sizeof(float));
         return;
     }
-    c->bytes_sent += n * sizeof(float) * (c->size - 1);
+    c->bytes += (size_t)c->size * n * sizeof(float), c->calls++;
     MPI_CHECK(MPI_Alltoall(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, handle(c)));
 }
 
