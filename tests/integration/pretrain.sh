@@ -46,6 +46,28 @@ fresh=$(losses first.jsonl | head -1); reloaded=$(losses reload/metrics.jsonl | 
 if [ -n "$reloaded" ] && awk -v a="$fresh" -v b="$reloaded" 'BEGIN{exit !(b < a - 0.3)}'; then pass pretrain_init_from
 else fail pretrain_init_from "fresh step-1 loss $fresh, reloaded $reloaded"; fi
 
+# a weighted blend of two datasets trains, and differs from either alone
+"$MTRAIN" data generate --out data2 --docs 300 --seed 5 --frame-tokens 4096 >/dev/null
+expect_exit pretrain_blend_runs 0 "$MTRAIN" pretrain recipe.yaml --set data.path= --set "data.blend=data:0.7,data2:0.3" --set log.dir=blend
+[ -n "$(losses blend/metrics.jsonl)" ] && [ "$(losses blend/metrics.jsonl)" != "$(losses first.jsonl)" ] &&
+    pass pretrain_blend_uses_both || fail pretrain_blend_uses_both "same losses as data alone"
+
+# the model out to Hugging Face: transformers loads it, weights equal mtrain's own export
+"$MTRAIN" pretrain recipe.yaml --set checkpoint.dir=ck --set checkpoint.interval=12 --set log.dir=hfrun >/dev/null 2>&1
+expect_exit convert_hf_export 0 "$MTRAIN" convert ck --hf hf
+if ${PYTHON:-/usr/bin/python3} - hf hfrun/model.safetensors <<'PYEOF' >"$TMP/out" 2>&1; then pass convert_hf_loads_in_transformers; else fail convert_hf_loads_in_transformers "$(tail -3 "$TMP/out")"; fi
+import sys, torch
+from safetensors.torch import load_file
+from transformers import LlamaForCausalLM
+model, info = LlamaForCausalLM.from_pretrained(sys.argv[1], output_loading_info=True)
+assert not info["missing_keys"] and not info["unexpected_keys"], info
+ours = load_file(sys.argv[2])
+for name, p in model.state_dict().items():
+    assert torch.equal(p, ours[name]), name
+out = model(input_ids=torch.tensor([[72, 101, 108, 108, 111]]))
+assert torch.isfinite(out.logits).all()
+PYEOF
+
 # corrupt data: exit 1 with the file named
 cp -r data bad1 && truncate -s -100 bad1/shard-00000.zst
 expect_exit pretrain_truncated_shard 1 "$MTRAIN" pretrain recipe.yaml --set data.path=bad1
