@@ -112,6 +112,11 @@ static int parse(int argc, char **argv, struct pretrain_opts *o, struct recipe *
     /* A dry run plans for the launcher's world size; alone it checks only
      * what does not depend on one (0 = unknown). */
     int world = parallel_world_size() > 1 ? parallel_world_size() : launcher_world_size();
+    if (!o->dry_run && parallel_world_size() == 1 && launcher_world_size() > 1) {
+        fprintf(stderr, "mtrain: error: the launcher started %d tasks but MPI sees a world of 1: this mtrain's MPI "
+                "does not talk to the launcher (for srun, try --mpi=pmi2 or pmix)\n", launcher_world_size());
+        return EXIT_USAGE;
+    }
     if (recipe_validate(r, world ? world : (o->dry_run ? 0 : 1)) != 0) return EXIT_USAGE;
     return -1;
 }
@@ -137,7 +142,11 @@ static void dry_run(const struct recipe *r) {
         int m = r->train.global_batch / (r->train.micro_batch * dp);
         printf("pipeline schedule (%s, %d micro batches per rank, dp %d): F/B<micro batch>.<chunk>\n",
                r->parallel.vpp > 1 ? "interleaved 1F1B" : "1F1B", m, dp);
-        schedule_print(stdout, r->parallel.pp, r->parallel.vpp, m);
+        if (r->parallel.vpp > 1 && m % r->parallel.pp)
+            printf("  (none: interleaving needs the micro batches per rank, %d, to be a multiple of pp %d)\n", m,
+                   r->parallel.pp);
+        else
+            schedule_print(stdout, r->parallel.pp, r->parallel.vpp, m);
     }
     printf("memory_per_rank:  %.3f GiB (params %.3f, grads %.3f, adam %.3f, activations %.3f; fp32)\n",
            e.total / gib, e.params / gib, e.grads / gib, e.optimizer / gib, e.activations / gib);

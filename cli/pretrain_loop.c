@@ -288,6 +288,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     run.r = r, run.o = o;
     run.be = backend_get(r->train.device);
     if (!run.be) return EXIT_RUNTIME;
+    install_signals(); /* before the (possibly long) load, so a signal then is not fatal */
     setup(&run);
     const char *from = resume(&run);
     /* a resumed run continues the metrics stream of the run it resumes */
@@ -295,7 +296,6 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     if (from)
         event(&run, "{\"event\":\"resume\",\"step\":%d,\"from\":\"%s\",\"consumed_samples\":%lld}", run.st.step,
               from, (long long)run.st.consumed_samples);
-    install_signals();
     struct rlimit no_core = {0, 0};
     if (o->inject_crash || o->inject_crash_in_save) setrlimit(RLIMIT_CORE, &no_core); /* injected aborts: no core files */
     if (run.rank0) {

@@ -341,7 +341,10 @@ void llama_backward_chunk(struct llama *m, int slot, int chunk, const float *d_o
     int l0 = m->part.layer_begin[chunk], l1 = m->part.layer_end[chunk];
     if (m->part.has_head && chunk == m->part.nchunks - 1) head_backward(m, s);
     else m->be->copy(m->d_resid, d_out, sizeof(float) * m->Ns * m->C);
-    for (int l = l1 - 1; l >= l0; l--) block_backward(m, s, l);
+    for (int l = l1 - 1; l >= l0; l--) {
+        block_backward(m, s, l);
+        if (m->last_micro_batch && m->layer_grads_done) m->layer_grads_done(m->layer_grads_ctx, l);
+    }
     if (m->part.has_embed && chunk == 0) embed_backward(m, s);
 }
 

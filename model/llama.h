@@ -63,6 +63,11 @@ struct llama {
     float *d_attn, *d_q, *d_k, *d_v, *d_gate, *d_up, *d_h;
     float *arena;
     size_t arena_floats;
+    /* called after each layer's backward when last_micro_batch is set, so
+     * its gradient buckets can be reduced while backward goes on */
+    void (*layer_grads_done)(void *ctx, int layer);
+    void *layer_grads_ctx;
+    int last_micro_batch;
 };
 
 /* Allocate this rank's part for micro batches of B x T with nslots

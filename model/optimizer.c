@@ -23,11 +23,13 @@ void optimizer_create(struct optimizer *o, const struct backend *be, const struc
         o->grad_shard = be->alloc(sizeof(float) * per);
         o->flat = be->alloc(sizeof(float) * per * dp->size);
     }
+    o->started = xcalloc(t->count ? t->count : 1, 1);
     o->m = be->alloc(sizeof(float) * (o->shard_len ? o->shard_len : 1));
     o->v = be->alloc(sizeof(float) * (o->shard_len ? o->shard_len : 1));
 }
 
 void optimizer_free(struct optimizer *o) {
+    free(o->started);
     o->be->free(o->m);
     o->be->free(o->v);
     if (o->distributed) {
@@ -36,16 +38,40 @@ void optimizer_free(struct optimizer *o) {
     }
 }
 
+/* Norm weights saw only this rank's tokens under sequence parallelism. */
+static void reduce_replicated_over_tp(struct optimizer *o, float *grads, int first, int last) {
+    const struct param_table *t = o->table;
+    for (int i = first; o->sequence_parallel && i <= last; i++)
+        if (t->items[i].shard == SHARD_REPLICATED) comm_all_reduce_sum(o->tp, grads + t->items[i].offset, t->items[i].numel);
+}
+
+void optimizer_reduce_bucket_start(struct optimizer *o, float *grads, int first, int last) {
+    const struct param_table *t = o->table;
+    if (o->distributed) return;
+    reduce_replicated_over_tp(o, grads, first, last);
+    size_t begin = t->items[first].offset, end = t->items[last].offset + t->items[last].numel;
+    if (o->dp && o->dp->size > 1) comm_all_reduce_sum_start(o->dp, grads + begin, end - begin);
+    memset(o->started + first, 1, last - first + 1);
+}
+
 void optimizer_reduce_grads(struct optimizer *o, float *grads) {
     const struct param_table *t = o->table;
-    if (o->sequence_parallel) /* norm weights saw only this rank's tokens */
-        for (int i = 0; i < t->count; i++)
-            if (t->items[i].shard == SHARD_REPLICATED) comm_all_reduce_sum(o->tp, grads + t->items[i].offset, t->items[i].numel);
-    if (!o->dp || o->dp->size == 1) return;
-    if (!o->distributed) {
-        comm_all_reduce_sum(o->dp, grads, t->total);
-        return;
+    /* tensors no bucket started, in contiguous runs */
+    for (int i = 0; i < t->count;) {
+        if (o->started[i]) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j + 1 < t->count && !o->started[j + 1]) j++;
+        reduce_replicated_over_tp(o, grads, i, j);
+        if (o->dp && o->dp->size > 1 && !o->distributed)
+            comm_all_reduce_sum(o->dp, grads + t->items[i].offset, t->items[j].offset + t->items[j].numel - t->items[i].offset);
+        i = j + 1;
     }
+    if (o->dp) comm_wait_all(o->dp); /* the buckets started during backward */
+    memset(o->started, 0, t->count);
+    if (!o->dp || o->dp->size == 1 || !o->distributed) return;
     o->be->zero(o->flat, sizeof(float) * o->shard_len * o->dp->size);
     o->be->copy(o->flat, grads, sizeof(float) * t->total);
     comm_reduce_scatter_sum(o->dp, o->flat, o->grad_shard, o->shard_len);

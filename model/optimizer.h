@@ -22,6 +22,7 @@ struct optimizer {
     float *m, *v;              /* moments of [shard_begin, shard_begin+shard_len) */
     float *grad_shard;         /* ZeRO: reduced gradient of the shard */
     float *flat;               /* ZeRO: padded scratch of dp * shard_len floats */
+    unsigned char *started;    /* per tensor: its reduction was started by a bucket */
     int step;                  /* completed updates */
 };
 
@@ -31,6 +32,11 @@ void optimizer_free(struct optimizer *o);
 /* Sum gradients over the grid as the layout needs (TP for sequence-parallel
  * replicated tensors; DP all-reduce, or reduce-scatter under ZeRO-1). */
 void optimizer_reduce_grads(struct optimizer *o, float *grads);
+/* Start reducing the gradients of tensors first..last (table indices,
+ * contiguous in the buffer) while backward goes on with other layers; the
+ * next optimizer_reduce_grads completes them. Without ZeRO-1 only (its
+ * reduce-scatter runs after backward). */
+void optimizer_reduce_bucket_start(struct optimizer *o, float *grads, int first, int last);
 /* Global L2 norm of the reduced gradients, each parameter counted once
  * across TP, PP and DP; world is the group of all ranks. */
 double optimizer_grad_norm(struct optimizer *o, const float *grads, struct comm *world);

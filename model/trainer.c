@@ -3,6 +3,14 @@
 #include "config/common.h"
 #include "model/trainer.h"
 
+/* A layer's last backward of the step is done: start reducing its gradients
+ * over data-parallel ranks while the layers below run backward. */
+static void layer_grads_done(void *ctx, int layer) {
+    struct trainer *tr = ctx;
+    int first = tr->layer_first[layer];
+    if (first >= 0) optimizer_reduce_bucket_start(&tr->opt, tr->model.grads, first, first + 8);
+}
+
 void trainer_create(struct trainer *tr, const struct backend *be, const struct recipe *r, struct grid *g) {
     memset(tr, 0, sizeof *tr);
     tr->recipe = r;
@@ -21,6 +29,16 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     optimizer_create(&tr->opt, be, &tr->model.table, &r->optimizer, &g->dp_comm, &g->tp_comm,
                      r->parallel.sequence_parallel);
     tr->slot_of = xmalloc(sizeof(int) * m);
+    /* gradient buckets: one per layer (its 9 tensors are contiguous in the table) */
+    tr->layer_first = xmalloc(sizeof(int) * r->model.num_layers);
+    for (int l = 0; l < r->model.num_layers; l++) {
+        char name[PARAM_NAME_MAX];
+        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
+        const struct param_info *p = param_find(&tr->model.table, name);
+        tr->layer_first[l] = p ? (int)(p - tr->model.table.items) : -1;
+    }
+    tr->model.layer_grads_done = layer_grads_done;
+    tr->model.layer_grads_ctx = tr;
     if (g->pp > 1) {
         size_t act = (size_t)tr->model.Ns * tr->model.C;
         tr->send_fwd = be->alloc(sizeof(float) * act * m * vpp);
@@ -43,6 +61,7 @@ void trainer_free(struct trainer *tr) {
     free(tr->schedule);
     free(tr->eval_schedule);
     free(tr->slot_of);
+    free(tr->layer_first);
     free(tr->inputs);
     free(tr->targets);
 }
@@ -97,6 +116,7 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
             if (vs < last_vs) comm_send(&g->pp_comm, out, act_bytes, (vs + 1) % pp, tag(tr, mb, vs + 1, 0));
         } else {
             int slot = tr->slot_of[mb];
+            m->last_micro_batch = !eval && mb == tr->micro_batches - 1;
             if (vs < last_vs) comm_recv(&g->pp_comm, tr->recv_grad, act_bytes, (vs + 1) % pp, tag(tr, mb, vs, 1));
             llama_backward_chunk(m, slot, c, tr->recv_grad);
             if (vs > 0) {
@@ -110,6 +130,7 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
             }
         }
     }
+    m->last_micro_batch = 0;
     comm_wait_sends(&g->pp_comm);
     return loss;
 }

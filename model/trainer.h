@@ -21,6 +21,7 @@ struct trainer {
     struct sched_item *schedule, *eval_schedule;
     int schedule_len, eval_len;
     int *slot_of;                /* micro batch -> activation slot */
+    int *layer_first;            /* global layer -> table index of its first tensor (-1: not local) */
     float *send_fwd, *send_bwd;  /* pipeline send buffers, [micro batch][chunk][Ns*C] */
     float *recv_grad;            /* [Ns*C] */
     int32_t *inputs, *targets;   /* host staging for one micro batch */

@@ -5,6 +5,8 @@
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build/rel}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+# sanitized builds: MPI's transport leaks a little at init (tests/lsan.supp)
+export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 log=$(mktemp)
 run() {
     local what=$1; shift
