@@ -7,6 +7,7 @@
 #include "checkpoint/checkpoint.h"
 #include "config/recipe.h"
 #include "data/blend.h"
+#include "data/prefetch.h"
 #include "model/trainer.h"
 #include "parallel/grid.h"
 
@@ -29,7 +30,8 @@ struct run {
     const struct backend *be;
     struct grid grid;
     int rank0;               /* world rank 0 prints and writes the metrics */
-    struct blend *train, *valid;
+    struct prefetcher *train;    /* training batches, read ahead in a thread */
+    struct blend *valid;
     struct trainer tr;
     struct train_state st;
     struct ckpt_snapshot snap;

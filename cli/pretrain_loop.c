@@ -128,10 +128,7 @@ static void fail_run(struct run *run, const char *fmt, ...) {
     if (run->rank0) {
         va_list ap;
         va_start(ap, fmt);
-        fflush(stdout);
-        fprintf(stderr, "mtrain: error: ");
-        vfprintf(stderr, fmt, ap);
-        fprintf(stderr, "\n");
+        verror_message(fmt, ap);
         va_end(ap);
     }
     if (run->metrics) fflush(run->metrics);
@@ -220,7 +217,7 @@ static void setup(struct run *run) {
         openblas_set_num_threads(threads);
     }
     run->rank0 = run->grid.world_rank == 0;
-    run->train = blend_from_recipe(r, SPLIT_TRAIN);
+    run->train = prefetcher_create(r, SPLIT_TRAIN, run->grid.dp, run->grid.dp_rank);
     if (r->train.eval_interval > 0 && r->data.valid_fraction > 0) run->valid = blend_from_recipe(r, SPLIT_VALID);
     trainer_create(&run->tr, run->be, r, &run->grid);
     if (r->model.init_from[0]) weights_load(run->be, run->tr.model.params, &run->tr.model.table, r->model.init_from);
@@ -240,7 +237,7 @@ static void teardown(struct run *run) {
     if (run->r->checkpoint.dir[0]) ckpt_snapshot_free(&run->snap);
     free(run->batch);
     trainer_free(&run->tr);
-    blend_free(run->train);
+    prefetcher_free(run->train);
     if (run->valid) blend_free(run->valid);
     grid_free(&run->grid);
 }
@@ -250,8 +247,8 @@ static int one_step(struct run *run, int step) {
     const struct recipe *r = run->r;
     int G = r->train.global_batch;
     double t0 = now_seconds();
-    int n = fill_batch(run, run->train, run->st.consumed_samples);
-    struct step_stats st = trainer_compute(&run->tr, run->batch, n);
+    const int32_t *batch = prefetcher_next(run->train, run->st.consumed_samples);
+    struct step_stats st = trainer_compute(&run->tr, batch, G / run->grid.dp);
     if (run->o->inject_nan == step && !run->injected_nan) {
         run->injected_nan = 1;
         st.loss = st.grad_norm = NAN;
@@ -300,7 +297,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     if (o->inject_crash || o->inject_crash_in_save) setrlimit(RLIMIT_CORE, &no_core); /* injected aborts: no core files */
     if (run.rank0) {
         const struct grid *g = &run.grid;
-        struct dataset *ds = blend_dataset(run.train, 0);
+        struct dataset *ds = prefetcher_dataset(run.train);
         printf("mtrain %s | %s | llama %lld params | device %s | threads %d | ranks %d (tp %d pp %d dp %d) | data %s: "
                "%lld tokens, %lld docs\n",
                MTRAIN_VERSION, r->source, (long long)model_param_count(&r->model), run.be->name, omp_get_max_threads(),

@@ -10,13 +10,17 @@
 #include <time.h>
 #include <unistd.h>
 
-void die_code(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+void verror_message(const char *fmt, va_list ap) {
     fflush(stdout);
     fprintf(stderr, "mtrain: error: ");
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
+}
+
+void die_code(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    verror_message(fmt, ap);
     va_end(ap);
     exit(code);
 }

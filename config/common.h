@@ -2,6 +2,7 @@
  * allocation and stdio, timing. Exit codes follow the CLI contract:
  * 0 ok, 1 runtime failure, 2 usage or recipe error. */
 #pragma once
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,6 +11,8 @@
 #define EXIT_RUNTIME 1
 #define EXIT_USAGE 2
 
+/* Print "mtrain: error: ..." (and a newline) to stderr. */
+void verror_message(const char *fmt, va_list ap);
 /* Print "mtrain: error: ..." and exit with code. */
 void die_code(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
 #define die(...) die_code(EXIT_RUNTIME, __VA_ARGS__)
