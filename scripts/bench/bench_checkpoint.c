@@ -37,6 +37,7 @@ int main(int argc, char **argv) {
     struct ckpt_layout layout = {.tp = 1, .pp = 1, .dp = 1, .vpp = 1, .writer = 1};
     ckpt_snapshot_init(&snap, &r, &t, &layout);
 
+    ckpt_snapshot_take(&snap, be, p, &opt, &st); /* first touch of the host buffer, as in a run's first save */
     double t0 = now_seconds();
     ckpt_snapshot_take(&snap, be, p, &opt, &st);
     double snap_s = now_seconds() - t0;
@@ -47,9 +48,12 @@ int main(int argc, char **argv) {
     checkpoint_step_dir(dir, sizeof dir, r.checkpoint.dir, 1);
     struct train_state back;
     float *host = xmalloc(3 * bytes);
-    t0 = now_seconds();
-    if (checkpoint_load(dir, &t, host, host + t.total, host + 2 * t.total, &back, err, sizeof err) != 0) die("%s", err);
-    double read_s = now_seconds() - t0;
+    double read_first_s = 0, read_s = 0;
+    for (int round = 0; round < 2; round++) { /* the first also faults the fresh buffer in */
+        t0 = now_seconds();
+        if (checkpoint_load(dir, &t, host, host + t.total, host + 2 * t.total, &back, err, sizeof err) != 0) die("%s", err);
+        *(round ? &read_s : &read_first_s) = now_seconds() - t0;
+    }
 
     st.step = 2; /* async: the stall is the snapshot; the write overlaps "training" */
     struct async_saver saver = {0};
@@ -64,8 +68,8 @@ int main(int argc, char **argv) {
 
     double gb = 3.0 * bytes / 1e9;
     printf("{\"state_gb\":%.3f,\"write_s\":%.3f,\"write_gbps\":%.3f,\"read_verify_s\":%.3f,\"read_gbps\":%.3f,"
-           "\"snapshot_s\":%.3f,\"async_stall_s\":%.3f,\"async_total_s\":%.3f}\n",
-           gb, write_s, gb / write_s, read_s, gb / read_s, snap_s, stall_s, async_total_s);
+           "\"read_first_s\":%.3f,\"snapshot_s\":%.3f,\"async_stall_s\":%.3f,\"async_total_s\":%.3f}\n",
+           gb, write_s, gb / write_s, read_s, gb / read_s, read_first_s, snap_s, stall_s, async_total_s);
     ckpt_snapshot_free(&snap);
     free(host);
     optimizer_free(&opt);

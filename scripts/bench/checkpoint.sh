@@ -18,7 +18,7 @@ o, dd = json.loads(sys.argv[1]), float(sys.argv[2])
 rows = [("state (params + AdamW moments, fp32)", f'{o["state_gb"]:.2f} GB'),
         ("raw disk write (dd, 1 GiB, fsync)", f"{dd:.2f} GB/s"),
         ("checkpoint write (fsync + commit)", f'{o["write_gbps"]:.2f} GB/s  ({o["write_s"]:.2f} s, {o["write_gbps"] / dd:.2f}x dd)'),
-        ("checkpoint read + XXH3 verify", f'{o["read_gbps"]:.2f} GB/s  ({o["read_verify_s"]:.2f} s, page cache warm)'),
+        ("checkpoint read + XXH3 verify", f'{o["read_gbps"]:.2f} GB/s  ({o["read_verify_s"]:.2f} s, page cache warm; the first read took {o["read_first_s"]:.2f} s: fresh 1 GB buffer, file not yet cached)'),
         ("async save: training stall", f'{o["async_stall_s"] * 1e3:.0f} ms  (write finished {o["async_total_s"]:.2f} s later)'),
         ("sync save: training stall", f'{o["write_s"] * 1e3:.0f} ms')]
 print("| metric | value |\n| --- | --- |")
