@@ -94,8 +94,9 @@ static json_t *tensor_json(const struct param_info *p, const char *name, const c
     }
     char hex[17];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
-    json_t *t = json_pack("{s:s, s:o, s:o, s:s, s:i, s:i, s:s, s:s}", "name", name, "shape", shape, "local_shape",
-                          local, "shard", shard_names[p->shard], "tp_rank", tp_rank, "tp", tp, "file", file, "xxh3", hex);
+    json_t *t = json_pack("{s:s, s:o, s:o, s:s, s:i, s:i, s:i, s:i, s:s, s:s}", "name", name, "shape", shape,
+                          "local_shape", local, "shard", shard_names[p->shard], "parts", p->parts, "part", p->part,
+                          "tp_rank", tp_rank, "tp", tp, "file", file, "xxh3", hex);
     CHECK(t);
     return t;
 }
@@ -346,7 +347,9 @@ static int assemble(struct open_files *o, json_t *tensors, const struct param_in
     float *buf = NULL;
     int64_t rows = p->shape[0], cols = p->ndim > 1 ? p->shape[1] : 1;
     int64_t lr = p->local_shape[0], lc = p->ndim > 1 ? p->local_shape[1] : 1;
-    int64_t r0 = p->shard == SHARD_TP_ROWS ? tp_rank * lr : 0, c0 = p->shard == SHARD_TP_COLS ? tp_rank * lc : 0;
+    int64_t r0 = p->shard == SHARD_TP_ROWS ? p->part * lr : 0, c0 = p->shard == SHARD_TP_COLS ? p->part * lc : 0;
+    unsigned char seen[4096] = {0}; /* source blocks already copied (kv blocks are stored by every sharer) */
+    (void)tp_rank;
     json_array_foreach(tensors, i, e) {
         json_t *n = json_object_get(e, "name");
         if (!json_is_string(n) || strcmp(json_string_value(n), name)) continue;
@@ -359,16 +362,20 @@ static int assemble(struct open_files *o, json_t *tensors, const struct param_in
             return load_fail(err, errlen, -2, "%s: tensor %s has another shape or shard rule: the checkpoint belongs "
                              "to a different model shape than the recipe", o->dir, name);
         }
-        int src_tp = (int)ival(e, "tp"), src_rank = (int)ival(e, "tp_rank");
-        if (src_tp < 1 || src_rank < 0 || src_rank >= src_tp) {
+        /* which block of how many this stored shard is (older manifests: its TP rank of tp) */
+        json_t *jp = json_object_get(e, "parts"), *jq = json_object_get(e, "part");
+        int src_parts = (int)(jp ? json_integer_value(jp) : ival(e, "tp"));
+        int src_part = (int)(jq ? json_integer_value(jq) : ival(e, "tp_rank"));
+        if (p->shard == SHARD_REPLICATED) src_parts = 1, src_part = 0;
+        if (src_parts < 1 || src_parts > 4096 || src_part < 0 || src_part >= src_parts) {
             free(buf);
-            return load_fail(err, errlen, -1, "%s: tensor %s: bad tp/tp_rank in the manifest", o->dir, name);
+            return load_fail(err, errlen, -1, "%s: tensor %s: bad parts/part in the manifest", o->dir, name);
         }
+        if (seen[src_part]) continue; /* every sharer stored a copy: one is enough */
         /* rows/cols this stored shard covers */
         int64_t sr0 = 0, sr1 = rows, sc0 = 0, sc1 = cols;
-        if (p->shard == SHARD_TP_ROWS) sr0 = src_rank * (rows / src_tp), sr1 = sr0 + rows / src_tp;
-        if (p->shard == SHARD_TP_COLS) sc0 = src_rank * (cols / src_tp), sc1 = sc0 + cols / src_tp;
-        if (p->shard == SHARD_REPLICATED && found) continue; /* every TP rank stored a copy: one is enough */
+        if (p->shard == SHARD_TP_ROWS) sr0 = src_part * (rows / src_parts), sr1 = sr0 + rows / src_parts;
+        if (p->shard == SHARD_TP_COLS) sc0 = src_part * (cols / src_parts), sc1 = sc0 + cols / src_parts;
         int64_t ir0 = sr0 > r0 ? sr0 : r0, ir1 = sr1 < r0 + lr ? sr1 : r0 + lr;
         int64_t ic0 = sc0 > c0 ? sc0 : c0, ic1 = sc1 < c0 + lc ? sc1 : c0 + lc;
         if (ir0 >= ir1 || ic0 >= ic1) continue;
@@ -382,6 +389,7 @@ static int assemble(struct open_files *o, json_t *tensors, const struct param_in
             memcpy(out + (r - r0) * lc + (ic0 - c0), buf + (r - sr0) * (sc1 - sc0) + (ic0 - sc0),
                    sizeof(float) * (ic1 - ic0));
         found += (int)((ir1 - ir0) * (ic1 - ic0));
+        seen[src_part] = 1;
     }
     free(buf);
     if (found != lr * lc)

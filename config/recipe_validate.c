@@ -80,8 +80,9 @@ static int check_parallel(const struct recipe *r, int world_size) {
     if (m->num_heads % p->tp)
         return verr(r, "parallel.tp", "tp %d does not divide model.num_heads %d%s", p->tp, m->num_heads,
                     other(r, "model.num_heads", o, sizeof o));
-    if (m->num_kv_heads % p->tp)
-        return verr(r, "parallel.tp", "tp %d does not divide model.num_kv_heads %d%s", p->tp, m->num_kv_heads,
+    /* tp > kv heads: each kv head is replicated over tp / kv_heads ranks */
+    if (m->num_kv_heads % p->tp && p->tp % m->num_kv_heads)
+        return verr(r, "parallel.tp", "tp %d and model.num_kv_heads %d must divide one another%s", p->tp, m->num_kv_heads,
                     other(r, "model.num_kv_heads", o, sizeof o));
     if (m->vocab_size % p->tp)
         return verr(r, "parallel.tp", "tp %d does not divide model.vocab_size %d (vocab-parallel embedding; pad the "

@@ -25,8 +25,8 @@ static uint64_t global_index(const struct param_info *p, size_t i, int tp_rank) 
     if (p->shard == SHARD_REPLICATED || p->ndim == 1) return i;
     int64_t lr = p->local_shape[0], lc = p->local_shape[1];
     int64_t r = i / lc, c = i % lc;
-    if (p->shard == SHARD_TP_ROWS) r += (int64_t)tp_rank * lr;
-    else c += (int64_t)tp_rank * lc;
+    if (p->shard == SHARD_TP_ROWS) r += (int64_t)p->part * lr;
+    else c += (int64_t)p->part * lc;
     return (uint64_t)(r * p->shape[1] + c);
 }
 

@@ -87,7 +87,7 @@ static void set_dims(struct llama *m, const struct model_config *cfg, const stru
     m->tp = part->tp;
     m->sp = sp && part->tp > 1;
     m->Ns = m->sp ? m->N / m->tp : m->N;
-    m->Hl = m->H / m->tp, m->KVl = m->KV / m->tp, m->Fl = m->F / m->tp, m->Vl = m->V / m->tp;
+    m->Hl = m->H / m->tp, m->KVl = m->KV >= m->tp ? m->KV / m->tp : 1, m->Fl = m->F / m->tp, m->Vl = m->V / m->tp;
     m->vstart = part->tp_rank * m->Vl;
     m->nslots = nslots;
 }

@@ -24,12 +24,18 @@ void optimizer_create(struct optimizer *o, const struct backend *be, const struc
         o->flat = be->alloc(sizeof(float) * per * dp->size);
     }
     o->started = xcalloc(t->count ? t->count : 1, 1);
+    size_t shared = 0; /* the largest tensor whose blocks are shared by several TP ranks */
+    for (int i = 0; i < t->count; i++)
+        if (t->items[i].shard != SHARD_REPLICATED && t->items[i].parts < t->tp && t->items[i].numel * t->items[i].parts > shared)
+            shared = t->items[i].numel * t->items[i].parts;
+    if (shared) o->shared_scratch = be->alloc(sizeof(float) * shared);
     o->m = be->alloc(sizeof(float) * (o->shard_len ? o->shard_len : 1));
     o->v = be->alloc(sizeof(float) * (o->shard_len ? o->shard_len : 1));
 }
 
 void optimizer_free(struct optimizer *o) {
     free(o->started);
+    if (o->shared_scratch) o->be->free(o->shared_scratch);
     o->be->free(o->m);
     o->be->free(o->v);
     if (o->distributed) {
@@ -38,17 +44,31 @@ void optimizer_free(struct optimizer *o) {
     }
 }
 
-/* Norm weights saw only this rank's tokens under sequence parallelism. */
-static void reduce_replicated_over_tp(struct optimizer *o, float *grads, int first, int last) {
+/* Sum, over the TP ranks holding the same block, the gradients that each saw
+ * only part of: norm weights under sequence parallelism (this rank's tokens),
+ * and kv-head blocks shared by tp/kv ranks (this rank's query heads). A shared
+ * block is summed through a zero-padded all-reduce over the whole TP group. */
+static void reduce_shared_over_tp(struct optimizer *o, float *grads, int first, int last) {
     const struct param_table *t = o->table;
-    for (int i = first; o->sequence_parallel && i <= last; i++)
-        if (t->items[i].shard == SHARD_REPLICATED) comm_all_reduce_sum(o->tp, grads + t->items[i].offset, t->items[i].numel);
+    for (int i = first; i <= last; i++) {
+        const struct param_info *p = &t->items[i];
+        float *g = grads + p->offset;
+        if (p->shard == SHARD_REPLICATED) {
+            if (o->sequence_parallel) comm_all_reduce_sum(o->tp, g, p->numel);
+        } else if (p->parts < t->tp) {
+            size_t n = p->numel * p->parts;
+            o->be->zero(o->shared_scratch, sizeof(float) * n);
+            o->be->copy(o->shared_scratch + p->part * p->numel, g, sizeof(float) * p->numel);
+            comm_all_reduce_sum(o->tp, o->shared_scratch, n);
+            o->be->copy(g, o->shared_scratch + p->part * p->numel, sizeof(float) * p->numel);
+        }
+    }
 }
 
 void optimizer_reduce_bucket_start(struct optimizer *o, float *grads, int first, int last) {
     const struct param_table *t = o->table;
     if (o->distributed) return;
-    reduce_replicated_over_tp(o, grads, first, last);
+    reduce_shared_over_tp(o, grads, first, last);
     size_t begin = t->items[first].offset, end = t->items[last].offset + t->items[last].numel;
     if (o->dp && o->dp->size > 1) comm_all_reduce_sum_start(o->dp, grads + begin, end - begin);
     memset(o->started + first, 1, last - first + 1);
@@ -64,7 +84,7 @@ void optimizer_reduce_grads(struct optimizer *o, float *grads) {
         }
         int j = i;
         while (j + 1 < t->count && !o->started[j + 1]) j++;
-        reduce_replicated_over_tp(o, grads, i, j);
+        reduce_shared_over_tp(o, grads, i, j);
         if (o->dp && o->dp->size > 1 && !o->distributed)
             comm_all_reduce_sum(o->dp, grads + t->items[i].offset, t->items[j].offset + t->items[j].numel - t->items[i].offset);
         i = j + 1;
@@ -96,6 +116,7 @@ double optimizer_grad_norm(struct optimizer *o, const float *grads, struct comm 
     for (int i = 0; i < t->count && count_dp; i++) {
         const struct param_info *p = &t->items[i];
         if (p->shard == SHARD_REPLICATED && t->tp_rank != 0) continue; /* the same on every TP rank */
+        if (p->shard != SHARD_REPLICATED && t->tp_rank % (t->tp / p->parts)) continue; /* a shared block: once */
         size_t off, n;
         if (!intersect(p, o->shard_begin, o->shard_len, &off, &n)) continue;
         ss += o->be->sum_squares(g + (off - o->shard_begin), n);

@@ -23,6 +23,7 @@ struct optimizer {
     float *grad_shard;         /* ZeRO: reduced gradient of the shard */
     float *flat;               /* ZeRO: padded scratch of dp * shard_len floats */
     unsigned char *started;    /* per tensor: its reduction was started by a bucket */
+    float *shared_scratch;     /* gradients of blocks shared by several TP ranks (kv heads) */
     int step;                  /* completed updates */
 };
 

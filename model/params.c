@@ -6,7 +6,7 @@
 #include "model/params.h"
 
 static void add(struct param_table *t, int cap, const char *name, int64_t d0, int64_t d1, enum shard_rule shard,
-                enum param_kind kind, float std, int tp, int tp_rank) {
+                enum param_kind kind, float std, int parts, int tp_rank) {
     CHECK(t->count < cap);
     struct param_info *p = &t->items[t->count++];
     memset(p, 0, sizeof *p);
@@ -14,16 +14,18 @@ static void add(struct param_table *t, int cap, const char *name, int64_t d0, in
     p->ndim = d1 ? 2 : 1;
     p->shape[0] = d0, p->shape[1] = d1;
     p->local_shape[0] = d0, p->local_shape[1] = d1;
-    if (shard == SHARD_TP_ROWS) p->local_shape[0] = d0 / tp;
-    if (shard == SHARD_TP_COLS) p->local_shape[1] = d1 / tp;
+    if (shard == SHARD_REPLICATED) parts = 1;
+    if (shard == SHARD_TP_ROWS) p->local_shape[0] = d0 / parts;
+    if (shard == SHARD_TP_COLS) p->local_shape[1] = d1 / parts;
     p->shard = shard;
+    p->parts = parts;
+    p->part = tp_rank * parts / t->tp; /* consecutive TP ranks share a block */
     p->kind = kind;
     p->init_std = std;
     p->numel = p->local_shape[0] * (d1 ? p->local_shape[1] : 1);
     /* keep every tensor 16-float aligned (64 bytes) for vector loads */
     p->offset = t->total;
     t->total += (p->numel + 15) / 16 * 16;
-    (void)tp_rank;
 }
 
 void model_part_full(struct model_part *p, const struct model_config *m) {
@@ -49,7 +51,7 @@ void param_table_build(struct param_table *t, const struct model_config *m, cons
     int tp = part->tp, tp_rank = part->tp_rank;
     int L = m->num_layers, C = m->hidden_size, H = m->num_heads, KV = m->num_kv_heads;
     int D = C / H, F = m->intermediate_size, V = m->vocab_size;
-    int cap = 3 + 9 * L;
+    int cap = 3 + 9 * L, kv_parts = tp < KV ? tp : KV;
     /* Residual-branch output projections get std / sqrt(2 L) (GPT-2 / Megatron
      * scaled init) so the residual stream does not grow with depth. */
     float std = m->init_std, out_std = m->init_std / sqrtf(2.0f * L);
@@ -60,19 +62,22 @@ void param_table_build(struct param_table *t, const struct model_config *m, cons
     if (part->has_embed) add(t, cap, "model.embed_tokens.weight", V, C, SHARD_TP_ROWS, PARAM_MATRIX, std, tp, tp_rank);
     for (int c = 0; c < part->nchunks; c++)
     for (int l = part->layer_begin[c]; l < part->layer_end[c]; l++) {
-#define LAYER(suffix, d0, d1, shard, kind, s)                                  \
+#define LAYER_PARTS(suffix, d0, d1, shard, kind, s, parts)                     \
     snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);              \
-    add(t, cap, name, d0, d1, shard, kind, s, tp, tp_rank)
+    add(t, cap, name, d0, d1, shard, kind, s, parts, tp_rank)
+#define LAYER(suffix, d0, d1, shard, kind, s) LAYER_PARTS(suffix, d0, d1, shard, kind, s, tp)
         LAYER("input_layernorm.weight", C, 0, SHARD_REPLICATED, PARAM_NORM, 0);
         LAYER("self_attn.q_proj.weight", H * D, C, SHARD_TP_ROWS, PARAM_MATRIX, std);
-        LAYER("self_attn.k_proj.weight", KV * D, C, SHARD_TP_ROWS, PARAM_MATRIX, std);
-        LAYER("self_attn.v_proj.weight", KV * D, C, SHARD_TP_ROWS, PARAM_MATRIX, std);
+        /* kv heads are replicated over the TP ranks of a group when tp > kv heads */
+        LAYER_PARTS("self_attn.k_proj.weight", KV * D, C, SHARD_TP_ROWS, PARAM_MATRIX, std, kv_parts);
+        LAYER_PARTS("self_attn.v_proj.weight", KV * D, C, SHARD_TP_ROWS, PARAM_MATRIX, std, kv_parts);
         LAYER("self_attn.o_proj.weight", C, H * D, SHARD_TP_COLS, PARAM_MATRIX, out_std);
         LAYER("post_attention_layernorm.weight", C, 0, SHARD_REPLICATED, PARAM_NORM, 0);
         LAYER("mlp.gate_proj.weight", F, C, SHARD_TP_ROWS, PARAM_MATRIX, std);
         LAYER("mlp.up_proj.weight", F, C, SHARD_TP_ROWS, PARAM_MATRIX, std);
         LAYER("mlp.down_proj.weight", C, F, SHARD_TP_COLS, PARAM_MATRIX, out_std);
 #undef LAYER
+#undef LAYER_PARTS
     }
     if (!part->has_head) return;
     add(t, cap, "model.norm.weight", C, 0, SHARD_REPLICATED, PARAM_NORM, 0, tp, tp_rank);

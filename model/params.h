@@ -27,6 +27,9 @@ struct param_info {
     int64_t shape[2];       /* global shape */
     int64_t local_shape[2]; /* this rank's shard */
     enum shard_rule shard;
+    int parts, part;        /* the split dim holds `parts` blocks; this rank has block `part`.
+                             * parts = tp, except k/v projections when tp > kv heads:
+                             * parts = kv heads, each block shared by tp/parts ranks */
     enum param_kind kind;
     float init_std;
     size_t offset;          /* in floats, into the local parameter buffer */

@@ -24,10 +24,13 @@ def load_params(step_dir):
             continue
         if e["file"] not in files:
             files[e["file"]] = load_file(os.path.join(step_dir, e["file"]))
-        pieces.setdefault(e["name"], []).append((e["tp_rank"], e["shard"], files[e["file"]][e["name"]]))
+        # block `part` of `parts` along the split dim (older manifests: tp_rank of tp);
+        # kv-head blocks shared by several TP ranks are stored once per sharer
+        part = e.get("part", e["tp_rank"])
+        pieces.setdefault(e["name"], {})[part] = (part, e["shard"], files[e["file"]][e["name"]])
     out = {}
-    for name, parts in pieces.items():
-        parts.sort(key=lambda p: p[0])
+    for name, blocks in pieces.items():
+        parts = sorted(blocks.values(), key=lambda p: p[0])
         shard = parts[0][1]
         if shard == "replicated":
             out[name] = parts[0][2]

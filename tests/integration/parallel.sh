@@ -40,6 +40,7 @@ layouts=(
     "dp2_zero 1 1 2 optimizer.distributed=true" "tp2_dp2_zero 2 1 2 optimizer.distributed=true"
     "pp2_dp2_zero 1 2 2 optimizer.distributed=true" "tp2_pp2_dp2_zero 2 2 2 optimizer.distributed=true"
     "pp2_vpp2 1 2 1 parallel.vpp=2" "tp2_sp 2 1 1 parallel.sequence_parallel=true"
+    "tp4_kv_heads_replicated 4 1 1"
     "tp2_pp2_dp2_sp_vpp2_zero 2 2 2 parallel.sequence_parallel=true parallel.vpp=2 optimizer.distributed=true"
 )
 for spec in "${layouts[@]}"; do
