@@ -19,3 +19,17 @@ expect_exit() {
 expect_output() {
     if grep -qE -- "$2" "$TMP/out"; then pass "$1"; else fail "$1" "output lacks /$2/: $(head -c 400 "$TMP/out")"; fi
 }
+# The Python that has the test references (Debian's python3-torch + pip packages).
+PY=${PYTHON:-/usr/bin/python3}
+# require_python NAME MODULES...: fail NAME and exit unless $PY imports them all
+require_python() {
+    local name=$1; shift
+    local imports
+    imports=$(IFS=,; echo "$*")
+    if ! "$PY" -c "import $imports" 2>"$TMP/err"; then
+        fail "$name" "$PY cannot import $imports (run scripts/install-deps.sh): $(tail -1 "$TMP/err")"
+        exit 1
+    fi
+}
+# A build product (tools are built by `make test`).
+build_path() { echo "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/${BUILD:-build/rel}/$1"; }
