@@ -538,6 +538,8 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
         return -1;
     }
     r.parallel.tp = tp, r.parallel.pp = pp, r.parallel.vpp = vpp;
+    /* any layout loads any checkpoint, so the stage split here is the even one */
+    r.parallel.first_stage_layers = r.parallel.last_stage_layers = 0;
     snprintf(r.data.path, sizeof r.data.path, "/"); /* the layout is checked here, not the data */
     if (recipe_validate(&r, tp * pp * dp) != 0) {
         snprintf(err, errlen, "layout tp %d pp %d vpp %d dp %d does not fit this model (see above)", tp, pp, vpp, dp);
@@ -554,7 +556,7 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
         for (int t = 0; t < tp; t++) {
             struct model_part part;
             struct param_table table;
-            model_part_for(&part, &r.model, tp, t, pp, vpp, p);
+            model_part_for(&part, &r.model, &r.parallel, t, p);
             param_table_build(&table, &r.model, &part);
             struct ckpt_layout L = {.world_rank = t + tp * dp * p, .tp = tp, .tp_rank = t, .pp = pp, .pp_rank = p,
                                     .dp = dp, .vpp = vpp, .writer = 1};

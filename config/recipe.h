@@ -34,6 +34,8 @@ struct model_config {
 struct parallel_config {
     int tp, pp, ep, cp, vpp;
     int sequence_parallel;          /* bool */
+    int first_stage_layers;         /* layers of pipeline stage 0; 0 = an even split */
+    int last_stage_layers;          /* layers of the last stage; 0 = an even split */
 };
 
 struct train_config {

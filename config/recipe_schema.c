@@ -55,6 +55,8 @@ const struct recipe_key recipe_keys[] = {
     POS(parallel, cp, "1", "context parallel size"),
     POS(parallel, vpp, "1", "virtual pipeline stages per rank (interleaved 1F1B)"),
     BOOL(parallel, sequence_parallel, "false", "shard norm/dropout activations over TP ranks"),
+    NONNEG(parallel, first_stage_layers, "0", "layers on pipeline stage 0 (it also holds the embedding); 0 = even split"),
+    NONNEG(parallel, last_stage_layers, "0", "layers on the last pipeline stage (it also holds the head); 0 = even split"),
 
     POS(train, seq_len, "128", "tokens per training sequence"),
     POS(train, micro_batch, "4", "sequences per micro batch per data-parallel rank"),

@@ -69,12 +69,22 @@ static int check_parallel(const struct recipe *r, int world_size) {
     const struct parallel_config *p = &r->parallel;
     const struct model_config *m = &r->model;
     char o[RECIPE_PATH_MAX + 96];
-    if (m->num_layers % p->pp)
+    int uneven = (p->first_stage_layers > 0) + (p->last_stage_layers > 0);
+    if (uneven) {
+        int middle = p->pp - uneven, rest = m->num_layers - p->first_stage_layers - p->last_stage_layers;
+        const char *key = p->first_stage_layers ? "parallel.first_stage_layers" : "parallel.last_stage_layers";
+        if (p->pp < 2) return verr(r, key, "uneven pipeline stages need pp > 1");
+        if (p->vpp > 1) return verr(r, key, "uneven pipeline stages cannot be combined with vpp %d", p->vpp);
+        if (rest < middle || (middle == 0 && rest != 0) || (middle > 0 && rest % middle))
+            return verr(r, key, "first %d + last %d stage layers leave %d of model.num_layers %d for %d middle stages: "
+                        "each needs the same number, at least 1", p->first_stage_layers, p->last_stage_layers, rest,
+                        m->num_layers, middle);
+    } else if (m->num_layers % p->pp)
         return verr(r, "parallel.pp", "pp %d does not divide model.num_layers %d%s", p->pp, m->num_layers,
                     other(r, "model.num_layers", o, sizeof o));
     if (p->vpp > 1 && p->pp == 1)
         return verr(r, "parallel.vpp", "vpp %d needs pipeline parallelism (pp > 1)", p->vpp);
-    if (m->num_layers % (p->pp * p->vpp))
+    if (!uneven && m->num_layers % (p->pp * p->vpp))
         return verr(r, "parallel.vpp", "pp*vpp = %d does not divide model.num_layers %d%s", p->pp * p->vpp,
                     m->num_layers, other(r, "model.num_layers", o, sizeof o));
     if (m->num_heads % p->tp)

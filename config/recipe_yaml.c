@@ -214,8 +214,10 @@ static int load_section(struct loader *L, const yaml_event_t *e) {
     int s = find_section(section);
     if (s < 0) {
         recipe_suggest(section, NULL, hint, sizeof hint);
-        return load_error(L, e->start_mark, section, "unknown section%s; sections are model, parallel, train, "
-                          "optimizer, data, checkpoint, log", hint);
+        char names[256] = "";
+        for (int i = 0; recipe_sections[i]; i++) /* the schema's list, so it never goes stale */
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", recipe_sections[i]);
+        return load_error(L, e->start_mark, section, "unknown section%s; sections are %s", hint, names);
     }
     if (L->section_line[s])
         return load_error(L, e->start_mark, section, "duplicate section (first at line %d)", L->section_line[s]);

@@ -23,7 +23,7 @@ struct memory_estimate model_memory_estimate(const struct recipe *r) {
     struct memory_estimate e = {0};
     struct param_table t;
     struct model_part part;
-    model_part_for(&part, &r->model, r->parallel.tp, 0, r->parallel.pp, r->parallel.vpp, 0);
+    model_part_for(&part, &r->model, &r->parallel, 0, 0);
     param_table_build(&t, &r->model, &part);
     e.params = t.total * sizeof(float);
     e.grads = e.params;

@@ -29,19 +29,33 @@ static void add(struct param_table *t, int cap, const char *name, int64_t d0, in
 }
 
 void model_part_full(struct model_part *p, const struct model_config *m) {
-    model_part_for(p, m, 1, 0, 1, 1, 0);
+    struct parallel_config one = {.tp = 1, .pp = 1, .vpp = 1, .cp = 1, .ep = 1};
+    model_part_for(p, m, &one, 0, 0);
 }
 
-void model_part_for(struct model_part *p, const struct model_config *m, int tp, int tp_rank, int pp, int vpp,
-                    int pp_rank) {
+void model_part_for(struct model_part *p, const struct model_config *m, const struct parallel_config *par,
+                    int tp_rank, int pp_rank) {
+    int tp = par->tp, pp = par->pp, vpp = pp > 1 ? par->vpp : 1, L = m->num_layers;
+    int first = pp > 1 ? par->first_stage_layers : 0, last = pp > 1 ? par->last_stage_layers : 0;
     memset(p, 0, sizeof *p);
-    CHECK(vpp <= MAX_CHUNKS && m->num_layers % (pp * vpp) == 0);
     p->tp = tp, p->tp_rank = tp_rank, p->pp = pp, p->pp_rank = pp_rank, p->nchunks = vpp;
-    int per_stage = m->num_layers / (pp * vpp);
-    for (int c = 0; c < vpp; c++) {
-        int vs = c * pp + pp_rank;
-        p->layer_begin[c] = vs * per_stage;
-        p->layer_end[c] = (vs + 1) * per_stage;
+    if (first || last) { /* uneven: stage 0 and/or the last stage get their own counts, the rest split evenly */
+        int middle = pp - (first > 0) - (last > 0), rest = L - first - last;
+        int per = middle > 0 ? rest / middle : 0, begin = 0;
+        for (int s = 0; s < pp; s++) {
+            int n = (s == 0 && first) ? first : (s == pp - 1 && last) ? last : per;
+            if (s == pp_rank) p->layer_begin[0] = begin, p->layer_end[0] = begin + n;
+            begin += n;
+        }
+        CHECK(begin == L);
+    } else {
+        CHECK(vpp <= MAX_CHUNKS && L % (pp * vpp) == 0);
+        int per_stage = L / (pp * vpp);
+        for (int c = 0; c < vpp; c++) {
+            int vs = c * pp + pp_rank;
+            p->layer_begin[c] = vs * per_stage;
+            p->layer_end[c] = (vs + 1) * per_stage;
+        }
     }
     p->has_embed = pp_rank == 0;
     p->has_head = pp_rank == pp - 1;

@@ -57,8 +57,10 @@ struct model_part {
 
 /* The whole model on one rank. */
 void model_part_full(struct model_part *p, const struct model_config *m);
-void model_part_for(struct model_part *p, const struct model_config *m, int tp, int tp_rank, int pp, int vpp,
-                    int pp_rank);
+/* The part of pipeline rank pp_rank, tensor-parallel rank tp_rank in layout
+ * par (tp, pp, vpp and the optional uneven first/last stage sizes). */
+void model_part_for(struct model_part *p, const struct model_config *m, const struct parallel_config *par,
+                    int tp_rank, int pp_rank);
 /* Build the table of the tensors `part` holds (names and global shapes are
  * those of the whole model; local shapes are the TP shard). */
 void param_table_build(struct param_table *t, const struct model_config *m, const struct model_part *part);

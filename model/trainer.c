@@ -24,7 +24,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     tr->eval_len = schedule_build_forward(tr->eval_schedule, vpp, m);
     int slots = schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp);
     struct model_part part;
-    model_part_for(&part, &r->model, g->tp, g->tp_rank, g->pp, vpp, g->pp_rank);
+    model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank);
     llama_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots);
     optimizer_create(&tr->opt, be, &tr->model.table, &r->optimizer, &g->dp_comm, &g->tp_comm,
                      r->parallel.sequence_parallel);

@@ -41,6 +41,8 @@ layouts=(
     "pp2_dp2_zero 1 2 2 optimizer.distributed=true" "tp2_pp2_dp2_zero 2 2 2 optimizer.distributed=true"
     "pp2_vpp2 1 2 1 parallel.vpp=2" "tp2_sp 2 1 1 parallel.sequence_parallel=true"
     "tp4_kv_heads_replicated 4 1 1"
+    "pp2_uneven_1_3 1 2 1 parallel.first_stage_layers=1 parallel.last_stage_layers=3"
+    "pp3_uneven_1_2_1 1 3 1 parallel.first_stage_layers=1 parallel.last_stage_layers=1"
     "tp2_pp2_dp2_sp_vpp2_zero 2 2 2 parallel.sequence_parallel=true parallel.vpp=2 optimizer.distributed=true"
 )
 for spec in "${layouts[@]}"; do
@@ -91,6 +93,7 @@ bad par_bad_tp_heads 3 --set parallel.tp=3
 bad par_bad_world_size 3 --set parallel.tp=2
 bad par_bad_pp_layers 8 --set parallel.pp=8
 expect_output par_bad_pp_layers_message "pp 8 does not divide model.num_layers 4"
+bad par_bad_uneven_stages 2 --set parallel.pp=2 --set parallel.first_stage_layers=3 --set parallel.last_stage_layers=3
 
 # a rank that dies mid-step: the job exits non-zero in bounded time, then resumes
 start=$(date +%s)
