@@ -130,7 +130,9 @@ static int has_flag(int argc, char **argv, const char *a, const char *b) {
 static void dry_run(const struct recipe *r) {
     printf("# resolved recipe (%s)\n", r->source);
     recipe_print(r, stdout);
-    struct memory_estimate e = model_memory_estimate(r);
+    int world = launcher_world_size();
+    int dp = world ? world / (r->parallel.tp * r->parallel.pp * r->parallel.cp) : 1;
+    struct memory_estimate e = model_memory_estimate(r, dp > 0 ? dp : 1);
     double gib = 1024.0 * 1024 * 1024;
     printf("\n# plan\n");
     printf("parameters:       %lld\n", (long long)model_param_count(&r->model));
@@ -138,7 +140,6 @@ static void dry_run(const struct recipe *r) {
     printf("flops_per_step:   %.4g\n",
            model_flops_per_token(&r->model, r->train.seq_len) * r->train.global_batch * r->train.seq_len);
     if (r->parallel.pp > 1) {
-        int world = launcher_world_size(), dp = world ? world / (r->parallel.tp * r->parallel.pp * r->parallel.cp) : 1;
         int m = r->train.global_batch / (r->train.micro_batch * dp);
         printf("pipeline schedule (%s, %d micro batches per rank, dp %d): F/B<micro batch>.<chunk>\n",
                r->parallel.vpp > 1 ? "interleaved 1F1B" : "1F1B", m, dp);
@@ -148,8 +149,9 @@ static void dry_run(const struct recipe *r) {
         else
             schedule_print(stdout, r->parallel.pp, r->parallel.vpp, m);
     }
-    printf("memory_per_rank:  %.3f GiB (params %.3f, grads %.3f, adam %.3f, activations %.3f; fp32)\n",
-           e.total / gib, e.params / gib, e.grads / gib, e.optimizer / gib, e.activations / gib);
+    printf("memory_per_rank:  %.3f GiB (params %.3f, grads %.3f, adam %.3f, activations %.3f; fp32, pipeline "
+           "stage 0, dp %d)\n",
+           e.total / gib, e.params / gib, e.grads / gib, e.optimizer / gib, e.activations / gib, dp > 0 ? dp : 1);
 }
 
 int cmd_pretrain(int argc, char **argv) {

@@ -1,5 +1,7 @@
+#include "config/common.h"
 #include "model/flops.h"
 #include "model/llama.h"
+#include "parallel/schedule.h"
 
 int64_t model_param_count(const struct model_config *m) {
     struct param_table t;
@@ -19,7 +21,7 @@ double model_flops_per_token(const struct model_config *m, int seq_len) {
     return 6 * matmul_params + 6 * L * C * seq_len;
 }
 
-struct memory_estimate model_memory_estimate(const struct recipe *r) {
+struct memory_estimate model_memory_estimate(const struct recipe *r, int dp) {
     struct memory_estimate e = {0};
     struct param_table t;
     struct model_part part;
@@ -27,9 +29,20 @@ struct memory_estimate model_memory_estimate(const struct recipe *r) {
     param_table_build(&t, &r->model, &part);
     e.params = t.total * sizeof(float);
     e.grads = e.params;
-    e.optimizer = 2 * e.params;
+    e.optimizer = 2 * e.params / (r->optimizer.distributed && dp > 1 ? dp : 1);
     param_table_free(&t);
-    e.activations = llama_arena_bytes(&r->model, r->train.micro_batch, r->train.seq_len);
+    /* pipeline stage 0 holds the most micro batches at once */
+    int pp = r->parallel.pp, vpp = pp > 1 ? r->parallel.vpp : 1;
+    int m = r->train.global_batch / (r->train.micro_batch * (dp > 0 ? dp : 1));
+    if (m < 1) m = 1;
+    int slots = 1;
+    if (pp > 1 && (vpp == 1 || m % pp == 0)) {
+        struct sched_item *s = xmalloc(sizeof *s * 2 * m * vpp);
+        slots = schedule_max_in_flight(s, schedule_build(s, pp, vpp, 0, m), vpp);
+        free(s);
+    }
+    e.activations = llama_arena_bytes(&r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
+                                      r->train.seq_len, slots);
     e.total = e.params + e.grads + e.optimizer + e.activations;
     return e;
 }

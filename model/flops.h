@@ -16,4 +16,8 @@ int64_t model_param_count(const struct model_config *m);
 struct memory_estimate {
     size_t params, grads, optimizer, activations, total; /* bytes per rank */
 };
-struct memory_estimate model_memory_estimate(const struct recipe *r);
+/* The most loaded rank (pipeline stage 0: embedding + its layers + the most
+ * micro batches in flight) for dp data-parallel ranks (ZeRO-1 divides the
+ * moments by dp). Activations are this implementation's: attention keeps
+ * B x heads x T x T probabilities, no recomputation. */
+struct memory_estimate model_memory_estimate(const struct recipe *r, int dp);

@@ -92,17 +92,16 @@ static void set_dims(struct llama *m, const struct model_config *cfg, const stru
     m->nslots = nslots;
 }
 
-size_t llama_arena_bytes(const struct model_config *cfg, int B, int T) {
+size_t llama_arena_bytes(const struct model_config *cfg, const struct model_part *part, int sequence_parallel,
+                         int B, int T, int nslots) {
     struct llama m = {0};
-    struct model_part part;
-    model_part_full(&part, cfg);
-    set_dims(&m, cfg, &part, 0, B, T, 1);
-    struct act_slot slot = {0};
-    slot.acts = xcalloc(m.L, sizeof *slot.acts);
-    m.slots = &slot;
+    set_dims(&m, cfg, part, sequence_parallel, B, T, nslots);
+    m.slots = xcalloc(nslots, sizeof *m.slots);
+    for (int i = 0; i < nslots; i++) m.slots[i].acts = xcalloc(m.L, sizeof(struct layer_acts));
     struct carver c = {0};
     layout_arena(&m, &c);
-    free(slot.acts);
+    for (int i = 0; i < nslots; i++) free(m.slots[i].acts);
+    free(m.slots);
     return c.used * sizeof(float);
 }
 

@@ -78,8 +78,10 @@ void llama_create(struct llama *m, const struct backend *be, const struct model_
                   int nslots);
 void llama_free(struct llama *m);
 void llama_init_params(struct llama *m, uint64_t seed);
-/* Bytes of activations for one slot of B x T (for the memory estimate). */
-size_t llama_arena_bytes(const struct model_config *cfg, int B, int T);
+/* Bytes of the activation arena llama_create would allocate for this part
+ * (for the memory estimate). */
+size_t llama_arena_bytes(const struct model_config *cfg, const struct model_part *part, int sequence_parallel,
+                         int B, int T, int nslots);
 
 /* Copy a micro batch (host, B*T each) into a slot. */
 void llama_stage(struct llama *m, int slot, const int32_t *tokens, const int32_t *targets);
