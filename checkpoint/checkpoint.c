@@ -442,8 +442,6 @@ struct ckpt_reader *ckpt_reader_open(const char *step_dir, char *err, size_t err
     return rd;
 }
 
-const struct train_state *ckpt_reader_state(const struct ckpt_reader *rd) { return &rd->st; }
-
 const char *ckpt_reader_recipe(const struct ckpt_reader *rd) {
     json_t *r = json_object_get(rd->man, "recipe");
     return json_is_string(r) ? json_string_value(r) : "";

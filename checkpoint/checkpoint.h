@@ -78,7 +78,6 @@ int checkpoint_read_manifest(const char *step_dir, struct train_state *st, char 
 /* Reading a checkpoint tensor by tensor, whatever layout wrote it. */
 struct ckpt_reader;
 struct ckpt_reader *ckpt_reader_open(const char *step_dir, char *err, size_t errlen, int *rc);
-const struct train_state *ckpt_reader_state(const struct ckpt_reader *rd);
 /* The resolved recipe text the checkpoint was saved with. */
 const char *ckpt_reader_recipe(const struct ckpt_reader *rd);
 /* Fill out with tensor p's shard for tensor-parallel rank tp_rank (p's

@@ -125,12 +125,6 @@ double optimizer_grad_norm(struct optimizer *o, const float *grads, struct comm 
     return sqrt(ss);
 }
 
-double grad_global_norm(const struct backend *be, const struct param_table *t, const float *grads) {
-    double ss = 0;
-    for (int i = 0; i < t->count; i++) ss += be->sum_squares(grads + t->items[i].offset, t->items[i].numel);
-    return sqrt(ss);
-}
-
 void optimizer_step(struct optimizer *o, float *params, const float *grads, double lr, double grad_norm) {
     float scale = 1.0f;
     if (o->cfg.grad_clip > 0) {

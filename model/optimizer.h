@@ -50,7 +50,5 @@ void optimizer_step(struct optimizer *o, float *params, const float *grads, doub
 void optimizer_get_moments(struct optimizer *o, float *m_out, float *v_out);
 void optimizer_set_moments(struct optimizer *o, const float *m_in, const float *v_in);
 
-/* L2 norm over all gradients of one rank (single-rank helper). */
-double grad_global_norm(const struct backend *be, const struct param_table *t, const float *grads);
 /* Learning rate after `step` completed updates (the rate for update step+1). */
 double lr_at(const struct optimizer_config *cfg, int total_steps, int step);
