@@ -1,31 +1,97 @@
+#include <errno.h>
+#include <jansson.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
 #include "config/common.h"
 
+/* The safetensors files of a model: one file, or a Hugging Face directory
+ * (model.safetensors, or model.safetensors.index.json naming a file per tensor). */
+struct weight_files {
+    const char *path;
+    json_t *weight_map;      /* NULL: a single file */
+    char dir[4096];
+    struct st_file f[64];
+    char *names[64];
+    int n;
+};
+
+static void open_weights(struct weight_files *w, const char *path) {
+    memset(w, 0, sizeof *w);
+    w->path = path;
+    struct stat st;
+    if (stat(path, &st) != 0) die("%s: %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return;
+    snprintf(w->dir, sizeof w->dir, "%s", path);
+    char index[4200];
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", path);
+    if (!path_exists(index)) return; /* a directory with model.safetensors */
+    json_error_t jerr;
+    json_t *root = json_load_file(index, 0, &jerr);
+    if (!root) die("%s:%d: %s", index, jerr.line, jerr.text);
+    w->weight_map = json_incref(json_object_get(root, "weight_map"));
+    json_decref(root);
+    if (!json_is_object(w->weight_map)) die("%s: no \"weight_map\" object", index);
+}
+
+/* The open file that holds tensor name (dies naming what is missing). */
+static struct st_file *file_for(struct weight_files *w, const char *name) {
+    const char *file = "model.safetensors";
+    if (w->weight_map) {
+        json_t *f = json_object_get(w->weight_map, name);
+        if (!json_is_string(f)) die("%s: tensor %s is missing from the weight map", w->dir, name);
+        file = json_string_value(f);
+    }
+    if (!w->dir[0]) file = w->path;
+    for (int i = 0; i < w->n; i++)
+        if (!strcmp(w->names[i], file)) return &w->f[i];
+    if (w->n == 64) die("%s: more than 64 weight files", w->path);
+    char path[8300], err[1024];
+    if (w->dir[0]) snprintf(path, sizeof path, "%s/%s", w->dir, file);
+    else snprintf(path, sizeof path, "%s", file);
+    if (safetensors_open(&w->f[w->n], path, err, sizeof err) != 0) die("%s", err);
+    w->names[w->n] = xstrdup(file);
+    return &w->f[w->n++];
+}
+
+static void close_weights(struct weight_files *w) {
+    for (int i = 0; i < w->n; i++) {
+        safetensors_close(&w->f[i]);
+        free(w->names[i]);
+    }
+    json_decref(w->weight_map);
+}
+
 void weights_load(const struct backend *be, float *buf, const struct param_table *t, const char *path) {
-    struct st_file f;
+    struct weight_files w;
     char err[1024];
-    if (safetensors_open(&f, path, err, sizeof err) != 0) die("%s", err);
+    open_weights(&w, path);
     for (int i = 0; i < t->count; i++) {
         const struct param_info *p = &t->items[i];
-        const struct st_entry *e = safetensors_find(&f, p->name);
-        if (!e) die("%s: tensor %s is missing", path, p->name);
+        struct st_file *f = file_for(&w, p->name);
+        const struct st_entry *e = safetensors_find(f, p->name);
+        if (!e) die("%s: tensor %s is missing", f->path, p->name);
         int ok = e->ndim == p->ndim;
         for (int d = 0; ok && d < p->ndim; d++) ok = e->shape[d] == p->shape[d];
         if (!ok) {
-            die("%s: tensor %s has shape [%lld%s%lld], the recipe needs [%lld%s%lld]", path, p->name,
+            die("%s: tensor %s has shape [%lld%s%lld], the recipe needs [%lld%s%lld]", f->path, p->name,
                 (long long)e->shape[0], e->ndim > 1 ? ", " : "", e->ndim > 1 ? (long long)e->shape[1] : 0LL,
                 (long long)p->shape[0], p->ndim > 1 ? ", " : "", p->ndim > 1 ? (long long)p->shape[1] : 0LL);
         }
-        CHECK(p->shard == SHARD_REPLICATED || p->numel == (size_t)(p->shape[0] * (p->ndim > 1 ? p->shape[1] : 1)));
-        float *host = xmalloc(sizeof(float) * p->numel);
-        if (safetensors_read_f32(&f, e, host, err, sizeof err) != 0) die("%s", err);
-        be->from_host(buf + p->offset, host, sizeof(float) * p->numel);
-        free(host);
+        /* read the whole tensor, keep this rank's block of it */
+        int64_t rows = p->shape[0], cols = p->ndim > 1 ? p->shape[1] : 1;
+        int64_t lr = p->local_shape[0], lc = p->ndim > 1 ? p->local_shape[1] : 1;
+        int64_t r0 = p->shard == SHARD_TP_ROWS ? p->part * lr : 0, c0 = p->shard == SHARD_TP_COLS ? p->part * lc : 0;
+        float *whole = xmalloc(sizeof(float) * rows * cols), *local = xmalloc(sizeof(float) * p->numel);
+        if (safetensors_read_f32(f, e, whole, err, sizeof err) != 0) die("%s", err);
+        for (int64_t r = 0; r < lr; r++) memcpy(local + r * lc, whole + (r0 + r) * cols + c0, sizeof(float) * lc);
+        be->from_host(buf + p->offset, local, sizeof(float) * p->numel);
+        free(whole);
+        free(local);
     }
-    safetensors_close(&f);
+    close_weights(&w);
 }
 
 void weights_save(const struct backend *be, const float *buf, const struct param_table *t, const char *path) {

@@ -4,8 +4,11 @@
 #include "kernels/ops.h"
 #include "model/params.h"
 
-/* Load every tensor of the table from path into the device buffer. Shapes
- * must match; BF16/F16 are widened. Errors name the file and tensor and exit 1. */
+/* Load every tensor of the table from path into the device buffer: a
+ * safetensors file, or a Hugging Face model directory (model.safetensors, or
+ * shards listed by model.safetensors.index.json). Global shapes must match;
+ * each rank keeps its tensor-parallel block; BF16/F16 are widened. Errors name
+ * the file and tensor and exit 1. */
 void weights_load(const struct backend *be, float *buf, const struct param_table *t, const char *path);
 /* Save the device buffer (e.g. parameters or gradients) as fp32 safetensors. */
 void weights_save(const struct backend *be, const float *buf, const struct param_table *t, const char *path);

@@ -57,6 +57,15 @@ for spec in "${layouts[@]}"; do
         pass "par_${name}_params" || fail "par_${name}_params" "$(cat "$TMP/cmp")"
 done
 
+# weights in through model.init_from: every rank keeps its block of each tensor
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir= --set checkpoint.interval=0 --set train.steps=3 --set optimizer.warmup_steps=1 \
+    --set log.dir=init_src >/dev/null 2>&1
+"$MTRAIN" pretrain r.yaml --set model.init_from=init_src/model.safetensors --set log.dir=init_1 --set checkpoint.dir=ck_init_1 >/dev/null 2>&1
+run_np 4 pretrain r.yaml --set model.init_from=init_src/model.safetensors --set parallel.tp=2 --set parallel.pp=2 \
+    --set log.dir=init_4 --set checkpoint.dir=ck_init_4 >"$TMP/out" 2>&1 || fail par_init_from_tp2_pp2 "exit $?: $(tail -2 "$TMP/out")"
+close_losses init_1/metrics.jsonl init_4/metrics.jsonl && pass par_init_from_tp2_pp2 ||
+    fail par_init_from_tp2_pp2 "$(paste <(losses init_1/metrics.jsonl) <(losses init_4/metrics.jsonl) | head -3 | tr '\n' ' ')"
+
 # save at (2,2,2), resume at (1,1,1) and (1,2,4), directly and after mtrain convert
 "$MTRAIN" pretrain r.yaml --set train.steps=40 --set checkpoint.dir=long --set log.dir=long >/dev/null 2>&1
 run_np 8 pretrain r.yaml --set train.steps=40 --set parallel.tp=2 --set parallel.pp=2 --set checkpoint.dir=s222 \

@@ -46,6 +46,23 @@ fresh=$(losses first.jsonl | head -1); reloaded=$(losses reload/metrics.jsonl | 
 if [ -n "$reloaded" ] && awk -v a="$fresh" -v b="$reloaded" 'BEGIN{exit !(b < a - 0.3)}'; then pass pretrain_init_from
 else fail pretrain_init_from "fresh step-1 loss $fresh, reloaded $reloaded"; fi
 
+# a Hugging Face model directory with sharded safetensors + index.json loads the same weights
+${PYTHON:-/usr/bin/python3} - run/model.safetensors hfsharded <<'PYEOF' >"$TMP/out" 2>&1 || fail pretrain_init_from_hf_sharded "cannot make the shards: $(tail -2 "$TMP/out")"
+import json, os, sys
+from safetensors.numpy import load_file, save_file
+t = load_file(sys.argv[1]); os.makedirs(sys.argv[2], exist_ok=True)
+names = sorted(t); half = len(names) // 2; weight_map = {}
+for i, part in enumerate([names[:half], names[half:]]):
+    f = f"model-{i + 1:05d}-of-00002.safetensors"
+    save_file({n: t[n] for n in part}, os.path.join(sys.argv[2], f), metadata={"format": "pt"})
+    weight_map.update({n: f for n in part})
+json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, open(os.path.join(sys.argv[2], "model.safetensors.index.json"), "w"))
+PYEOF
+"$MTRAIN" pretrain recipe.yaml --set model.init_from=hfsharded --set log.dir=reload_sharded >/dev/null 2>&1
+if [ -n "$(losses reload/metrics.jsonl)" ] && [ "$(losses reload/metrics.jsonl)" = "$(losses reload_sharded/metrics.jsonl)" ]; then
+    pass pretrain_init_from_hf_sharded
+else fail pretrain_init_from_hf_sharded "losses differ from the single-file load"; fi
+
 # a weighted blend of two datasets trains, and differs from either alone
 "$MTRAIN" data generate --out data2 --docs 300 --seed 5 --frame-tokens 4096 >/dev/null
 expect_exit pretrain_blend_runs 0 "$MTRAIN" pretrain recipe.yaml --set data.path= --set "data.blend=data:0.7,data2:0.3" --set log.dir=blend
