@@ -507,8 +507,7 @@ static const float *convert_source(void *ctx, int sec, const struct param_info *
     return c->buf;
 }
 
-/* The recipe a checkpoint was saved with, read back through the recipe loader. */
-static int recipe_of(struct ckpt_reader *rd, struct recipe *r, char *err, size_t errlen) {
+int ckpt_reader_load_recipe(const struct ckpt_reader *rd, struct recipe *r, char *err, size_t errlen) {
     char path[] = "/tmp/mtrain-recipe-XXXXXX";
     int fd = mkstemp(path);
     if (fd < 0) {
@@ -531,7 +530,7 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
     struct ckpt_reader *rd = ckpt_reader_open(src_step_dir, err, errlen, &rc);
     if (!rd) return rc;
     static struct recipe r;
-    if (recipe_of(rd, &r, err, errlen) != 0) {
+    if (ckpt_reader_load_recipe(rd, &r, err, errlen) != 0) {
         ckpt_reader_close(rd);
         return -1;
     }

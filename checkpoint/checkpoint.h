@@ -80,6 +80,9 @@ struct ckpt_reader;
 struct ckpt_reader *ckpt_reader_open(const char *step_dir, char *err, size_t errlen, int *rc);
 /* The resolved recipe text the checkpoint was saved with. */
 const char *ckpt_reader_recipe(const struct ckpt_reader *rd);
+/* That recipe, read back through the recipe loader into r. Returns 0, or -1
+ * with a message in err. */
+int ckpt_reader_load_recipe(const struct ckpt_reader *rd, struct recipe *r, char *err, size_t errlen);
 /* Fill out with tensor p's shard for tensor-parallel rank tp_rank (p's
  * local shape); section 0 = parameter, 1 = exp_avg, 2 = exp_avg_sq. */
 int ckpt_reader_read(struct ckpt_reader *rd, const struct param_info *p, int tp_rank, int section, float *out,

@@ -5,7 +5,6 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
@@ -40,16 +39,7 @@ int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, s
     struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, errlen, &rc);
     if (!rd) return rc;
     static struct recipe r;
-    char tmp[] = "/tmp/mtrain-recipe-XXXXXX";
-    int fd = mkstemp(tmp);
-    const char *text = ckpt_reader_recipe(rd);
-    int ok = fd >= 0 && write(fd, text, strlen(text)) == (ssize_t)strlen(text);
-    if (fd >= 0) close(fd);
-    recipe_defaults(&r);
-    ok = ok && recipe_load(&r, tmp) == 0;
-    unlink(tmp);
-    if (!ok) {
-        snprintf(err, errlen, "%s: the manifest's recipe cannot be read back", step_dir);
+    if (ckpt_reader_load_recipe(rd, &r, err, errlen) != 0) {
         ckpt_reader_close(rd);
         return -1;
     }

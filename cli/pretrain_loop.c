@@ -84,8 +84,8 @@ static void log_step(struct run *run, int step, const struct step_stats *st, dou
  * does not depend on the layout. Returns the count. */
 static int fill_batch(struct run *run, struct blend *b, int64_t first) {
     const struct recipe *r = run->r;
-    int dp = run->grid.dp, n = r->train.global_batch / dp, T = r->train.seq_len;
-    for (int i = 0; i < n; i++) blend_get(b, first + (int64_t)i * dp + run->grid.dp_rank, run->batch + (size_t)i * (T + 1));
+    int n = r->train.global_batch / run->grid.dp;
+    blend_get_strided(b, first, n, run->grid.dp, run->grid.dp_rank, run->batch);
     return n;
 }
 

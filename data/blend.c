@@ -148,3 +148,7 @@ struct blend *blend_from_recipe(const struct recipe *r, enum split split) {
                 dataset_vocab_size(b->ds[i]) - 1, r->model.vocab_size, r->source);
     return b;
 }
+
+void blend_get_strided(struct blend *b, int64_t first, int n, int stride, int rank, int32_t *out) {
+    for (int i = 0; i < n; i++) blend_get(b, first + (int64_t)i * stride + rank, out + (size_t)i * (b->seq_len + 1));
+}

@@ -33,6 +33,9 @@ struct dataset *blend_dataset(const struct blend *b, int i);
 void blend_locate(struct blend *b, int64_t index, int *source, int64_t *sample);
 /* Global sample index -> seq_len+1 tokens. */
 void blend_get(struct blend *b, int64_t index, int32_t *out);
+/* A data-parallel rank's share of the global batch starting at sample first:
+ * n samples first + rank, first + rank + stride, ... into out ([n][seq_len+1]). */
+void blend_get_strided(struct blend *b, int64_t first, int n, int stride, int rank, int32_t *out);
 
 struct recipe;
 /* The recipe's data: data.blend, or data.path alone as a one-source blend

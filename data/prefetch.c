@@ -21,8 +21,7 @@ struct prefetcher {
 };
 
 static void read_batch(struct prefetcher *p, int32_t *out, int64_t first) {
-    for (int i = 0; i < p->n; i++)
-        blend_get(p->blend, first + (int64_t)i * p->dp + p->dp_rank, out + (size_t)i * (p->T + 1));
+    blend_get_strided(p->blend, first, p->n, p->dp, p->dp_rank, out);
 }
 
 static void *worker(void *arg) {
