@@ -44,7 +44,7 @@ static const char usage_build[] =
     "  --tiktoken-specials S  llama3 (default: Llama 3's 256 specials after the ranks) or none\n"
     "  --workers N          tokenizing threads (default 1); the output is the same for any N\n"
     "  --split-lines        plain text: one document per non-empty line\n"
-    "  --frame-tokens N     tokens per zstd frame (default 65536)\n"
+    "  --frame-tokens N     tokens per zstd frame (default 16384)\n"
     "  --shard-size-mb N    start a new shard after N MiB compressed (default 256)\n"
     "  --quiet              no progress line on stderr\n"
     "  --force              replace an existing dataset at DIR\n";
@@ -56,7 +56,7 @@ static const char usage_generate[] =
     "  --out DIR            dataset directory to create\n"
     "  --docs N             number of documents (default 5000)\n"
     "  --seed S             corpus seed (default 1)\n"
-    "  --frame-tokens N     tokens per zstd frame (default 65536)\n"
+    "  --frame-tokens N     tokens per zstd frame (default 16384)\n"
     "  --shard-size-mb N    start a new shard after N MiB compressed (default 256)\n"
     "  --force              replace an existing dataset at DIR\n";
 
@@ -67,7 +67,7 @@ static const char usage_import[] =
     "  --out DIR            dataset directory to create (written atomically)\n"
     "  --vocab-size N       vocabulary size (default: largest token id + 1)\n"
     "  --eod ID             end-of-document id to record (default: none)\n"
-    "  --frame-tokens N     tokens per zstd frame (default 65536)\n"
+    "  --frame-tokens N     tokens per zstd frame (default 16384)\n"
     "  --shard-size-mb N    start a new shard after N MiB compressed (default 256)\n"
     "  --force              replace an existing dataset at DIR\n";
 

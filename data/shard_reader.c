@@ -255,6 +255,45 @@ static int read_compressed(struct dataset *ds, const struct frame_info *f, char 
     return 0;
 }
 
+/* Little-endian uint16/uint32 tokens -> int32, returning the largest id. One
+ * branch-free pass the compiler vectorises: this loop was a fifth of a random
+ * read before (byte-wise loads and a vocab test per token). */
+static uint32_t widen_tokens(const uint8_t *raw, int dtype, uint32_t ntok, int32_t *out) {
+    uint32_t top = 0;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (dtype == 2) {
+        for (uint32_t i = 0; i < ntok; i++) {
+            uint16_t t;
+            memcpy(&t, raw + 2 * (size_t)i, 2);
+            out[i] = t;
+            top = t > top ? t : top;
+        }
+    } else {
+        for (uint32_t i = 0; i < ntok; i++) {
+            uint32_t t;
+            memcpy(&t, raw + 4 * (size_t)i, 4);
+            out[i] = (int32_t)t;
+            top = t > top ? t : top;
+        }
+    }
+#else
+    if (dtype == 2) {
+        for (uint32_t i = 0; i < ntok; i++) {
+            uint32_t t = (uint32_t)raw[2 * i] | (uint32_t)raw[2 * i + 1] << 8;
+            out[i] = (int32_t)t;
+            top = t > top ? t : top;
+        }
+    } else {
+        for (uint32_t i = 0; i < ntok; i++) {
+            uint32_t t = get_u32(raw + 4 * (size_t)i);
+            out[i] = (int32_t)t;
+            top = t > top ? t : top;
+        }
+    }
+#endif
+    return top;
+}
+
 /* Decode frame fi into out (ntok int32 values). Returns 0, or -1 with a
  * description of the damage in err. Never exits, so verify can go on. */
 static int decode_frame(struct dataset *ds, int64_t fi, int32_t *out, char *err, size_t n) {
@@ -274,11 +313,11 @@ static int decode_frame(struct dataset *ds, int64_t fi, int32_t *out, char *err,
     if (ZSTD_isError(got)) return fail(err, n, "zstd: %s", ZSTD_getErrorName(got));
     if (got != want) return fail(err, n, "decoded %zu bytes, expected %zu", got, want);
     if (XXH3_64bits(ds->raw, want) != f->hash) return fail(err, n, "checksum mismatch");
-    for (uint32_t i = 0; i < f->ntok; i++) {
-        const uint8_t *p = ds->raw + (size_t)i * ds->dtype;
-        uint32_t t = ds->dtype == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : get_u32(p);
-        if (t >= (uint32_t)ds->vocab) return fail(err, n, "token %u at %u outside vocab of %d", t, i, ds->vocab);
-        out[i] = (int32_t)t;
+    uint32_t top = widen_tokens(ds->raw, ds->dtype, f->ntok, out);
+    if (top >= (uint32_t)ds->vocab) {
+        uint32_t i = 0;
+        while ((uint32_t)out[i] < (uint32_t)ds->vocab) i++;
+        return fail(err, n, "token %u at %u outside vocab of %d", (uint32_t)out[i], i, ds->vocab);
     }
     return 0;
 }

@@ -5,7 +5,7 @@
 #pragma once
 #include <stdint.h>
 
-#define SHARD_DEFAULT_FRAME_TOKENS 65536
+#define SHARD_DEFAULT_FRAME_TOKENS 16384
 #define SHARD_DEFAULT_SHARD_BYTES (256ll << 20)
 #define SHARD_DEFAULT_LEVEL 3
 
