@@ -1,4 +1,5 @@
-# mtrain: one plain Makefile. CPU backend always; CUDA objects come in a later issue.
+# mtrain: one plain Makefile. CPU backend always; the CUDA backend (kernels/cuda)
+# when nvcc is found (CUDA=0 to skip it).
 CC       ?= gcc
 # The OpenMP build of OpenBLAS shares our OpenMP thread pool; the pthread
 # build spins its own threads, which fight ours for the cores.
@@ -21,6 +22,19 @@ endif
 LIB_DIRS := config kernels kernels/cpu model data checkpoint parallel cli
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+
+# CUDA: sm_90a (Hopper) and sm_80 machine code; links cuBLAS and the runtime,
+# which load the driver only when a GPU is asked for.
+NVCC ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+CUDA ?= $(if $(NVCC),1,0)
+ifeq ($(CUDA),1)
+  CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+  NVCCFLAGS ?= -O3 -g -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80
+  NVCCFLAGS += -I. -Xcompiler -Wall
+  LIB_OBJ  += $(patsubst %.cu,$(BUILD)/%.o,$(wildcard kernels/cuda/*.cu))
+  CFLAGS   += -DMTRAIN_CUDA
+  LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+endif
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard scripts/bench/*.c)
@@ -59,6 +73,10 @@ $(BUILD)/libmtrain.a: $(LIB_OBJ)
 $(BUILD)/%.o: %.c | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/%.o: %.cu | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
 
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmtrain.a
 	@mkdir -p $(dir $@)

@@ -206,6 +206,17 @@ static void log_comm(struct run *run, int steps) {
 static void setup(struct run *run) {
     const struct recipe *r = run->r;
     grid_create(&run->grid, &r->parallel);
+    /* The CUDA backend has no NCCL communicator yet: MPI here moves host memory. */
+    if (run->be == &cuda_backend && run->grid.world_size > 1) {
+        if (!strcmp(r->train.device, "cuda"))
+            die("%s: train.device cuda with %d ranks: multi-GPU runs need the NCCL communicator, which this build "
+                "does not have yet; run one rank, or set train.device: cpu", r->source, run->grid.world_size);
+        if (run->grid.world_rank == 0)
+            warn("train.device auto with %d ranks: using the CPU backend (the CUDA backend runs one rank for now)",
+                 run->grid.world_size);
+        run->be = &cpu_backend;
+    }
+    if (run->be == &cuda_backend) cuda_set_tf32(r->train.tf32);
     /* ranks sharing a node share its cores: without a setting, split them */
     int threads = r->train.threads;
     if (threads == 0 && run->grid.local_size > 1 && !getenv("OMP_NUM_THREADS")) {

@@ -22,6 +22,13 @@ void die_code(int code, const char *fmt, ...) {
     va_start(ap, fmt);
     verror_message(fmt, ap);
     va_end(ap);
+    /* From a helper thread (the data prefetcher, the checkpoint writer) the
+     * main thread is still computing: exit() would run library destructors
+     * (cuBLAS, OpenBLAS) under its feet, so end the process at once. */
+    if (gettid() != getpid()) {
+        fflush(NULL);
+        _exit(code);
+    }
     exit(code);
 }
 

@@ -48,6 +48,7 @@ struct train_config {
     int eval_batches;
     char device[RECIPE_STR_MAX];    /* auto | cpu | cuda */
     double peak_tflops;             /* per device, for MFU */
+    int tf32;                       /* bool: CUDA matmuls on TF32 tensor cores */
     int threads;                    /* 0: OMP default */
 };
 

@@ -13,6 +13,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct backend {
     const char *name;
 
@@ -99,3 +103,13 @@ struct backend {
 /* "cpu", "cuda" or "auto"; returns NULL with a message if unavailable. */
 const struct backend *backend_get(const char *name);
 extern const struct backend cpu_backend;
+extern const struct backend cuda_backend; /* kernels/cuda; an empty table in builds without it */
+/* This build has the CUDA backend and a GPU is visible. */
+int cuda_backend_available(void);
+/* Let cuBLAS use TF32 tensor cores for fp32 matmuls (CUDA backend only). */
+void cuda_set_tf32(int on);
+int cuda_device_count(void);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,11 +1,11 @@
-/* Training-step throughput of the CPU backend on random tokens, and the
- * machine's OpenBLAS sgemm rate measured in the same process.
+/* Training-step throughput of a backend on random tokens, and the rate of its
+ * matmul (OpenBLAS or cuBLAS sgemm) measured in the same process.
  *
- *   bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS
+ *   bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32]]
  *
+ * DEVICE is cpu (default) or cuda; TF32=1 lets cuBLAS use TF32 tensor cores.
  * Prints one JSON object: median step time, tokens/s, achieved GFLOP/s
  * (model_flops_per_token x tokens/s) and sgemm GFLOP/s. */
-#include <cblas.h>
 #include <omp.h>
 #include <string.h>
 
@@ -23,24 +23,42 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Best of a few sgemm calls at the model's typical shapes. */
-static double sgemm_gflops(int N, int K, int M) {
-    float *a = xcalloc((size_t)N * K, 4), *b = xcalloc((size_t)M * K, 4), *c = xcalloc((size_t)N * M, 4);
-    for (size_t i = 0; i < (size_t)N * K; i++) a[i] = (i % 7) * 0.1f;
-    for (size_t i = 0; i < (size_t)M * K; i++) b[i] = (i % 5) * 0.1f;
+/* Reading a value back waits for the device's queued work. */
+static void sync(const struct backend *be, const float *dev) {
+    float x;
+    be->to_host(&x, dev, sizeof x);
+}
+
+/* Best of a few matmul_forward calls at the model's typical shapes. */
+static double sgemm_gflops(const struct backend *be, int N, int K, int M) {
+    float *h = xcalloc((size_t)N * K + (size_t)M * K, 4);
+    for (size_t i = 0; i < (size_t)N * K + (size_t)M * K; i++) h[i] = (float)(i % 7) * 0.1f - 0.3f;
+    float *a = be->alloc(sizeof(float) * N * K), *b = be->alloc(sizeof(float) * M * K);
+    float *c = be->alloc(sizeof(float) * N * M);
+    be->from_host(a, h, sizeof(float) * N * K);
+    be->from_host(b, h + (size_t)N * K, sizeof(float) * M * K);
     double best = 1e30;
-    for (int r = 0; r < 4; r++) {
+    be->matmul_forward(c, a, b, N, K, M, 0);
+    sync(be, c);
+    for (int r = 0; r < 5; r++) {
         double t0 = now_seconds();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, M, K, 1.0f, a, K, b, K, 0.0f, c, M);
+        be->matmul_forward(c, a, b, N, K, M, 0);
+        sync(be, c);
         double dt = now_seconds() - t0;
         if (dt < best) best = dt;
     }
-    free(a), free(b), free(c);
+    free(h);
+    be->free(a), be->free(b), be->free(c);
     return 2.0 * N * K * M / best / 1e9;
 }
 
 int main(int argc, char **argv) {
-    if (argc != 10) die("usage: bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS");
+    if (argc < 10 || argc > 12)
+        die("usage: bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32]]");
+    const struct backend *be = backend_get(argc > 10 ? argv[10] : "cpu");
+    if (!be) return 1;
+    int tf32 = argc > 11 && atoi(argv[11]);
+    if (be == &cuda_backend) cuda_set_tf32(tf32);
     static struct recipe r;
     recipe_defaults(&r);
     r.model.num_layers = atoi(argv[1]);
@@ -56,7 +74,7 @@ int main(int argc, char **argv) {
     struct trainer tr;
     struct grid g;
     grid_single(&g);
-    trainer_create(&tr, backend_get("cpu"), &r, &g);
+    trainer_create(&tr, be, &r, &g);
     llama_init_params(&tr.model, 1);
     int32_t *samples = xmalloc(sizeof(int32_t) * B * (T + 1));
     uint64_t s = 7;
@@ -66,16 +84,17 @@ int main(int argc, char **argv) {
     for (int i = 0; i < steps; i++) {
         double t0 = now_seconds();
         loss = trainer_step(&tr, samples, B).loss;
+        sync(be, tr.model.params); /* the optimizer's kernels too */
         times[i] = now_seconds() - t0;
     }
     double step_s = median(times, steps), tokens = (double)B * T;
     double flops = model_flops_per_token(&r.model, T) * tokens;
-    double g1 = sgemm_gflops(B * T, r.model.hidden_size, r.model.intermediate_size);
-    double g2 = sgemm_gflops(B * T, r.model.hidden_size, r.model.vocab_size);
-    printf("{\"params\":%lld,\"threads\":%d,\"micro_batch\":%d,\"seq_len\":%d,\"steps\":%d,\"step_s\":%.4f,"
+    double g1 = sgemm_gflops(be, B * T, r.model.hidden_size, r.model.intermediate_size);
+    double g2 = sgemm_gflops(be, B * T, r.model.hidden_size, r.model.vocab_size);
+    printf("{\"device\":\"%s\",\"tf32\":%d,\"params\":%lld,\"threads\":%d,\"micro_batch\":%d,\"seq_len\":%d,\"steps\":%d,\"step_s\":%.4f,"
            "\"tokens_per_s\":%.2f,\"gflops\":%.2f,\"flops_per_step\":%.6g,\"sgemm_gflops_ffn\":%.2f,"
            "\"sgemm_gflops_head\":%.2f,\"final_loss\":%.4f}\n",
-           (long long)model_param_count(&r.model), omp_get_max_threads(), B, T, steps, step_s, tokens / step_s,
+           be->name, tf32, (long long)model_param_count(&r.model), omp_get_max_threads(), B, T, steps, step_s, tokens / step_s,
            flops / step_s / 1e9, flops, g1, g2, loss);
     free(times);
     free(samples);

@@ -1,0 +1,118 @@
+/* cuBLAS handle, scratch memory, memory ops and the row-major GEMM wrapper. */
+#include "kernels/cuda/cuda.h"
+
+static cublasHandle_t blas;
+static int use_tf32;
+static void *scratch;
+static size_t scratch_bytes;
+
+extern "C" void cuda_set_tf32(int on) {
+    use_tf32 = on;
+    if (blas) CUBLAS_CHECK(cublasSetMathMode(blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+
+cublasHandle_t cuda_blas(void) {
+    if (!blas) {
+        CUBLAS_CHECK(cublasCreate(&blas));
+        CUBLAS_CHECK(cublasSetMathMode(blas, use_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    }
+    return blas;
+}
+
+void *cuda_scratch(size_t bytes) {
+    if (bytes > scratch_bytes) {
+        if (scratch) CUDA_CHECK(cudaFree(scratch));
+        CUDA_CHECK(cudaMalloc(&scratch, bytes));
+        scratch_bytes = bytes;
+    }
+    return scratch;
+}
+
+/* Row-major C = A B is column-major C^T = B^T A^T: swap the operands. */
+void gemm_rm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, long long strideA,
+             const float *B, int ldb, long long strideB, float beta, float *C, int ldc, long long strideC,
+             int batch) {
+    cublasOperation_t ta = transA ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (batch == 1)
+        CUBLAS_CHECK(cublasSgemm(cuda_blas(), tb, ta, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
+    else
+        CUBLAS_CHECK(cublasSgemmStridedBatched(cuda_blas(), tb, ta, N, M, K, &alpha, B, ldb, strideB, A, lda,
+                                               strideA, &beta, C, ldc, strideC, batch));
+}
+
+extern "C" int cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky "no driver" error */
+        return 0;
+    }
+    return n;
+}
+
+static void *d_alloc(size_t bytes) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total = 0;
+        cudaMemGetInfo(&free_b, &total);
+        die("out of GPU memory allocating %zu bytes (%zu of %zu free): %s", bytes, free_b, total,
+            cudaGetErrorString(e));
+    }
+    CUDA_CHECK(cudaMemset(p, 0, bytes));
+    return p;
+}
+static void d_free(void *p) {
+    if (p) CUDA_CHECK(cudaFree(p));
+}
+static void d_zero(void *p, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemset(p, 0, bytes));
+}
+static void d_to_host(void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+static void d_from_host(void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+static void d_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+}
+
+static void matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
+    gemm_rm(0, 1, N, M, K, 1.0f, x, K, 0, w, K, 0, accumulate ? 1.0f : 0.0f, out, M, 0, 1);
+}
+
+static void matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
+                            int M, int accumulate_dx) {
+    if (dx) gemm_rm(0, 0, N, K, M, 1.0f, dout, M, 0, w, K, 0, accumulate_dx ? 1.0f : 0.0f, dx, K, 0, 1);
+    if (dw) gemm_rm(1, 0, M, K, N, 1.0f, dout, M, 0, x, K, 0, 1.0f, dw, K, 0, 1);
+}
+
+extern "C" const struct backend cuda_backend = {
+    .name = "cuda",
+    .alloc = d_alloc,
+    .free = d_free,
+    .zero = d_zero,
+    .to_host = d_to_host,
+    .from_host = d_from_host,
+    .copy = d_copy,
+    .embedding_forward = cuda_embedding_forward,
+    .embedding_backward = cuda_embedding_backward,
+    .rmsnorm_forward = cuda_rmsnorm_forward,
+    .rmsnorm_backward = cuda_rmsnorm_backward,
+    .matmul_forward = matmul_forward,
+    .matmul_backward = matmul_backward,
+    .rope = cuda_rope,
+    .attention_forward = cuda_attention_forward,
+    .attention_backward = cuda_attention_backward,
+    .swiglu_forward = cuda_swiglu_forward,
+    .swiglu_backward = cuda_swiglu_backward,
+    .cross_entropy = cuda_cross_entropy,
+    .ce_row_max = cuda_ce_row_max,
+    .ce_row_sumexp = cuda_ce_row_sumexp,
+    .ce_finish = cuda_ce_finish,
+    .add = cuda_add,
+    .scale = cuda_scale,
+    .sum = cuda_sum,
+    .sum_squares = cuda_sum_squares,
+    .adamw = cuda_adamw,
+};

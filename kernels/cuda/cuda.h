@@ -1,0 +1,98 @@
+/* CUDA backend internals (fp32): error checks, the one cuBLAS handle, launch
+ * helpers and block reductions shared by the kernel files. Included by .cu
+ * files only; model code sees just the struct backend table. */
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels/ops.h"
+
+extern "C" {
+#include "config/common.h"
+}
+
+#define CUDA_CHECK(call)                                                                                          \
+    do {                                                                                                          \
+        cudaError_t err_ = (call);                                                                                \
+        if (err_ != cudaSuccess) die("%s:%d: CUDA: %s (%s)", __FILE__, __LINE__, cudaGetErrorString(err_), #call); \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                                                     \
+    do {                                                                                                       \
+        cublasStatus_t st_ = (call);                                                                           \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                                      \
+            die("%s:%d: cuBLAS: %s (%s)", __FILE__, __LINE__, cublasGetStatusString(st_), #call);               \
+    } while (0)
+/* after every kernel launch: a bad configuration is reported where it happened */
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* The cuBLAS handle, created on first use (fp32 math, or TF32 tensor cores
+ * when cuda_set_tf32(1) was called before). */
+cublasHandle_t cuda_blas(void);
+/* Device scratch of at least bytes, reused across calls (grows, never shrinks). */
+void *cuda_scratch(size_t bytes);
+
+/* Row-major C[M,N] = alpha * op(A) op(B) + beta * C, with op(A) [M,K] and
+ * op(B) [K,N]; lda/ldb/ldc are row strides. batch > 1 repeats it at the given
+ * element strides. */
+void gemm_rm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, long long strideA,
+             const float *B, int ldb, long long strideB, float beta, float *C, int ldc, long long strideC,
+             int batch);
+
+/* The ops of the other kernel files (semantics in kernels/ops.h). */
+void cuda_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V);
+void cuda_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart, int V);
+void cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
+void cuda_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
+                           int N, int C, int accumulate);
+void cuda_rope(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse);
+void cuda_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
+                            int H, int KVH, int D);
+void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
+                             const float *k, const float *v, int B, int T, int H, int KVH, int D);
+void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
+void cuda_cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale);
+void cuda_ce_row_max(float *rowmax, const float *logits, int N, int V);
+void cuda_ce_row_sumexp(float *sumexp, float *target_logit, const float *logits, const int32_t *targets,
+                        const float *rowmax, int N, int V, int vstart);
+void cuda_ce_finish(float *losses, float *logits, const int32_t *targets, const float *rowmax, const float *sumexp,
+                    const float *target_logit, int N, int V, int vstart, float dscale);
+void cuda_add(float *dst, const float *src, size_t n);
+void cuda_scale(float *x, float s, size_t n);
+double cuda_sum(const float *x, size_t n);
+double cuda_sum_squares(const float *x, size_t n);
+void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
+                float eps, float weight_decay, float grad_scale, int step);
+
+static inline unsigned blocks_for(size_t n, unsigned threads) {
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 65535u * 32u ? b : 65535u * 32u);
+}
+
+/* Sum over a block of blockDim.x (a power of two <= 1024) values in a fixed
+ * tree order: bitwise repeatable. buf holds blockDim.x elements. */
+template <typename T>
+__device__ inline T block_sum(T v, T *buf) {
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
+        __syncthreads();
+    }
+    T r = buf[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ inline float block_max(float v, float *buf) {
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) buf[threadIdx.x] = fmaxf(buf[threadIdx.x], buf[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float r = buf[0];
+    __syncthreads();
+    return r;
+}

@@ -1,0 +1,142 @@
+/* Embedding, SwiGLU, vector helpers, repeatable reductions and AdamW.
+ * Nothing uses atomics: every sum runs in a fixed order, so a run on the
+ * same GPU repeats bitwise. */
+#include <math.h>
+
+#include "kernels/cuda/cuda.h"
+
+#define THREADS 256
+
+__global__ void embedding_forward_k(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart,
+                                    int V) {
+    int n = blockIdx.x;
+    int row = tokens[n] - vstart;
+    float *o = out + (size_t)n * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = (row >= 0 && row < V) ? table[(size_t)row * C + c] : 0.0f;
+}
+
+void cuda_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V) {
+    if (N == 0) return;
+    embedding_forward_k<<<N, THREADS>>>(out, tokens, table, N, C, vstart, V);
+    LAUNCH_CHECK();
+}
+
+/* One thread per channel walks the tokens in order: the same summation order
+ * as the CPU backend, no atomics. */
+__global__ void embedding_backward_k(float *dtable, const int32_t *tokens, const float *dout, int N, int C,
+                                     int vstart, int V) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int n = 0; n < N; n++) {
+        int r = tokens[n] - vstart;
+        if (r >= 0 && r < V) dtable[(size_t)r * C + c] += dout[(size_t)n * C + c];
+    }
+}
+
+void cuda_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
+                             int V) {
+    if (N == 0 || C == 0) return;
+    embedding_backward_k<<<(C + 63) / 64, 64>>>(dtable, tokens, dout, N, C, vstart, V);
+    LAUNCH_CHECK();
+}
+
+__global__ void swiglu_forward_k(float *out, const float *gate, const float *up, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+__global__ void swiglu_backward_k(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                  size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = gate[i], sig = 1.0f / (1.0f + expf(-g)), d = dout[i];
+        float u = up[i];
+        dup[i] = d * (g * sig);
+        dgate[i] = d * u * sig * (1.0f + g * (1.0f - sig));
+    }
+}
+
+void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+    if (!n) return;
+    swiglu_forward_k<<<blocks_for(n, THREADS), THREADS>>>(out, gate, up, n);
+    LAUNCH_CHECK();
+}
+
+void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
+    if (!n) return;
+    swiglu_backward_k<<<blocks_for(n, THREADS), THREADS>>>(dgate, dup, dout, gate, up, n);
+    LAUNCH_CHECK();
+}
+
+__global__ void add_k(float *dst, const float *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] += src[i];
+}
+
+__global__ void scale_k(float *x, float s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+void cuda_add(float *dst, const float *src, size_t n) {
+    if (!n) return;
+    add_k<<<blocks_for(n, THREADS), THREADS>>>(dst, src, n);
+    LAUNCH_CHECK();
+}
+
+void cuda_scale(float *x, float s, size_t n) {
+    if (!n) return;
+    scale_k<<<blocks_for(n, THREADS), THREADS>>>(x, s, n);
+    LAUNCH_CHECK();
+}
+
+/* A fixed grid of partial sums in double, added on the host in order. */
+#define REDUCE_BLOCKS 256
+__global__ void reduce_k(double *part, const float *x, size_t n, int square) {
+    __shared__ double buf[THREADS];
+    double acc = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc += square ? (double)x[i] * x[i] : (double)x[i];
+    acc = block_sum(acc, buf);
+    if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+
+static double reduce(const float *x, size_t n, int square) {
+    if (!n) return 0.0;
+    double *part = (double *)cuda_scratch(sizeof(double) * REDUCE_BLOCKS), host[REDUCE_BLOCKS];
+    reduce_k<<<REDUCE_BLOCKS, THREADS>>>(part, x, n, square);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cudaMemcpy(host, part, sizeof host, cudaMemcpyDeviceToHost));
+    double total = 0;
+    for (int i = 0; i < REDUCE_BLOCKS; i++) total += host[i];
+    return total;
+}
+
+double cuda_sum(const float *x, size_t n) { return reduce(x, n, 0); }
+double cuda_sum_squares(const float *x, size_t n) { return reduce(x, n, 1); }
+
+/* torch.optim.AdamW, as kernels/cpu/elementwise.c. */
+__global__ void adamw_k(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+                        float beta2, float eps, float decay, float step_size, float bc2_sqrt, float grad_scale) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = grad[i] * grad_scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        param[i] = param[i] * decay - step_size * mi / denom;
+    }
+}
+
+void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
+                float eps, float weight_decay, float grad_scale, int step) {
+    if (!n) return;
+    double bc1 = 1.0 - pow(beta1, step);
+    float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, step));
+    float step_size = (float)(lr / bc1), decay = 1.0f - lr * weight_decay;
+    adamw_k<<<blocks_for(n, THREADS), THREADS>>>(param, grad, m, v, n, lr, beta1, beta2, eps, decay, step_size,
+                                                 bc2_sqrt, grad_scale);
+    LAUNCH_CHECK();
+}

@@ -1,0 +1,299 @@
+/* Every CUDA backend op against the CPU backend (itself checked against naive
+ * loops and finite differences in test_kernels.c) on the same random data.
+ * Shapes are chosen to cross the kernels' block sizes (C=520, T up to 300,
+ * V=1500) and to cover GQA, MHA and MQA.
+ * Tolerance: max relative error <= 2e-5 (floored at 10% of the reference's
+ * RMS, as in test_kernels.c): both sides are fp32 and differ only in the
+ * order of sums. Ops without atomics must also repeat bitwise.
+ * Without a GPU every case is skipped. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "tests/unit/check.h"
+
+static const struct backend *cpu, *gpu;
+static unsigned long long seed = 7;
+static const double TOL = 2e-5;
+
+static float *frand(size_t n) {
+    float *x = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) x[i] = test_rand(&seed);
+    return x;
+}
+static float *fcopy(const float *x, size_t n) {
+    float *y = malloc(sizeof(float) * n);
+    memcpy(y, x, sizeof(float) * n);
+    return y;
+}
+/* device copy of host data */
+static void *dev(const void *h, size_t bytes) {
+    void *d = gpu->alloc(bytes);
+    gpu->from_host(d, h, bytes);
+    return d;
+}
+/* host copy of device data (caller frees) */
+static float *host(const void *d, size_t n) {
+    float *h = malloc(sizeof(float) * n);
+    gpu->to_host(h, d, sizeof(float) * n);
+    return h;
+}
+
+/* GPU result (device pointer) against the CPU result (host). */
+static void compare(const char *name, const float *d_got, const float *want, size_t n) {
+    float *got = host(d_got, n);
+    double *w = malloc(sizeof(double) * n), ss = 0;
+    for (size_t i = 0; i < n; i++) w[i] = want[i], ss += w[i] * w[i];
+    double e = max_rel_err(got, w, n, fmax(1e-2, 0.1 * sqrt(ss / (double)n)));
+    TEST_RESULT(name, e <= TOL, "max rel err %.3g > %.1g", e, TOL);
+    free(got);
+    free(w);
+}
+
+static void test_matmul(int N, int K, int M) {
+    float *x = frand((size_t)N * K), *w = frand((size_t)M * K), *o = frand((size_t)N * M);
+    float *dout = frand((size_t)N * M), *dx = frand((size_t)N * K), *dw = frand((size_t)M * K);
+    float *dx_, *o_ = fcopy(o, (size_t)N * M);
+    float *dX = dev(x, 4ul * N * K), *dW = dev(w, 4ul * M * K), *dO = dev(o, 4ul * N * M);
+    float *dD = dev(dout, 4ul * N * M), *dDX = dev(dx, 4ul * N * K), *dDW = dev(dw, 4ul * M * K);
+    cpu->matmul_forward(o_, x, w, N, K, M, 1);
+    gpu->matmul_forward(dO, dX, dW, N, K, M, 1);
+    compare("cuda_matmul_forward_accumulate", dO, o_, (size_t)N * M);
+    cpu->matmul_forward(o_, x, w, N, K, M, 0);
+    gpu->matmul_forward(dO, dX, dW, N, K, M, 0);
+    compare("cuda_matmul_forward", dO, o_, (size_t)N * M);
+    dx_ = fcopy(dx, (size_t)N * K);
+    cpu->matmul_backward(dx_, dw, dout, x, w, N, K, M, 1);
+    gpu->matmul_backward(dDX, dDW, dD, dX, dW, N, K, M, 1);
+    compare("cuda_matmul_backward_dx", dDX, dx_, (size_t)N * K);
+    compare("cuda_matmul_backward_dw", dDW, dw, (size_t)M * K);
+    /* TF32 tensor cores: same op, looser rounding (10-bit mantissa inputs) */
+    cuda_set_tf32(1);
+    gpu->matmul_forward(dO, dX, dW, N, K, M, 0);
+    cuda_set_tf32(0);
+    float *t = host(dO, (size_t)N * M);
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)N * M; i++) worst = fmax(worst, fabs(t[i] - o_[i]) / sqrt((double)K));
+    TEST_RESULT("cuda_matmul_tf32", worst <= 2e-3, "max err / sqrt(K) %.3g > 2e-3", worst);
+    free(t), free(x), free(w), free(o), free(o_), free(dout), free(dx), free(dx_), free(dw);
+    gpu->free(dX), gpu->free(dW), gpu->free(dO), gpu->free(dD), gpu->free(dDX), gpu->free(dDW);
+}
+
+static void test_rmsnorm(int N, int C) {
+    float *x = frand((size_t)N * C), *w = frand(C), *dout = frand((size_t)N * C), *dx = frand((size_t)N * C);
+    float *dw = frand(C), *out = malloc(4ul * N * C), *rstd = malloc(4ul * N);
+    float *dX = dev(x, 4ul * N * C), *dWt = dev(w, 4ul * C), *dD = dev(dout, 4ul * N * C), *dDX = dev(dx, 4ul * N * C);
+    float *dDW = dev(dw, 4ul * C), *dOut = gpu->alloc(4ul * N * C), *dR = gpu->alloc(4ul * N);
+    cpu->rmsnorm_forward(out, rstd, x, w, N, C, 1e-5f);
+    gpu->rmsnorm_forward(dOut, dR, dX, dWt, N, C, 1e-5f);
+    compare("cuda_rmsnorm_forward", dOut, out, (size_t)N * C);
+    compare("cuda_rmsnorm_rstd", dR, rstd, N);
+    cpu->rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C, 1);
+    gpu->rmsnorm_backward(dDX, dDW, dD, dX, dWt, dR, N, C, 1);
+    compare("cuda_rmsnorm_backward_dx", dDX, dx, (size_t)N * C);
+    compare("cuda_rmsnorm_backward_dw", dDW, dw, C);
+    /* dw sums rows in fixed chunks: two runs from the same start agree bitwise */
+    float *dDW2 = dev(dw, 4ul * C), *dDW3 = dev(dw, 4ul * C);
+    gpu->rmsnorm_backward(dDX, dDW2, dD, dX, dWt, dR, N, C, 0);
+    gpu->rmsnorm_backward(dDX, dDW3, dD, dX, dWt, dR, N, C, 0);
+    float *b = host(dDW2, C), *c = host(dDW3, C);
+    TEST_RESULT("cuda_rmsnorm_backward_repeatable", !memcmp(b, c, 4ul * C), "dw differs between identical runs");
+    free(b), free(c), free(x), free(w), free(dout), free(dx), free(dw), free(out), free(rstd);
+    gpu->free(dX), gpu->free(dWt), gpu->free(dD), gpu->free(dDX), gpu->free(dDW), gpu->free(dDW2), gpu->free(dDW3), gpu->free(dOut);
+    gpu->free(dR);
+}
+
+static void test_rope(int B, int T, int H, int D) {
+    size_t n = (size_t)B * T * H * D, half = (size_t)T * D / 2;
+    float *x = frand(n), *cs = frand(half), *sn = frand(half);
+    float *dX = dev(x, 4 * n), *dC = dev(cs, 4 * half), *dS = dev(sn, 4 * half);
+    cpu->rope(x, cs, sn, B, T, H, D, 0);
+    gpu->rope(dX, dC, dS, B, T, H, D, 0);
+    compare("cuda_rope", dX, x, n);
+    cpu->rope(x, cs, sn, B, T, H, D, 1);
+    gpu->rope(dX, dC, dS, B, T, H, D, 1);
+    compare("cuda_rope_inverse", dX, x, n);
+    free(x), free(cs), free(sn);
+    gpu->free(dX), gpu->free(dC), gpu->free(dS);
+}
+
+static void test_attention(int B, int T, int H, int KVH, int D, const char *tag) {
+    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * KVH * D, na = (size_t)B * H * T * T;
+    float *q = frand(nq), *k = frand(nk), *v = frand(nk), *dout = frand(nq);
+    float *out = malloc(4 * nq), *att = malloc(4 * na), *dq = malloc(4 * nq), *dk = malloc(4 * nk), *dv = malloc(4 * nk);
+    float *dQ = dev(q, 4 * nq), *dK = dev(k, 4 * nk), *dV = dev(v, 4 * nk), *dD = dev(dout, 4 * nq);
+    float *dOut = gpu->alloc(4 * nq), *dAtt = gpu->alloc(4 * na);
+    float *gq = gpu->alloc(4 * nq), *gk = gpu->alloc(4 * nk), *gv = gpu->alloc(4 * nk);
+    char name[96];
+    cpu->attention_forward(out, att, q, k, v, B, T, H, KVH, D);
+    gpu->attention_forward(dOut, dAtt, dQ, dK, dV, B, T, H, KVH, D);
+    snprintf(name, sizeof name, "cuda_attention_forward_%s", tag);
+    compare(name, dOut, out, nq);
+    snprintf(name, sizeof name, "cuda_attention_probs_%s", tag);
+    compare(name, dAtt, att, na);
+    cpu->attention_backward(dq, dk, dv, dout, att, q, k, v, B, T, H, KVH, D);
+    gpu->attention_backward(gq, gk, gv, dD, dAtt, dQ, dK, dV, B, T, H, KVH, D);
+    snprintf(name, sizeof name, "cuda_attention_backward_dq_%s", tag);
+    compare(name, gq, dq, nq);
+    snprintf(name, sizeof name, "cuda_attention_backward_dk_%s", tag);
+    compare(name, gk, dk, nk);
+    snprintf(name, sizeof name, "cuda_attention_backward_dv_%s", tag);
+    compare(name, gv, dv, nk);
+    free(q), free(k), free(v), free(dout), free(out), free(att), free(dq), free(dk), free(dv);
+    gpu->free(dQ), gpu->free(dK), gpu->free(dV), gpu->free(dD), gpu->free(dOut), gpu->free(dAtt);
+    gpu->free(gq), gpu->free(gk), gpu->free(gv);
+}
+
+static void test_swiglu(size_t n) {
+    float *g = frand(n), *u = frand(n), *d = frand(n), *o = malloc(4 * n), *dg = malloc(4 * n), *du = malloc(4 * n);
+    for (size_t i = 0; i < n; i++) g[i] *= 6; /* reach the saturated ends of the sigmoid */
+    float *dG = dev(g, 4 * n), *dU = dev(u, 4 * n), *dD = dev(d, 4 * n);
+    float *dO = gpu->alloc(4 * n), *dDG = gpu->alloc(4 * n), *dDU = gpu->alloc(4 * n);
+    cpu->swiglu_forward(o, g, u, n);
+    gpu->swiglu_forward(dO, dG, dU, n);
+    compare("cuda_swiglu_forward", dO, o, n);
+    cpu->swiglu_backward(dg, du, d, g, u, n);
+    gpu->swiglu_backward(dDG, dDU, dD, dG, dU, n);
+    compare("cuda_swiglu_backward_dgate", dDG, dg, n);
+    compare("cuda_swiglu_backward_dup", dDU, du, n);
+    free(g), free(u), free(d), free(o), free(dg), free(du);
+    gpu->free(dG), gpu->free(dU), gpu->free(dD), gpu->free(dO), gpu->free(dDG), gpu->free(dDU);
+}
+
+static int32_t *targets_for(int N, int lo, int hi) {
+    int32_t *t = malloc(sizeof(int32_t) * N);
+    for (int n = 0; n < N; n++) t[n] = n % 17 == 5 ? -1 : lo + (int)((test_rand(&seed) + 1) * 0.5 * (hi - lo - 1));
+    return t;
+}
+
+static void test_cross_entropy(int N, int V) {
+    float *logits = frand((size_t)N * V), *loss = malloc(4ul * N);
+    for (size_t i = 0; i < (size_t)N * V; i++) logits[i] *= 8;
+    int32_t *t = targets_for(N, 0, V);
+    float *dL = dev(logits, 4ul * N * V), *dLoss = gpu->alloc(4ul * N);
+    int32_t *dT = dev(t, sizeof(int32_t) * N);
+    cpu->cross_entropy(loss, logits, t, N, V, 0.25f);
+    gpu->cross_entropy(dLoss, dL, dT, N, V, 0.25f);
+    compare("cuda_cross_entropy_loss", dLoss, loss, N);
+    compare("cuda_cross_entropy_grad", dL, logits, (size_t)N * V);
+    free(logits), free(loss), free(t);
+    gpu->free(dL), gpu->free(dLoss), gpu->free(dT);
+}
+
+/* one rank's slice [vstart, vstart+V) of a 3V vocabulary */
+static void test_vocab_parallel_ce(int N, int V) {
+    int vstart = V;
+    float *logits = frand((size_t)N * V), *mx = malloc(4ul * N), *se = malloc(4ul * N), *tl = malloc(4ul * N);
+    float *loss = malloc(4ul * N);
+    int32_t *t = targets_for(N, 0, 3 * V);
+    float *dL = dev(logits, 4ul * N * V), *dM = gpu->alloc(4ul * N), *dS = gpu->alloc(4ul * N);
+    float *dTl = gpu->alloc(4ul * N), *dLoss = gpu->alloc(4ul * N);
+    int32_t *dT = dev(t, sizeof(int32_t) * N);
+    cpu->ce_row_max(mx, logits, N, V);
+    gpu->ce_row_max(dM, dL, N, V);
+    compare("cuda_ce_row_max", dM, mx, N);
+    cpu->ce_row_sumexp(se, tl, logits, t, mx, N, V, vstart);
+    gpu->ce_row_sumexp(dS, dTl, dL, dT, dM, N, V, vstart);
+    compare("cuda_ce_row_sumexp", dS, se, N);
+    compare("cuda_ce_target_logit", dTl, tl, N);
+    cpu->ce_finish(loss, logits, t, mx, se, tl, N, V, vstart, 0.5f);
+    gpu->ce_finish(dLoss, dL, dT, dM, dS, dTl, N, V, vstart, 0.5f);
+    compare("cuda_ce_finish_loss", dLoss, loss, N);
+    compare("cuda_ce_finish_grad", dL, logits, (size_t)N * V);
+    free(logits), free(mx), free(se), free(tl), free(loss), free(t);
+    gpu->free(dL), gpu->free(dM), gpu->free(dS), gpu->free(dTl), gpu->free(dLoss), gpu->free(dT);
+}
+
+static void test_embedding(int N, int C, int V) {
+    int vstart = 10; /* tokens below 10 and at/after 10+V fall outside this slice */
+    float *table = frand((size_t)V * C), *dout = frand((size_t)N * C), *dtable = frand((size_t)V * C);
+    float *out = malloc(4ul * N * C);
+    int32_t *tok = targets_for(N, 0, V + 20);
+    for (int n = 0; n < N; n++) tok[n] = tok[n] < 0 ? 12 : tok[n]; /* repeats, so rows sum several tokens */
+    float *dTab = dev(table, 4ul * V * C), *dD = dev(dout, 4ul * N * C), *dDT = dev(dtable, 4ul * V * C);
+    float *dOut = gpu->alloc(4ul * N * C);
+    int32_t *dTok = dev(tok, sizeof(int32_t) * N);
+    cpu->embedding_forward(out, tok, table, N, C, vstart, V);
+    gpu->embedding_forward(dOut, dTok, dTab, N, C, vstart, V);
+    compare("cuda_embedding_forward", dOut, out, (size_t)N * C);
+    cpu->embedding_backward(dtable, tok, dout, N, C, vstart, V);
+    gpu->embedding_backward(dDT, dTok, dD, N, C, vstart, V);
+    /* same order of additions as the CPU: bitwise equal */
+    float *got = host(dDT, (size_t)V * C);
+    TEST_RESULT("cuda_embedding_backward", !memcmp(got, dtable, 4ul * V * C), "differs from the CPU");
+    free(got), free(table), free(dout), free(dtable), free(out), free(tok);
+    gpu->free(dTab), gpu->free(dD), gpu->free(dDT), gpu->free(dOut), gpu->free(dTok);
+}
+
+static void test_vectors(size_t n) {
+    float *a = frand(n), *b = frand(n);
+    float *dA = dev(a, 4 * n), *dB = dev(b, 4 * n);
+    cpu->add(a, b, n);
+    gpu->add(dA, dB, n);
+    compare("cuda_add", dA, a, n);
+    cpu->scale(a, -0.37f, n);
+    gpu->scale(dA, -0.37f, n);
+    compare("cuda_scale", dA, a, n);
+    double s = cpu->sum(a, n), gs = gpu->sum(dA, n), ss = cpu->sum_squares(a, n), gss = gpu->sum_squares(dA, n);
+    TEST_RESULT("cuda_sum", fabs(gs - s) <= 1e-9 * (double)n, "%.17g vs %.17g", gs, s);
+    TEST_RESULT("cuda_sum_squares", fabs(gss - ss) <= 1e-12 * ss, "%.17g vs %.17g", gss, ss);
+    TEST_RESULT("cuda_sum_repeatable", gpu->sum_squares(dA, n) == gss && gpu->sum(dA, n) == gs, "differs");
+    free(a), free(b);
+    gpu->free(dA), gpu->free(dB);
+}
+
+static void test_adamw(size_t n) {
+    float *p = frand(n), *g = frand(n), *m = calloc(n, 4), *v = calloc(n, 4);
+    float *dP = dev(p, 4 * n), *dG = dev(g, 4 * n), *dM = gpu->alloc(4 * n), *dV = gpu->alloc(4 * n);
+    for (int step = 1; step <= 3; step++) {
+        cpu->adamw(p, g, m, v, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, step);
+        gpu->adamw(dP, dG, dM, dV, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, step);
+    }
+    compare("cuda_adamw_param", dP, p, n);
+    compare("cuda_adamw_m", dM, m, n);
+    compare("cuda_adamw_v", dV, v, n);
+    free(p), free(g), free(m), free(v);
+    gpu->free(dP), gpu->free(dG), gpu->free(dM), gpu->free(dV);
+}
+
+static void test_memory(void) {
+    size_t n = 1000;
+    float *a = frand(n), *b = malloc(4 * n), *z = calloc(n, 4);
+    float *dA = gpu->alloc(4 * n), *dB = gpu->alloc(4 * n);
+    float *fresh = host(dA, n);
+    TEST_RESULT("cuda_alloc_zeroed", !memcmp(fresh, z, 4 * n), "alloc is not zero-initialised");
+    gpu->from_host(dA, a, 4 * n);
+    gpu->copy(dB, dA, 4 * n);
+    gpu->to_host(b, dB, 4 * n);
+    TEST_RESULT("cuda_copy_round_trip", !memcmp(a, b, 4 * n), "host -> device -> device -> host changed data");
+    gpu->zero(dB, 4 * n);
+    gpu->to_host(b, dB, 4 * n);
+    TEST_RESULT("cuda_zero", !memcmp(b, z, 4 * n), "zero left data");
+    free(a), free(b), free(z), free(fresh);
+    gpu->free(dA), gpu->free(dB);
+}
+
+int main(void) {
+    cpu = backend_get("cpu");
+    if (!cuda_backend_available()) {
+        printf("SKIP cuda_ops: no CUDA device (this build %s the CUDA backend)\n",
+               cuda_backend.alloc ? "has" : "lacks");
+        return 0;
+    }
+    gpu = backend_get("cuda");
+    test_memory();
+    test_matmul(300, 520, 130);
+    test_rmsnorm(300, 520);
+    test_rope(2, 67, 6, 16);
+    test_attention(2, 67, 6, 2, 16, "gqa");
+    test_attention(2, 67, 6, 6, 16, "mha");
+    test_attention(1, 300, 4, 1, 32, "mqa_t300");
+    test_swiglu(100003);
+    test_cross_entropy(77, 1500);
+    test_vocab_parallel_ce(77, 1500);
+    test_embedding(300, 520, 97);
+    test_vectors(1000003);
+    test_adamw(100003);
+    TEST_EXIT();
+}
