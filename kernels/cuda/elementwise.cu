@@ -21,22 +21,99 @@ void cuda_embedding_forward(float *out, const int32_t *tokens, const float *tabl
     LAUNCH_CHECK();
 }
 
-/* One thread per channel walks the tokens in order: the same summation order
- * as the CPU backend, no atomics. */
-__global__ void embedding_backward_k(float *dtable, const int32_t *tokens, const float *dout, int N, int C,
-                                     int vstart, int V) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    for (int n = 0; n < N; n++) {
-        int r = tokens[n] - vstart;
-        if (r >= 0 && r < V) dtable[(size_t)r * C + c] += dout[(size_t)n * C + c];
+/* Embedding backward without atomics on floats, in the CPU's order: the
+ * tokens are sorted stably by vocabulary row (a counting sort: per-chunk
+ * counts, their prefix over chunks, a scan over rows, then each token's rank
+ * among equal tokens before it in its chunk), and one block per row adds its
+ * tokens' gradients in increasing position, exactly as the CPU loop does. */
+#define EMB_CHUNK 1024
+
+__global__ void emb_count_k(int *counts, const int32_t *tokens, int N, int vstart, int V) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    int r = tokens[n] - vstart;
+    if (r >= 0 && r < V) atomicAdd(&counts[(size_t)(n / EMB_CHUNK) * V + r], 1); /* integer: order-free */
+}
+
+/* counts[k][r] -> tokens of row r in chunks before k; total[r] = all of them */
+__global__ void emb_chunk_prefix_k(int *counts, int *total, int K, int V) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= V) return;
+    int run = 0;
+    for (int k = 0; k < K; k++) {
+        int c = counts[(size_t)k * V + r];
+        counts[(size_t)k * V + r] = run;
+        run += c;
+    }
+    total[r] = run;
+}
+
+/* In place: total[0..V) -> exclusive prefix sums, total[V] = the sum. One block. */
+__global__ void emb_scan_k(int *total, int V) {
+    __shared__ int part[1024];
+    int per = (V + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * per, hi = min(V, lo + per);
+    int sum = 0;
+    for (int i = lo; i < hi; i++) sum += total[i];
+    part[threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (unsigned t = 0; t < blockDim.x; t++) {
+            int c = part[t];
+            part[t] = run;
+            run += c;
+        }
+        total[V] = run;
+    }
+    __syncthreads();
+    int run = part[threadIdx.x];
+    for (int i = lo; i < hi; i++) {
+        int c = total[i];
+        total[i] = run;
+        run += c;
+    }
+}
+
+__global__ void emb_scatter_k(int *perm, const int *counts, const int *offsets, const int32_t *tokens, int N,
+                              int vstart, int V) {
+    __shared__ int32_t tok[EMB_CHUNK];
+    int k = blockIdx.x, n = k * EMB_CHUNK + threadIdx.x;
+    tok[threadIdx.x] = n < N ? tokens[n] : -1;
+    __syncthreads();
+    if (n >= N) return;
+    int t = tok[threadIdx.x], r = t - vstart;
+    if (r < 0 || r >= V) return;
+    int rank = 0;
+    for (int j = 0; j < (int)threadIdx.x; j++) rank += tok[j] == t;
+    perm[offsets[r] + counts[(size_t)k * V + r] + rank] = n;
+}
+
+__global__ void emb_accumulate_k(float *dtable, const float *dout, const int *perm, const int *offsets, int C) {
+    int r = blockIdx.x, begin = offsets[r], end = offsets[r + 1];
+    if (begin == end) return;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float x = dtable[(size_t)r * C + c];
+        for (int i = begin; i < end; i++) x += dout[(size_t)perm[i] * C + c];
+        dtable[(size_t)r * C + c] = x;
     }
 }
 
 void cuda_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
                              int V) {
-    if (N == 0 || C == 0) return;
-    embedding_backward_k<<<(C + 63) / 64, 64>>>(dtable, tokens, dout, N, C, vstart, V);
+    if (N == 0 || C == 0 || V == 0) return;
+    int K = (N + EMB_CHUNK - 1) / EMB_CHUNK;
+    int *counts = (int *)cuda_scratch(sizeof(int) * ((size_t)K * V + V + 1 + N));
+    int *offsets = counts + (size_t)K * V, *perm = offsets + V + 1;
+    CUDA_CHECK(cudaMemset(counts, 0, sizeof(int) * (size_t)K * V));
+    emb_count_k<<<(N + 255) / 256, 256>>>(counts, tokens, N, vstart, V);
+    LAUNCH_CHECK();
+    emb_chunk_prefix_k<<<(V + 255) / 256, 256>>>(counts, offsets, K, V);
+    LAUNCH_CHECK();
+    emb_scan_k<<<1, 1024>>>(offsets, V);
+    LAUNCH_CHECK();
+    emb_scatter_k<<<K, EMB_CHUNK>>>(perm, counts, offsets, tokens, N, vstart, V);
+    LAUNCH_CHECK();
+    emb_accumulate_k<<<V, 256>>>(dtable, dout, perm, offsets, C);
     LAUNCH_CHECK();
 }
 

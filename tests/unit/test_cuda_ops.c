@@ -205,7 +205,8 @@ static void test_vocab_parallel_ce(int N, int V) {
     gpu->free(dL), gpu->free(dM), gpu->free(dS), gpu->free(dTl), gpu->free(dLoss), gpu->free(dT);
 }
 
-static void test_embedding(int N, int C, int V) {
+static void test_embedding(int N, int C, int V, const char *tag) {
+    char name[96];
     int vstart = 10; /* tokens below 10 and at/after 10+V fall outside this slice */
     float *table = frand((size_t)V * C), *dout = frand((size_t)N * C), *dtable = frand((size_t)V * C);
     float *out = malloc(4ul * N * C);
@@ -216,12 +217,14 @@ static void test_embedding(int N, int C, int V) {
     int32_t *dTok = dev(tok, sizeof(int32_t) * N);
     cpu->embedding_forward(out, tok, table, N, C, vstart, V);
     gpu->embedding_forward(dOut, dTok, dTab, N, C, vstart, V);
-    compare("cuda_embedding_forward", dOut, out, (size_t)N * C);
+    snprintf(name, sizeof name, "cuda_embedding_forward_%s", tag);
+    compare(name, dOut, out, (size_t)N * C);
     cpu->embedding_backward(dtable, tok, dout, N, C, vstart, V);
     gpu->embedding_backward(dDT, dTok, dD, N, C, vstart, V);
     /* same order of additions as the CPU: bitwise equal */
     float *got = host(dDT, (size_t)V * C);
-    TEST_RESULT("cuda_embedding_backward", !memcmp(got, dtable, 4ul * V * C), "differs from the CPU");
+    snprintf(name, sizeof name, "cuda_embedding_backward_%s", tag);
+    TEST_RESULT(name, !memcmp(got, dtable, 4ul * V * C), "differs from the CPU");
     free(got), free(table), free(dout), free(dtable), free(out), free(tok);
     gpu->free(dTab), gpu->free(dD), gpu->free(dDT), gpu->free(dOut), gpu->free(dTok);
 }
@@ -292,7 +295,8 @@ int main(void) {
     test_swiglu(100003);
     test_cross_entropy(77, 1500);
     test_vocab_parallel_ce(77, 1500);
-    test_embedding(300, 520, 97);
+    test_embedding(300, 520, 97, "one_chunk");
+    test_embedding(2500, 64, 50, "three_chunks"); /* rows repeat across the sort's 1024-token chunks */
     test_vectors(1000003);
     test_adamw(100003);
     TEST_EXIT();
