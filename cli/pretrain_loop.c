@@ -206,15 +206,14 @@ static void log_comm(struct run *run, int steps) {
 static void setup(struct run *run) {
     const struct recipe *r = run->r;
     grid_create(&run->grid, &r->parallel);
-    /* The CUDA backend has no NCCL communicator yet: MPI here moves host memory. */
-    if (run->be == &cuda_backend && run->grid.world_size > 1) {
-        if (!strcmp(r->train.device, "cuda"))
-            die("%s: train.device cuda with %d ranks: multi-GPU runs need the NCCL communicator, which this build "
-                "does not have yet; run one rank, or set train.device: cpu", r->source, run->grid.world_size);
-        if (run->grid.world_rank == 0)
-            warn("train.device auto with %d ranks: using the CPU backend (the CUDA backend runs one rank for now)",
-                 run->grid.world_size);
-        run->be = &cpu_backend;
+    /* GPU ranks: one device per rank on a node; until the NCCL communicator
+     * lands, the groups' messages go through host memory over MPI. */
+    if (run->be == &cuda_backend) {
+        cuda_use_device(run->grid.local_rank);
+        grid_stage_device(&run->grid, run->be);
+        if (run->grid.world_size > 1 && run->grid.world_rank == 0)
+            warn("%d GPU ranks: tensors move through host memory over MPI (no NCCL communicator yet): correct, "
+                 "not fast", run->grid.world_size);
     }
     if (run->be == &cuda_backend) cuda_set_tf32(r->train.tf32);
     /* ranks sharing a node share its cores: without a setting, split them */

@@ -11,7 +11,7 @@ const struct backend *backend_get(const char *name) {
     if (!strcmp(name, "cuda")) {
         if (cuda_backend_available()) return &cuda_backend;
 #ifdef MTRAIN_CUDA
-        warn("device cuda: no CUDA device found (driver not loaded, or no GPU visible)");
+        warn("device cuda: no CUDA device found (%s)", cuda_device_error());
 #else
         warn("device cuda: this build of mtrain has no CUDA backend (build where nvcc is found, CUDA=1)");
 #endif
@@ -27,4 +27,5 @@ int cuda_backend_available(void) { return cuda_device_count() > 0; }
 const struct backend cuda_backend = {.name = "cuda"};
 int cuda_backend_available(void) { return 0; }
 void cuda_set_tf32(int on) { (void)on; }
+void cuda_use_device(int local_rank) { (void)local_rank; }
 #endif

@@ -109,6 +109,9 @@ int cuda_backend_available(void);
 /* Let cuBLAS use TF32 tensor cores for fp32 matmuls (CUDA backend only). */
 void cuda_set_tf32(int on);
 int cuda_device_count(void);
+const char *cuda_device_error(void); /* why cuda_device_count() said 0 */
+/* Bind this process to GPU local_rank % devices (one GPU per rank on a node). */
+void cuda_use_device(int local_rank);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 /* Collective and point-to-point communication over one group of ranks.
  * The interface is backend-neutral (buffers are backend memory); this build
- * implements it with MPI, and an NCCL implementation plugs in later behind
- * the same functions. Every call adds its payload to bytes (the buffer a
+ * implements it with MPI (GPU memory staged through host buffers), and an
+ * NCCL implementation plugs in later behind the same functions. Every call adds its payload to bytes (the buffer a
  * collective reduces or gathers: n elements for an all-reduce, size * n for a
  * reduce-scatter's input or an all-gather's output; the message for a send),
  * for the communication-volume benchmark. A group of size 1 makes every collective a
@@ -10,12 +10,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct backend;
+
 struct comm {
     int rank, size;
     void *handle;               /* MPI_Comm (owned) */
     uint64_t bytes;             /* payload bytes of this rank's calls on this group */
     uint64_t calls;
     const char *name;           /* "tp", "dp", "pp", "world" (messages, stats) */
+    /* Non-NULL: the float buffers (and sends/receives) are this backend's
+     * device memory, staged through host buffers around each MPI call. This
+     * is how GPU runs communicate until the NCCL implementation lands:
+     * correct, not fast. comm_all_reduce_sum_f64 always takes host memory. */
+    const struct backend *stage;
+    void *host[2];              /* staging buffers (grown on demand) */
+    size_t host_bytes[2];
 };
 
 /* sum (or max) in place over the group */
@@ -35,6 +44,8 @@ void comm_wait_sends(struct comm *c);
 /* in and out: size blocks of n floats each */
 void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n);
 void comm_barrier(struct comm *c);
+/* Release the staging buffers (the MPI handle is the grid's). */
+void comm_free_staging(struct comm *c);
 /* Non-blocking sum all-reduce in place; comm_wait_all completes every
  * outstanding non-blocking collective of c. */
 void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n);

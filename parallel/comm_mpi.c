@@ -1,8 +1,11 @@
-/* The comm interface over MPI (CPU buffers). */
+/* The comm interface over MPI: host buffers directly, device buffers (a comm
+ * with stage set) copied through host staging buffers. */
 #include <mpi.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config/common.h"
+#include "kernels/ops.h"
 #include "parallel/comm.h"
 
 #define MPI_CHECK(call)                                                                     \
@@ -22,28 +25,66 @@
 struct pending {
     MPI_Request req[MAX_PENDING];
     const struct comm *owner[MAX_PENDING];
+    void *staged[MAX_PENDING]; /* host copy of a staged send, freed when it completes */
     int n;
 };
 static struct pending pending;
 
 static MPI_Comm handle(const struct comm *c) { return *(MPI_Comm *)c->handle; }
 
-static void track(const struct comm *c, MPI_Request r) {
+static void track(const struct comm *c, MPI_Request r, void *staged) {
     if (pending.n == MAX_PENDING) die("too many outstanding communication requests");
     pending.req[pending.n] = r;
+    pending.staged[pending.n] = staged;
     pending.owner[pending.n++] = c;
+}
+
+/* Host staging buffer `which` of at least bytes. */
+static void *host_buf(struct comm *c, int which, size_t bytes) {
+    if (bytes > c->host_bytes[which]) {
+        free(c->host[which]);
+        c->host[which] = xmalloc(bytes);
+        c->host_bytes[which] = bytes;
+    }
+    return c->host[which];
+}
+
+void comm_free_staging(struct comm *c) {
+    for (int i = 0; i < 2; i++) {
+        free(c->host[i]);
+        c->host[i] = NULL;
+        c->host_bytes[i] = 0;
+    }
+}
+
+/* A group of one: out = in, in whichever memory the buffers live. */
+static void local_copy(const struct comm *c, void *out, const void *in, size_t bytes) {
+    if (out == in || !bytes) return;
+    if (c->stage) c->stage->copy(out, in, bytes);
+    else memmove(out, in, bytes);
+}
+
+/* In-place float reduction, staged when the buffer is device memory. */
+static void all_reduce(struct comm *c, float *buf, size_t n, MPI_Op op) {
+    c->bytes += n * sizeof(float), c->calls++;
+    if (!c->stage) {
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, op, handle(c)));
+        return;
+    }
+    float *h = host_buf(c, 0, n * sizeof(float));
+    c->stage->to_host(h, buf, n * sizeof(float));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, op, handle(c)));
+    c->stage->from_host(buf, h, n * sizeof(float));
 }
 
 void comm_all_reduce_sum(struct comm *c, float *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
-    c->bytes += n * sizeof(float), c->calls++;
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, handle(c)));
+    all_reduce(c, buf, n, MPI_SUM);
 }
 
 void comm_all_reduce_max(struct comm *c, float *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
-    c->bytes += n * sizeof(float), c->calls++;
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_MAX, handle(c)));
+    all_reduce(c, buf, n, MPI_MAX);
 }
 
 void comm_all_reduce_sum_f64(struct comm *c, double *buf, size_t n) {
@@ -53,38 +94,64 @@ void comm_all_reduce_sum_f64(struct comm *c, double *buf, size_t n) {
 }
 
 void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t n) {
+    size_t in_bytes = (size_t)c->size * n * sizeof(float), out_bytes = n * sizeof(float);
     if (c->size == 1) {
-        if (out != in) memmove(out, in, n * sizeof(float));
+        local_copy(c, out, in, out_bytes);
         return;
     }
-    c->bytes += (size_t)c->size * n * sizeof(float), c->calls++;
-    MPI_CHECK(MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, handle(c)));
+    c->bytes += in_bytes, c->calls++;
+    if (!c->stage) {
+        MPI_CHECK(MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, handle(c)));
+        return;
+    }
+    float *hin = host_buf(c, 0, in_bytes), *hout = host_buf(c, 1, out_bytes);
+    c->stage->to_host(hin, in, in_bytes);
+    MPI_CHECK(MPI_Reduce_scatter_block(hin, hout, (int)n, MPI_FLOAT, MPI_SUM, handle(c)));
+    c->stage->from_host(out, hout, out_bytes);
 }
 
 void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
+    size_t in_bytes = n * sizeof(float), out_bytes = (size_t)c->size * n * sizeof(float);
     if (c->size == 1) {
-        if (out != in) memmove(out, in, n * sizeof(float));
+        local_copy(c, out, in, in_bytes);
         return;
     }
-    c->bytes += (size_t)c->size * n * sizeof(float), c->calls++;
-    MPI_CHECK(MPI_Allgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, handle(c)));
+    c->bytes += out_bytes, c->calls++;
+    if (!c->stage) {
+        MPI_CHECK(MPI_Allgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, handle(c)));
+        return;
+    }
+    float *hin = host_buf(c, 0, in_bytes), *hout = host_buf(c, 1, out_bytes);
+    c->stage->to_host(hin, in, in_bytes);
+    MPI_CHECK(MPI_Allgather(hin, (int)n, MPI_FLOAT, hout, (int)n, MPI_FLOAT, handle(c)));
+    c->stage->from_host(out, hout, out_bytes);
 }
 
 void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
     if (c->size == 1) return;
     c->bytes += bytes, c->calls++;
-    MPI_CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, handle(c)));
+    void *h = c->stage ? host_buf(c, 0, bytes) : buf;
+    if (c->stage) c->stage->to_host(h, buf, bytes);
+    MPI_CHECK(MPI_Bcast(h, (int)bytes, MPI_BYTE, root, handle(c)));
+    if (c->stage) c->stage->from_host(buf, h, bytes);
 }
 
 void comm_send(struct comm *c, const void *buf, size_t bytes, int peer, int tag) {
     MPI_Request r;
     c->bytes += bytes, c->calls++;
-    MPI_CHECK(MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, handle(c), &r));
-    track(c, r);
+    void *staged = NULL;
+    if (c->stage) { /* a copy of its own: the caller may reuse buf before the send completes */
+        staged = xmalloc(bytes ? bytes : 1);
+        c->stage->to_host(staged, buf, bytes);
+    }
+    MPI_CHECK(MPI_Isend(staged ? staged : buf, (int)bytes, MPI_BYTE, peer, tag, handle(c), &r));
+    track(c, r, staged);
 }
 
 void comm_recv(struct comm *c, void *buf, size_t bytes, int peer, int tag) {
-    MPI_CHECK(MPI_Recv(buf, (int)bytes, MPI_BYTE, peer, tag, handle(c), MPI_STATUS_IGNORE));
+    void *h = c->stage ? host_buf(c, 0, bytes) : buf;
+    MPI_CHECK(MPI_Recv(h, (int)bytes, MPI_BYTE, peer, tag, handle(c), MPI_STATUS_IGNORE));
+    if (c->stage) c->stage->from_host(buf, h, bytes);
 }
 
 static void wait_owned(const struct comm *c) {
@@ -92,8 +159,10 @@ static void wait_owned(const struct comm *c) {
     for (int i = 0; i < pending.n; i++) {
         if (pending.owner[i] == c) {
             MPI_CHECK(MPI_Wait(&pending.req[i], MPI_STATUS_IGNORE));
+            free(pending.staged[i]);
         } else {
             pending.req[kept] = pending.req[i];
+            pending.staged[kept] = pending.staged[i];
             pending.owner[kept++] = pending.owner[i];
         }
     }
@@ -105,19 +174,31 @@ void comm_wait_all(struct comm *c) { wait_owned(c); }
 
 void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
+    if (c->stage) { /* staged: done at once */
+        all_reduce(c, buf, n, MPI_SUM);
+        return;
+    }
     MPI_Request r;
     c->bytes += n * sizeof(float), c->calls++;
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, handle(c), &r));
-    track(c, r);
+    track(c, r, NULL);
 }
 
 void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n) {
+    size_t bytes = (size_t)c->size * n * sizeof(float);
     if (c->size == 1) {
-        if (out != in) memmove(out, in, n * sizeof(float));
+        local_copy(c, out, in, n * sizeof(float));
         return;
     }
-    c->bytes += (size_t)c->size * n * sizeof(float), c->calls++;
-    MPI_CHECK(MPI_Alltoall(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, handle(c)));
+    c->bytes += bytes, c->calls++;
+    if (!c->stage) {
+        MPI_CHECK(MPI_Alltoall(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, handle(c)));
+        return;
+    }
+    float *hin = host_buf(c, 0, bytes), *hout = host_buf(c, 1, bytes);
+    c->stage->to_host(hin, in, bytes);
+    MPI_CHECK(MPI_Alltoall(hin, (int)n, MPI_FLOAT, hout, (int)n, MPI_FLOAT, handle(c)));
+    c->stage->from_host(out, hout, bytes);
 }
 
 void comm_barrier(struct comm *c) {

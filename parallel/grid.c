@@ -104,9 +104,14 @@ void grid_single(struct grid *g) {
     for (int i = 0; i < 4; i++) cs[i]->size = 1, cs[i]->name = names[i];
 }
 
+void grid_stage_device(struct grid *g, const struct backend *be) {
+    g->tp_comm.stage = g->dp_comm.stage = g->pp_comm.stage = be;
+}
+
 void grid_free(struct grid *g) {
     struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm};
     for (int i = 0; i < 4; i++) {
+        comm_free_staging(cs[i]);
         if (!cs[i]->handle) continue;
         MPI_Comm_free((MPI_Comm *)cs[i]->handle);
         free(cs[i]->handle);

@@ -22,6 +22,9 @@ int parallel_world_rank(void);
  * layout must already be validated for this world size. */
 void grid_create(struct grid *g, const struct parallel_config *p);
 void grid_free(struct grid *g);
+/* The model's groups (tp, dp, pp) carry device memory of backend be: their
+ * calls stage it through host buffers (see struct comm). world stays host. */
+void grid_stage_device(struct grid *g, const struct backend *be);
 /* A single-rank grid with no MPI (tests, tools). */
 void grid_single(struct grid *g);
 /* Abort every rank of the job with exit code code (after a message). */

@@ -40,13 +40,24 @@ void gemm_rm(int transA, int transB, int M, int N, int K, float alpha, const flo
                                                strideA, &beta, C, ldc, strideC, batch));
 }
 
+static const char *count_error = "no device";
+
 extern "C" int cuda_device_count(void) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        count_error = cudaGetErrorString(e);
         cudaGetLastError(); /* clear the sticky "no driver" error */
         return 0;
     }
     return n;
+}
+
+extern "C" const char *cuda_device_error(void) { return count_error; }
+
+extern "C" void cuda_use_device(int local_rank) {
+    int n = cuda_device_count();
+    if (n > 0) CUDA_CHECK(cudaSetDevice(local_rank % n));
 }
 
 static void *d_alloc(size_t bytes) {

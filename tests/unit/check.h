@@ -39,3 +39,9 @@ static inline float test_rand(unsigned long long *state) {
     *state = *state * 6364136223846793005ull + 1442695040888963407ull;
     return ((*state >> 40) / (double)(1ull << 24)) * 2.0 - 1.0;
 }
+/* n values of test_rand in a new array (caller frees). */
+static inline float *test_rand_array(unsigned long long *state, size_t n) {
+    float *x = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) x[i] = test_rand(state);
+    return x;
+}

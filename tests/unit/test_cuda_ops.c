@@ -17,11 +17,7 @@ static const struct backend *cpu, *gpu;
 static unsigned long long seed = 7;
 static const double TOL = 2e-5;
 
-static float *frand(size_t n) {
-    float *x = malloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) x[i] = test_rand(&seed);
-    return x;
-}
+static float *frand(size_t n) { return test_rand_array(&seed, n); }
 static float *fcopy(const float *x, size_t n) {
     float *y = malloc(sizeof(float) * n);
     memcpy(y, x, sizeof(float) * n);

@@ -11,11 +11,7 @@
 static const struct backend *be;
 static unsigned long long seed = 42;
 
-static float *frand(size_t n) {
-    float *x = malloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) x[i] = test_rand(&seed);
-    return x;
-}
+static float *frand(size_t n) { return test_rand_array(&seed, n); }
 static double *to_double(const float *x, size_t n) {
     double *d = malloc(sizeof(double) * n);
     for (size_t i = 0; i < n; i++) d[i] = x[i];
