@@ -63,8 +63,8 @@ void event(struct run *run, const char *fmt, ...) {
 static void log_step(struct run *run, int step, const struct step_stats *st, double seconds) {
     const struct recipe *r = run->r;
     double tps = st->tokens / seconds, tflops = tps * run->flops_per_token / 1e12;
-    double mfu = r->train.peak_tflops > 0 ? tflops / r->train.peak_tflops : 0;
-    double mem = peak_rss_mib();
+    double mfu = run->peak_tflops > 0 ? tflops / run->peak_tflops : 0;
+    double mem = run->be->device_mem_mib ? run->be->device_mem_mib() : peak_rss_mib();
     if (!run->rank0) return;
     event(run,
           "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"tflops\":%.6f,"
@@ -73,7 +73,7 @@ static void log_step(struct run *run, int step, const struct step_stats *st, dou
           (long long)run->st.consumed_samples);
     if (step % r->log.interval && step != 1 && step != r->train.steps) return;
     char mfu_text[32] = "-";
-    if (r->train.peak_tflops > 0) snprintf(mfu_text, sizeof mfu_text, "%.1f%%", 100 * mfu);
+    if (run->peak_tflops > 0) snprintf(mfu_text, sizeof mfu_text, "%.1f%%", 100 * mfu);
     printf("step %6d/%d | loss %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %.3f TFLOP/s | mfu %s | mem %.0f MiB\n",
            step, r->train.steps, st->loss, st->lr, st->grad_norm, tps, tflops, mfu_text, mem);
     fflush(stdout);
@@ -236,6 +236,8 @@ static void setup(struct run *run) {
     run->saved_step = -1;
     ckpt_setup(run);
     run->flops_per_token = model_flops_per_token(&r->model, r->train.seq_len);
+    run->peak_tflops = r->train.peak_tflops;
+    if (run->peak_tflops == 0 && run->be->peak_tflops) run->peak_tflops = run->be->peak_tflops(r->train.tf32);
     run->batch = xmalloc(sizeof(int32_t) * r->train.global_batch * (r->train.seq_len + 1));
     if (run->rank0 && mkdir_p(r->log.dir) != 0) die("cannot create log.dir %s", r->log.dir);
     snprintf(run->metrics_path, sizeof run->metrics_path, "%s/metrics.jsonl", r->log.dir);
@@ -314,8 +316,11 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
                g->world_size, g->tp, g->pp, g->dp, dataset_dir(ds), (long long)dataset_num_tokens(ds),
                (long long)dataset_num_docs(ds));
     }
-    event(&run, "{\"event\":\"start\",\"step\":%d,\"params\":%lld,\"flops_per_token\":%.6g,\"steps\":%d}", run.st.step,
-          (long long)model_param_count(&r->model), run.flops_per_token, r->train.steps);
+    event(&run,
+          "{\"event\":\"start\",\"step\":%d,\"params\":%lld,\"flops_per_token\":%.6g,\"steps\":%d,"
+          "\"device\":\"%s\",\"peak_tflops\":%g}",
+          run.st.step, (long long)model_param_count(&r->model), run.flops_per_token, r->train.steps, run.be->name,
+          run.peak_tflops);
     double t_start = now_seconds();
     int first = run.st.step + 1;
     for (int step = first; step <= r->train.steps; step = run.st.step + 1) {

@@ -67,7 +67,7 @@ const struct recipe_key recipe_keys[] = {
     POS(train, eval_batches, "4", "global batches per validation"),
     ENUM(train, device, "auto", "auto|cpu|cuda", "compute backend; auto = cuda when available"),
     BOOL(train, tf32, "false", "CUDA: TF32 tensor cores for fp32 matmuls (faster; ~1e-3 relative rounding)"),
-    DBL(train, peak_tflops, "0", 0, INF, 0, "peak TFLOP/s per device for MFU; 0 = unknown (no MFU)"),
+    DBL(train, peak_tflops, "0", 0, INF, 0, "peak TFLOP/s per device for MFU; 0 = the GPU's datasheet peak if known, else no MFU"),
     INT(train, threads, "0", 0, 4096, "CPU threads; 0 = OpenMP default"),
 
     ENUM(optimizer, type, "adamw", "adamw", "optimizer"),

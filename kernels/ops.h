@@ -98,6 +98,12 @@ struct backend {
      * first (clipping), step is 1-based. */
     void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, float grad_scale, int step);
+
+    /* Optional (NULL on the CPU): the device memory in use now, in MiB, and
+     * the device's dense peak TFLOP/s for fp32 matmuls (tf32 = on TF32 tensor
+     * cores), 0 when the device is not in the table. */
+    double (*device_mem_mib)(void);
+    double (*peak_tflops)(int tf32);
 };
 
 /* "cpu", "cuda" or "auto"; returns NULL with a message if unavailable. */

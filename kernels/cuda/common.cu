@@ -1,4 +1,6 @@
 /* cuBLAS handle, scratch memory, memory ops and the row-major GEMM wrapper. */
+#include <string.h>
+
 #include "kernels/cuda/cuda.h"
 
 static cublasHandle_t blas;
@@ -98,6 +100,27 @@ static void matmul_backward(float *dx, float *dw, const float *dout, const float
     if (dw) gemm_rm(1, 0, M, K, N, 1.0f, dout, M, 0, x, K, 0, 1.0f, dw, K, 0, 1);
 }
 
+static double mem_mib(void) {
+    size_t free_b = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    return (double)(total - free_b) / (1 << 20);
+}
+
+/* Dense fp32 and TF32 peaks from NVIDIA's datasheets, by device name. */
+static double peak(int tf32) {
+    static const struct { const char *name; double fp32, tf32; } table[] = {
+        {"H100 PCIe", 51, 378}, {"H100 NVL", 60, 418}, {"H100", 67, 495}, /* SXM (HBM3) */
+        {"H200", 67, 495},      {"A100", 19.5, 156},  {"L40S", 91.6, 183},
+    };
+    cudaDeviceProp prop;
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strstr(prop.name, table[i].name)) return tf32 ? table[i].tf32 : table[i].fp32;
+    return 0;
+}
+
 extern "C" const struct backend cuda_backend = {
     .name = "cuda",
     .alloc = d_alloc,
@@ -126,4 +149,6 @@ extern "C" const struct backend cuda_backend = {
     .sum = cuda_sum,
     .sum_squares = cuda_sum_squares,
     .adamw = cuda_adamw,
+    .device_mem_mib = mem_mib,
+    .peak_tflops = peak,
 };

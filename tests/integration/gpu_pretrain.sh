@@ -3,7 +3,7 @@
 # Skipped where no GPU is visible (or the build has no CUDA backend).
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
-CHECKS="gpu_pretrain_runs gpu_pretrain_device_line gpu_matches_cpu gpu_eval_matches_cpu gpu_deterministic
+CHECKS="gpu_pretrain_runs gpu_pretrain_device_line gpu_mfu_and_memory gpu_matches_cpu gpu_eval_matches_cpu gpu_deterministic
 gpu_resume_bitwise gpu_checkpoint_resumes_on_cpu gpu_tf32_close gpu_zero_single_rank gpu_layout_tp2_sp gpu_layout_pp2
 gpu_layout_dp2_zero gpu_layout_tp2_pp2"
 "$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail gpu_setup "data generate failed"; exit 1; }
@@ -39,6 +39,7 @@ fi
 rc=$?
 [ $rc = 0 ] && pass gpu_pretrain_runs || fail gpu_pretrain_runs "exit $rc: $(tail -3 "$TMP/out")"
 expect_output gpu_pretrain_device_line '\| device cuda \|'
+expect_output gpu_mfu_and_memory 'mfu [0-9.]+% \| mem [0-9]+ MiB'
 "$MTRAIN" pretrain r.yaml --set train.device=cpu --set checkpoint.dir=c_ck --set log.dir=c >/dev/null 2>&1 ||
     fail gpu_cpu_reference "CPU run failed"
 losses g/metrics.jsonl >g.loss; losses c/metrics.jsonl >c.loss
