@@ -55,9 +55,12 @@ struct backend {
     void (*rope)(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse);
 
     /* Causal GQA attention. q[B,T,H,D], k,v[B,T,KVH,D] -> out[B,T,H,D].
-     * att[B,H,T,T] keeps the softmax probabilities for backward. */
+     * att keeps what backward needs, attention_state_floats(B,H,T) floats:
+     * the CPU keeps the softmax probabilities [B,H,T,T]; the CUDA backend only
+     * each row's log-sum-exp [B,H,T] and recomputes the probabilities. */
     void (*attention_forward)(float *out, float *att, const float *q, const float *k, const float *v, int B,
                               int T, int H, int KVH, int D);
+    size_t (*attention_state_floats)(int B, int H, int T);
     /* dq, dk, dv overwritten. */
     void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *att,
                                const float *q, const float *k, const float *v, int B, int T, int H, int KVH,

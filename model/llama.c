@@ -34,7 +34,9 @@ static void layout_slot(struct llama *m, struct act_slot *s, struct carver *c) {
         a->q = carve(c, N * QD);
         a->k = carve(c, N * KD);
         a->v = carve(c, N * KD);
-        a->att = carve(c, (size_t)m->B * m->Hl * m->T * m->T);
+        /* no backend (the dry-run estimate): the CPU's probabilities, the larger */
+        a->att = carve(c, m->be ? m->be->attention_state_floats(m->B, m->Hl, m->T)
+                                : (size_t)m->B * m->Hl * m->T * m->T);
         a->attn_out = carve(c, N * QD);
         a->xmid = carve(c, Ns * C);
         a->ln2 = carve(c, N * C);

@@ -19,6 +19,9 @@ void cpu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
 }
 
+/* the softmax probabilities [B,H,T,T] */
+static size_t attention_state_floats(int B, int H, int T) { return (size_t)B * H * T * T; }
+
 const struct backend cpu_backend = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -35,6 +38,7 @@ const struct backend cpu_backend = {
     .matmul_backward = cpu_matmul_backward,
     .rope = cpu_rope,
     .attention_forward = cpu_attention_forward,
+    .attention_state_floats = attention_state_floats,
     .attention_backward = cpu_attention_backward,
     .swiglu_forward = cpu_swiglu_forward,
     .swiglu_backward = cpu_swiglu_backward,

@@ -137,6 +137,7 @@ extern "C" const struct backend cuda_backend = {
     .matmul_backward = matmul_backward,
     .rope = cuda_rope,
     .attention_forward = cuda_attention_forward,
+    .attention_state_floats = cuda_attention_state_floats,
     .attention_backward = cuda_attention_backward,
     .swiglu_forward = cuda_swiglu_forward,
     .swiglu_backward = cuda_swiglu_backward,

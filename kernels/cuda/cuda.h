@@ -48,6 +48,7 @@ void cuda_rmsnorm_backward(float *dx, float *dw, const float *dout, const float 
 void cuda_rope(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse);
 void cuda_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
                             int H, int KVH, int D);
+size_t cuda_attention_state_floats(int B, int H, int T);
 void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
                              const float *k, const float *v, int B, int T, int H, int KVH, int D);
 void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);

@@ -58,7 +58,7 @@ int main(int argc, char **argv) {
     float *x = rand_dev((size_t)N * C, &s), *y = rand_dev((size_t)N * C, &s), *w = rand_dev((size_t)F * C, &s);
     float *g = rand_dev((size_t)N * F, &s), *u = rand_dev((size_t)N * F, &s), *h = rand_dev((size_t)N * F, &s);
     float *q = rand_dev((size_t)N * C, &s), *k = rand_dev((size_t)N * KVH * D, &s), *v = rand_dev((size_t)N * KVH * D, &s);
-    float *o = rand_dev((size_t)N * C, &s), *att = rand_dev((size_t)B * H * T * T, &s);
+    float *o = rand_dev((size_t)N * C, &s), *att = rand_dev(be->attention_state_floats(B, H, T), &s);
     float *dq = rand_dev((size_t)N * C, &s), *dk = rand_dev((size_t)N * KVH * D, &s), *dv = rand_dev((size_t)N * KVH * D, &s);
     float *logits = rand_dev((size_t)N * V, &s), *emb = rand_dev((size_t)V * C, &s), *losses = rand_dev(N, &s);
     float *rstd = rand_dev(N, &s), *nw = rand_dev(C, &s), *dnw = rand_dev(C, &s), *cs = rand_dev((size_t)T * D / 2, &s);

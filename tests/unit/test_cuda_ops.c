@@ -4,7 +4,11 @@
  * V=1500) and to cover GQA, MHA and MQA.
  * Tolerance: max relative error <= 2e-5 (floored at 10% of the reference's
  * RMS, as in test_kernels.c): both sides are fp32 and differ only in the
- * order of sums. Ops without atomics must also repeat bitwise.
+ * order of sums. Attention's gradients get 5e-5: the GPU recomputes the
+ * probabilities as exp(s - lse) where the CPU kept exp(s - max) / sum, and
+ * dk/dv add that rounding over every query row of a kv head's group
+ * (measured worst 2.2e-5, MQA, T=300). Ops without atomics must also repeat
+ * bitwise.
  * Without a GPU every case is skipped. */
 #include <math.h>
 #include <stdlib.h>
@@ -37,14 +41,17 @@ static float *host(const void *d, size_t n) {
 }
 
 /* GPU result (device pointer) against the CPU result (host). */
-static void compare(const char *name, const float *d_got, const float *want, size_t n) {
+static void compare_tol(const char *name, const float *d_got, const float *want, size_t n, double tol) {
     float *got = host(d_got, n);
     double *w = malloc(sizeof(double) * n), ss = 0;
     for (size_t i = 0; i < n; i++) w[i] = want[i], ss += w[i] * w[i];
     double e = max_rel_err(got, w, n, fmax(1e-2, 0.1 * sqrt(ss / (double)n)));
-    TEST_RESULT(name, e <= TOL, "max rel err %.3g > %.1g", e, TOL);
+    TEST_RESULT(name, e <= tol, "max rel err %.3g > %.1g", e, tol);
     free(got);
     free(w);
+}
+static void compare(const char *name, const float *d_got, const float *want, size_t n) {
+    compare_tol(name, d_got, want, n, TOL);
 }
 
 static void test_matmul(int N, int K, int M) {
@@ -115,27 +122,26 @@ static void test_rope(int B, int T, int H, int D) {
 }
 
 static void test_attention(int B, int T, int H, int KVH, int D, const char *tag) {
-    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * KVH * D, na = (size_t)B * H * T * T;
+    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * KVH * D, na = cpu->attention_state_floats(B, H, T);
     float *q = frand(nq), *k = frand(nk), *v = frand(nk), *dout = frand(nq);
     float *out = malloc(4 * nq), *att = malloc(4 * na), *dq = malloc(4 * nq), *dk = malloc(4 * nk), *dv = malloc(4 * nk);
     float *dQ = dev(q, 4 * nq), *dK = dev(k, 4 * nk), *dV = dev(v, 4 * nk), *dD = dev(dout, 4 * nq);
-    float *dOut = gpu->alloc(4 * nq), *dAtt = gpu->alloc(4 * na);
+    float *dOut = gpu->alloc(4 * nq), *dAtt = gpu->alloc(4 * gpu->attention_state_floats(B, H, T));
     float *gq = gpu->alloc(4 * nq), *gk = gpu->alloc(4 * nk), *gv = gpu->alloc(4 * nk);
     char name[96];
     cpu->attention_forward(out, att, q, k, v, B, T, H, KVH, D);
     gpu->attention_forward(dOut, dAtt, dQ, dK, dV, B, T, H, KVH, D);
     snprintf(name, sizeof name, "cuda_attention_forward_%s", tag);
     compare(name, dOut, out, nq);
-    snprintf(name, sizeof name, "cuda_attention_probs_%s", tag);
-    compare(name, dAtt, att, na);
+    /* the GPU keeps each row's log-sum-exp, not the probabilities: backward checks it */
     cpu->attention_backward(dq, dk, dv, dout, att, q, k, v, B, T, H, KVH, D);
     gpu->attention_backward(gq, gk, gv, dD, dAtt, dQ, dK, dV, B, T, H, KVH, D);
     snprintf(name, sizeof name, "cuda_attention_backward_dq_%s", tag);
-    compare(name, gq, dq, nq);
+    compare_tol(name, gq, dq, nq, 5e-5);
     snprintf(name, sizeof name, "cuda_attention_backward_dk_%s", tag);
-    compare(name, gk, dk, nk);
+    compare_tol(name, gk, dk, nk, 5e-5);
     snprintf(name, sizeof name, "cuda_attention_backward_dv_%s", tag);
-    compare(name, gv, dv, nk);
+    compare_tol(name, gv, dv, nk, 5e-5);
     free(q), free(k), free(v), free(dout), free(out), free(att), free(dq), free(dk), free(dv);
     gpu->free(dQ), gpu->free(dK), gpu->free(dV), gpu->free(dD), gpu->free(dOut), gpu->free(dAtt);
     gpu->free(gq), gpu->free(gk), gpu->free(gv);
