@@ -9,6 +9,7 @@
 #include "cli/pretrain.h"
 #include "config/common.h"
 #include "config/recipe.h"
+#include "kernels/ops.h"
 #include "model/flops.h"
 #include "parallel/grid.h"
 #include "parallel/schedule.h"
@@ -132,7 +133,12 @@ static void dry_run(const struct recipe *r) {
     recipe_print(r, stdout);
     int world = launcher_world_size();
     int dp = world ? world / (r->parallel.tp * r->parallel.pp * r->parallel.cp) : 1;
-    struct memory_estimate e = model_memory_estimate(r, dp > 0 ? dp : 1);
+    /* the backend the run would use; "cuda" counts as CUDA even on a machine
+     * without a GPU (planning on a login node) */
+    int gpu = cuda_backend.attention_state_floats &&
+              (!strcmp(r->train.device, "cuda") || (!strcmp(r->train.device, "auto") && cuda_backend_available()));
+    const struct backend *be = gpu ? &cuda_backend : &cpu_backend;
+    struct memory_estimate e = model_memory_estimate(r, dp > 0 ? dp : 1, be);
     double gib = 1024.0 * 1024 * 1024;
     printf("\n# plan\n");
     printf("parameters:       %lld\n", (long long)model_param_count(&r->model));
@@ -149,9 +155,10 @@ static void dry_run(const struct recipe *r) {
         else
             schedule_print(stdout, r->parallel.pp, r->parallel.vpp, m);
     }
-    printf("memory_per_rank:  %.3f GiB (params %.3f, grads %.3f, adam %.3f, activations %.3f; fp32, pipeline "
-           "stage 0, dp %d)\n",
-           e.total / gib, e.params / gib, e.grads / gib, e.optimizer / gib, e.activations / gib, dp > 0 ? dp : 1);
+    printf("memory_per_rank:  %.3f GiB (params %.3f, grads %.3f, adam %.3f, activations %.3f; fp32, %s backend, "
+           "pipeline stage 0, dp %d)\n",
+           e.total / gib, e.params / gib, e.grads / gib, e.optimizer / gib, e.activations / gib, be->name,
+           dp > 0 ? dp : 1);
 }
 
 int cmd_pretrain(int argc, char **argv) {

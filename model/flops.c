@@ -21,7 +21,7 @@ double model_flops_per_token(const struct model_config *m, int seq_len) {
     return 6 * matmul_params + 6 * L * C * seq_len;
 }
 
-struct memory_estimate model_memory_estimate(const struct recipe *r, int dp) {
+struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, const struct backend *be) {
     struct memory_estimate e = {0};
     struct param_table t;
     struct model_part part;
@@ -41,7 +41,7 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp) {
         slots = schedule_max_in_flight(s, schedule_build(s, pp, vpp, 0, m), vpp);
         free(s);
     }
-    e.activations = llama_arena_bytes(&r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
+    e.activations = llama_arena_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
                                       r->train.seq_len, slots);
     e.total = e.params + e.grads + e.optimizer + e.activations;
     return e;

@@ -5,6 +5,8 @@
 
 #include "config/recipe.h"
 
+struct backend;
+
 /* Training FLOPs per token (forward + backward): 6 x (parameters used in
  * matmuls, the output projection included, the embedding lookup excluded)
  * + 6 x layers x hidden x seq_len for causal attention (QK^T and AV, forward
@@ -18,6 +20,7 @@ struct memory_estimate {
 };
 /* The most loaded rank (pipeline stage 0: embedding + its layers + the most
  * micro batches in flight) for dp data-parallel ranks (ZeRO-1 divides the
- * moments by dp). Activations are this implementation's: attention keeps
- * B x heads x T x T probabilities, no recomputation. */
-struct memory_estimate model_memory_estimate(const struct recipe *r, int dp);
+ * moments by dp). Activations are this implementation's on backend be
+ * (only its attention_state_floats is called: no device is touched): the CPU
+ * keeps B x heads x T x T probabilities, CUDA a log-sum-exp per row. */
+struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, const struct backend *be);

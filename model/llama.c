@@ -34,9 +34,7 @@ static void layout_slot(struct llama *m, struct act_slot *s, struct carver *c) {
         a->q = carve(c, N * QD);
         a->k = carve(c, N * KD);
         a->v = carve(c, N * KD);
-        /* no backend (the dry-run estimate): the CPU's probabilities, the larger */
-        a->att = carve(c, m->be ? m->be->attention_state_floats(m->B, m->Hl, m->T)
-                                : (size_t)m->B * m->Hl * m->T * m->T);
+        a->att = carve(c, m->be->attention_state_floats(m->B, m->Hl, m->T));
         a->attn_out = carve(c, N * QD);
         a->xmid = carve(c, Ns * C);
         a->ln2 = carve(c, N * C);
@@ -94,9 +92,10 @@ static void set_dims(struct llama *m, const struct model_config *cfg, const stru
     m->nslots = nslots;
 }
 
-size_t llama_arena_bytes(const struct model_config *cfg, const struct model_part *part, int sequence_parallel,
-                         int B, int T, int nslots) {
+size_t llama_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
+                         int sequence_parallel, int B, int T, int nslots) {
     struct llama m = {0};
+    m.be = be;
     set_dims(&m, cfg, part, sequence_parallel, B, T, nslots);
     m.slots = xcalloc(nslots, sizeof *m.slots);
     for (int i = 0; i < nslots; i++) m.slots[i].acts = xcalloc(m.L, sizeof(struct layer_acts));

@@ -80,8 +80,8 @@ void llama_free(struct llama *m);
 void llama_init_params(struct llama *m, uint64_t seed);
 /* Bytes of the activation arena llama_create would allocate for this part
  * (for the memory estimate). */
-size_t llama_arena_bytes(const struct model_config *cfg, const struct model_part *part, int sequence_parallel,
-                         int B, int T, int nslots);
+size_t llama_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
+                         int sequence_parallel, int B, int T, int nslots);
 
 /* Copy a micro batch (host, B*T each) into a slot. */
 void llama_stage(struct llama *m, int slot, const int32_t *tokens, const int32_t *targets);

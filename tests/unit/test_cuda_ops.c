@@ -286,6 +286,9 @@ int main(void) {
                cuda_backend.alloc ? "has" : "lacks");
         return 0;
     }
+    /* a 1 MiB budget for attention's score blocks: T=300 runs in chunks of
+     * one kv group, T=67 fits every group in one chunk; both paths run */
+    setenv("MTRAIN_ATTN_CHUNK_MB", "1", 1);
     gpu = backend_get("cuda");
     test_memory();
     test_matmul(300, 520, 130);
@@ -294,6 +297,7 @@ int main(void) {
     test_attention(2, 67, 6, 2, 16, "gqa");
     test_attention(2, 67, 6, 6, 16, "mha");
     test_attention(1, 300, 4, 1, 32, "mqa_t300");
+    test_attention(2, 300, 6, 2, 16, "gqa_t300_four_chunks");
     test_swiglu(100003);
     test_cross_entropy(77, 1500);
     test_vocab_parallel_ce(77, 1500);
