@@ -113,14 +113,23 @@ double optimizer_grad_norm(struct optimizer *o, const float *grads, struct comm 
      * unless ZeRO split it into disjoint shards */
     int count_dp = o->distributed || !o->dp || o->dp->rank == 0;
     const float *g = o->distributed ? o->grad_shard : grads;
+    /* adjacent counted tensors are summed in one call: on a GPU each call
+     * waits for its result, so one rank's whole buffer is usually one wait */
+    size_t run_off = 0, run_len = 0;
     for (int i = 0; i < t->count && count_dp; i++) {
         const struct param_info *p = &t->items[i];
         if (p->shard == SHARD_REPLICATED && t->tp_rank != 0) continue; /* the same on every TP rank */
         if (p->shard != SHARD_REPLICATED && t->tp_rank % (t->tp / p->parts)) continue; /* a shared block: once */
         size_t off, n;
         if (!intersect(p, o->shard_begin, o->shard_len, &off, &n)) continue;
-        ss += o->be->sum_squares(g + (off - o->shard_begin), n);
+        if (run_len && off == run_off + run_len) {
+            run_len += n;
+            continue;
+        }
+        if (run_len) ss += o->be->sum_squares(g + (run_off - o->shard_begin), run_len);
+        run_off = off, run_len = n;
     }
+    if (run_len) ss += o->be->sum_squares(g + (run_off - o->shard_begin), run_len);
     if (world) comm_all_reduce_sum_f64(world, &ss, 1);
     return sqrt(ss);
 }
