@@ -1,5 +1,8 @@
 /* Softmax cross-entropy, whole-vocabulary and vocab-parallel passes: one
- * block per row, sums of exponentials in double as on the CPU. */
+ * block per row. Each exponential is a float expf of a difference that is
+ * exact enough in float (arguments <= 0 after the max), summed in double as
+ * on the CPU; double-precision exp on every logit made this the slowest
+ * pass of the head. */
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
@@ -14,14 +17,14 @@ __device__ float row_max(const float *row, int V, float *fbuf) {
 
 __device__ double row_sumexp(const float *row, int V, float maxv, double *dbuf) {
     double s = 0;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) s += exp((double)row[i] - maxv);
+    for (int i = threadIdx.x; i < V; i += blockDim.x) s += (double)expf(row[i] - maxv);
     return block_sum(s, dbuf);
 }
 
 /* logits <- dscale * (softmax - onehot(t)) for row n, or zeros if ignored */
 __device__ void write_grad(float *row, int V, double logz, int t, int ignore, float dscale) {
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float g = ignore ? 0.0f : (float)exp((double)row[i] - logz) * dscale;
+        float g = ignore ? 0.0f : expf(row[i] - (float)logz) * dscale;
         if (!ignore && i == t) g -= dscale;
         row[i] = g;
     }
