@@ -57,6 +57,22 @@ void comm_free_staging(struct comm *c) {
     }
 }
 
+/* Device memory goes through host staging buffer `which`: stage_in returns
+ * a host copy of dev (or dev itself when the comm carries host memory),
+ * stage_out a host buffer for a result, stage_back copies a result home. */
+static void *stage_in(struct comm *c, int which, const void *dev, size_t bytes) {
+    if (!c->stage) return (void *)dev;
+    void *h = host_buf(c, which, bytes);
+    c->stage->to_host(h, dev, bytes);
+    return h;
+}
+static void *stage_out(struct comm *c, int which, void *dev, size_t bytes) {
+    return c->stage ? host_buf(c, which, bytes) : dev;
+}
+static void stage_back(const struct comm *c, void *dev, const void *host, size_t bytes) {
+    if (c->stage) c->stage->from_host(dev, host, bytes);
+}
+
 /* A group of one: out = in, in whichever memory the buffers live. */
 static void local_copy(const struct comm *c, void *out, const void *in, size_t bytes) {
     if (out == in || !bytes) return;
@@ -67,14 +83,9 @@ static void local_copy(const struct comm *c, void *out, const void *in, size_t b
 /* In-place float reduction, staged when the buffer is device memory. */
 static void all_reduce(struct comm *c, float *buf, size_t n, MPI_Op op) {
     c->bytes += n * sizeof(float), c->calls++;
-    if (!c->stage) {
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, op, handle(c)));
-        return;
-    }
-    float *h = host_buf(c, 0, n * sizeof(float));
-    c->stage->to_host(h, buf, n * sizeof(float));
+    float *h = stage_in(c, 0, buf, n * sizeof(float));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, op, handle(c)));
-    c->stage->from_host(buf, h, n * sizeof(float));
+    stage_back(c, buf, h, n * sizeof(float));
 }
 
 void comm_all_reduce_sum(struct comm *c, float *buf, size_t n) {
@@ -100,14 +111,9 @@ void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t
         return;
     }
     c->bytes += in_bytes, c->calls++;
-    if (!c->stage) {
-        MPI_CHECK(MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, handle(c)));
-        return;
-    }
-    float *hin = host_buf(c, 0, in_bytes), *hout = host_buf(c, 1, out_bytes);
-    c->stage->to_host(hin, in, in_bytes);
+    float *hin = stage_in(c, 0, in, in_bytes), *hout = stage_out(c, 1, out, out_bytes);
     MPI_CHECK(MPI_Reduce_scatter_block(hin, hout, (int)n, MPI_FLOAT, MPI_SUM, handle(c)));
-    c->stage->from_host(out, hout, out_bytes);
+    stage_back(c, out, hout, out_bytes);
 }
 
 void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
@@ -117,23 +123,17 @@ void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
         return;
     }
     c->bytes += out_bytes, c->calls++;
-    if (!c->stage) {
-        MPI_CHECK(MPI_Allgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, handle(c)));
-        return;
-    }
-    float *hin = host_buf(c, 0, in_bytes), *hout = host_buf(c, 1, out_bytes);
-    c->stage->to_host(hin, in, in_bytes);
+    float *hin = stage_in(c, 0, in, in_bytes), *hout = stage_out(c, 1, out, out_bytes);
     MPI_CHECK(MPI_Allgather(hin, (int)n, MPI_FLOAT, hout, (int)n, MPI_FLOAT, handle(c)));
-    c->stage->from_host(out, hout, out_bytes);
+    stage_back(c, out, hout, out_bytes);
 }
 
 void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
     if (c->size == 1) return;
     c->bytes += bytes, c->calls++;
-    void *h = c->stage ? host_buf(c, 0, bytes) : buf;
-    if (c->stage) c->stage->to_host(h, buf, bytes);
+    void *h = stage_in(c, 0, buf, bytes);
     MPI_CHECK(MPI_Bcast(h, (int)bytes, MPI_BYTE, root, handle(c)));
-    if (c->stage) c->stage->from_host(buf, h, bytes);
+    stage_back(c, buf, h, bytes);
 }
 
 void comm_send(struct comm *c, const void *buf, size_t bytes, int peer, int tag) {
@@ -149,9 +149,9 @@ void comm_send(struct comm *c, const void *buf, size_t bytes, int peer, int tag)
 }
 
 void comm_recv(struct comm *c, void *buf, size_t bytes, int peer, int tag) {
-    void *h = c->stage ? host_buf(c, 0, bytes) : buf;
+    void *h = stage_out(c, 0, buf, bytes);
     MPI_CHECK(MPI_Recv(h, (int)bytes, MPI_BYTE, peer, tag, handle(c), MPI_STATUS_IGNORE));
-    if (c->stage) c->stage->from_host(buf, h, bytes);
+    stage_back(c, buf, h, bytes);
 }
 
 static void wait_owned(const struct comm *c) {
@@ -191,14 +191,9 @@ void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n) {
         return;
     }
     c->bytes += bytes, c->calls++;
-    if (!c->stage) {
-        MPI_CHECK(MPI_Alltoall(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, handle(c)));
-        return;
-    }
-    float *hin = host_buf(c, 0, bytes), *hout = host_buf(c, 1, bytes);
-    c->stage->to_host(hin, in, bytes);
+    float *hin = stage_in(c, 0, in, bytes), *hout = stage_out(c, 1, out, bytes);
     MPI_CHECK(MPI_Alltoall(hin, (int)n, MPI_FLOAT, hout, (int)n, MPI_FLOAT, handle(c)));
-    c->stage->from_host(out, hout, bytes);
+    stage_back(c, out, hout, bytes);
 }
 
 void comm_barrier(struct comm *c) {

@@ -101,17 +101,9 @@ static void gemm_ptrs(int transA, int transB, int M, int N, int K, float alpha, 
     CUBLAS_CHECK(cublasSgemmBatched(cuda_blas(), tb, ta, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc, batch));
 }
 
-/* Device memory for `arrays` pointer arrays of n entries (kept, grown). */
+/* Device memory for `arrays` pointer arrays of n entries. */
 static const float **ptr_arrays(int arrays, int n) {
-    static void *buf;
-    static size_t cap;
-    size_t want = sizeof(float *) * (size_t)arrays * n;
-    if (want > cap) {
-        if (buf) CUDA_CHECK(cudaFree(buf));
-        CUDA_CHECK(cudaMalloc(&buf, want));
-        cap = want;
-    }
-    return (const float **)buf;
+    return (const float **)cuda_scratch(SCRATCH_POINTERS, sizeof(float *) * (size_t)arrays * n);
 }
 
 struct chunk {
@@ -144,7 +136,7 @@ void cuda_attention_forward(float *out, float *lse, const float *q, const float 
     float scale = 1.0f / sqrtf((float)D);
     int per = chunk_pairs(B, H, group, T, 1);
     long long tt = (long long)T * T;
-    float *s = (float *)cuda_scratch(sizeof(float) * (size_t)per * tt);
+    float *s = (float *)cuda_scratch(SCRATCH_WORK, sizeof(float) * (size_t)per * tt);
     const float **arr = ptr_arrays(5, per);
     for (int first = 0; first < total; first += per) {
         struct chunk c = {first, total - first < per ? total - first : per, T, H, group, D};
@@ -167,7 +159,7 @@ void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
     float scale = 1.0f / sqrtf((float)D);
     int per = chunk_pairs(B, H, group, T, 2);
     long long tt = (long long)T * T, td = (long long)T * D;
-    float *p = (float *)cuda_scratch(sizeof(float) * (size_t)per * (2 * tt + 2 * td));
+    float *p = (float *)cuda_scratch(SCRATCH_WORK, sizeof(float) * (size_t)per * (2 * tt + 2 * td));
     float *ds = p + per * tt, *dkh = ds + per * tt, *dvh = dkh + per * td;
     const float **arr = ptr_arrays(9, per);
     for (int first = 0; first < total; first += per) {

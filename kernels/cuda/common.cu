@@ -5,8 +5,8 @@
 
 static cublasHandle_t blas;
 static int use_tf32;
-static void *scratch;
-static size_t scratch_bytes;
+static void *scratch[SCRATCH_SLOTS];
+static size_t scratch_bytes[SCRATCH_SLOTS];
 
 extern "C" void cuda_set_tf32(int on) {
     use_tf32 = on;
@@ -21,13 +21,13 @@ cublasHandle_t cuda_blas(void) {
     return blas;
 }
 
-void *cuda_scratch(size_t bytes) {
-    if (bytes > scratch_bytes) {
-        if (scratch) CUDA_CHECK(cudaFree(scratch));
-        CUDA_CHECK(cudaMalloc(&scratch, bytes));
-        scratch_bytes = bytes;
+void *cuda_scratch(enum scratch_slot slot, size_t bytes) {
+    if (bytes > scratch_bytes[slot]) {
+        if (scratch[slot]) CUDA_CHECK(cudaFree(scratch[slot]));
+        CUDA_CHECK(cudaMalloc(&scratch[slot], bytes));
+        scratch_bytes[slot] = bytes;
     }
-    return scratch;
+    return scratch[slot];
 }
 
 /* Row-major C = A B is column-major C^T = B^T A^T: swap the operands. */

@@ -29,8 +29,10 @@ extern "C" {
 /* The cuBLAS handle, created on first use (fp32 math, or TF32 tensor cores
  * when cuda_set_tf32(1) was called before). */
 cublasHandle_t cuda_blas(void);
-/* Device scratch of at least bytes, reused across calls (grows, never shrinks). */
-void *cuda_scratch(size_t bytes);
+/* Device scratch of at least bytes, reused across calls (grows, never
+ * shrinks): one buffer per slot, for pieces needed at the same time. */
+enum scratch_slot { SCRATCH_WORK, SCRATCH_POINTERS, SCRATCH_SLOTS };
+void *cuda_scratch(enum scratch_slot slot, size_t bytes);
 
 /* Row-major C[M,N] = alpha * op(A) op(B) + beta * C, with op(A) [M,K] and
  * op(B) [K,N]; lda/ldb/ldc are row strides. batch > 1 repeats it at the given

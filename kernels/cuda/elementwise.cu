@@ -102,7 +102,7 @@ void cuda_embedding_backward(float *dtable, const int32_t *tokens, const float *
                              int V) {
     if (N == 0 || C == 0 || V == 0) return;
     int K = (N + EMB_CHUNK - 1) / EMB_CHUNK;
-    int *counts = (int *)cuda_scratch(sizeof(int) * ((size_t)K * V + V + 1 + N));
+    int *counts = (int *)cuda_scratch(SCRATCH_WORK, sizeof(int) * ((size_t)K * V + V + 1 + N));
     int *offsets = counts + (size_t)K * V, *perm = offsets + V + 1;
     CUDA_CHECK(cudaMemset(counts, 0, sizeof(int) * (size_t)K * V));
     emb_count_k<<<(N + 255) / 256, 256>>>(counts, tokens, N, vstart, V);
@@ -181,7 +181,7 @@ __global__ void reduce_k(double *part, const float *x, size_t n, int square) {
 
 static double reduce(const float *x, size_t n, int square) {
     if (!n) return 0.0;
-    double *part = (double *)cuda_scratch(sizeof(double) * REDUCE_BLOCKS), host[REDUCE_BLOCKS];
+    double *part = (double *)cuda_scratch(SCRATCH_WORK, sizeof(double) * REDUCE_BLOCKS), host[REDUCE_BLOCKS];
     reduce_k<<<REDUCE_BLOCKS, THREADS>>>(part, x, n, square);
     LAUNCH_CHECK();
     CUDA_CHECK(cudaMemcpy(host, part, sizeof host, cudaMemcpyDeviceToHost));

@@ -63,7 +63,7 @@ void cuda_rmsnorm_backward(float *dx, float *dw, const float *dout, const float 
     if (!N) return;
     rmsnorm_dx_k<<<N, THREADS>>>(dx, dout, x, w, rstd, C, accumulate);
     LAUNCH_CHECK();
-    double *part = (double *)cuda_scratch(sizeof(double) * DW_CHUNKS * C);
+    double *part = (double *)cuda_scratch(SCRATCH_WORK, sizeof(double) * DW_CHUNKS * C);
     rmsnorm_dw_part_k<<<dim3((C + 127) / 128, DW_CHUNKS), 128>>>(part, dout, x, rstd, N, C);
     LAUNCH_CHECK();
     rmsnorm_dw_sum_k<<<(C + 127) / 128, 128>>>(dw, part, C);
