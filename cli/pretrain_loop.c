@@ -214,8 +214,8 @@ static void setup(struct run *run) {
         if (run->grid.world_size > 1 && run->grid.world_rank == 0)
             warn("%d GPU ranks: tensors move through host memory over MPI (no NCCL communicator yet): correct, "
                  "not fast", run->grid.world_size);
+        cuda_set_tf32(r->train.tf32);
     }
-    if (run->be == &cuda_backend) cuda_set_tf32(r->train.tf32);
     /* ranks sharing a node share its cores: without a setting, split them */
     int threads = r->train.threads;
     if (threads == 0 && run->grid.local_size > 1 && !getenv("OMP_NUM_THREADS")) {

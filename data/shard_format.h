@@ -4,6 +4,7 @@
  * files are the same on any host. */
 #pragma once
 #include <stdint.h>
+#include <string.h>
 
 #define DATASET_MAGIC "MTRNDSET"       /* 8 bytes, no terminator on disk */
 #define DATASET_VERSION 1
@@ -30,10 +31,27 @@ static inline void put_u32(uint8_t *p, uint32_t v) {
 static inline void put_u64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
+/* Little-endian loads: a plain (vectorisable) load on little-endian hosts,
+ * byte by byte elsewhere. */
+static inline uint16_t get_u16(const uint8_t *p) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+#else
+    return (uint16_t)(p[0] | p[1] << 8);
+#endif
+}
 static inline uint32_t get_u32(const uint8_t *p) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+#else
     uint32_t v = 0;
     for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
     return v;
+#endif
 }
 static inline uint64_t get_u64(const uint8_t *p) {
     uint64_t v = 0;

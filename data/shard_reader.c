@@ -260,37 +260,11 @@ static int read_compressed(struct dataset *ds, const struct frame_info *f, char 
  * read before (byte-wise loads and a vocab test per token). */
 static uint32_t widen_tokens(const uint8_t *raw, int dtype, uint32_t ntok, int32_t *out) {
     uint32_t top = 0;
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (dtype == 2) {
-        for (uint32_t i = 0; i < ntok; i++) {
-            uint16_t t;
-            memcpy(&t, raw + 2 * (size_t)i, 2);
-            out[i] = t;
-            top = t > top ? t : top;
-        }
-    } else {
-        for (uint32_t i = 0; i < ntok; i++) {
-            uint32_t t;
-            memcpy(&t, raw + 4 * (size_t)i, 4);
-            out[i] = (int32_t)t;
-            top = t > top ? t : top;
-        }
+    for (uint32_t i = 0; i < ntok; i++) {
+        uint32_t t = dtype == 2 ? get_u16(raw + 2 * (size_t)i) : get_u32(raw + 4 * (size_t)i);
+        out[i] = (int32_t)t;
+        top = t > top ? t : top;
     }
-#else
-    if (dtype == 2) {
-        for (uint32_t i = 0; i < ntok; i++) {
-            uint32_t t = (uint32_t)raw[2 * i] | (uint32_t)raw[2 * i + 1] << 8;
-            out[i] = (int32_t)t;
-            top = t > top ? t : top;
-        }
-    } else {
-        for (uint32_t i = 0; i < ntok; i++) {
-            uint32_t t = get_u32(raw + 4 * (size_t)i);
-            out[i] = (int32_t)t;
-            top = t > top ? t : top;
-        }
-    }
-#endif
     return top;
 }
 
