@@ -159,11 +159,25 @@ static const float *snapshot_source(void *ctx, int sec, const struct param_info 
     return s->host + (size_t)sec * s->table->total + p->offset;
 }
 
+/* write_shard for the tensors this writer stores: all of t, or only its
+ * routed experts when L->expert_only. */
+static void write_own_shard(const char *tmp, const struct param_table *t, const struct ckpt_layout *L, int step,
+                            shard_source get, void *ctx, int crash) {
+    if (!L->expert_only) {
+        write_shard(tmp, t, L, step, get, ctx, crash);
+        return;
+    }
+    struct param_table experts = *t;
+    int first = param_table_first_expert(t);
+    experts.items = t->items + first, experts.count = t->count - first;
+    write_shard(tmp, &experts, L, step, get, ctx, crash);
+}
+
 void checkpoint_write_rank(const struct ckpt_snapshot *s, const char *dir, int crash) {
     if (!s->layout.writer) return;
     char tmp[4200];
     tmp_step_dir(tmp, sizeof tmp, dir, s->state.step);
-    write_shard(tmp, s->table, &s->layout, s->state.step, snapshot_source, (void *)s, crash);
+    write_own_shard(tmp, s->table, &s->layout, s->state.step, snapshot_source, (void *)s, crash);
 }
 
 /* Every writer's part (rank-*.json) -> one tensors array and a files list. */
@@ -524,8 +538,8 @@ int ckpt_reader_load_recipe(const struct ckpt_reader *rd, struct recipe *r, char
     return ok ? 0 : -1;
 }
 
-int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, int pp, int vpp, int dp, char *err,
-                       size_t errlen) {
+int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, int pp, int vpp, int dp, int ep,
+                       char *err, size_t errlen) {
     int rc;
     struct ckpt_reader *rd = ckpt_reader_open(src_step_dir, err, errlen, &rc);
     if (!rd) return rc;
@@ -534,12 +548,13 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
         ckpt_reader_close(rd);
         return -1;
     }
-    r.parallel.tp = tp, r.parallel.pp = pp, r.parallel.vpp = vpp;
+    r.parallel.tp = tp, r.parallel.pp = pp, r.parallel.vpp = vpp, r.parallel.ep = ep;
     /* any layout loads any checkpoint, so the stage split here is the even one */
     r.parallel.first_stage_layers = r.parallel.last_stage_layers = 0;
     snprintf(r.data.path, sizeof r.data.path, "/"); /* the layout is checked here, not the data */
     if (recipe_validate(&r, tp * pp * dp) != 0) {
-        snprintf(err, errlen, "layout tp %d pp %d vpp %d dp %d does not fit this model (see above)", tp, pp, vpp, dp);
+        snprintf(err, errlen, "layout tp %d pp %d vpp %d dp %d ep %d does not fit this model (see above)", tp, pp, vpp,
+                 dp, ep);
         ckpt_reader_close(rd);
         return -2;
     }
@@ -549,18 +564,21 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
     char tmp[4200];
     tmp_step_dir(tmp, sizeof tmp, dst_dir, s.state.step);
     struct convert_ctx ctx = {.rd = rd, .err = err, .errlen = errlen};
+    /* the writers of `mtrain pretrain`: DP rank e (its expert-DP rank 0) of
+     * every (tp, pp) shard, e = 0 with everything, e > 0 with its experts */
     for (int p = 0; p < pp; p++)
-        for (int t = 0; t < tp; t++) {
-            struct model_part part;
-            struct param_table table;
-            model_part_for(&part, &r.model, &r.parallel, t, p);
-            param_table_build(&table, &r.model, &part);
-            struct ckpt_layout L = {.world_rank = t + tp * dp * p, .tp = tp, .tp_rank = t, .pp = pp, .pp_rank = p,
-                                    .dp = dp, .vpp = vpp, .writer = 1};
-            ctx.tp_rank = t;
-            write_shard(tmp, &table, &L, s.state.step, convert_source, &ctx, 0);
-            param_table_free(&table);
-        }
+        for (int e = 0; e < ep; e++)
+            for (int t = 0; t < tp; t++) {
+                struct model_part part;
+                struct param_table table;
+                model_part_for(&part, &r.model, &r.parallel, t, p, e);
+                param_table_build(&table, &r.model, &part);
+                struct ckpt_layout L = {.world_rank = t + tp * (e + dp * p), .tp = tp, .tp_rank = t, .pp = pp,
+                                        .pp_rank = p, .dp = dp, .vpp = vpp, .writer = 1, .expert_only = e > 0};
+                ctx.tp_rank = t;
+                write_own_shard(tmp, &table, &L, s.state.step, convert_source, &ctx, 0);
+                param_table_free(&table);
+            }
     checkpoint_commit(&s, dst_dir);
     free(ctx.buf);
     ckpt_reader_close(rd);

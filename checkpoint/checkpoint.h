@@ -31,7 +31,8 @@ struct train_state {
 /* Where a rank sits, as far as checkpoints care. */
 struct ckpt_layout {
     int world_rank, tp, tp_rank, pp, pp_rank, dp, vpp;
-    int writer;                 /* this rank writes its shard (DP rank 0) */
+    int writer;                 /* this rank writes its shard (DP rank 0, or expert-DP rank 0 for its experts) */
+    int expert_only;            /* ... only its routed experts (an EP rank > 0: its dense tensors are DP rank 0's) */
 };
 
 /* A host copy of one rank's state, taken at a step boundary, that a writer
@@ -92,7 +93,7 @@ void ckpt_reader_close(struct ckpt_reader *rd);
 /* Rewrite a committed step directory for another layout, streaming tensor by
  * tensor (memory near the largest tensor). Returns 0, -1 (damaged source),
  * -2 (layout does not fit the model; err says why). */
-int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, int pp, int vpp, int dp, char *err,
+int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, int pp, int vpp, int dp, int ep, char *err,
                        size_t errlen);
 
 /* Committed step numbers under dir, newest first; returns the count (<= max). */

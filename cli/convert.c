@@ -10,16 +10,17 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: mtrain convert SRC DST --tp N --pp N [--vpp N] [--dp N]\n"
+            "usage: mtrain convert SRC DST --tp N --pp N [--vpp N] [--dp N] [--ep N]\n"
             "       mtrain convert --info SRC\n"
             "       mtrain convert SRC --hf OUT_DIR\n\n"
             "SRC is a checkpoint directory (its `latest` step is used) or one step directory.\n"
             "  reshard   write SRC's step for the layout tp x pp (x vpp chunks) with dp data-parallel\n"
-            "            ranks into checkpoint directory DST, tensor by tensor (memory near the\n"
+            "            ranks (ep of them splitting a MoE model's experts) into checkpoint directory\n"
+            "            DST, tensor by tensor (memory near the\n"
             "            largest tensor); `mtrain pretrain` with that layout resumes from DST\n"
             "  --info    print the manifest summary: step, data position, layout, files, tensors\n"
             "  --hf      write OUT_DIR/model.safetensors and config.json for transformers'\n"
-            "            LlamaForCausalLM (fp32)\n"
+            "            LlamaForCausalLM or MixtralForCausalLM (fp32)\n"
             "Any layout can also load any other directly; convert is for offline moves.\n");
 }
 
@@ -84,11 +85,11 @@ static int info(const char *step_dir) {
 
 int cmd_convert(int argc, char **argv) {
     const char *src = NULL, *dst = NULL, *hf = NULL;
-    int tp = 1, pp = 1, vpp = 1, dp = 1, show = 0;
+    int tp = 1, pp = 1, vpp = 1, dp = 1, ep = 1, show = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int *num = !strcmp(a, "--tp") ? &tp : !strcmp(a, "--pp") ? &pp : !strcmp(a, "--vpp") ? &vpp
-                   : !strcmp(a, "--dp") ? &dp : NULL;
+                   : !strcmp(a, "--dp") ? &dp : !strcmp(a, "--ep") ? &ep : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -124,8 +125,9 @@ int cmd_convert(int argc, char **argv) {
         rc = checkpoint_export_hf(step_dir, hf, err, sizeof err);
         if (rc == 0) printf("wrote %s/model.safetensors and %s/config.json from %s\n", hf, hf, step_dir);
     } else {
-        rc = checkpoint_convert(step_dir, dst, tp, pp, vpp, dp, err, sizeof err);
-        if (rc == 0) printf("wrote %s (tp %d, pp %d, vpp %d, dp %d) from %s\n", dst, tp, pp, vpp, dp, step_dir);
+        rc = checkpoint_convert(step_dir, dst, tp, pp, vpp, dp, ep, err, sizeof err);
+        if (rc == 0)
+            printf("wrote %s (tp %d, pp %d, vpp %d, dp %d, ep %d) from %s\n", dst, tp, pp, vpp, dp, ep, step_dir);
     }
     if (rc != 0) fprintf(stderr, "mtrain: error: %s\n", err);
     return rc == 0 ? 0 : rc == -2 ? 2 : 1;

@@ -142,6 +142,10 @@ static void dry_run(const struct recipe *r) {
     double gib = 1024.0 * 1024 * 1024;
     printf("\n# plan\n");
     printf("parameters:       %lld\n", (long long)model_param_count(&r->model));
+    if (r->model.num_experts > 0)
+        printf("active_parameters: %lld (per token: %d of %d experts in %d MoE layers)\n",
+               (long long)model_active_param_count(&r->model), r->model.experts_per_token, r->model.num_experts,
+               model_moe_layer_count(&r->model));
     printf("flops_per_token:  %.4g\n", model_flops_per_token(&r->model, r->train.seq_len));
     printf("flops_per_step:   %.4g\n",
            model_flops_per_token(&r->model, r->train.seq_len) * r->train.global_batch * r->train.seq_len);

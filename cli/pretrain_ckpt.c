@@ -13,7 +13,8 @@ void ckpt_setup(struct run *run) {
     if (!r->checkpoint.dir[0]) return;
     struct ckpt_layout L = {.world_rank = g->world_rank, .tp = g->tp, .tp_rank = g->tp_rank, .pp = g->pp,
                             .pp_rank = g->pp_rank, .dp = g->dp, .vpp = run->tr.model.part.nchunks,
-                            .writer = g->dp_rank == 0};
+                            .writer = g->dp_rank == 0 || (g->edp_rank == 0 && r->model.num_experts > 0),
+                            .expert_only = g->dp_rank != 0};
     ckpt_snapshot_init(&run->snap, r, &run->tr.model.table, &L);
 }
 

@@ -8,10 +8,10 @@
 #define RECIPE_PATH_MAX 1024
 #define RECIPE_STR_MAX 32
 /* Upper bound on schema keys; recipe_schema.c checks it at compile time. */
-#define RECIPE_MAX_KEYS 96
+#define RECIPE_MAX_KEYS 112
 
 struct model_config {
-    char arch[RECIPE_STR_MAX];      /* "llama" */
+    char arch[RECIPE_STR_MAX];      /* "llama" (dense) | "mixtral" (MoE): names the HF export */
     int vocab_size;
     int hidden_size;
     int num_layers;
@@ -29,6 +29,14 @@ struct model_config {
     int tie_embeddings;             /* bool */
     double init_std;
     char init_from[RECIPE_PATH_MAX];/* optional safetensors file with HF names */
+    /* Mixture of experts (model/moe.h): num_experts 0 = every layer dense. */
+    int num_experts;
+    int experts_per_token;          /* top-k */
+    int moe_intermediate_size;      /* each expert's SwiGLU size; 0 = intermediate_size */
+    int moe_layer_freq;             /* layer l is MoE when l % freq == 0 */
+    double moe_aux_loss_coef;       /* load-balancing loss weight (Switch / Mixtral form) */
+    double moe_z_loss_coef;         /* router z-loss weight */
+    double moe_capacity_factor;     /* 0 = dropless; else capacity per expert = ceil(f * tokens * k / experts) */
 };
 
 struct parallel_config {

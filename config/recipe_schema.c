@@ -31,7 +31,7 @@
 const char *const recipe_sections[] = {"model", "parallel", "train", "optimizer", "data", "checkpoint", "rewind", "log", NULL};
 
 const struct recipe_key recipe_keys[] = {
-    STR(model, arch, "llama", "model family; only llama is supported for now"),
+    ENUM(model, arch, "llama", "llama|mixtral", "model family: llama (dense SwiGLU) or mixtral (MoE; needs num_experts)"),
     INT(model, vocab_size, "257", 2, INT_MAX, "vocabulary size (257 = bytes + end of document)"),
     POS(model, hidden_size, "64", "width of the residual stream"),
     POS(model, num_layers, "2", "number of transformer blocks"),
@@ -48,6 +48,13 @@ const struct recipe_key recipe_keys[] = {
     BOOL(model, tie_embeddings, "false", "share the embedding and output head weights"),
     DBL(model, init_std, "0.02", 0, INF, 0, "standard deviation of the normal weight init"),
     STR(model, init_from, "", "safetensors file (Hugging Face names) to start from; empty = random init"),
+    NONNEG(model, num_experts, "0", "routed experts per MoE layer; 0 = a dense model"),
+    POS(model, experts_per_token, "2", "experts each token is routed to (top-k)"),
+    NONNEG(model, moe_intermediate_size, "0", "SwiGLU size of each expert; 0 = intermediate_size"),
+    POS(model, moe_layer_freq, "1", "layer l is a MoE layer when l % moe_layer_freq == 0 (1 = every layer)"),
+    DBL(model, moe_aux_loss_coef, "0.01", 0, INF, 0, "weight of the load-balancing loss (Switch/Mixtral form, mean over MoE layers)"),
+    DBL(model, moe_z_loss_coef, "0", 0, INF, 0, "weight of the router z-loss (mean of logsumexp(logits)^2)"),
+    DBL(model, moe_capacity_factor, "0", 0, INF, 0, "0 = dropless; else each expert takes at most ceil(f * tokens * k / experts) tokens of a micro batch, the rest are dropped"),
 
     POS(parallel, tp, "1", "tensor parallel size"),
     POS(parallel, pp, "1", "pipeline parallel size"),

@@ -39,8 +39,17 @@ static const char *other(const struct recipe *r, const char *key, char *buf, siz
 static int check_model(const struct recipe *r) {
     const struct model_config *m = &r->model;
     char o[RECIPE_PATH_MAX + 96];
-    if (strcmp(m->arch, "llama"))
-        return verr(r, "model.arch", "model family '%s' is not supported yet (supported: llama)", m->arch);
+    if (!strcmp(m->arch, "mixtral") && m->num_experts == 0)
+        return verr(r, "model.arch", "arch mixtral is a mixture of experts: set model.num_experts");
+    if (!strcmp(m->arch, "llama") && m->num_experts > 0)
+        return verr(r, "model.num_experts", "num_experts %d makes a mixture of experts: set model.arch to mixtral",
+                    m->num_experts);
+    if (m->num_experts > 0 && m->experts_per_token > m->num_experts)
+        return verr(r, "model.experts_per_token", "experts_per_token %d is more than num_experts %d%s",
+                    m->experts_per_token, m->num_experts, other(r, "model.num_experts", o, sizeof o));
+    if (m->num_experts > 0 && m->moe_layer_freq > m->num_layers)
+        return verr(r, "model.moe_layer_freq", "moe_layer_freq %d leaves only layer 0 of %d as MoE; use 1..num_layers",
+                    m->moe_layer_freq, m->num_layers);
     if (m->vocab_size < 2) return verr(r, "model.vocab_size", "vocab_size must be at least 2");
     if (m->hidden_size % m->num_heads)
         return verr(r, "model.hidden_size", "hidden_size %d is not divisible by num_heads %d%s", m->hidden_size,
@@ -107,7 +116,15 @@ static int check_parallel(const struct recipe *r, int world_size) {
         return verr(r, "parallel.sequence_parallel", "sequence parallel needs micro_batch * seq_len (%ld) divisible "
                     "by tp %d", (long)r->train.micro_batch * r->train.seq_len, p->tp);
     if (p->cp > 1) return verr(r, "parallel.cp", "context parallelism (cp %d) is not implemented yet", p->cp);
-    if (p->ep > 1) return verr(r, "parallel.ep", "ep %d needs a mixture-of-experts model; llama is dense", p->ep);
+    if (p->ep > 1 && m->num_experts == 0)
+        return verr(r, "parallel.ep", "ep %d needs a mixture-of-experts model (model.num_experts > 0)", p->ep);
+    if (p->ep > 1 && m->num_experts % p->ep)
+        return verr(r, "parallel.ep", "ep %d does not divide model.num_experts %d%s", p->ep, m->num_experts,
+                    other(r, "model.num_experts", o, sizeof o));
+    /* MoE layers under TP route 1/tp of the micro batch's tokens on each rank */
+    if (m->num_experts > 0 && p->tp > 1 && ((long)r->train.micro_batch * r->train.seq_len) % p->tp)
+        return verr(r, "parallel.tp", "MoE layers split the micro batch's tokens over TP: micro_batch * seq_len (%ld) "
+                    "must be divisible by tp %d", (long)r->train.micro_batch * r->train.seq_len, p->tp);
     /* context parallel splits each sequence into 2*cp chunks for load balance */
     if (r->train.seq_len % (2 * p->cp) && p->cp > 1)
         return verr(r, "parallel.cp", "2*cp = %d does not divide train.seq_len %d%s", 2 * p->cp, r->train.seq_len,
@@ -117,6 +134,10 @@ static int check_parallel(const struct recipe *r, int world_size) {
     if (world_size > 0 && world_size % model_par)
         return verr(r, "parallel.tp", "world size %d is not divisible by tp*pp*cp = %d*%d*%d = %ld", world_size,
                     p->tp, p->pp, p->cp, model_par);
+    /* expert parallelism is carved out of the data-parallel ranks */
+    if (world_size > 0 && (world_size / model_par) % p->ep)
+        return verr(r, "parallel.ep", "ep %d does not divide the data-parallel size %ld (world %d / tp*pp*cp %ld)",
+                    p->ep, world_size / model_par, world_size, model_par);
     return 0;
 }
 

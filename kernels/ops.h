@@ -71,6 +71,32 @@ struct backend {
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                             size_t n);
 
+    /* Mixture-of-experts routing (model/moe.c). logits [n,E] -> probs [n,E]
+     * (softmax), lse [n] (log-sum-exp, for the z-loss), the top k experts
+     * idx [n,k] by descending probability (ties: the lower index) and their
+     * gate weights w [n,k]: the chosen probabilities renormalised to sum 1. */
+    void (*moe_route_forward)(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E,
+                              int k);
+    /* dlogits [n,E] (overwritten) from dw [n,k], the gradient of the gate
+     * weights, plus the auxiliary losses' gradients: aux_coef[e] is added to
+     * dL/dprobs[t,e] of every token (load balancing), z_scale * 2 * lse[t] to
+     * dL/dlse[t] (z-loss). */
+    void (*moe_route_backward)(float *dlogits, const float *dw, const float *probs, const float *lse,
+                               const int32_t *idx, const float *w, const float *aux_coef, float z_scale, int n,
+                               int E, int k);
+    /* out[i,:] = x[rows[i],:] for i < n (permute tokens to experts and back) */
+    void (*gather_rows)(float *out, const float *x, const int32_t *rows, int n, int C);
+    /* out[t,:] (+= if accumulate) sum over j < k with pos[t,j] >= 0 of
+     * w[t,j] * y[pos[t,j],:] (w NULL: weight 1). Un-permutes the experts'
+     * outputs with the gate weights; with w NULL it is the backward of the
+     * permutation. */
+    void (*moe_combine)(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
+                        int accumulate);
+    /* backward of moe_combine: dy[pos[t,j],:] = w[t,j] * dout[t,:] and
+     * dw[t,j] = dout[t,:] . y[pos[t,j],:] (0 where pos < 0, a dropped token) */
+    void (*moe_combine_backward)(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
+                                 const float *w, int n, int k, int C);
+
     /* Softmax cross-entropy over logits[N,V] against targets[N] (a target < 0
      * is ignored). losses[n] = -log p[target]. If dscale != 0 the logits are
      * overwritten by their gradient times dscale (fused backward). */

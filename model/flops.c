@@ -13,11 +13,19 @@ int64_t model_param_count(const struct model_config *m) {
     return n;
 }
 
+int64_t model_active_param_count(const struct model_config *m) {
+    int64_t n = model_param_count(m);
+    int64_t expert = 3 * (int64_t)m->hidden_size * model_moe_ffn_size(m);
+    return n - (int64_t)model_moe_layer_count(m) * (m->num_experts - m->experts_per_token) * expert;
+}
+
 double model_flops_per_token(const struct model_config *m, int seq_len) {
     double C = m->hidden_size, F = m->intermediate_size, L = m->num_layers, V = m->vocab_size;
-    double kv = (double)m->num_kv_heads / m->num_heads;
-    double per_layer = C * C * (2 + 2 * kv) + 3 * C * F; /* q, o, k, v; gate, up, down */
-    double matmul_params = L * per_layer + V * C;          /* + output projection */
+    double kv = (double)m->num_kv_heads / m->num_heads, moe = model_moe_layer_count(m);
+    double attn = C * C * (2 + 2 * kv);                     /* q, o, k, v */
+    double dense_ffn = 3 * C * F;                           /* gate, up, down */
+    double moe_ffn = C * m->num_experts + m->experts_per_token * 3 * C * model_moe_ffn_size(m); /* router + k experts */
+    double matmul_params = L * attn + (L - moe) * dense_ffn + moe * moe_ffn + V * C; /* + output projection */
     return 6 * matmul_params + 6 * L * C * seq_len;
 }
 
@@ -25,7 +33,7 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
     struct memory_estimate e = {0};
     struct param_table t;
     struct model_part part;
-    model_part_for(&part, &r->model, &r->parallel, 0, 0);
+    model_part_for(&part, &r->model, &r->parallel, 0, 0, 0);
     param_table_build(&t, &r->model, &part);
     e.params = t.total * sizeof(float);
     e.grads = e.params;

@@ -10,10 +10,13 @@ struct backend;
 /* Training FLOPs per token (forward + backward): 6 x (parameters used in
  * matmuls, the output projection included, the embedding lookup excluded)
  * + 6 x layers x hidden x seq_len for causal attention (QK^T and AV, forward
- * and backward, halved for the causal mask). */
+ * and backward, halved for the causal mask). A MoE layer counts its router
+ * and the experts_per_token experts a token visits. */
 double model_flops_per_token(const struct model_config *m, int seq_len);
 /* Parameters (global, each tensor once). */
 int64_t model_param_count(const struct model_config *m);
+/* Parameters one token uses: all but the experts a MoE layer does not route it to. */
+int64_t model_active_param_count(const struct model_config *m);
 
 struct memory_estimate {
     size_t params, grads, optimizer, activations, total; /* bytes per rank */

@@ -3,6 +3,7 @@
 #include "config/common.h"
 #include "model/init.h"
 #include "model/llama.h"
+#include "model/moe.h"
 
 /* ---- arena layout: one pass computes sizes, a second carves ---- */
 
@@ -39,9 +40,28 @@ static void layout_slot(struct llama *m, struct act_slot *s, struct carver *c) {
         a->xmid = carve(c, Ns * C);
         a->ln2 = carve(c, N * C);
         a->rstd2 = carve(c, Ns);
-        a->gate = carve(c, N * F);
-        a->up = carve(c, N * F);
-        a->h = carve(c, N * F);
+        if (!model_layer_is_moe(&m->cfg, l)) {
+            a->gate = carve(c, N * F);
+            a->up = carve(c, N * F);
+            a->h = carve(c, N * F);
+            continue;
+        }
+        size_t n = m->moe_n, k = m->K, E = m->E, R = m->moe_R, FM = m->FM;
+        a->logits = carve(c, n * E);
+        a->probs = carve(c, n * E);
+        a->lse = carve(c, n);
+        a->topw = carve(c, n * k);
+        a->topi = (int32_t *)carve(c, n * k);
+        a->pos = (int32_t *)carve(c, n * k);
+        a->send_rows = (int32_t *)carve(c, n * k);
+        a->recv_order = (int32_t *)carve(c, R);
+        a->recv_inverse = (int32_t *)carve(c, R);
+        a->xe = carve(c, R * C);
+        a->eg = carve(c, R * FM);
+        a->eu = carve(c, R * FM);
+        a->eh = carve(c, R * FM);
+        a->y = carve(c, n * k * C);
+        a->aux_coef = carve(c, E);
     }
     if (m->part.has_head) {
         s->x_final = carve(c, Ns * C);
@@ -73,6 +93,20 @@ static void layout_arena(struct llama *m, struct carver *c) {
     m->d_gate = carve(c, N * F);
     m->d_up = carve(c, N * F);
     m->d_h = carve(c, N * F);
+    if (m->n_moe_layers) {
+        size_t n = m->moe_n, k = m->K, E = m->E, R = m->moe_R, FM = m->FM;
+        m->moe_out = carve(c, n * C);
+        m->d_moe_in = carve(c, n * C);
+        m->moe_send = carve(c, n * k * C);
+        m->moe_ra = carve(c, R * C);
+        m->moe_rb = carve(c, R * C);
+        m->d_eg = carve(c, R * FM);
+        m->d_eu = carve(c, R * FM);
+        m->d_eh = carve(c, R * FM);
+        m->d_topw = carve(c, n * k);
+        m->d_logits = carve(c, n * E);
+        m->moe_counts = carve(c, 2 * E);
+    }
     m->rope_cos = carve(c, (size_t)m->T * m->D / 2);
     m->rope_sin = carve(c, (size_t)m->T * m->D / 2);
 }
@@ -90,6 +124,13 @@ static void set_dims(struct llama *m, const struct model_config *cfg, const stru
     m->Hl = m->H / m->tp, m->KVl = m->KV >= m->tp ? m->KV / m->tp : 1, m->Fl = m->F / m->tp, m->Vl = m->V / m->tp;
     m->vstart = part->tp_rank * m->Vl;
     m->nslots = nslots;
+    for (int l = 0; l < m->L; l++) m->n_moe_layers += model_layer_is_moe(cfg, l) && is_local_layer(part, l);
+    if (cfg->num_experts > 0) {
+        m->E = cfg->num_experts, m->K = cfg->experts_per_token, m->FM = model_moe_ffn_size(cfg);
+        m->ep = part->ep, m->El = m->E / m->ep;
+        m->moe_n = m->N / m->tp, m->moe_r0 = part->tp_rank * m->moe_n;
+        m->moe_R = moe_expert_rows(cfg, m->moe_n, m->N, m->ep);
+    }
 }
 
 size_t llama_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
@@ -123,6 +164,19 @@ static void bind_layers(struct llama *m, float *buf, struct llama_layer *layers,
         LP(wv, "self_attn.v_proj.weight");
         LP(wo, "self_attn.o_proj.weight");
         LP(ln2_w, "post_attention_layernorm.weight");
+        y->moe = model_layer_is_moe(&m->cfg, l);
+        if (y->moe) {
+            LP(router, "block_sparse_moe.gate.weight");
+            y->experts = xcalloc(3 * m->El, sizeof *y->experts);
+            for (int e = 0; e < m->El; e++)
+                for (int k = 0; k < 3; k++) {
+                    static const char *const wn[3] = {"w1", "w2", "w3"};
+                    snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", l,
+                             m->part.expert_begin + e, wn[k]);
+                    y->experts[3 * e + k] = P(name);
+                }
+            continue;
+        }
         LP(wgate, "mlp.gate_proj.weight");
         LP(wup, "mlp.up_proj.weight");
         LP(wdown, "mlp.down_proj.weight");
@@ -157,6 +211,16 @@ void llama_create(struct llama *m, const struct backend *be, const struct model_
     m->arena = be->alloc(sizeof(float) * c.used);
     c = (struct carver){m->arena, 0};
     layout_arena(m, &c);
+    for (int i = 0; i < nslots; i++) /* host-side dispatch plans: counts per EP peer and local expert */
+        for (int l = 0; l < m->L; l++) {
+            if (!m->layers[l].moe) continue;
+            struct moe_plan *p = &m->slots[i].acts[l].plan;
+            p->send_counts = xcalloc(2 * m->ep + m->El, sizeof(int));
+            p->recv_counts = p->send_counts + m->ep;
+            p->expert_rows = p->recv_counts + m->ep;
+        }
+    if (m->E) m->moe_load = xcalloc((size_t)m->L * m->E, sizeof(double));
+    llama_set_moe_micro_batches(m, 1);
     size_t half = (size_t)T * m->D / 2;
     float *cs = xmalloc(sizeof(float) * half * 2);
     rope_tables(cs, cs + half, cfg, T);
@@ -169,11 +233,29 @@ void llama_free(struct llama *m) {
     m->be->free(m->params);
     m->be->free(m->grads);
     m->be->free(m->arena);
-    for (int i = 0; i < m->nslots; i++) free(m->slots[i].acts);
+    for (int i = 0; i < m->nslots; i++) {
+        for (int l = 0; l < m->L; l++) free(m->slots[i].acts[l].plan.send_counts);
+        free(m->slots[i].acts);
+    }
     free(m->slots);
+    for (int l = 0; l < m->L; l++) free(m->layers[l].experts), free(m->dlayers[l].experts);
     free(m->layers);
     free(m->dlayers);
+    free(m->moe_load);
+    moe_host_free(m);
     param_table_free(&m->table);
+}
+
+void llama_set_moe_micro_batches(struct llama *m, int micro_batches) {
+    int layers = model_moe_layer_count(&m->cfg);
+    if (!layers) return;
+    m->moe_aux_scale = (float)(m->cfg.moe_aux_loss_coef / ((double)micro_batches * layers));
+    m->moe_z_scale = (float)(m->cfg.moe_z_loss_coef / ((double)micro_batches * layers));
+}
+
+void llama_reset_moe_stats(struct llama *m) {
+    if (m->moe_load) memset(m->moe_load, 0, sizeof(double) * m->L * m->E);
+    m->moe_aux_sum = m->moe_z_sum = m->moe_dropped = 0;
 }
 
 void llama_init_params(struct llama *m, uint64_t seed) {
@@ -237,6 +319,19 @@ static const float *grad_full_rows(struct llama *m) {
 
 /* ---- forward ---- */
 
+/* out = residual + the MoE output: each TP rank routed its 1/tp of the
+ * tokens, which under sequence parallelism are exactly its residual rows. */
+static void moe_residual(struct llama *m, float *out, const float *residual) {
+    const struct backend *be = m->be;
+    be->copy(out, residual, sizeof(float) * m->Ns * m->C);
+    const float *moe = m->moe_out;
+    if (!m->sp && m->tp > 1) {
+        comm_all_gather(m->tp_comm, m->moe_out, m->tmp_full, (size_t)m->moe_n * m->C);
+        moe = m->tmp_full;
+    }
+    be->add(out, moe, (size_t)m->Ns * m->C);
+}
+
 static void block_forward(struct llama *m, struct act_slot *s, int l, float *out) {
     const struct backend *be = m->be;
     const struct llama_layer *w = &m->layers[l];
@@ -251,6 +346,11 @@ static void block_forward(struct llama *m, struct act_slot *s, int l, float *out
     be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D);
     row_parallel_residual(m, a->xmid, a->x, a->attn_out, w->wo, QD);
     norm_for_linear(m, a->ln2, a->rstd2, a->xmid, w->ln2_w);
+    if (w->moe) {
+        moe_forward(m, s, l, a->ln2 + (size_t)m->moe_r0 * C, m->moe_out);
+        moe_residual(m, out, a->xmid);
+        return;
+    }
     be->matmul_forward(a->gate, a->ln2, w->wgate, N, C, F, 0);
     be->matmul_forward(a->up, a->ln2, w->wup, N, C, F, 0);
     be->swiglu_forward(a->h, a->gate, a->up, (size_t)N * F);
@@ -292,6 +392,7 @@ double llama_forward_chunk(struct llama *m, int slot, int chunk, float *out, flo
     int l0 = m->part.layer_begin[chunk], l1 = m->part.layer_end[chunk];
     int head = m->part.has_head && chunk == m->part.nchunks - 1;
     if (m->part.has_embed && chunk == 0) embed_forward(m, s, s->acts[l0].x);
+    m->moe_collect = dscale != 0.0f;
     for (int l = l0; l < l1; l++) block_forward(m, s, l, l + 1 < l1 ? s->acts[l + 1].x : head ? s->x_final : out);
     return head ? head_forward(m, s, dscale) : 0.0;
 }
@@ -304,12 +405,19 @@ static void block_backward(struct llama *m, struct act_slot *s, int l) {
     struct llama_layer *dw = &m->dlayers[l];
     struct layer_acts *a = &s->acts[l];
     int N = m->N, Ns = m->Ns, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, F = m->Fl;
-    /* MLP branch */
-    be->matmul_backward(m->d_h, dw->wdown, grad_full_rows(m), a->h, w->wdown, N, F, C, 0);
-    be->swiglu_backward(m->d_gate, m->d_up, m->d_h, a->gate, a->up, (size_t)N * F);
-    be->matmul_backward(m->d_ln_full, dw->wgate, m->d_gate, a->ln2, w->wgate, N, C, F, 0);
-    be->matmul_backward(m->d_ln_full, dw->wup, m->d_up, a->ln2, w->wup, N, C, F, 1);
-    float *d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
+    float *d_ln;
+    if (w->moe) { /* this rank's tokens' rows of the residual gradient; the input gradient of all rows */
+        int own_rows = m->sp || m->tp == 1;
+        moe_backward(m, s, l, own_rows ? m->d_resid : m->d_resid + (size_t)m->moe_r0 * C, m->d_moe_in);
+        d_ln = m->d_moe_in;
+        if (!own_rows) comm_all_gather(m->tp_comm, m->d_moe_in, d_ln = m->d_ln_full, (size_t)m->moe_n * C);
+    } else { /* MLP branch */
+        be->matmul_backward(m->d_h, dw->wdown, grad_full_rows(m), a->h, w->wdown, N, F, C, 0);
+        be->swiglu_backward(m->d_gate, m->d_up, m->d_h, a->gate, a->up, (size_t)N * F);
+        be->matmul_backward(m->d_ln_full, dw->wgate, m->d_gate, a->ln2, w->wgate, N, C, F, 0);
+        be->matmul_backward(m->d_ln_full, dw->wup, m->d_up, a->ln2, w->wup, N, C, F, 1);
+        d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
+    }
     be->rmsnorm_backward(m->d_resid, dw->ln2_w, d_ln, a->xmid, w->ln2_w, a->rstd2, Ns, C, 1);
     /* attention branch */
     be->matmul_backward(m->d_attn, dw->wo, grad_full_rows(m), a->attn_out, w->wo, N, QD, C, 0);

@@ -13,7 +13,18 @@
 #include "parallel/comm.h"
 
 struct llama_layer {
-    float *ln1_w, *wq, *wk, *wv, *wo, *ln2_w, *wgate, *wup, *wdown;
+    float *ln1_w, *wq, *wk, *wv, *wo, *ln2_w, *wgate, *wup, *wdown; /* wgate.. NULL in a MoE layer */
+    int moe;                     /* the FFN is a mixture of experts (model/moe.h) */
+    float *router;               /* [E, C] */
+    float **experts;             /* [3 * El]: w1 [Fm, C], w2 [C, Fm], w3 [Fm, C] of each local expert */
+};
+
+/* Host-side dispatch plan of one MoE layer for one micro batch. */
+struct moe_plan {
+    int nsend, nrecv;            /* rows sent to / received from the EP group */
+    int *send_counts, *recv_counts; /* [ep] floats per peer */
+    int *expert_rows;            /* [El] rows each local expert got, expert-major */
+    float z_scale;               /* z-loss gradient coefficient of this micro batch */
 };
 
 /* Saved forward activations of one layer. Residual-stream tensors (x, xmid,
@@ -28,6 +39,14 @@ struct layer_acts {
     float *xmid;         /* residual after attention [Ns, C] */
     float *ln2, *rstd2;  /* [N, C], [Ns] */
     float *gate, *up, *h;/* [N, Fl] */
+    /* MoE layers: n = N/tp routed tokens, R = rows the local experts may receive */
+    float *logits, *probs, *lse, *topw;   /* [n,E], [n,E], [n], [n,k] */
+    int32_t *topi, *pos, *send_rows;      /* [n,k] experts, [n,k] row in the send order (-1 dropped), [n*k] token */
+    int32_t *recv_order, *recv_inverse;   /* [R] expert-major row <-> received (source-major) row */
+    float *xe, *eg, *eu, *eh;             /* [R,C], [R,Fm] x3: the local experts' rows, expert-major */
+    float *y;                             /* [n*k, C] the experts' outputs back at the source, send order */
+    float *aux_coef;                      /* [E] load-balancing gradient per expert */
+    struct moe_plan plan;
 };
 
 /* Activations of one micro batch in flight (pipeline schedules keep several). */
@@ -47,6 +66,14 @@ struct llama {
     int B, T, N, Ns;             /* micro batch shape; Ns rows of the residual stream */
     int C, H, KV, D, F, V, L;    /* global sizes */
     int tp, sp, Hl, KVl, Fl, Vl, vstart; /* tensor-parallel local sizes */
+    /* mixture of experts: E experts, top K, expert FFN FM; El local of ep;
+     * each TP rank routes tokens [moe_r0, moe_r0 + moe_n) of the micro batch */
+    int E, K, FM, El, ep, moe_n, moe_r0, moe_R, n_moe_layers;
+    struct comm *ep_comm;        /* expert-parallel group (NULL or size 1: none) */
+    float moe_aux_scale, moe_z_scale; /* loss coefficients / (micro batches per step * MoE layers) */
+    int moe_collect;             /* forward of a training step: accumulate the statistics below */
+    double *moe_load;            /* [L][E] tokens routed per expert (before drops), this step */
+    double moe_aux_sum, moe_z_sum, moe_dropped; /* summed over micro batches and MoE layers */
     struct param_table table;
     float *params, *grads;       /* one buffer each, table offsets */
     struct llama_layer *layers;  /* by global layer: pointers into params (local layers only) */
@@ -60,6 +87,13 @@ struct llama {
     float *d_full, *d_ln_full;   /* [N, C] */
     float *d_ln;                 /* [Ns, C] (aliases d_ln_full without sequence parallelism) */
     float *tmp_full, *tmp_shard; /* [N, C], [Ns, C] */
+    /* MoE scratch (shared by all slots and layers) */
+    float *moe_out, *d_moe_in;   /* [n, C] */
+    float *moe_send, *moe_ra, *moe_rb; /* [n*k, C], [R, C], [R, C] */
+    float *d_eg, *d_eu, *d_eh;   /* [R, Fm] */
+    float *d_topw, *d_logits;    /* [n*k], [n*E] */
+    float *moe_counts;           /* [2E] count exchange */
+    void *moe_host;              /* host scratch for the plan (model/moe.c) */
     float *d_attn, *d_q, *d_k, *d_v, *d_gate, *d_up, *d_h;
     float *arena;
     size_t arena_floats;
@@ -78,6 +112,11 @@ void llama_create(struct llama *m, const struct backend *be, const struct model_
                   int nslots);
 void llama_free(struct llama *m);
 void llama_init_params(struct llama *m, uint64_t seed);
+/* Weights of the MoE auxiliary losses' gradients when a step has
+ * micro_batches micro batches (each one's aux loss counts 1/micro_batches). */
+void llama_set_moe_micro_batches(struct llama *m, int micro_batches);
+/* Zero the per-step MoE statistics. */
+void llama_reset_moe_stats(struct llama *m);
 /* Bytes of the activation arena llama_create would allocate for this part
  * (for the memory estimate). */
 size_t llama_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,

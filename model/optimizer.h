@@ -11,24 +11,39 @@
 #include "model/params.h"
 #include "parallel/comm.h"
 
-struct optimizer {
-    const struct backend *be;
-    const struct param_table *table;
-    struct optimizer_config cfg;
-    struct comm *dp, *tp;      /* data- and tensor-parallel groups (may be size 1) */
-    int sequence_parallel;     /* replicated tensors' grads are partial over TP */
+/* Tensors whose gradients reduce over one group: the dense ones over data
+ * parallelism, the routed experts (stored last in the table) over the
+ * expert-data-parallel group. Each is a contiguous range of the buffer and
+ * ZeRO-1 shards each over its own group. */
+struct opt_group {
+    int first, count;          /* table items [first, first + count) */
+    size_t base, total;        /* their range of the flat buffer, in floats */
+    struct comm *dp;           /* the group their gradients are summed over (may be size 1) */
     int distributed;           /* ZeRO-1 in effect (distributed and dp > 1) */
     size_t shard_begin, shard_len; /* the flat range this rank updates */
     float *m, *v;              /* moments of [shard_begin, shard_begin+shard_len) */
     float *grad_shard;         /* ZeRO: reduced gradient of the shard */
     float *flat;               /* ZeRO: padded scratch of dp * shard_len floats */
+};
+
+struct optimizer {
+    const struct backend *be;
+    const struct param_table *table;
+    struct optimizer_config cfg;
+    struct comm *tp;           /* tensor-parallel group (may be size 1) */
+    int sequence_parallel;     /* replicated tensors' grads are partial over TP */
+    struct opt_group group[2]; /* dense tensors, routed experts */
+    int ngroups;
     unsigned char *started;    /* per tensor: its reduction was started by a bucket */
     float *shared_scratch;     /* gradients of blocks shared by several TP ranks (kv heads) */
     int step;                  /* completed updates */
 };
 
+/* dp reduces the dense tensors' gradients, edp the routed experts' (NULL
+ * when the model has none). */
 void optimizer_create(struct optimizer *o, const struct backend *be, const struct param_table *t,
-                      const struct optimizer_config *cfg, struct comm *dp, struct comm *tp, int sequence_parallel);
+                      const struct optimizer_config *cfg, struct comm *dp, struct comm *tp, int sequence_parallel,
+                      struct comm *edp);
 void optimizer_free(struct optimizer *o);
 /* Sum gradients over the grid as the layout needs (TP for sequence-parallel
  * replicated tensors; DP all-reduce, or reduce-scatter under ZeRO-1). */

@@ -28,13 +28,27 @@ static void add(struct param_table *t, int cap, const char *name, int64_t d0, in
     t->total += (p->numel + 15) / 16 * 16;
 }
 
+int model_layer_is_moe(const struct model_config *m, int layer) {
+    return m->num_experts > 0 && layer % m->moe_layer_freq == 0;
+}
+
+int model_moe_ffn_size(const struct model_config *m) {
+    return m->moe_intermediate_size ? m->moe_intermediate_size : m->intermediate_size;
+}
+
+int model_moe_layer_count(const struct model_config *m) {
+    int n = 0;
+    for (int l = 0; l < m->num_layers; l++) n += model_layer_is_moe(m, l);
+    return n;
+}
+
 void model_part_full(struct model_part *p, const struct model_config *m) {
     struct parallel_config one = {.tp = 1, .pp = 1, .vpp = 1, .cp = 1, .ep = 1};
-    model_part_for(p, m, &one, 0, 0);
+    model_part_for(p, m, &one, 0, 0, 0);
 }
 
 void model_part_for(struct model_part *p, const struct model_config *m, const struct parallel_config *par,
-                    int tp_rank, int pp_rank) {
+                    int tp_rank, int pp_rank, int ep_rank) {
     int tp = par->tp, pp = par->pp, vpp = pp > 1 ? par->vpp : 1, L = m->num_layers;
     int first = pp > 1 ? par->first_stage_layers : 0, last = pp > 1 ? par->last_stage_layers : 0;
     memset(p, 0, sizeof *p);
@@ -59,13 +73,17 @@ void model_part_for(struct model_part *p, const struct model_config *m, const st
     }
     p->has_embed = pp_rank == 0;
     p->has_head = pp_rank == pp - 1;
+    p->ep = par->ep > 0 ? par->ep : 1, p->ep_rank = ep_rank;
+    int per = m->num_experts / p->ep;
+    p->expert_begin = ep_rank * per, p->expert_end = (ep_rank + 1) * per;
 }
 
 void param_table_build(struct param_table *t, const struct model_config *m, const struct model_part *part) {
     int tp = part->tp, tp_rank = part->tp_rank;
     int L = m->num_layers, C = m->hidden_size, H = m->num_heads, KV = m->num_kv_heads;
     int D = C / H, F = m->intermediate_size, V = m->vocab_size;
-    int cap = 3 + 9 * L, kv_parts = tp < KV ? tp : KV;
+    int E = m->num_experts, FM = model_moe_ffn_size(m);
+    int cap = 3 + 9 * L + 3 * E * L, kv_parts = tp < KV ? tp : KV;
     /* Residual-branch output projections get std / sqrt(2 L) (GPT-2 / Megatron
      * scaled init) so the residual stream does not grow with depth. */
     float std = m->init_std, out_std = m->init_std / sqrtf(2.0f * L);
@@ -87,15 +105,42 @@ void param_table_build(struct param_table *t, const struct model_config *m, cons
         LAYER_PARTS("self_attn.v_proj.weight", KV * D, C, SHARD_TP_ROWS, PARAM_MATRIX, std, kv_parts);
         LAYER("self_attn.o_proj.weight", C, H * D, SHARD_TP_COLS, PARAM_MATRIX, out_std);
         LAYER("post_attention_layernorm.weight", C, 0, SHARD_REPLICATED, PARAM_NORM, 0);
+        if (model_layer_is_moe(m, l)) { /* the router; its experts come after every other tensor */
+            LAYER("block_sparse_moe.gate.weight", E, C, SHARD_REPLICATED, PARAM_MATRIX, std);
+            t->items[t->count - 1].tp_partial = tp > 1;
+            continue;
+        }
         LAYER("mlp.gate_proj.weight", F, C, SHARD_TP_ROWS, PARAM_MATRIX, std);
         LAYER("mlp.up_proj.weight", F, C, SHARD_TP_ROWS, PARAM_MATRIX, std);
         LAYER("mlp.down_proj.weight", C, F, SHARD_TP_COLS, PARAM_MATRIX, out_std);
 #undef LAYER
 #undef LAYER_PARTS
     }
-    if (!part->has_head) return;
-    add(t, cap, "model.norm.weight", C, 0, SHARD_REPLICATED, PARAM_NORM, 0, tp, tp_rank);
-    if (!m->tie_embeddings) add(t, cap, "lm_head.weight", V, C, SHARD_TP_ROWS, PARAM_MATRIX, std, tp, tp_rank);
+    if (part->has_head) {
+        add(t, cap, "model.norm.weight", C, 0, SHARD_REPLICATED, PARAM_NORM, 0, tp, tp_rank);
+        if (!m->tie_embeddings) add(t, cap, "lm_head.weight", V, C, SHARD_TP_ROWS, PARAM_MATRIX, std, tp, tp_rank);
+    }
+    /* routed experts (Hugging Face Mixtral names: w1 gate, w2 down, w3 up), whole tensors on the EP rank that owns them */
+    for (int c = 0; c < part->nchunks; c++)
+    for (int l = part->layer_begin[c]; l < part->layer_end[c]; l++) {
+        if (!model_layer_is_moe(m, l)) continue;
+        for (int e = part->expert_begin; e < part->expert_end; e++) {
+            static const char *const w[3] = {"w1", "w2", "w3"};
+            for (int k = 0; k < 3; k++) {
+                snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", l, e, w[k]);
+                add(t, cap, name, k == 1 ? C : FM, k == 1 ? FM : C, SHARD_REPLICATED, PARAM_MATRIX,
+                    k == 1 ? out_std : std, tp, tp_rank);
+                t->items[t->count - 1].expert = 1;
+                t->items[t->count - 1].tp_partial = tp > 1;
+            }
+        }
+    }
+}
+
+int param_table_first_expert(const struct param_table *t) {
+    for (int i = 0; i < t->count; i++)
+        if (t->items[i].expert) return i;
+    return t->count;
 }
 
 void param_table_free(struct param_table *t) {

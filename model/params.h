@@ -32,6 +32,10 @@ struct param_info {
                              * parts = kv heads, each block shared by tp/parts ranks */
     enum param_kind kind;
     float init_std;
+    int expert;             /* a routed expert's weight: whole on the EP rank that owns the expert, its gradient
+                             * reduced over the expert-data-parallel group (model/moe.h) */
+    int tp_partial;         /* replicated over TP, but each TP rank's gradient covers only its share of the
+                             * tokens (MoE router and experts): summed over TP before the update */
     size_t offset;          /* in floats, into the local parameter buffer */
     size_t numel;           /* local element count */
 };
@@ -53,14 +57,25 @@ struct model_part {
     int pp, pp_rank, nchunks;
     int layer_begin[MAX_CHUNKS], layer_end[MAX_CHUNKS];
     int has_embed, has_head;    /* chunk 0 has the embedding / chunk nchunks-1 the head */
+    int ep, ep_rank;            /* expert parallelism: this rank owns experts [expert_begin, expert_end) */
+    int expert_begin, expert_end;
 };
+
+/* Block kinds: every layer is GQA attention followed by an FFN that is dense
+ * SwiGLU (intermediate_size) or, in a mixture-of-experts model, a MoE layer
+ * (router + num_experts SwiGLU experts of moe_intermediate_size) for every
+ * moe_layer_freq-th layer. */
+int model_layer_is_moe(const struct model_config *m, int layer);
+int model_moe_ffn_size(const struct model_config *m);
+int model_moe_layer_count(const struct model_config *m);
 
 /* The whole model on one rank. */
 void model_part_full(struct model_part *p, const struct model_config *m);
-/* The part of pipeline rank pp_rank, tensor-parallel rank tp_rank in layout
- * par (tp, pp, vpp and the optional uneven first/last stage sizes). */
+/* The part of pipeline rank pp_rank, tensor-parallel rank tp_rank,
+ * expert-parallel rank ep_rank in layout par (tp, pp, vpp, ep and the
+ * optional uneven first/last stage sizes). */
 void model_part_for(struct model_part *p, const struct model_config *m, const struct parallel_config *par,
-                    int tp_rank, int pp_rank);
+                    int tp_rank, int pp_rank, int ep_rank);
 /* Build the table of the tensors `part` holds (names and global shapes are
  * those of the whole model; local shapes are the TP shard). */
 void param_table_build(struct param_table *t, const struct model_config *m, const struct model_part *part);
@@ -68,3 +83,7 @@ void param_table_free(struct param_table *t);
 const struct param_info *param_find(const struct param_table *t, const char *name);
 /* Global element count (all shards), counting each tensor once. */
 int64_t param_table_global_count(const struct param_table *t);
+/* Index of the first routed-expert tensor: experts are stored after every
+ * other tensor, so [0, first) and [first, count) are contiguous regions of
+ * the buffer that reduce over different groups. count when there are none. */
+int param_table_first_expert(const struct param_table *t);

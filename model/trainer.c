@@ -8,7 +8,7 @@
 static void layer_grads_done(void *ctx, int layer) {
     struct trainer *tr = ctx;
     int first = tr->layer_first[layer];
-    if (first >= 0) optimizer_reduce_bucket_start(&tr->opt, tr->model.grads, first, first + 8);
+    if (first >= 0) optimizer_reduce_bucket_start(&tr->opt, tr->model.grads, first, tr->layer_last[layer]);
 }
 
 void trainer_create(struct trainer *tr, const struct backend *be, const struct recipe *r, struct grid *g) {
@@ -24,19 +24,30 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     tr->eval_len = schedule_build_forward(tr->eval_schedule, vpp, m);
     int slots = schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp);
     struct model_part part;
-    model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank);
+    model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank, g->ep_rank);
     llama_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots);
+    tr->model.ep_comm = &g->ep_comm;
+    llama_set_moe_micro_batches(&tr->model, r->train.global_batch / B);
     optimizer_create(&tr->opt, be, &tr->model.table, &r->optimizer, &g->dp_comm, &g->tp_comm,
-                     r->parallel.sequence_parallel);
+                     r->parallel.sequence_parallel, &g->edp_comm);
     tr->slot_of = xmalloc(sizeof(int) * m);
-    /* gradient buckets: one per layer (its 9 tensors are contiguous in the table) */
+    /* gradient buckets: one per layer, its dense tensors (contiguous in the
+     * table; routed experts are stored after everything else) */
+    const struct param_table *t = &tr->model.table;
     tr->layer_first = xmalloc(sizeof(int) * r->model.num_layers);
+    tr->layer_last = xmalloc(sizeof(int) * r->model.num_layers);
     for (int l = 0; l < r->model.num_layers; l++) {
-        char name[PARAM_NAME_MAX];
-        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
-        const struct param_info *p = param_find(&tr->model.table, name);
-        tr->layer_first[l] = p ? (int)(p - tr->model.table.items) : -1;
+        char prefix[PARAM_NAME_MAX];
+        int n = snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
+        tr->layer_first[l] = tr->layer_last[l] = -1;
+        for (int i = 0; i < t->count; i++)
+            if (!t->items[i].expert && !strncmp(t->items[i].name, prefix, n)) {
+                if (tr->layer_first[l] < 0) tr->layer_first[l] = i;
+                tr->layer_last[l] = i;
+            }
     }
+    int moe_layers = model_moe_layer_count(&r->model);
+    if (moe_layers) tr->moe_load = xcalloc((size_t)moe_layers * r->model.num_experts, sizeof(double));
     tr->model.layer_grads_done = layer_grads_done;
     tr->model.layer_grads_ctx = tr;
     if (g->pp > 1) {
@@ -62,6 +73,8 @@ void trainer_free(struct trainer *tr) {
     free(tr->eval_schedule);
     free(tr->slot_of);
     free(tr->layer_first);
+    free(tr->layer_last);
+    free(tr->moe_load);
     free(tr->inputs);
     free(tr->targets);
 }
@@ -135,6 +148,35 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
     return loss;
 }
 
+/* The MoE statistics of this step over every rank: each (micro batch,
+ * layer) was counted once, on TP rank 0 of the rank that ran it. */
+static void moe_step_stats(struct trainer *tr, struct step_stats *st) {
+    const struct recipe *r = tr->recipe;
+    struct llama *m = &tr->model;
+    int E = m->E, L = r->model.num_layers, nm = model_moe_layer_count(&r->model);
+    size_t n = (size_t)nm * E + 3;
+    double *v = tr->moe_load; /* [nm][E] then aux, z, dropped: one all-reduce */
+    double *all = xcalloc(n, sizeof *all);
+    for (int l = 0, j = 0; l < L; l++) {
+        if (!model_layer_is_moe(&r->model, l)) continue;
+        memcpy(all + (size_t)j * E, m->moe_load + (size_t)l * E, sizeof(double) * E);
+        j++;
+    }
+    all[n - 3] = m->moe_aux_sum, all[n - 2] = m->moe_z_sum, all[n - 1] = m->moe_dropped;
+    comm_all_reduce_sum_f64(&tr->grid->world, all, n);
+    memcpy(v, all, sizeof(double) * nm * E);
+    double per = (double)r->train.global_batch / r->train.micro_batch * nm;
+    st->aux_loss = all[n - 3] / per, st->z_loss = all[n - 2] / per, st->dropped = all[n - 1];
+    st->load_max = 0;
+    for (int j = 0; j < nm; j++) {
+        double mx = 0, sum = 0;
+        for (int e = 0; e < E; e++) sum += v[(size_t)j * E + e], mx = v[(size_t)j * E + e] > mx ? v[(size_t)j * E + e] : mx;
+        if (sum > 0 && mx * E / sum > st->load_max) st->load_max = mx * E / sum;
+    }
+    st->load = v;
+    free(all);
+}
+
 struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, int n) {
     const struct recipe *r = tr->recipe;
     struct llama *m = &tr->model;
@@ -145,9 +187,11 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
      * micro batch's gradient is scaled by 1 / (all tokens) */
     float dscale = 1.0f / (float)st.tokens;
     m->be->zero(m->grads, sizeof(float) * m->table.total);
+    llama_reset_moe_stats(m);
     double loss = run_schedule(tr, samples, tr->schedule, tr->schedule_len, dscale, 0);
     comm_all_reduce_sum_f64(&tr->grid->world, &loss, 1);
     st.loss = loss / st.tokens;
+    if (tr->moe_load) moe_step_stats(tr, &st);
     optimizer_reduce_grads(&tr->opt, m->grads);
     st.grad_norm = optimizer_grad_norm(&tr->opt, m->grads, &tr->grid->world);
     return st;

@@ -21,7 +21,8 @@ struct trainer {
     struct sched_item *schedule, *eval_schedule;
     int schedule_len, eval_len;
     int *slot_of;                /* micro batch -> activation slot */
-    int *layer_first;            /* global layer -> table index of its first tensor (-1: not local) */
+    int *layer_first, *layer_last; /* global layer -> table indices of its dense tensors (-1: not local) */
+    double *moe_load;            /* [MoE layers][E] host: tokens per expert of the last step, all ranks */
     float *send_fwd, *send_bwd;  /* pipeline send buffers, [micro batch][chunk][Ns*C] */
     float *recv_grad;            /* [Ns*C] */
     int32_t *inputs, *targets;   /* host staging for one micro batch */
@@ -32,6 +33,12 @@ struct step_stats {
     double grad_norm;   /* before clipping */
     double lr;
     long tokens;        /* tokens of the global batch */
+    /* mixture of experts (zero for dense models), over the global batch */
+    double aux_loss;    /* load-balancing loss, mean over micro batches and MoE layers */
+    double z_loss;      /* router z-loss, likewise */
+    double dropped;     /* routed selections dropped by the capacity, summed */
+    double load_max;    /* max over MoE layers of (busiest expert's tokens / mean tokens per expert) */
+    const double *load; /* [MoE layers][E] tokens per expert (trainer-owned) */
 };
 
 /* g describes the layout (grid_single for one process). */

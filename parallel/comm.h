@@ -43,6 +43,11 @@ void comm_recv(struct comm *c, void *buf, size_t bytes, int peer, int tag);
 void comm_wait_sends(struct comm *c);
 /* in and out: size blocks of n floats each */
 void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n);
+/* Variable-size all-to-all: in holds send_counts[r] floats for each rank r in
+ * rank order, out receives recv_counts[r] floats from each rank r in rank
+ * order (the counts are exchanged beforehand, e.g. with comm_all_to_all).
+ * Counts its input as payload. */
+void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts);
 void comm_barrier(struct comm *c);
 /* Release the staging buffers (the MPI handle is the grid's). */
 void comm_free_staging(struct comm *c);

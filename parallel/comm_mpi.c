@@ -196,6 +196,24 @@ void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n) {
     stage_back(c, out, hout, bytes);
 }
 
+void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out,
+                       const int *recv_counts) {
+    size_t in_n = 0, out_n = 0;
+    for (int r = 0; r < c->size; r++) in_n += send_counts[r], out_n += recv_counts[r];
+    if (c->size == 1) {
+        local_copy(c, out, in, in_n * sizeof(float));
+        return;
+    }
+    CHECK(in_n < (size_t)INT32_MAX && out_n < (size_t)INT32_MAX);
+    c->bytes += in_n * sizeof(float), c->calls++;
+    int *displ = xmalloc(sizeof(int) * 2 * c->size), *rdispl = displ + c->size;
+    for (int r = 0, s = 0, d = 0; r < c->size; s += send_counts[r], d += recv_counts[r], r++) displ[r] = s, rdispl[r] = d;
+    float *hin = stage_in(c, 0, in, in_n * sizeof(float)), *hout = stage_out(c, 1, out, out_n * sizeof(float));
+    MPI_CHECK(MPI_Alltoallv(hin, send_counts, displ, MPI_FLOAT, hout, recv_counts, rdispl, MPI_FLOAT, handle(c)));
+    stage_back(c, out, hout, out_n * sizeof(float));
+    free(displ);
+}
+
 void comm_barrier(struct comm *c) {
     if (c->size > 1) MPI_CHECK(MPI_Barrier(handle(c)));
 }

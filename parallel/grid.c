@@ -80,7 +80,7 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
         MPI_Comm_size(node, &g->local_size);
         MPI_Comm_free(&node);
     }
-    g->tp = p->tp, g->cp = p->cp, g->ep = 1, g->pp = p->pp, g->vpp = p->vpp;
+    g->tp = p->tp, g->cp = p->cp, g->ep = p->ep > 0 ? p->ep : 1, g->pp = p->pp, g->vpp = p->vpp;
     g->dp = g->world_size / (g->tp * g->cp * g->pp);
     CHECK(g->dp * g->tp * g->cp * g->pp == g->world_size);
     /* rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank)) */
@@ -94,23 +94,29 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
     make_comm(&g->tp_comm, "tp", ((pp * g->dp) + dp) * g->cp + cp, tp);
     make_comm(&g->dp_comm, "dp", ((pp * g->cp) + cp) * g->tp + tp, dp);
     make_comm(&g->pp_comm, "pp", ((dp * g->cp) + cp) * g->tp + tp, pp);
+    CHECK(g->dp % g->ep == 0);
+    g->edp = g->dp / g->ep;
+    g->ep_rank = dp % g->ep, g->edp_rank = dp / g->ep;
+    int outer = (pp * g->cp + cp) * g->tp + tp; /* the coordinates both expert groups share */
+    make_comm(&g->ep_comm, "ep", outer * g->edp + g->edp_rank, g->ep_rank);
+    make_comm(&g->edp_comm, "edp", outer * g->ep + g->ep_rank, g->edp_rank);
 }
 
 void grid_single(struct grid *g) {
     memset(g, 0, sizeof *g);
-    g->world_size = g->local_size = g->tp = g->cp = g->ep = g->dp = g->pp = g->vpp = 1;
-    struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm};
-    const char *names[] = {"world", "tp", "dp", "pp"};
-    for (int i = 0; i < 4; i++) cs[i]->size = 1, cs[i]->name = names[i];
+    g->world_size = g->local_size = g->tp = g->cp = g->ep = g->dp = g->pp = g->vpp = g->edp = 1;
+    struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm};
+    const char *names[] = {"world", "tp", "dp", "pp", "ep", "edp"};
+    for (int i = 0; i < 6; i++) cs[i]->size = 1, cs[i]->name = names[i];
 }
 
 void grid_stage_device(struct grid *g, const struct backend *be) {
-    g->tp_comm.stage = g->dp_comm.stage = g->pp_comm.stage = be;
+    g->tp_comm.stage = g->dp_comm.stage = g->pp_comm.stage = g->ep_comm.stage = g->edp_comm.stage = be;
 }
 
 void grid_free(struct grid *g) {
-    struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm};
-    for (int i = 0; i < 4; i++) {
+    struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm};
+    for (int i = 0; i < 6; i++) {
         comm_free_staging(cs[i]);
         if (!cs[i]->handle) continue;
         MPI_Comm_free((MPI_Comm *)cs[i]->handle);

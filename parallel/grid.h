@@ -9,7 +9,12 @@ struct grid {
     int world_rank, world_size, local_rank, local_size; /* local: ranks on this node */
     int tp, cp, ep, dp, pp, vpp;
     int tp_rank, cp_rank, ep_rank, dp_rank, pp_rank;
-    struct comm world, tp_comm, dp_comm, pp_comm;
+    /* Expert parallelism is carved out of data parallelism: dp_rank =
+     * ep_rank + ep * edp_rank. ep_comm joins the ep consecutive DP ranks that
+     * split the experts (all-to-all dispatch); edp_comm the dp/ep ranks that
+     * hold the same experts (their gradients' reduction). */
+    int edp, edp_rank;
+    struct comm world, tp_comm, dp_comm, pp_comm, ep_comm, edp_comm;
 };
 
 /* MPI_Init (a singleton run works without mpirun). Safe to call once. */

@@ -35,3 +35,11 @@ double cpu_sum(const float *x, size_t n);
 double cpu_sum_squares(const float *x, size_t n);
 void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                float eps, float weight_decay, float grad_scale, int step);
+void cpu_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E, int k);
+void cpu_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
+                            const float *w, const float *aux_coef, float z_scale, int n, int E, int k);
+void cpu_gather_rows(float *out, const float *x, const int32_t *rows, int n, int C);
+void cpu_moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
+                     int accumulate);
+void cpu_moe_combine_backward(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
+                              const float *w, int n, int k, int C);

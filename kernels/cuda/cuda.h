@@ -55,6 +55,14 @@ void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout,
                              const float *k, const float *v, int B, int T, int H, int KVH, int D);
 void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
+void cuda_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E, int k);
+void cuda_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
+                             const float *w, const float *aux_coef, float z_scale, int n, int E, int k);
+void cuda_gather_rows(float *out, const float *x, const int32_t *rows, int n, int C);
+void cuda_moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
+                      int accumulate);
+void cuda_moe_combine_backward(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
+                               const float *w, int n, int k, int C);
 void cuda_cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale);
 void cuda_ce_row_max(float *rowmax, const float *logits, int N, int V);
 void cuda_ce_row_sumexp(float *sumexp, float *target_logit, const float *logits, const int32_t *targets,

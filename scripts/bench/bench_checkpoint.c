@@ -28,10 +28,10 @@ int main(int argc, char **argv) {
     size_t bytes = sizeof(float) * t.total;
     float *p = be->alloc(bytes);
     struct optimizer opt;
-    optimizer_create(&opt, be, &t, &r.optimizer, NULL, NULL, 0);
+    optimizer_create(&opt, be, &t, &r.optimizer, NULL, NULL, 0, NULL);
     params_init(be, p, &t, 1, 0);
-    params_init(be, opt.m, &t, 2, 0);
-    params_init(be, opt.v, &t, 3, 0);
+    params_init(be, opt.group[0].m, &t, 2, 0);
+    params_init(be, opt.group[0].v, &t, 3, 0);
     struct train_state st = {.step = 1, .lr_scale = 1};
     struct ckpt_snapshot snap;
     struct ckpt_layout layout = {.tp = 1, .pp = 1, .dp = 1, .vpp = 1, .writer = 1};

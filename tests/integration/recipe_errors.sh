@@ -117,9 +117,9 @@ bad enum_value 2 optimizer.schedule 'one of cosine, linear, constant, wsd' 'opti
 bad enum_device 2 train.device 'one of auto, cpu, cuda' 'train:
   device: tpu
 '
-bad string_too_long 2 model.arch 'string too long' 'model:
-  arch: a-very-long-model-family-name-that-does-not-fit
-'
+bad string_too_long 2 log.dir 'string too long' "log:
+  dir: /tmp/$(printf 'x%.0s' $(seq 1100))
+"
 
 # -- cross-field checks name the key and the line it was set on --
 bad heads_divide_hidden 2 model.hidden_size 'not divisible by num_heads 3' "${good/num_heads: 4/num_heads: 3}"
@@ -140,9 +140,35 @@ parallel:
 "
 bad max_seq_len 5 model.max_seq_len 'shorter than train.seq_len' "${good/num_kv_heads: 2/num_kv_heads: 2
   max_seq_len: 16}"
-bad arch_not_supported 2 model.arch 'not supported yet' 'model:
-  arch: mixtral
+bad arch_not_supported 2 model.arch 'expected one of llama, mixtral' 'model:
+  arch: deepseek
 '
+
+# -- mixture-of-experts configs --
+moe="${good/num_kv_heads: 2/num_kv_heads: 2
+  arch: mixtral
+  num_experts: 4}"
+bad moe_arch_needs_experts 5 model.arch 'set model.num_experts' "${good/num_kv_heads: 2/num_kv_heads: 2
+  arch: mixtral}"
+bad moe_topk_above_experts 16 model.experts_per_token 'more than num_experts 4' "$moe
+model:
+  experts_per_token: 5
+"
+bad moe_ep_divides_experts 14 parallel.ep 'does not divide model.num_experts 4' "$moe
+parallel:
+  ep: 3
+"
+export SLURM_NTASKS=2 # a dry run plans for the launcher's world: dp 2
+bad moe_ep_divides_dp 14 parallel.ep 'does not divide the data-parallel size' "$moe
+parallel:
+  ep: 4
+"
+unset SLURM_NTASKS
+bad moe_capacity_negative - model.moe_capacity_factor 'out of range|>= 0' "$moe" --set model.moe_capacity_factor=-1
+bad moe_ep_dense 14 parallel.ep 'needs a mixture-of-experts model' "$good
+parallel:
+  ep: 2
+"
 bad missing_data_path - data.path 'data.path is required' "${good%data:*}"
 bad data_path_not_dir 11 data.path 'not a directory' "${good/path: $DATA/path: $TMP/afile}"
 bad data_path_missing 11 data.path 'does not exist' "${good/path: $DATA/path: $TMP/nowhere}"

@@ -2,7 +2,9 @@
  *
  *   llama_driver grad  RECIPE WEIGHTS BATCHES OUTDIR
  *       one global batch: writes OUTDIR/logits.safetensors, OUTDIR/grads.safetensors
- *       (gradients of the mean token loss) and OUTDIR/loss.txt
+ *       (gradients of the mean token loss) and OUTDIR/loss.txt; for a MoE model also
+ *       OUTDIR/experts.safetensors (each MoE layer's top-k experts per token, as floats)
+ *       and OUTDIR/aux.txt (load-balancing and z-loss, means over micro batches and layers)
  *   llama_driver train RECIPE WEIGHTS BATCHES OUTDIR
  *       train.steps optimizer steps through trainer_step (the code path of
  *       `mtrain pretrain`): OUTDIR/losses.txt (loss grad_norm lr per line) and
@@ -24,11 +26,27 @@ static int32_t *read_batches(const char *path, size_t want) {
     return (int32_t *)buf;
 }
 
+/* Each MoE layer's expert choices of micro batch `first` (slot 0) into
+ * experts[layer][sequence][t][k]. */
+static void copy_experts(struct llama *m, float *experts, int first, int n) {
+    int T = m->T, k = m->K, B = m->B;
+    int32_t *idx = xmalloc(sizeof(int32_t) * B * T * k);
+    for (int l = 0, j = 0; l < m->L; l++) {
+        if (!m->layers[l].moe) continue;
+        m->be->to_host(idx, m->slots[0].acts[l].topi, sizeof(int32_t) * B * T * k);
+        for (int i = 0; i < B * T * k; i++) experts[((size_t)j * n + first) * T * k + i] = (float)idx[i];
+        j++;
+    }
+    free(idx);
+}
+
 static void grad_mode(struct trainer *tr, const int32_t *samples, const char *outdir) {
     const struct recipe *r = tr->recipe;
     struct llama *m = &tr->model;
     int n = r->train.global_batch, B = r->train.micro_batch, T = r->train.seq_len, V = r->model.vocab_size;
+    int nm = model_moe_layer_count(&r->model);
     float *logits = xmalloc(sizeof(float) * (size_t)n * T * V);
+    float *experts = nm ? xmalloc(sizeof(float) * (size_t)nm * n * T * m->K) : NULL;
     double loss = 0;
     for (int first = 0; first < n; first += B) {
         for (int b = 0; b < B; b++) {
@@ -37,6 +55,7 @@ static void grad_mode(struct trainer *tr, const int32_t *samples, const char *ou
         }
         loss += llama_step(m, tr->inputs, tr->targets, 0.0f);
         m->be->to_host(logits + (size_t)first * T * V, m->slots[0].logits, sizeof(float) * B * T * V);
+        if (nm) copy_experts(m, experts, first, n);
     }
     char path[2048];
     struct st_tensor t = {.name = "logits", .dtype = "F32", .ndim = 3, .shape = {n, T, V}, .data = logits,
@@ -45,6 +64,7 @@ static void grad_mode(struct trainer *tr, const int32_t *samples, const char *ou
     safetensors_save(path, &t, 1, NULL, NULL, 0);
     /* gradients of the mean loss, accumulated over micro batches exactly as trainer_step does */
     m->be->zero(m->grads, sizeof(float) * m->table.total);
+    llama_reset_moe_stats(m);
     for (int first = 0; first < n; first += B) {
         for (int b = 0; b < B; b++) {
             memcpy(tr->inputs + b * T, samples + (size_t)(first + b) * (T + 1), sizeof(int32_t) * T);
@@ -58,6 +78,18 @@ static void grad_mode(struct trainer *tr, const int32_t *samples, const char *ou
     FILE *f = xfopen(path, "w");
     fprintf(f, "%.9g\n", loss / ((double)n * T));
     xfclose(f, path);
+    if (nm) {
+        struct st_tensor e = {.name = "experts", .dtype = "F32", .ndim = 4, .shape = {nm, n, T, m->K}, .data = experts,
+                              .nbytes = sizeof(float) * (size_t)nm * n * T * m->K};
+        snprintf(path, sizeof path, "%s/experts.safetensors", outdir);
+        safetensors_save(path, &e, 1, NULL, NULL, 0);
+        snprintf(path, sizeof path, "%s/aux.txt", outdir);
+        f = xfopen(path, "w");
+        double per = (double)(n / B) * nm;
+        fprintf(f, "%.9g %.9g\n", m->moe_aux_sum / per, m->moe_z_sum / per);
+        xfclose(f, path);
+    }
+    free(experts);
     free(logits);
 }
 

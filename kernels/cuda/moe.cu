@@ -1,0 +1,130 @@
+// Mixture-of-experts routing and token permutation on the GPU (semantics in
+// kernels/ops.h). One thread per token for routing (E and k are small), one
+// thread per output element for the row moves; every output has one writer,
+// so results repeat bitwise. Simple first: speed comes with grouped GEMMs.
+#include "kernels/cuda/cuda.h"
+
+static const unsigned THREADS = 256;
+
+__global__ void route_forward_k(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E,
+                                int k) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    const float *x = logits + (size_t)t * E;
+    float *p = probs + (size_t)t * E;
+    float mx = x[0];
+    for (int e = 1; e < E; e++) mx = fmaxf(mx, x[e]);
+    double sum = 0;
+    for (int e = 0; e < E; e++) sum += exp((double)x[e] - mx);
+    lse[t] = (float)(mx + log(sum));
+    for (int e = 0; e < E; e++) p[e] = (float)(exp((double)x[e] - mx) / sum);
+    int32_t *ti = idx + (size_t)t * k;
+    float chosen = 0;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int m = 0; m < j; m++) taken |= ti[m] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        ti[j] = best;
+        chosen += p[best];
+    }
+    for (int j = 0; j < k; j++) w[(size_t)t * k + j] = p[ti[j]] / chosen;
+}
+
+__global__ void route_backward_k(float *dlogits, const float *dw, const float *probs, const float *lse,
+                                 const int32_t *idx, const float *w, const float *aux_coef, float z_scale, int n, int E,
+                                 int k) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    const float *p = probs + (size_t)t * E;
+    const int32_t *ti = idx + (size_t)t * k;
+    const float *tw = w + (size_t)t * k, *tdw = dw + (size_t)t * k;
+    float *g = dlogits + (size_t)t * E;
+    for (int e = 0; e < E; e++) g[e] = aux_coef ? aux_coef[e] : 0.0f;
+    float S = 0, dot = 0;
+    for (int j = 0; j < k; j++) S += p[ti[j]], dot += tdw[j] * tw[j];
+    for (int j = 0; j < k; j++) g[ti[j]] += (tdw[j] - dot) / S;
+    float pg = 0;
+    for (int e = 0; e < E; e++) pg += p[e] * g[e];
+    float z = z_scale * 2.0f * lse[t];
+    for (int e = 0; e < E; e++) g[e] = p[e] * (g[e] - pg) + z * p[e];
+}
+
+__global__ void gather_rows_k(float *out, const float *x, const int32_t *rows, int n, int C) {
+    size_t total = (size_t)n * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = x[(size_t)rows[i / C] * C + i % C];
+}
+
+__global__ void combine_k(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
+                          int accumulate) {
+    size_t total = (size_t)n * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t t = i / C, c = i % C;
+        float acc = accumulate ? out[i] : 0.0f;
+        for (int j = 0; j < k; j++) {
+            int32_t r = pos[t * k + j];
+            if (r >= 0) acc += (w ? w[t * k + j] : 1.0f) * y[(size_t)r * C + c];
+        }
+        out[i] = acc;
+    }
+}
+
+__global__ void combine_dy_k(float *dy, const float *dout, const int32_t *pos, const float *w, int n, int k, int C) {
+    size_t total = (size_t)n * k * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        size_t tj = i / C, c = i % C;
+        int32_t r = pos[tj];
+        if (r >= 0) dy[(size_t)r * C + c] = w[tj] * dout[(tj / k) * C + c];
+    }
+}
+
+// one block per (token, slot): dw = dout[t] . y[pos]
+__global__ void combine_dw_k(float *dw, const float *dout, const float *y, const int32_t *pos, int k, int C) {
+    __shared__ double buf[THREADS];
+    size_t tj = blockIdx.x;
+    int32_t r = pos[tj];
+    double acc = 0;
+    if (r >= 0)
+        for (int c = threadIdx.x; c < C; c += blockDim.x) acc += (double)dout[(tj / k) * C + c] * y[(size_t)r * C + c];
+    acc = block_sum(acc, buf);
+    if (threadIdx.x == 0) dw[tj] = r >= 0 ? (float)acc : 0.0f;
+}
+
+void cuda_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E, int k) {
+    if (!n) return;
+    route_forward_k<<<(n + THREADS - 1) / THREADS, THREADS>>>(probs, lse, idx, w, logits, n, E, k);
+    LAUNCH_CHECK();
+}
+
+void cuda_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
+                             const float *w, const float *aux_coef, float z_scale, int n, int E, int k) {
+    if (!n) return;
+    route_backward_k<<<(n + THREADS - 1) / THREADS, THREADS>>>(dlogits, dw, probs, lse, idx, w, aux_coef, z_scale, n,
+                                                               E, k);
+    LAUNCH_CHECK();
+}
+
+void cuda_gather_rows(float *out, const float *x, const int32_t *rows, int n, int C) {
+    if (!n) return;
+    gather_rows_k<<<blocks_for((size_t)n * C, THREADS), THREADS>>>(out, x, rows, n, C);
+    LAUNCH_CHECK();
+}
+
+void cuda_moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
+                      int accumulate) {
+    if (!n) return;
+    combine_k<<<blocks_for((size_t)n * C, THREADS), THREADS>>>(out, y, pos, w, n, k, C, accumulate);
+    LAUNCH_CHECK();
+}
+
+void cuda_moe_combine_backward(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
+                               const float *w, int n, int k, int C) {
+    if (!n) return;
+    combine_dy_k<<<blocks_for((size_t)n * k * C, THREADS), THREADS>>>(dy, dout, pos, w, n, k, C);
+    LAUNCH_CHECK();
+    combine_dw_k<<<(unsigned)((size_t)n * k), THREADS>>>(dw, dout, y, pos, k, C);
+    LAUNCH_CHECK();
+}

@@ -1,0 +1,234 @@
+/* Mixture-of-experts FFN forward and backward (see moe.h). The routing
+ * decisions come to the host to plan the dispatch (counts, capacity, the
+ * permutation): O(n k) integers per layer and micro batch. */
+#include <math.h>
+#include <string.h>
+
+#include "config/common.h"
+#include "model/moe.h"
+
+struct moe_host {
+    int32_t *idx, *pos, *send_rows, *recv_order, *recv_inverse;
+    float *probs, *lse, *counts;
+    double *stats;   /* [2E + 1 + tp*E]: counts, probability sums, sum lse^2, per-TP-rank counts */
+    int *cnt, *fill; /* [E] */
+};
+
+int moe_expert_rows(const struct model_config *cfg, int n, int tokens, int ep) {
+    int E = cfg->num_experts, k = cfg->experts_per_token;
+    long rows = (long)n * k; /* what one source rank may send to one EP rank */
+    if (cfg->moe_capacity_factor > 0) { /* ... at most `capacity` rows per expert */
+        long cap = (long)ceil(cfg->moe_capacity_factor * (double)tokens * k / E);
+        if (cap * (E / ep) < rows) rows = cap * (E / ep);
+    }
+    return (int)(rows * ep);
+}
+
+static struct moe_host *host(struct llama *m) {
+    if (m->moe_host) return m->moe_host;
+    struct moe_host *h = xcalloc(1, sizeof *h);
+    int n = m->moe_n, k = m->K, E = m->E, R = m->moe_R;
+    h->idx = xmalloc(sizeof(int32_t) * n * k);
+    h->pos = xmalloc(sizeof(int32_t) * n * k);
+    h->send_rows = xmalloc(sizeof(int32_t) * n * k);
+    h->recv_order = xmalloc(sizeof(int32_t) * (R ? R : 1));
+    h->recv_inverse = xmalloc(sizeof(int32_t) * (R ? R : 1));
+    h->probs = xmalloc(sizeof(float) * n * E);
+    h->lse = xmalloc(sizeof(float) * n);
+    h->counts = xmalloc(sizeof(float) * 2 * E);
+    h->stats = xmalloc(sizeof(double) * (2 * E + 1 + m->tp * E));
+    h->cnt = xmalloc(sizeof(int) * E);
+    h->fill = xmalloc(sizeof(int) * E);
+    m->moe_host = h;
+    return h;
+}
+
+/* Release the host scratch (llama_free). */
+void moe_host_free(struct llama *m) {
+    struct moe_host *h = m->moe_host;
+    if (!h) return;
+    free(h->idx), free(h->pos), free(h->send_rows), free(h->recv_order), free(h->recv_inverse);
+    free(h->probs), free(h->lse), free(h->counts), free(h->stats), free(h->cnt), free(h->fill);
+    free(h);
+    m->moe_host = NULL;
+}
+
+/* Counts over the whole micro batch (all TP ranks), the aux-loss gradient
+ * coefficients, the statistics, and which selections exceed the capacity. */
+static void route_stats(struct llama *m, struct layer_acts *a, int l, struct moe_host *h) {
+    const struct backend *be = m->be;
+    int n = m->moe_n, k = m->K, E = m->E, tp = m->tp, tok = m->N;
+    be->to_host(h->idx, a->topi, sizeof(int32_t) * n * k);
+    be->to_host(h->probs, a->probs, sizeof(float) * n * E);
+    be->to_host(h->lse, a->lse, sizeof(float) * n);
+    double *count = h->stats, *psum = count + E, *zsum = psum + E, *by_rank = zsum + 1;
+    memset(h->stats, 0, sizeof(double) * (2 * E + 1 + tp * E));
+    for (int i = 0; i < n * k; i++) count[h->idx[i]] += 1;
+    for (int t = 0; t < n; t++) {
+        for (int e = 0; e < E; e++) psum[e] += h->probs[(size_t)t * E + e];
+        *zsum += (double)h->lse[t] * h->lse[t];
+    }
+    memcpy(by_rank + (size_t)m->part.tp_rank * E, count, sizeof(double) * E);
+    if (tp > 1) comm_all_reduce_sum_f64(m->tp_comm, h->stats, 2 * E + 1 + tp * E);
+    /* aux = E * sum_e f_e P_e with f_e = count_e / tokens, P_e = mean probability */
+    double aux = 0;
+    for (int e = 0; e < E; e++) {
+        aux += count[e] * psum[e];
+        h->counts[e] = (float)(m->moe_aux_scale * E * count[e] / ((double)tok * tok));
+    }
+    aux *= (double)E / ((double)tok * tok);
+    be->from_host(a->aux_coef, h->counts, sizeof(float) * E);
+    a->plan.z_scale = m->moe_z_scale / tok;
+    /* capacity: selections in token order (TP rank r's tokens follow ranks < r) */
+    memset(h->fill, 0, sizeof(int) * E);
+    for (int r = 0; r < m->part.tp_rank; r++)
+        for (int e = 0; e < E; e++) h->fill[e] += (int)by_rank[(size_t)r * E + e];
+    long cap = m->cfg.moe_capacity_factor > 0 ? (long)ceil(m->cfg.moe_capacity_factor * (double)tok * k / E) : -1;
+    int dropped = 0;
+    for (int i = 0; i < n * k; i++) {
+        int e = h->idx[i];
+        h->pos[i] = cap < 0 || h->fill[e] < cap ? 0 : -1;
+        h->fill[e]++;
+        dropped += h->pos[i] < 0;
+    }
+    if (m->moe_collect && m->part.tp_rank == 0) {
+        double all_dropped = 0;
+        for (int e = 0; e < E; e++) {
+            m->moe_load[(size_t)l * E + e] += count[e];
+            if (cap >= 0 && count[e] > cap) all_dropped += count[e] - cap;
+        }
+        m->moe_aux_sum += aux;
+        m->moe_z_sum += *zsum / tok;
+        m->moe_dropped += all_dropped;
+    }
+    (void)dropped;
+}
+
+/* Sort the kept selections by expert (stable in token order), exchange the
+ * per-expert counts over EP and build the receive permutation. */
+static void plan_dispatch(struct llama *m, struct layer_acts *a, struct moe_host *h) {
+    const struct backend *be = m->be;
+    int n = m->moe_n, k = m->K, E = m->E, El = m->El, ep = m->ep, C = m->C;
+    struct moe_plan *p = &a->plan;
+    memset(h->cnt, 0, sizeof(int) * E);
+    for (int i = 0; i < n * k; i++)
+        if (h->pos[i] >= 0) h->cnt[h->idx[i]]++;
+    memset(h->fill, 0, sizeof(int) * E);
+    for (int e = 1; e < E; e++) h->fill[e] = h->fill[e - 1] + h->cnt[e - 1];
+    p->nsend = 0;
+    for (int i = 0; i < n * k; i++) {
+        if (h->pos[i] < 0) continue;
+        int row = h->fill[h->idx[i]]++;
+        h->pos[i] = row;
+        h->send_rows[row] = i / k;
+        p->nsend++;
+    }
+    for (int r = 0; r < ep; r++) {
+        p->send_counts[r] = 0;
+        for (int e = r * El; e < (r + 1) * El; e++) p->send_counts[r] += h->cnt[e] * C;
+    }
+    /* rows of each of my experts from each source rank: in[s * El + e] */
+    for (int e = 0; e < E; e++) h->counts[e] = (float)h->cnt[e];
+    if (ep > 1) {
+        be->from_host(m->moe_counts, h->counts, sizeof(float) * E);
+        comm_all_to_all(m->ep_comm, m->moe_counts, m->moe_counts + E, El);
+        be->to_host(h->counts + E, m->moe_counts + E, sizeof(float) * E);
+    } else {
+        memcpy(h->counts + E, h->counts, sizeof(float) * E);
+    }
+    const float *in = h->counts + E;
+    p->nrecv = 0;
+    for (int s = 0; s < ep; s++) {
+        p->recv_counts[s] = 0;
+        for (int e = 0; e < El; e++) p->recv_counts[s] += (int)in[s * El + e] * C;
+        p->nrecv += p->recv_counts[s] / C;
+    }
+    CHECK(p->nrecv <= m->moe_R);
+    /* received rows are source-major (s, e); the experts want them expert-major (e, s) */
+    int row = 0;
+    for (int e = 0; e < El; e++) {
+        p->expert_rows[e] = 0;
+        for (int s = 0; s < ep; s++) {
+            int src = 0;
+            for (int s2 = 0; s2 < s; s2++) src += p->recv_counts[s2] / C;
+            for (int e2 = 0; e2 < e; e2++) src += (int)in[s * El + e2];
+            for (int r = 0; r < (int)in[s * El + e]; r++, row++) {
+                h->recv_order[row] = src + r;
+                h->recv_inverse[src + r] = row;
+            }
+            p->expert_rows[e] += (int)in[s * El + e];
+        }
+    }
+    be->from_host(a->pos, h->pos, sizeof(int32_t) * n * k);
+    be->from_host(a->send_rows, h->send_rows, sizeof(int32_t) * (p->nsend ? p->nsend : 1));
+    be->from_host(a->recv_order, h->recv_order, sizeof(int32_t) * (p->nrecv ? p->nrecv : 1));
+    be->from_host(a->recv_inverse, h->recv_inverse, sizeof(int32_t) * (p->nrecv ? p->nrecv : 1));
+}
+
+/* rows source-major (as sent) <-> the EP group; counts are per peer */
+static void exchange(struct llama *m, const float *in, const int *send, float *out, const int *recv) {
+    if (m->ep > 1) comm_all_to_all_v(m->ep_comm, in, send, out, recv);
+    else if (out != in) m->be->copy(out, in, sizeof(float) * send[0]);
+}
+
+void moe_forward(struct llama *m, struct act_slot *s, int l, const float *x, float *out) {
+    const struct backend *be = m->be;
+    const struct llama_layer *w = &m->layers[l];
+    struct layer_acts *a = &s->acts[l];
+    struct moe_host *h = host(m);
+    struct moe_plan *p = &a->plan;
+    int n = m->moe_n, k = m->K, E = m->E, C = m->C, FM = m->FM;
+    be->matmul_forward(a->logits, x, w->router, n, C, E, 0);
+    be->moe_route_forward(a->probs, a->lse, a->topi, a->topw, a->logits, n, E, k);
+    route_stats(m, a, l, h);
+    plan_dispatch(m, a, h);
+    /* tokens to their experts' ranks, then expert-major */
+    be->gather_rows(m->moe_send, x, a->send_rows, p->nsend, C);
+    exchange(m, m->moe_send, p->send_counts, m->moe_ra, p->recv_counts);
+    be->gather_rows(a->xe, m->moe_ra, a->recv_order, p->nrecv, C);
+    for (int e = 0, o = 0; e < m->El; o += p->expert_rows[e], e++) {
+        int rows = p->expert_rows[e];
+        if (!rows) continue;
+        float *const *ew = w->experts + 3 * e;
+        size_t of = (size_t)o * FM;
+        be->matmul_forward(a->eg + of, a->xe + (size_t)o * C, ew[0], rows, C, FM, 0);
+        be->matmul_forward(a->eu + of, a->xe + (size_t)o * C, ew[2], rows, C, FM, 0);
+        be->swiglu_forward(a->eh + of, a->eg + of, a->eu + of, (size_t)rows * FM);
+        be->matmul_forward(m->moe_rb + (size_t)o * C, a->eh + of, ew[1], rows, FM, C, 0);
+    }
+    /* outputs back to the source ranks, in the order they were sent */
+    be->gather_rows(m->moe_ra, m->moe_rb, a->recv_inverse, p->nrecv, C);
+    exchange(m, m->moe_ra, p->recv_counts, a->y, p->send_counts);
+    be->moe_combine(out, a->y, a->pos, a->topw, n, k, C, 0);
+}
+
+void moe_backward(struct llama *m, struct act_slot *s, int l, const float *d_out, float *d_x) {
+    const struct backend *be = m->be;
+    const struct llama_layer *w = &m->layers[l];
+    struct llama_layer *dw = &m->dlayers[l];
+    struct layer_acts *a = &s->acts[l];
+    struct moe_plan *p = &a->plan;
+    int n = m->moe_n, k = m->K, E = m->E, C = m->C, FM = m->FM;
+    /* d(gate-weighted sum): rows for the experts, gradients of the gate weights */
+    be->moe_combine_backward(m->moe_send, m->d_topw, d_out, a->y, a->pos, a->topw, n, k, C);
+    exchange(m, m->moe_send, p->send_counts, m->moe_ra, p->recv_counts);
+    be->gather_rows(m->moe_rb, m->moe_ra, a->recv_order, p->nrecv, C);
+    for (int e = 0, o = 0; e < m->El; o += p->expert_rows[e], e++) {
+        int rows = p->expert_rows[e];
+        if (!rows) continue;
+        float *const *ew = w->experts + 3 * e, *const *dew = dw->experts + 3 * e;
+        size_t of = (size_t)o * FM, oc = (size_t)o * C;
+        be->matmul_backward(m->d_eh, dew[1], m->moe_rb + oc, a->eh + of, ew[1], rows, FM, C, 0);
+        be->swiglu_backward(m->d_eg, m->d_eu, m->d_eh, a->eg + of, a->eu + of, (size_t)rows * FM);
+        be->matmul_backward(m->moe_ra + oc, dew[0], m->d_eg, a->xe + oc, ew[0], rows, C, FM, 0);
+        be->matmul_backward(m->moe_ra + oc, dew[2], m->d_eu, a->xe + oc, ew[2], rows, C, FM, 1);
+    }
+    /* input gradients back to the source ranks, then summed per token */
+    be->gather_rows(m->moe_rb, m->moe_ra, a->recv_inverse, p->nrecv, C);
+    exchange(m, m->moe_rb, p->recv_counts, m->moe_send, p->send_counts);
+    be->moe_combine(d_x, m->moe_send, a->pos, NULL, n, k, C, 0);
+    /* the router: gate weights, load-balancing and z-loss gradients */
+    be->moe_route_backward(m->d_logits, m->d_topw, a->probs, a->lse, a->topi, a->topw, a->aux_coef, p->z_scale, n, E,
+                           k);
+    be->matmul_backward(d_x, dw->router, m->d_logits, a->ln2 + (size_t)m->moe_r0 * C, w->router, n, C, E, 1);
+}

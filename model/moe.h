@@ -1,0 +1,25 @@
+/* The mixture-of-experts FFN of a layer (Mixtral form): a router picks the
+ * top k of E experts per token by softmax probability, renormalised over the
+ * chosen; each expert is a SwiGLU MLP; the token's output is the gate-weighted
+ * sum of its experts' outputs. Load-balancing (Switch/Mixtral) and z-losses
+ * add gradients to the router; an optional capacity factor drops overflow
+ * tokens in token order.
+ *
+ * Under tensor parallelism the router and experts are replicated and each TP
+ * rank routes its 1/tp share of the micro batch's tokens (rows [r*n, (r+1)*n)
+ * of the gathered norm output), so their gradients are partial over TP
+ * (param_info.tp_partial). Under expert parallelism each EP rank owns E/ep
+ * experts; tokens go to their experts' ranks with a variable all-to-all and
+ * come back the same way. */
+#pragma once
+#include "model/llama.h"
+
+/* out [n, C] = MoE(x [n, C]) for layer l in slot s; saves what backward needs. */
+void moe_forward(struct llama *m, struct act_slot *s, int l, const float *x, float *out);
+/* d_x [n, C] (overwritten) from d_out [n, C]; weight gradients accumulate. */
+void moe_backward(struct llama *m, struct act_slot *s, int l, const float *d_out, float *d_x);
+/* Rows of the expert buffers one MoE layer needs on this rank, n routed
+ * tokens per rank of micro batches of `tokens`: the worst case, every routed
+ * token of the EP group on this rank (bounded by the capacity if set). */
+int moe_expert_rows(const struct model_config *cfg, int n, int tokens, int ep);
+void moe_host_free(struct llama *m);
