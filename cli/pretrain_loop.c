@@ -66,16 +66,30 @@ static void log_step(struct run *run, int step, const struct step_stats *st, dou
     double mfu = run->peak_tflops > 0 ? tflops / run->peak_tflops : 0;
     double mem = run->be->device_mem_mib ? run->be->device_mem_mib() : peak_rss_mib();
     if (!run->rank0) return;
+    char moe[8192] = "", moe_text[96] = "";
+    if (st->load) { /* MoE: losses, drops, and each MoE layer's tokens per expert */
+        const struct model_config *mc = &r->model;
+        int n = snprintf(moe, sizeof moe, ",\"aux_loss\":%.6f,\"z_loss\":%.6f,\"dropped\":%.0f,\"load_max\":%.4f,"
+                         "\"expert_load\":[", st->aux_loss, st->z_loss, st->dropped, st->load_max);
+        for (int j = 0, nm = model_moe_layer_count(mc); j < nm && n < (int)sizeof moe - 64; j++)
+            for (int e = 0; e < mc->num_experts && n < (int)sizeof moe - 64; e++)
+                n += snprintf(moe + n, sizeof moe - n, "%s%s%.0f%s", e ? "," : j ? ",[" : "[", "",
+                              st->load[(size_t)j * mc->num_experts + e], e == mc->num_experts - 1 ? "]" : "");
+        snprintf(moe + n, sizeof moe - n, "]");
+        snprintf(moe_text, sizeof moe_text, " | aux %.3f | load max %.2f%s", st->aux_loss, st->load_max,
+                 st->dropped > 0 ? " | dropped" : "");
+        if (st->dropped > 0) snprintf(moe_text + strlen(moe_text), sizeof moe_text - strlen(moe_text), " %.0f", st->dropped);
+    }
     event(run,
           "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"tflops\":%.6f,"
-          "\"mfu\":%.6f,\"mem_mib\":%.1f,\"step_ms\":%.2f,\"consumed_samples\":%lld}",
+          "\"mfu\":%.6f,\"mem_mib\":%.1f,\"step_ms\":%.2f,\"consumed_samples\":%lld%s}",
           step, st->loss, st->lr, st->grad_norm, tps, tflops, mfu, mem, seconds * 1e3,
-          (long long)run->st.consumed_samples);
+          (long long)run->st.consumed_samples, moe);
     if (step % r->log.interval && step != 1 && step != r->train.steps) return;
     char mfu_text[32] = "-";
     if (run->peak_tflops > 0) snprintf(mfu_text, sizeof mfu_text, "%.1f%%", 100 * mfu);
-    printf("step %6d/%d | loss %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %.3f TFLOP/s | mfu %s | mem %.0f MiB\n",
-           step, r->train.steps, st->loss, st->lr, st->grad_norm, tps, tflops, mfu_text, mem);
+    printf("step %6d/%d | loss %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %.3f TFLOP/s | mfu %s | mem %.0f MiB%s\n",
+           step, r->train.steps, st->loss, st->lr, st->grad_norm, tps, tflops, mfu_text, mem, moe_text);
     fflush(stdout);
 }
 
@@ -181,21 +195,22 @@ static void rewind_to_checkpoint(struct run *run, int bad_step, enum rewind_reas
              r->checkpoint.dir);
 }
 
-/* Communication payload per step of every rank and group (tp, dp, pp), as
- * one event: rank r's numbers are at [3r .. 3r+2]. Eval and checkpoint
- * traffic is included, so benchmarks run without them. */
+/* Communication payload per step of every rank and group (tp, dp, pp, ep,
+ * edp), as one event: rank r's numbers are at [5r .. 5r+4]. Eval and
+ * checkpoint traffic is included, so benchmarks run without them. */
 static void log_comm(struct run *run, int steps) {
     struct grid *g = &run->grid;
     int n = g->world_size;
-    double *v = xcalloc(3 * n, sizeof *v);
-    struct comm *groups[3] = {&g->tp_comm, &g->dp_comm, &g->pp_comm};
-    for (int k = 0; k < 3; k++) v[3 * g->world_rank + k] = (double)groups[k]->bytes / (steps > 0 ? steps : 1);
-    comm_all_reduce_sum_f64(&g->world, v, 3 * n);
+    enum { NG = 5 };
+    double *v = xcalloc(NG * n, sizeof *v);
+    struct comm *groups[NG] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm};
+    for (int k = 0; k < NG; k++) v[NG * g->world_rank + k] = (double)groups[k]->bytes / (steps > 0 ? steps : 1);
+    comm_all_reduce_sum_f64(&g->world, v, NG * n);
     if (run->rank0 && run->metrics) {
         fprintf(run->metrics, "{\"event\":\"comm\",\"steps\":%d,\"bytes_per_step\":[", steps);
         for (int r = 0; r < n; r++)
-            fprintf(run->metrics, "%s{\"rank\":%d,\"tp\":%.0f,\"dp\":%.0f,\"pp\":%.0f}", r ? "," : "", r, v[3 * r],
-                    v[3 * r + 1], v[3 * r + 2]);
+            fprintf(run->metrics, "%s{\"rank\":%d,\"tp\":%.0f,\"dp\":%.0f,\"pp\":%.0f,\"ep\":%.0f,\"edp\":%.0f}",
+                    r ? "," : "", r, v[NG * r], v[NG * r + 1], v[NG * r + 2], v[NG * r + 3], v[NG * r + 4]);
         fprintf(run->metrics, "]}\n");
     }
     free(v);
@@ -310,10 +325,11 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     if (run.rank0) {
         const struct grid *g = &run.grid;
         struct dataset *ds = prefetcher_dataset(run.train);
-        printf("mtrain %s | %s | llama %lld params | device %s | threads %d | ranks %d (tp %d pp %d dp %d) | data %s: "
+        printf("mtrain %s | %s | %s %lld params | device %s | threads %d | ranks %d (tp %d pp %d dp %d ep %d) | data %s: "
                "%lld tokens, %lld docs\n",
-               MTRAIN_VERSION, r->source, (long long)model_param_count(&r->model), run.be->name, omp_get_max_threads(),
-               g->world_size, g->tp, g->pp, g->dp, dataset_dir(ds), (long long)dataset_num_tokens(ds),
+               MTRAIN_VERSION, r->source, r->model.arch, (long long)model_param_count(&r->model), run.be->name,
+               omp_get_max_threads(), g->world_size, g->tp, g->pp, g->dp, g->ep, dataset_dir(ds),
+               (long long)dataset_num_tokens(ds),
                (long long)dataset_num_docs(ds));
     }
     event(&run,

@@ -78,9 +78,9 @@ struct backend {
     void (*moe_route_forward)(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E,
                               int k);
     /* dlogits [n,E] (overwritten) from dw [n,k], the gradient of the gate
-     * weights, plus the auxiliary losses' gradients: aux_coef[e] is added to
-     * dL/dprobs[t,e] of every token (load balancing), z_scale * 2 * lse[t] to
-     * dL/dlse[t] (z-loss). */
+     * weights, plus the auxiliary losses' gradients: aux_coef[t,e] (NULL:
+     * none) is added to dL/dprobs[t,e] (load balancing), z_scale * 2 * lse[t]
+     * to dL/dlse[t] (z-loss). */
     void (*moe_route_backward)(float *dlogits, const float *dw, const float *probs, const float *lse,
                                const int32_t *idx, const float *w, const float *aux_coef, float z_scale, int n,
                                int E, int k);

@@ -61,7 +61,7 @@ static void layout_slot(struct llama *m, struct act_slot *s, struct carver *c) {
         a->eu = carve(c, R * FM);
         a->eh = carve(c, R * FM);
         a->y = carve(c, n * k * C);
-        a->aux_coef = carve(c, E);
+        a->aux_coef = carve(c, n * E);
     }
     if (m->part.has_head) {
         s->x_final = carve(c, Ns * C);
@@ -220,7 +220,7 @@ void llama_create(struct llama *m, const struct backend *be, const struct model_
             p->expert_rows = p->recv_counts + m->ep;
         }
     if (m->E) m->moe_load = xcalloc((size_t)m->L * m->E, sizeof(double));
-    llama_set_moe_micro_batches(m, 1);
+    llama_set_moe_sequences(m, B);
     size_t half = (size_t)T * m->D / 2;
     float *cs = xmalloc(sizeof(float) * half * 2);
     rope_tables(cs, cs + half, cfg, T);
@@ -246,11 +246,11 @@ void llama_free(struct llama *m) {
     param_table_free(&m->table);
 }
 
-void llama_set_moe_micro_batches(struct llama *m, int micro_batches) {
+void llama_set_moe_sequences(struct llama *m, int sequences) {
     int layers = model_moe_layer_count(&m->cfg);
     if (!layers) return;
-    m->moe_aux_scale = (float)(m->cfg.moe_aux_loss_coef / ((double)micro_batches * layers));
-    m->moe_z_scale = (float)(m->cfg.moe_z_loss_coef / ((double)micro_batches * layers));
+    m->moe_aux_scale = (float)(m->cfg.moe_aux_loss_coef / ((double)sequences * layers));
+    m->moe_z_scale = (float)(m->cfg.moe_z_loss_coef / ((double)sequences * layers));
 }
 
 void llama_reset_moe_stats(struct llama *m) {

@@ -45,7 +45,7 @@ struct layer_acts {
     int32_t *recv_order, *recv_inverse;   /* [R] expert-major row <-> received (source-major) row */
     float *xe, *eg, *eu, *eh;             /* [R,C], [R,Fm] x3: the local experts' rows, expert-major */
     float *y;                             /* [n*k, C] the experts' outputs back at the source, send order */
-    float *aux_coef;                      /* [E] load-balancing gradient per expert */
+    float *aux_coef;                      /* [n,E] load-balancing gradient (its sequence's counts) */
     struct moe_plan plan;
 };
 
@@ -70,10 +70,10 @@ struct llama {
      * each TP rank routes tokens [moe_r0, moe_r0 + moe_n) of the micro batch */
     int E, K, FM, El, ep, moe_n, moe_r0, moe_R, n_moe_layers;
     struct comm *ep_comm;        /* expert-parallel group (NULL or size 1: none) */
-    float moe_aux_scale, moe_z_scale; /* loss coefficients / (micro batches per step * MoE layers) */
+    float moe_aux_scale, moe_z_scale; /* loss coefficients / (sequences per step * MoE layers) */
     int moe_collect;             /* forward of a training step: accumulate the statistics below */
     double *moe_load;            /* [L][E] tokens routed per expert (before drops), this step */
-    double moe_aux_sum, moe_z_sum, moe_dropped; /* summed over micro batches and MoE layers */
+    double moe_aux_sum, moe_z_sum, moe_dropped; /* summed over sequences and MoE layers */
     struct param_table table;
     float *params, *grads;       /* one buffer each, table offsets */
     struct llama_layer *layers;  /* by global layer: pointers into params (local layers only) */
@@ -112,9 +112,9 @@ void llama_create(struct llama *m, const struct backend *be, const struct model_
                   int nslots);
 void llama_free(struct llama *m);
 void llama_init_params(struct llama *m, uint64_t seed);
-/* Weights of the MoE auxiliary losses' gradients when a step has
- * micro_batches micro batches (each one's aux loss counts 1/micro_batches). */
-void llama_set_moe_micro_batches(struct llama *m, int micro_batches);
+/* Weights of the MoE auxiliary losses' gradients when a step has `sequences`
+ * sequences (the losses are means over sequences and MoE layers). */
+void llama_set_moe_sequences(struct llama *m, int sequences);
 /* Zero the per-step MoE statistics. */
 void llama_reset_moe_stats(struct llama *m);
 /* Bytes of the activation arena llama_create would allocate for this part

@@ -36,7 +36,7 @@ static struct moe_host *host(struct llama *m) {
     h->probs = xmalloc(sizeof(float) * n * E);
     h->lse = xmalloc(sizeof(float) * n);
     h->counts = xmalloc(sizeof(float) * 2 * E);
-    h->stats = xmalloc(sizeof(double) * (2 * E + 1 + m->tp * E));
+    h->stats = xmalloc(sizeof(double) * ((size_t)(2 + m->tp) * m->B * E + 1));
     h->cnt = xmalloc(sizeof(int) * E);
     h->fill = xmalloc(sizeof(int) * E);
     m->moe_host = h;
@@ -53,55 +53,56 @@ void moe_host_free(struct llama *m) {
     m->moe_host = NULL;
 }
 
-/* Counts over the whole micro batch (all TP ranks), the aux-loss gradient
- * coefficients, the statistics, and which selections exceed the capacity. */
+/* Per sequence of the micro batch (all TP ranks): expert counts, the
+ * load-balancing gradient coefficients, the statistics, and which selections
+ * exceed the capacity. Balance and capacity are per sequence so that they do
+ * not depend on how sequences are grouped into micro batches (the layout). */
 static void route_stats(struct llama *m, struct layer_acts *a, int l, struct moe_host *h) {
     const struct backend *be = m->be;
-    int n = m->moe_n, k = m->K, E = m->E, tp = m->tp, tok = m->N;
+    int n = m->moe_n, k = m->K, E = m->E, tp = m->tp, T = m->T, B = m->B, r0 = m->moe_r0;
     be->to_host(h->idx, a->topi, sizeof(int32_t) * n * k);
     be->to_host(h->probs, a->probs, sizeof(float) * n * E);
     be->to_host(h->lse, a->lse, sizeof(float) * n);
-    double *count = h->stats, *psum = count + E, *zsum = psum + E, *by_rank = zsum + 1;
-    memset(h->stats, 0, sizeof(double) * (2 * E + 1 + tp * E));
-    for (int i = 0; i < n * k; i++) count[h->idx[i]] += 1;
+    size_t BE = (size_t)B * E, len = 2 * BE + 1 + tp * BE;
+    double *count = h->stats, *psum = count + BE, *zsum = psum + BE, *by_rank = zsum + 1;
+    memset(h->stats, 0, sizeof(double) * len);
     for (int t = 0; t < n; t++) {
-        for (int e = 0; e < E; e++) psum[e] += h->probs[(size_t)t * E + e];
+        int seq = (r0 + t) / T;
+        for (int j = 0; j < k; j++) count[(size_t)seq * E + h->idx[t * k + j]] += 1;
+        for (int e = 0; e < E; e++) psum[(size_t)seq * E + e] += h->probs[(size_t)t * E + e];
         *zsum += (double)h->lse[t] * h->lse[t];
     }
-    memcpy(by_rank + (size_t)m->part.tp_rank * E, count, sizeof(double) * E);
-    if (tp > 1) comm_all_reduce_sum_f64(m->tp_comm, h->stats, 2 * E + 1 + tp * E);
-    /* aux = E * sum_e f_e P_e with f_e = count_e / tokens, P_e = mean probability */
+    memcpy(by_rank + (size_t)m->part.tp_rank * BE, count, sizeof(double) * BE);
+    if (tp > 1) comm_all_reduce_sum_f64(m->tp_comm, h->stats, len);
+    /* aux = E * sum_e f_e P_e per sequence, f_e = count_e / T, P_e = mean probability */
     double aux = 0;
-    for (int e = 0; e < E; e++) {
-        aux += count[e] * psum[e];
-        h->counts[e] = (float)(m->moe_aux_scale * E * count[e] / ((double)tok * tok));
+    for (size_t i = 0; i < BE; i++) aux += count[i] * psum[i];
+    aux *= (double)E / ((double)T * T);
+    for (int t = 0; t < n; t++) {
+        const double *c = count + (size_t)((r0 + t) / T) * E;
+        for (int e = 0; e < E; e++) h->probs[(size_t)t * E + e] = (float)(m->moe_aux_scale * E * c[e] / ((double)T * T));
     }
-    aux *= (double)E / ((double)tok * tok);
-    be->from_host(a->aux_coef, h->counts, sizeof(float) * E);
-    a->plan.z_scale = m->moe_z_scale / tok;
-    /* capacity: selections in token order (TP rank r's tokens follow ranks < r) */
-    memset(h->fill, 0, sizeof(int) * E);
+    be->from_host(a->aux_coef, h->probs, sizeof(float) * n * E);
+    a->plan.z_scale = m->moe_z_scale / T;
+    /* capacity per sequence, selections in token order (TP rank r's tokens follow ranks < r) */
+    long cap = m->cfg.moe_capacity_factor > 0 ? (long)ceil(m->cfg.moe_capacity_factor * (double)T * k / E) : -1;
+    double *fill = xcalloc(BE, sizeof *fill);
     for (int r = 0; r < m->part.tp_rank; r++)
-        for (int e = 0; e < E; e++) h->fill[e] += (int)by_rank[(size_t)r * E + e];
-    long cap = m->cfg.moe_capacity_factor > 0 ? (long)ceil(m->cfg.moe_capacity_factor * (double)tok * k / E) : -1;
-    int dropped = 0;
+        for (size_t i = 0; i < BE; i++) fill[i] += by_rank[(size_t)r * BE + i];
     for (int i = 0; i < n * k; i++) {
-        int e = h->idx[i];
-        h->pos[i] = cap < 0 || h->fill[e] < cap ? 0 : -1;
-        h->fill[e]++;
-        dropped += h->pos[i] < 0;
+        size_t slot = (size_t)((r0 + i / k) / T) * E + h->idx[i];
+        h->pos[i] = cap < 0 || fill[slot] < cap ? 0 : -1;
+        fill[slot] += 1;
     }
+    free(fill);
     if (m->moe_collect && m->part.tp_rank == 0) {
-        double all_dropped = 0;
-        for (int e = 0; e < E; e++) {
-            m->moe_load[(size_t)l * E + e] += count[e];
-            if (cap >= 0 && count[e] > cap) all_dropped += count[e] - cap;
+        for (size_t i = 0; i < BE; i++) {
+            m->moe_load[(size_t)l * E + i % E] += count[i];
+            if (cap >= 0 && count[i] > cap) m->moe_dropped += count[i] - cap;
         }
         m->moe_aux_sum += aux;
-        m->moe_z_sum += *zsum / tok;
-        m->moe_dropped += all_dropped;
+        m->moe_z_sum += *zsum / T;
     }
-    (void)dropped;
 }
 
 /* Sort the kept selections by expert (stable in token order), exchange the

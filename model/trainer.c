@@ -27,7 +27,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank, g->ep_rank);
     llama_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots);
     tr->model.ep_comm = &g->ep_comm;
-    llama_set_moe_micro_batches(&tr->model, r->train.global_batch / B);
+    llama_set_moe_sequences(&tr->model, r->train.global_batch);
     optimizer_create(&tr->opt, be, &tr->model.table, &r->optimizer, &g->dp_comm, &g->tp_comm,
                      r->parallel.sequence_parallel, &g->edp_comm);
     tr->slot_of = xmalloc(sizeof(int) * m);
@@ -149,7 +149,8 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
 }
 
 /* The MoE statistics of this step over every rank: each (micro batch,
- * layer) was counted once, on TP rank 0 of the rank that ran it. */
+ * layer) was counted once, on TP rank 0 of the rank that ran it; the
+ * losses are sums over sequences. */
 static void moe_step_stats(struct trainer *tr, struct step_stats *st) {
     const struct recipe *r = tr->recipe;
     struct llama *m = &tr->model;
@@ -165,7 +166,7 @@ static void moe_step_stats(struct trainer *tr, struct step_stats *st) {
     all[n - 3] = m->moe_aux_sum, all[n - 2] = m->moe_z_sum, all[n - 1] = m->moe_dropped;
     comm_all_reduce_sum_f64(&tr->grid->world, all, n);
     memcpy(v, all, sizeof(double) * nm * E);
-    double per = (double)r->train.global_batch / r->train.micro_batch * nm;
+    double per = (double)r->train.global_batch * nm;
     st->aux_loss = all[n - 3] / per, st->z_loss = all[n - 2] / per, st->dropped = all[n - 1];
     st->load_max = 0;
     for (int j = 0; j < nm; j++) {

@@ -42,7 +42,7 @@ void cpu_moe_route_backward(float *dlogits, const float *dw, const float *probs,
         const int32_t *ti = idx + (size_t)t * k;
         const float *tw = w + (size_t)t * k, *tdw = dw + (size_t)t * k;
         float *g = dlogits + (size_t)t * E; /* dL/dprobs first, then dL/dlogits in place */
-        for (int e = 0; e < E; e++) g[e] = aux_coef ? aux_coef[e] : 0.0f;
+        for (int e = 0; e < E; e++) g[e] = aux_coef ? aux_coef[(size_t)t * E + e] : 0.0f;
         /* w_j = p_j / S with S the sum of the chosen p: dL/dp_j = (dw_j - sum_m dw_m w_m) / S */
         float S = 0, dot = 0;
         for (int j = 0; j < k; j++) S += p[ti[j]], dot += tdw[j] * tw[j];

@@ -42,7 +42,7 @@ __global__ void route_backward_k(float *dlogits, const float *dw, const float *p
     const int32_t *ti = idx + (size_t)t * k;
     const float *tw = w + (size_t)t * k, *tdw = dw + (size_t)t * k;
     float *g = dlogits + (size_t)t * E;
-    for (int e = 0; e < E; e++) g[e] = aux_coef ? aux_coef[e] : 0.0f;
+    for (int e = 0; e < E; e++) g[e] = aux_coef ? aux_coef[(size_t)t * E + e] : 0.0f;
     float S = 0, dot = 0;
     for (int j = 0; j < k; j++) S += p[ti[j]], dot += tdw[j] * tw[j];
     for (int j = 0; j < k; j++) g[ti[j]] += (tdw[j] - dot) / S;

@@ -4,7 +4,7 @@
  *       one global batch: writes OUTDIR/logits.safetensors, OUTDIR/grads.safetensors
  *       (gradients of the mean token loss) and OUTDIR/loss.txt; for a MoE model also
  *       OUTDIR/experts.safetensors (each MoE layer's top-k experts per token, as floats)
- *       and OUTDIR/aux.txt (load-balancing and z-loss, means over micro batches and layers)
+ *       and OUTDIR/aux.txt (load-balancing and z-loss, means over sequences and layers)
  *   llama_driver train RECIPE WEIGHTS BATCHES OUTDIR
  *       train.steps optimizer steps through trainer_step (the code path of
  *       `mtrain pretrain`): OUTDIR/losses.txt (loss grad_norm lr per line) and
@@ -85,7 +85,7 @@ static void grad_mode(struct trainer *tr, const int32_t *samples, const char *ou
         safetensors_save(path, &e, 1, NULL, NULL, 0);
         snprintf(path, sizeof path, "%s/aux.txt", outdir);
         f = xfopen(path, "w");
-        double per = (double)(n / B) * nm;
+        double per = (double)n * nm;
         fprintf(f, "%.9g %.9g\n", m->moe_aux_sum / per, m->moe_z_sum / per);
         xfclose(f, path);
     }

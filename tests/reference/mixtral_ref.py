@@ -5,9 +5,10 @@
    load-balancing loss within 1e-5, and every gradient of
    CE + aux_coef * aux + z_coef * z within 1e-4 (max|diff| / max|torch| per
    tensor). mtrain's aux loss is HF's load_balancing_loss_func applied to one
-   layer and one micro batch at a time, averaged (HF concatenates all layers of
-   the whole batch into one; per layer is what pipeline stages and gradient
-   accumulation can compute); the z-loss is mean(logsumexp(router logits)^2).
+   layer and one sequence at a time, averaged (HF concatenates all layers of
+   the whole batch into one; per layer and sequence is what pipeline stages,
+   gradient accumulation and any data-parallel layout compute alike); the
+   z-loss is mean(logsumexp(router logits)^2).
 2. 50 AdamW steps from the same weights on the same batches: every step's
    loss within 1e-4 relative.
 
@@ -148,11 +149,10 @@ def losses_of(model, batch):
     logits = model.lm_head(out.last_hidden_state)
     ce = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
     routers = [out.router_logits[i] for i in (0, 2)]  # the MoE layers (layer 1 returns none)
-    rows = MICRO_BATCH * T
     aux, z, n = 0.0, 0.0, 0
     for r in routers:
-        for mb in range(GLOBAL_BATCH // MICRO_BATCH):
-            part = r[mb * rows:(mb + 1) * rows]
+        for seq in range(GLOBAL_BATCH):
+            part = r[seq * T:(seq + 1) * T]
             aux = aux + load_balancing_loss_func((part,), E, K)
             z = z + (torch.logsumexp(part, dim=-1) ** 2).mean()
             n += 1

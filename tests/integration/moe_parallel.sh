@@ -1,0 +1,94 @@
+# Mixture of experts on CPU under mpiexec (oversubscribed): expert parallelism
+# alone and with tp, pp, dp, sequence parallel and ZeRO-1 trains the same model
+# as one rank; capacity drops are the same; checkpoints move across EP layouts
+# directly and through `mtrain convert --ep`; the all-to-all payload equals
+# its analytic count.
+source "$(dirname "$0")/../lib.sh"
+COMPARE="$(cd "$(dirname "$0")" && pwd)/compare_ckpt.py"
+cd "$TMP"
+PY=${PYTHON:-/usr/bin/python3}
+export OMP_NUM_THREADS=1
+run_np() { local n=$1; shift; timeout 300 mpiexec -n "$n" "$MTRAIN" "$@"; }
+"$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail moe_setup "data generate failed"; exit 1; }
+# layers 0 and 2 are MoE (moe_layer_freq 2), 1 and 3 dense; eps 1e-4 as in parallel.sh
+cat >r.yaml <<'YAML'
+model: {arch: mixtral, vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2,
+        intermediate_size: 64, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 48, moe_layer_freq: 2,
+        moe_z_loss_coef: 0.001}
+train: {seq_len: 16, micro_batch: 2, global_batch: 8, steps: 20, seed: 7}
+optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 3, eps: 1e-4}
+data: {path: data}
+checkpoint: {dir: ck_ref, interval: 20}
+log: {dir: ref, interval: 100}
+YAML
+field() { grep '"loss"' "$1" | sed "s/.*\"$2\":\([^,}]*\).*/\1/"; }
+# close A B: 20 steps, each loss within 1e-5 relative
+close() {
+    paste <(field "$1" loss) <(field "$2" loss) |
+        awk '{n++; d=$1-$2; if (d<0) d=-d; if (d/$1 > 1e-5) bad=1} END{exit (n >= 20 && !bad) ? 0 : 1}'
+}
+"$MTRAIN" pretrain r.yaml >/dev/null 2>&1 || fail moe_reference_run "exit $?"
+"$MTRAIN" pretrain r.yaml --set model.moe_capacity_factor=1.0 --set log.dir=cap_ref --set checkpoint.dir=ck_cap_ref \
+    >/dev/null 2>&1 || fail moe_capacity_reference_run "exit $?"
+awk -F'"dropped":' 'NF > 1 {split($2, a, ","); s += a[1]} END {exit s > 0 ? 0 : 1}' cap_ref/metrics.jsonl &&
+    pass moe_capacity_drops_tokens || fail moe_capacity_drops_tokens "no dropped tokens at capacity factor 1"
+
+# name tp pp dp ep extra-args...
+layouts=(
+    "ep2 1 1 2 2" "ep4 1 1 4 4" "ep2_tp2 2 1 2 2" "ep2_pp2 1 2 2 2" "ep2_dp4 1 1 4 2"
+    "ep2_dp4_zero 1 1 4 2 optimizer.distributed=true" "ep4_zero 1 1 4 4 optimizer.distributed=true"
+    "ep2_tp2_sp 2 1 2 2 parallel.sequence_parallel=true" "ep2_tp2_pp2_zero 2 2 2 2 optimizer.distributed=true"
+)
+for spec in "${layouts[@]}"; do
+    set -- $spec
+    name=$1 tp=$2 pp=$3 dp=$4 ep=$5; shift 5
+    sets=(--set parallel.tp=$tp --set parallel.pp=$pp --set parallel.ep=$ep --set log.dir=$name --set checkpoint.dir=ck_$name)
+    for kv in "$@"; do sets+=(--set "$kv"); done
+    run_np $((tp * pp * dp)) pretrain r.yaml "${sets[@]}" >"$TMP/out" 2>&1 || { fail "moe_${name}_runs" "exit $?: $(tail -3 "$TMP/out")"; continue; }
+    close ref/metrics.jsonl $name/metrics.jsonl && pass "moe_${name}_losses" ||
+        fail "moe_${name}_losses" "$(paste <(field ref/metrics.jsonl loss) <(field $name/metrics.jsonl loss) | head -4 | tr '\n' ' ')"
+    "$PY" "$COMPARE" ck_ref/step-000000020 ck_$name/step-000000020 1e-5 >"$TMP/cmp" 2>&1 &&
+        pass "moe_${name}_params" || fail "moe_${name}_params" "$(cat "$TMP/cmp")"
+done
+
+# capacity: the same drops per step whatever the layout
+for spec in "cap_ep2_tp2 2 1 2 2" "cap_ep4 1 1 4 4"; do
+    set -- $spec
+    name=$1 tp=$2 pp=$3 dp=$4 ep=$5
+    run_np $((tp * pp * dp)) pretrain r.yaml --set model.moe_capacity_factor=1.0 --set parallel.tp=$tp --set parallel.ep=$ep \
+        --set log.dir=$name --set checkpoint.dir=ck_$name >"$TMP/out" 2>&1 || { fail "moe_${name}_runs" "exit $?"; continue; }
+    if [ "$(field cap_ref/metrics.jsonl dropped)" = "$(field $name/metrics.jsonl dropped)" ] && close cap_ref/metrics.jsonl $name/metrics.jsonl; then
+        pass "moe_${name}_dropped"
+    else fail "moe_${name}_dropped" "$(paste <(field cap_ref/metrics.jsonl dropped) <(field $name/metrics.jsonl dropped) | head -4 | tr '\n' ' ')"; fi
+done
+
+# all-to-all payload per step over the EP group: each rank sends every routed
+# row (micro_batch * seq_len * experts_per_token of hidden_size floats) four
+# times (dispatch and combine, forward and backward; what one rank returns
+# depends on the routing, the group's total does not) plus the per-expert
+# counts (E floats), per MoE layer and micro batch
+rows=$(( 2 * 16 * 2 ))
+want=$(( 2 * 2 * 2 * (4 * rows * 32 + 4) * 4 )) # ranks * MoE layers * micro batches per rank * floats * 4 bytes
+got=$(grep '"event":"comm"' ep2/metrics.jsonl | grep -o '"ep":[0-9]*' | cut -d: -f2 | awk '{s += $1} END {print s}')
+[ "$got" = "$want" ] && pass moe_all_to_all_bytes || fail moe_all_to_all_bytes "ep bytes per step $got, analytic $want"
+
+# checkpoints across EP layouts: save at ep 4, resume at ep 1 and ep 2, directly and through convert --ep
+"$MTRAIN" pretrain r.yaml --set train.steps=40 --set checkpoint.dir=long --set log.dir=long >/dev/null 2>&1
+run_np 4 pretrain r.yaml --set train.steps=40 --set parallel.ep=4 --set checkpoint.dir=s_ep4 --set log.dir=s_ep4 \
+    --stop-after 20 >/dev/null 2>&1 || fail moe_save_ep4 "exit $?"
+for target in direct_ep1 direct_ep2 convert_ep1 convert_ep2; do
+    ep=${target##*_ep}; np=$ep
+    cp -r s_ep4 $target
+    if [ "${target%%_*}" = convert ]; then
+        rm -rf $target && "$MTRAIN" convert s_ep4 $target --dp $np --ep $ep >"$TMP/out" 2>&1 || fail moe_${target}_convert "$(cat "$TMP/out")"
+    fi
+    run_np $np pretrain r.yaml --set train.steps=40 --set parallel.ep=$ep --set checkpoint.dir=$target --set log.dir=$target >"$TMP/out" 2>&1
+    if grep -q "resumed from $target/step-000000020" "$TMP/out" &&
+        paste <(field long/metrics.jsonl loss | tail -20) <(field $target/metrics.jsonl loss | tail -20) |
+        awk '{n++; d=$1-$2; if (d<0) d=-d; if (d/$1 > 1e-5) bad=1} END{exit (n == 20 && !bad) ? 0 : 1}'; then
+        pass moe_resume_$target
+    else fail moe_resume_$target "$(grep -E 'resumed|error' "$TMP/out" | head -2)"; fi
+    "$PY" "$COMPARE" long/step-000000040 $target/step-000000040 1e-5 >"$TMP/cmp" 2>&1 &&
+        pass moe_resume_${target}_params || fail moe_resume_${target}_params "$(cat "$TMP/cmp")"
+done
+exit $FAILED
