@@ -11,17 +11,27 @@
 #include "checkpoint/safetensors.h"
 #include "config/common.h"
 
-/* config.json keys of transformers' LlamaConfig for this model. */
+/* config.json keys of transformers' LlamaConfig (MixtralConfig for a MoE
+ * model) for this model. */
 static void write_config(const struct model_config *m, const char *path) {
+    int moe = m->num_experts > 0;
     json_t *c = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:s, s:s, s:b, s:b, s:f}",
-                          "architectures", "LlamaForCausalLM", "model_type", "llama", "vocab_size", m->vocab_size,
-                          "hidden_size", m->hidden_size, "intermediate_size", m->intermediate_size,
+                          "architectures", moe ? "MixtralForCausalLM" : "LlamaForCausalLM", "model_type",
+                          moe ? "mixtral" : "llama", "vocab_size", m->vocab_size, "hidden_size", m->hidden_size,
+                          "intermediate_size", moe ? model_moe_ffn_size(m) : m->intermediate_size,
                           "num_hidden_layers", m->num_layers, "num_attention_heads", m->num_heads,
                           "num_key_value_heads", m->num_kv_heads, "max_position_embeddings",
                           m->max_seq_len ? m->max_seq_len : 8192, "rope_theta", m->rope_theta, "rms_norm_eps",
                           m->norm_eps, "tie_word_embeddings", m->tie_embeddings, "hidden_act", "silu", "torch_dtype",
                           "float32", "attention_bias", 0, "mlp_bias", 0, "initializer_range", m->init_std);
     CHECK(c);
+    if (moe) {
+        json_t *x = json_pack("{s:i, s:i, s:f, s:b, s:n}", "num_local_experts", m->num_experts, "num_experts_per_tok",
+                              m->experts_per_token, "router_aux_loss_coef", m->moe_aux_loss_coef,
+                              "output_router_logits", 0, "sliding_window");
+        CHECK(x && json_object_update(c, x) == 0);
+        json_decref(x);
+    }
     if (m->rope_scaling_factor > 0) {
         json_t *rs = json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor", m->rope_scaling_factor,
                                "low_freq_factor", m->rope_low_freq_factor, "high_freq_factor", m->rope_high_freq_factor,
@@ -43,6 +53,12 @@ int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, s
     if (ckpt_reader_load_recipe(rd, &r, err, errlen) != 0) {
         ckpt_reader_close(rd);
         return -1;
+    }
+    if (r.model.num_experts > 0 && model_moe_layer_count(&r.model) != r.model.num_layers) {
+        snprintf(err, errlen, "%s: model.moe_layer_freq %d mixes dense and MoE layers, which Hugging Face "
+                 "MixtralForCausalLM cannot hold (every layer is MoE there)", step_dir, r.model.moe_layer_freq);
+        ckpt_reader_close(rd);
+        return -2;
     }
     if (mkdir_p(out_dir) != 0) die("cannot create %s: %s", out_dir, strerror(errno));
     struct model_part part;
