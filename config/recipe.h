@@ -36,7 +36,7 @@ struct model_config {
     int moe_layer_freq;             /* layer l is MoE when l % freq == 0 */
     double moe_aux_loss_coef;       /* load-balancing loss weight (Switch / Mixtral form) */
     double moe_z_loss_coef;         /* router z-loss weight */
-    double moe_capacity_factor;     /* 0 = dropless; else capacity per expert = ceil(f * tokens * k / experts) */
+    double moe_capacity_factor;     /* 0 = dropless; else capacity per expert and sequence = ceil(f * seq_len * k / experts) */
 };
 
 struct parallel_config {

@@ -52,9 +52,9 @@ const struct recipe_key recipe_keys[] = {
     POS(model, experts_per_token, "2", "experts each token is routed to (top-k)"),
     NONNEG(model, moe_intermediate_size, "0", "SwiGLU size of each expert; 0 = intermediate_size"),
     POS(model, moe_layer_freq, "1", "layer l is a MoE layer when l % moe_layer_freq == 0 (1 = every layer)"),
-    DBL(model, moe_aux_loss_coef, "0.01", 0, INF, 0, "weight of the load-balancing loss (Switch/Mixtral form, mean over MoE layers)"),
+    DBL(model, moe_aux_loss_coef, "0.01", 0, INF, 0, "weight of the load-balancing loss (Switch/Mixtral form, mean over sequences and MoE layers)"),
     DBL(model, moe_z_loss_coef, "0", 0, INF, 0, "weight of the router z-loss (mean of logsumexp(logits)^2)"),
-    DBL(model, moe_capacity_factor, "0", 0, INF, 0, "0 = dropless; else each expert takes at most ceil(f * tokens * k / experts) tokens of a micro batch, the rest are dropped"),
+    DBL(model, moe_capacity_factor, "0", 0, INF, 0, "0 = dropless; else each expert takes at most ceil(f * seq_len * k / experts) tokens of a sequence, the rest are dropped"),
 
     POS(parallel, tp, "1", "tensor parallel size"),
     POS(parallel, pp, "1", "pipeline parallel size"),
