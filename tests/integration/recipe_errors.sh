@@ -150,16 +150,13 @@ moe="${good/num_kv_heads: 2/num_kv_heads: 2
   num_experts: 4}"
 bad moe_arch_needs_experts 5 model.arch 'set model.num_experts' "${good/num_kv_heads: 2/num_kv_heads: 2
   arch: mixtral}"
-bad moe_topk_above_experts 16 model.experts_per_token 'more than num_experts 4' "$moe
-model:
-  experts_per_token: 5
-"
-bad moe_ep_divides_experts 14 parallel.ep 'does not divide model.num_experts 4' "$moe
+bad moe_topk_above_experts - model.experts_per_token 'more than num_experts 4' "$moe" --set model.experts_per_token=5
+bad moe_ep_divides_experts 16 parallel.ep 'does not divide model.num_experts 4' "$moe
 parallel:
   ep: 3
 "
 export SLURM_NTASKS=2 # a dry run plans for the launcher's world: dp 2
-bad moe_ep_divides_dp 14 parallel.ep 'does not divide the data-parallel size' "$moe
+bad moe_ep_divides_dp 16 parallel.ep 'does not divide the data-parallel size' "$moe
 parallel:
   ep: 4
 "
