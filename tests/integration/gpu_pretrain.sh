@@ -5,7 +5,7 @@ source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
 CHECKS="gpu_pretrain_runs gpu_pretrain_device_line gpu_mfu_and_memory gpu_matches_cpu gpu_eval_matches_cpu gpu_deterministic
 gpu_resume_bitwise gpu_checkpoint_resumes_on_cpu gpu_tf32_close gpu_zero_single_rank gpu_layout_tp2_sp gpu_layout_pp2
-gpu_layout_dp2_zero gpu_layout_tp2_pp2"
+gpu_layout_dp2_zero gpu_layout_tp2_pp2 gpu_mixtral_matches_cpu gpu_mixtral_deterministic gpu_mixtral_layout_ep2_tp2"
 "$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail gpu_setup "data generate failed"; exit 1; }
 cat >r.yaml <<'YAML'
 model: {vocab_size: 264, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2, intermediate_size: 160}
@@ -91,4 +91,31 @@ layout gpu_layout_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true
 layout gpu_layout_pp2 2 parallel.pp=2 train.micro_batch=2
 layout gpu_layout_dp2_zero 2 optimizer.distributed=true
 layout gpu_layout_tp2_pp2 4 parallel.tp=2 parallel.pp=2 train.micro_batch=2
+
+# a tiny Mixtral (MoE layers 0 and 2, dense 1 and 3, with z-loss and a
+# capacity factor): 40 GPU steps within 1e-4 of the CPU, bitwise repeatable,
+# and expert parallelism on GPU ranks
+cat >m.yaml <<'YAML'
+model: {arch: mixtral, vocab_size: 264, hidden_size: 64, num_layers: 4, num_heads: 4, num_kv_heads: 2,
+        intermediate_size: 160, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 96, moe_layer_freq: 2,
+        moe_z_loss_coef: 0.001, moe_capacity_factor: 1.5}
+train: {seq_len: 64, micro_batch: 4, global_batch: 8, steps: 40, seed: 7, device: cuda}
+optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 3, eps: 1e-4}
+data: {path: data}
+log: {dir: mg, interval: 10}
+YAML
+"$MTRAIN" pretrain m.yaml >/dev/null 2>&1 || fail gpu_mixtral_matches_cpu "GPU run failed"
+"$MTRAIN" pretrain m.yaml --set train.device=cpu --set log.dir=mc >/dev/null 2>&1 || fail gpu_mixtral_matches_cpu "CPU run failed"
+losses mg/metrics.jsonl >mg.loss; losses mc/metrics.jsonl >mc.loss
+close gpu_mixtral_matches_cpu mg.loss mc.loss 1e-4 40
+"$MTRAIN" pretrain m.yaml --set log.dir=mg2 >/dev/null 2>&1
+[ "$(losses mg2/metrics.jsonl)" = "$(cat mg.loss)" ] && pass gpu_mixtral_deterministic ||
+    fail gpu_mixtral_deterministic "loss sequences differ"
+if command -v mpiexec >/dev/null; then
+    OMP_NUM_THREADS=1 mpiexec -n 4 "$MTRAIN" pretrain m.yaml --set parallel.tp=2 --set parallel.ep=2 --set train.steps=20 \
+        --set log.dir=mep >"$TMP/out" 2>&1 || fail gpu_mixtral_layout_ep2_tp2 "exit $?: $(tail -2 "$TMP/out")"
+    "$MTRAIN" pretrain m.yaml --set train.steps=20 --set log.dir=mg20 >/dev/null 2>&1
+    losses mep/metrics.jsonl >mep.loss; losses mg20/metrics.jsonl >mg20.loss
+    close gpu_mixtral_layout_ep2_tp2 mep.loss mg20.loss 1e-5 20
+else skip gpu_mixtral_layout_ep2_tp2 "no mpiexec on this machine"; fi
 exit $FAILED

@@ -283,6 +283,62 @@ static void test_adamw(size_t n) {
     gpu->free(dP), gpu->free(dG), gpu->free(dM), gpu->free(dV);
 }
 
+/* MoE routing and permutation ops: n tokens, E experts, top k, C channels
+ * (n*C crosses the grid-stride loops, C the dot product's block). */
+static void test_moe(int n, int E, int k, int C) {
+    float *x = frand((size_t)n * E);
+    for (size_t i = 0; i < (size_t)n * E; i++) x[i] *= 3;
+    float *probs = malloc(4ul * n * E), *lse = malloc(4ul * n), *w = malloc(4ul * n * k);
+    int32_t *idx = malloc(4ul * n * k);
+    cpu->moe_route_forward(probs, lse, idx, w, x, n, E, k);
+    float *dX = dev(x, 4ul * n * E), *dP = gpu->alloc(4ul * n * E), *dL = gpu->alloc(4ul * n), *dW = gpu->alloc(4ul * n * k);
+    int32_t *dI = gpu->alloc(4ul * n * k);
+    gpu->moe_route_forward(dP, dL, dI, dW, dX, n, E, k);
+    compare("cuda_moe_route_probs", dP, probs, (size_t)n * E);
+    compare("cuda_moe_route_lse", dL, lse, n);
+    compare("cuda_moe_route_weights", dW, w, (size_t)n * k);
+    int32_t *gi = malloc(4ul * n * k);
+    gpu->to_host(gi, dI, 4ul * n * k);
+    TEST_RESULT("cuda_moe_route_experts", !memcmp(gi, idx, 4ul * n * k), "top-k choices differ from the CPU's");
+    float *R = frand((size_t)n * k), *A = frand((size_t)n * E), *dl = malloc(4ul * n * E);
+    cpu->moe_route_backward(dl, R, probs, lse, idx, w, A, 0.3f, n, E, k);
+    float *dR = dev(R, 4ul * n * k), *dA = dev(A, 4ul * n * E), *dDL = gpu->alloc(4ul * n * E);
+    gpu->moe_route_backward(dDL, dR, dP, dL, dI, dW, dA, 0.3f, n, E, k);
+    compare("cuda_moe_route_backward", dDL, dl, (size_t)n * E);
+    /* a permutation with every 5th selection dropped */
+    int32_t *pos = malloc(4ul * n * k), *src = malloc(4ul * n * k);
+    int rows = 0;
+    for (int i = 0; i < n * k; i++) pos[i] = i % 5 == 4 ? -1 : rows++;
+    for (int i = 0; i < n * k; i++)
+        if (pos[i] >= 0) pos[i] = (int)(((long)pos[i] * 7919) % rows); /* scattered, still a bijection if gcd = 1 */
+    for (int i = 0; i < n * k; i++)
+        if (pos[i] >= 0) src[pos[i]] = i / k;
+    float *xt = frand((size_t)n * C), *xp = malloc(4ul * rows * C), *y = frand((size_t)rows * C);
+    float *dXT = dev(xt, 4ul * n * C), *dXP = gpu->alloc(4ul * rows * C), *dY = dev(y, 4ul * rows * C);
+    int32_t *dSrc = dev(src, 4ul * rows), *dPos = dev(pos, 4ul * n * k);
+    cpu->gather_rows(xp, xt, src, rows, C);
+    gpu->gather_rows(dXP, dXT, dSrc, rows, C);
+    compare("cuda_gather_rows", dXP, xp, (size_t)rows * C);
+    float *out = frand((size_t)n * C), *dOut = dev(out, 4ul * n * C);
+    cpu->moe_combine(out, y, pos, w, n, k, C, 1);
+    gpu->moe_combine(dOut, dY, dPos, dW, n, k, C, 1);
+    compare("cuda_moe_combine", dOut, out, (size_t)n * C);
+    cpu->moe_combine(out, y, pos, NULL, n, k, C, 0);
+    gpu->moe_combine(dOut, dY, dPos, NULL, n, k, C, 0);
+    compare("cuda_moe_combine_unweighted", dOut, out, (size_t)n * C);
+    float *g = frand((size_t)n * C), *dy = calloc((size_t)rows * C, 4), *dw = malloc(4ul * n * k);
+    float *dG = dev(g, 4ul * n * C), *dDY = gpu->alloc(4ul * rows * C), *dDW = gpu->alloc(4ul * n * k);
+    cpu->moe_combine_backward(dy, dw, g, y, pos, w, n, k, C);
+    gpu->moe_combine_backward(dDY, dDW, dG, dY, dPos, dW, n, k, C);
+    compare("cuda_moe_combine_backward_dy", dDY, dy, (size_t)rows * C);
+    compare("cuda_moe_combine_backward_dw", dDW, dw, (size_t)n * k);
+    free(x), free(probs), free(lse), free(w), free(idx), free(gi), free(R), free(A), free(dl), free(pos), free(src);
+    free(xt), free(xp), free(y), free(out), free(g), free(dy), free(dw);
+    gpu->free(dX), gpu->free(dP), gpu->free(dL), gpu->free(dW), gpu->free(dI), gpu->free(dR), gpu->free(dA);
+    gpu->free(dDL), gpu->free(dXT), gpu->free(dXP), gpu->free(dY), gpu->free(dSrc), gpu->free(dPos), gpu->free(dOut);
+    gpu->free(dG), gpu->free(dDY), gpu->free(dDW);
+}
+
 static void test_memory(void) {
     size_t n = 1000;
     float *a = frand(n), *b = malloc(4 * n), *z = calloc(n, 4);
@@ -329,5 +385,7 @@ int main(void) {
     test_embedding(2500, 64, 50, "three_chunks"); /* rows repeat across the sort's 1024-token chunks */
     test_vectors(1000003);
     test_adamw(100003);
+    test_moe(1000, 8, 2, 520);
+    test_moe(77, 64, 6, 96);
     TEST_EXIT();
 }

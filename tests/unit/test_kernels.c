@@ -340,6 +340,106 @@ static void test_reductions(void) {
     free(x);
 }
 
+/* ---- mixture of experts ---- */
+
+/* Router with the top-k choice held fixed: probs, lse, renormalised chosen
+ * weights, and the objective sum R*w + sum A*p + z * sum lse^2 whose
+ * gradient moe_route_backward computes. */
+static double ref_route(const double *x, const int32_t *idx, const double *R, const double *A, double z, int n,
+                        int E, int k, double *probs, double *lse, double *w) {
+    double J = 0;
+    for (int t = 0; t < n; t++) {
+        const double *xt = x + (size_t)t * E;
+        double mx = xt[0], sum = 0;
+        for (int e = 1; e < E; e++) mx = fmax(mx, xt[e]);
+        for (int e = 0; e < E; e++) sum += exp(xt[e] - mx);
+        lse[t] = mx + log(sum);
+        for (int e = 0; e < E; e++) probs[t * E + e] = exp(xt[e] - lse[t]), J += A[t * E + e] * probs[t * E + e];
+        double S = 0;
+        for (int j = 0; j < k; j++) S += probs[t * E + idx[t * k + j]];
+        for (int j = 0; j < k; j++) w[t * k + j] = probs[t * E + idx[t * k + j]] / S, J += R[t * k + j] * w[t * k + j];
+        J += z * lse[t] * lse[t];
+    }
+    return J;
+}
+
+static void test_moe(void) {
+    int n = 9, E = 6, k = 2, C = 20;
+    float *x = frand((size_t)n * E);
+    for (int i = 0; i < n * E; i++) x[i] *= 3; /* well separated: finite differences keep the top-k */
+    float *probs = malloc(4ul * n * E), *lse = malloc(4ul * n), *w = malloc(4ul * n * k);
+    int32_t *idx = malloc(4ul * n * k);
+    be->moe_route_forward(probs, lse, idx, w, x, n, E, k);
+    double *xd = to_double(x, (size_t)n * E), *pd = malloc(8ul * n * E), *ld = malloc(8ul * n), *wd = malloc(8ul * n * k);
+    int order_ok = 1;
+    for (int t = 0; t < n; t++) { /* the k largest, in descending order */
+        for (int j = 0; j < k; j++) {
+            int rank = 0;
+            for (int e = 0; e < E; e++) rank += x[t * E + e] > x[t * E + idx[t * k + j]];
+            order_ok &= rank == j;
+        }
+    }
+    TEST_RESULT("moe_route_topk", order_ok, "top-k indices are not the k largest in order");
+    float *R = frand((size_t)n * k), *A = frand((size_t)n * E);
+    double *Rd = to_double(R, (size_t)n * k), *Ad = to_double(A, (size_t)n * E), z = 0.3;
+    ref_route(xd, idx, Rd, Ad, z, n, E, k, pd, ld, wd);
+    check_close("moe_route_probs", probs, pd, (size_t)n * E, 1e-6);
+    check_close("moe_route_lse", lse, ld, n, 1e-6);
+    check_close("moe_route_weights", w, wd, (size_t)n * k, 1e-6);
+    float *dl = malloc(4ul * n * E);
+    be->moe_route_backward(dl, R, probs, lse, idx, w, A, (float)z, n, E, k);
+    double *fd = malloc(8ul * n * E);
+    for (int i = 0; i < n * E; i++) { /* central differences of the objective */
+        double h = 1e-6, keep = xd[i];
+        xd[i] = keep + h;
+        double jp = ref_route(xd, idx, Rd, Ad, z, n, E, k, pd, ld, wd);
+        xd[i] = keep - h;
+        double jm = ref_route(xd, idx, Rd, Ad, z, n, E, k, pd, ld, wd);
+        xd[i] = keep;
+        fd[i] = (jp - jm) / (2 * h);
+    }
+    check_close("moe_route_backward", dl, fd, (size_t)n * E, 1e-4);
+    /* permutation and gate-weighted combine, with one dropped selection */
+    int rows = n * k - 1;
+    int32_t *pos = malloc(4ul * n * k), *src = malloc(4ul * rows);
+    for (int i = 0, r = 0; i < n * k; i++) pos[i] = i == 3 ? -1 : (r++ * 7) % rows; /* a scattered order */
+    for (int i = 0; i < n * k; i++)
+        if (pos[i] >= 0) src[pos[i]] = i / k;
+    float *xt = frand((size_t)n * C), *xp = malloc(4ul * rows * C), *y = frand((size_t)rows * C);
+    be->gather_rows(xp, xt, src, rows, C);
+    int gather_ok = 1;
+    for (int r = 0; r < rows; r++) gather_ok &= !memcmp(xp + (size_t)r * C, xt + (size_t)src[r] * C, 4ul * C);
+    TEST_RESULT("moe_gather_rows", gather_ok, "rows differ from x[rows[i]]");
+    float *out = frand((size_t)n * C);
+    double *want = malloc(8ul * n * C);
+    for (int t = 0; t < n; t++)
+        for (int c = 0; c < C; c++) {
+            double acc = out[t * C + c];
+            for (int j = 0; j < k; j++)
+                if (pos[t * k + j] >= 0) acc += (double)w[t * k + j] * y[(size_t)pos[t * k + j] * C + c];
+            want[t * C + c] = acc;
+        }
+    be->moe_combine(out, y, pos, w, n, k, C, 1);
+    check_close("moe_combine_accumulate", out, want, (size_t)n * C, 1e-6);
+    float *dout = frand((size_t)n * C), *dy = calloc((size_t)rows * C, 4), *dw = malloc(4ul * n * k);
+    be->moe_combine_backward(dy, dw, dout, y, pos, w, n, k, C);
+    double *dyd = calloc((size_t)rows * C, 8), *dwd = calloc((size_t)n * k, 8);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) {
+            int r = pos[t * k + j];
+            if (r < 0) continue;
+            for (int c = 0; c < C; c++) {
+                dyd[(size_t)r * C + c] = (double)w[t * k + j] * dout[t * C + c];
+                dwd[t * k + j] += (double)dout[t * C + c] * y[(size_t)r * C + c];
+            }
+        }
+    check_close("moe_combine_backward_dy", dy, dyd, (size_t)rows * C, 1e-6);
+    check_close("moe_combine_backward_dw", dw, dwd, (size_t)n * k, 1e-6);
+    free(x), free(probs), free(lse), free(w), free(idx), free(xd), free(pd), free(ld), free(wd), free(R), free(A);
+    free(Rd), free(Ad), free(dl), free(fd), free(pos), free(src), free(xt), free(xp), free(y), free(out), free(want);
+    free(dout), free(dy), free(dw), free(dyd), free(dwd);
+}
+
 int main(void) {
     be = backend_get("cpu");
     test_matmul();
@@ -354,5 +454,6 @@ int main(void) {
     test_vocab_parallel_ce();
     test_adamw();
     test_reductions();
+    test_moe();
     TEST_EXIT();
 }
