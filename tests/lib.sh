@@ -33,3 +33,7 @@ require_python() {
 }
 # A build product (tools are built by `make test`).
 build_path() { echo "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/${BUILD:-build/rel}/$1"; }
+# Multi-rank tests (oversubscribed on 2 cores): run_np N ARGS... runs mtrain
+# on N ranks with a time limit; COMPARE checks two checkpoints' parameters.
+COMPARE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/integration/compare_ckpt.py"
+run_np() { local n=$1; shift; timeout 300 mpiexec -n "$n" "$MTRAIN" "$@"; }

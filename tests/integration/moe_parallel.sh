@@ -4,11 +4,8 @@
 # directly and through `mtrain convert --ep`; the all-to-all payload equals
 # its analytic count.
 source "$(dirname "$0")/../lib.sh"
-COMPARE="$(cd "$(dirname "$0")" && pwd)/compare_ckpt.py"
 cd "$TMP"
-PY=${PYTHON:-/usr/bin/python3}
 export OMP_NUM_THREADS=1
-run_np() { local n=$1; shift; timeout 300 mpiexec -n "$n" "$MTRAIN" "$@"; }
 "$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail moe_setup "data generate failed"; exit 1; }
 # layers 0 and 2 are MoE (moe_layer_freq 2), 1 and 3 dense; eps 1e-4 as in parallel.sh
 cat >r.yaml <<'YAML'

@@ -2,11 +2,8 @@
 # the same model as one rank; checkpoints move between layouts; bad layouts
 # and dead ranks fail cleanly.
 source "$(dirname "$0")/../lib.sh"
-COMPARE="$(cd "$(dirname "$0")" && pwd)/compare_ckpt.py"
 cd "$TMP"
-PY=${PYTHON:-/usr/bin/python3}
 export OMP_NUM_THREADS=1
-run_np() { local n=$1; shift; timeout 300 mpiexec -n "$n" "$MTRAIN" "$@"; }
 "$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail par_setup "data generate failed"; exit 1; }
 # optimizer.eps 1e-4: with eps 1e-8 Adam's first steps move every weight by about
 # lr * sign(g), so on near-zero gradients the fp32 reduction-order noise between

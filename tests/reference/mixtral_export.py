@@ -1,6 +1,7 @@
 """An HF Mixtral export of an mtrain checkpoint loads in transformers'
 MixtralForCausalLM with identical weights and gives the same loss on a batch
-as mtrain on the exported weights (tolerance 1e-5 relative).
+as mtrain on the exported weights (tolerance 1e-5 relative). mtrain reads
+the export as a Hugging Face model directory, the way model.init_from does.
 
 usage: mixtral_export.py DRIVER RECIPE STEP_DIR HF_DIR WORKDIR
 """
@@ -41,7 +42,7 @@ rng = np.random.default_rng(3)
 batch = rng.integers(cfg.vocab_size, size=(1, B, T + 1)).astype("<i4")
 os.makedirs(WORK, exist_ok=True)
 batch.tofile(os.path.join(WORK, "batch.i32"))
-subprocess.run([DRIVER, "grad", RECIPE, os.path.join(HF, "model.safetensors"), os.path.join(WORK, "batch.i32"), WORK],
+subprocess.run([DRIVER, "grad", RECIPE, HF, os.path.join(WORK, "batch.i32"), WORK],
                check=True)
 ours = float(open(os.path.join(WORK, "loss.txt")).read())
 x = torch.from_numpy(batch[0, :, :T]).long()

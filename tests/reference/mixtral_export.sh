@@ -18,3 +18,6 @@ YAML
 expect_exit mixtral_export_convert 0 "$MTRAIN" convert ck --hf hf
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$PY" "$HERE/mixtral_export.py" "$DRIVER" \
     m.yaml ck/step-000000005 hf work
+# and training starts from it: model.init_from takes the exported directory
+expect_exit mixtral_export_init_from 0 "$MTRAIN" pretrain m.yaml --set model.init_from=hf --set checkpoint.dir= \
+    --set checkpoint.interval=0 --set train.steps=2 --set log.dir=run_init

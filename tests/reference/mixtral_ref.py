@@ -18,12 +18,9 @@ replaces layer 1's block_sparse_moe with a dense SwiGLU MLP (Llama's).
 
 usage: mixtral_ref.py DRIVER WORKDIR   (prints PASS/FAIL lines)
 """
-import math
 import os
-import subprocess
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
@@ -31,23 +28,14 @@ from transformers import LlamaConfig, MixtralConfig, MixtralForCausalLM
 from transformers.models.llama.modeling_llama import LlamaMLP
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 
+import ref_common
+from ref_common import adamw, optimizer_yaml, rel_err, report
+
 DRIVER, WORK = sys.argv[1], sys.argv[2]
 V, C, L, H, KV, FF, FM, E, K, T = 256, 64, 3, 4, 2, 96, 80, 4, 2, 16
 GLOBAL_BATCH, MICRO_BATCH, STEPS = 4, 2, 50
 AUX, ZC = 0.02, 0.001
 OPT = dict(lr=1e-3, min_lr=1e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=1.0, warmup_steps=5)
-failures = 0
-
-
-def report(name, ok, detail):
-    global failures
-    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": ") + ("" if ok else detail), flush=True)
-    print(f"  {name}: {detail}", file=sys.stderr)
-    failures += 0 if ok else 1
-
-
-def rel_err(got, want):
-    return float((got.double() - want.double()).abs().max() / want.double().abs().max().clamp_min(1e-30))
 
 
 def make_model():
@@ -101,45 +89,19 @@ train:
   micro_batch: {MICRO_BATCH}
   global_batch: {GLOBAL_BATCH}
   steps: {STEPS}
-optimizer:
-  lr: {OPT['lr']}
-  min_lr: {OPT['min_lr']}
-  beta1: {OPT['beta1']}
-  beta2: {OPT['beta2']}
-  eps: {OPT['eps']}
-  weight_decay: {OPT['weight_decay']}
-  grad_clip: {OPT['grad_clip']}
-  schedule: cosine
-  warmup_steps: {OPT['warmup_steps']}
-""")
+""" + optimizer_yaml(OPT))
 
 
 def lr_at(step):
-    lr, lo, w = OPT["lr"], OPT["min_lr"], OPT["warmup_steps"]
-    if step < w:
-        return lr * (step + 1) / w
-    p = min(1.0, (step - w) / (STEPS - w))
-    return lo + 0.5 * (lr - lo) * (1 + math.cos(math.pi * p))
+    return ref_common.lr_at(OPT, STEPS, step)
 
 
 def make_batches(steps, seed):
-    rng = np.random.default_rng(seed)
-    out = np.empty((steps, GLOBAL_BATCH, T + 1), dtype=np.int32)
-    for s in range(steps):
-        for b in range(GLOBAL_BATCH):
-            x = rng.integers(V)
-            for t in range(T + 1):
-                out[s, b, t] = x
-                x = (7 * x + 3) % V if rng.random() < 0.8 else rng.integers(V)
-    return out
+    return ref_common.make_batches(steps, seed, GLOBAL_BATCH, T, V)
 
 
 def run_driver(mode, batches, outdir):
-    os.makedirs(outdir, exist_ok=True)
-    bpath = os.path.join(outdir, "batches.i32")
-    batches.astype("<i4").tofile(bpath)
-    subprocess.run([DRIVER, mode, os.path.join(WORK, "recipe.yaml"), os.path.join(WORK, "init.safetensors"), bpath,
-                    outdir], check=True)
+    ref_common.run_driver(DRIVER, WORK, mode, batches, outdir)
 
 
 def losses_of(model, batch):
@@ -206,11 +168,7 @@ def check_forward_backward(model):
 def check_training(model):
     batches = make_batches(STEPS, 2)
     run_driver("train", batches, os.path.join(WORK, "train"))
-    decay = [p for n, p in model.named_parameters() if "norm" not in n]
-    no_decay = [p for n, p in model.named_parameters() if "norm" in n]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": OPT["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=OPT["lr"], betas=(OPT["beta1"], OPT["beta2"]), eps=OPT["eps"])
+    opt = adamw(model, OPT)
     ours = [list(map(float, line.split())) for line in open(os.path.join(WORK, "train", "losses.txt"))]
     worst, worst_step = 0.0, -1
     for step in range(STEPS):
@@ -244,7 +202,7 @@ def main():
     save_file(state(model), os.path.join(WORK, "init.safetensors"))
     check_forward_backward(model)
     check_training(model)
-    sys.exit(1 if failures else 0)
+    sys.exit(1 if ref_common.failures else 0)
 
 
 if __name__ == "__main__":
