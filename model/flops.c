@@ -37,7 +37,11 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
     param_table_build(&t, &r->model, &part);
     e.params = t.total * sizeof(float);
     e.grads = e.params;
-    e.optimizer = 2 * e.params / (r->optimizer.distributed && dp > 1 ? dp : 1);
+    /* ZeRO-1 shards the dense tensors' moments over dp, the experts' over dp / ep */
+    int fe = param_table_first_expert(&t);
+    size_t experts = fe < t.count ? (t.total - t.items[fe].offset) * sizeof(float) : 0;
+    int zero = r->optimizer.distributed && dp > 1, edp = dp / (r->parallel.ep > 0 ? r->parallel.ep : 1);
+    e.optimizer = 2 * (e.params - experts) / (zero ? dp : 1) + 2 * experts / (zero && edp > 1 ? edp : 1);
     param_table_free(&t);
     /* pipeline stage 0 holds the most micro batches at once */
     int pp = r->parallel.pp, vpp = pp > 1 ? r->parallel.vpp : 1;

@@ -129,7 +129,7 @@ static void set_dims(struct llama *m, const struct model_config *cfg, const stru
         m->E = cfg->num_experts, m->K = cfg->experts_per_token, m->FM = model_moe_ffn_size(cfg);
         m->ep = part->ep, m->El = m->E / m->ep;
         m->moe_n = m->N / m->tp, m->moe_r0 = part->tp_rank * m->moe_n;
-        m->moe_R = moe_expert_rows(cfg, m->moe_n, m->N, m->ep);
+        m->moe_R = moe_expert_rows(cfg, m->moe_n, m->T, m->ep);
     }
 }
 

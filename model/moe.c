@@ -14,12 +14,13 @@ struct moe_host {
     int *cnt, *fill; /* [E] */
 };
 
-int moe_expert_rows(const struct model_config *cfg, int n, int tokens, int ep) {
+int moe_expert_rows(const struct model_config *cfg, int n, int seq_len, int ep) {
     int E = cfg->num_experts, k = cfg->experts_per_token;
     long rows = (long)n * k; /* what one source rank may send to one EP rank */
-    if (cfg->moe_capacity_factor > 0) { /* ... at most `capacity` rows per expert */
-        long cap = (long)ceil(cfg->moe_capacity_factor * (double)tokens * k / E);
-        if (cap * (E / ep) < rows) rows = cap * (E / ep);
+    if (cfg->moe_capacity_factor > 0) { /* ... at most `capacity` rows per expert and sequence */
+        long cap = (long)ceil(cfg->moe_capacity_factor * (double)seq_len * k / E);
+        long seqs = (n + seq_len - 1) / seq_len + 1; /* sequences n consecutive tokens can touch */
+        if (cap * seqs * (E / ep) < rows) rows = cap * seqs * (E / ep);
     }
     return (int)(rows * ep);
 }

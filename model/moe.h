@@ -19,7 +19,7 @@ void moe_forward(struct llama *m, struct act_slot *s, int l, const float *x, flo
 /* d_x [n, C] (overwritten) from d_out [n, C]; weight gradients accumulate. */
 void moe_backward(struct llama *m, struct act_slot *s, int l, const float *d_out, float *d_x);
 /* Rows of the expert buffers one MoE layer needs on this rank, n routed
- * tokens per rank of micro batches of `tokens`: the worst case, every routed
- * token of the EP group on this rank (bounded by the capacity if set). */
-int moe_expert_rows(const struct model_config *cfg, int n, int tokens, int ep);
+ * tokens per rank in sequences of seq_len: the worst case, every routed token
+ * of the EP group on this rank (bounded by the capacity if set). */
+int moe_expert_rows(const struct model_config *cfg, int n, int seq_len, int ep);
 void moe_host_free(struct llama *m);
