@@ -64,7 +64,7 @@ void save_checkpoint(struct run *run) {
 }
 
 int load_checkpoint(struct run *run, const char *step_dir, char *err, size_t errlen) {
-    struct llama *m = &run->tr.model;
+    struct transformer *m = &run->tr.model;
     size_t n = m->table.total;
     float *host = xmalloc(sizeof(float) * 3 * (n ? n : 1));
     struct train_state st;

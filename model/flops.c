@@ -1,6 +1,6 @@
 #include "config/common.h"
 #include "model/flops.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "parallel/schedule.h"
 
 int64_t model_param_count(const struct model_config *m) {
@@ -53,7 +53,7 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
         slots = schedule_max_in_flight(s, schedule_build(s, pp, vpp, 0, m), vpp);
         free(s);
     }
-    e.activations = llama_arena_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
+    e.activations = transformer_arena_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
                                       r->train.seq_len, slots);
     e.total = e.params + e.grads + e.optimizer + e.activations;
     return e;

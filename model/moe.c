@@ -25,7 +25,7 @@ int moe_expert_rows(const struct model_config *cfg, int n, int seq_len, int ep) 
     return (int)(rows * ep);
 }
 
-static struct moe_host *host(struct llama *m) {
+static struct moe_host *host(struct transformer *m) {
     if (m->moe_host) return m->moe_host;
     struct moe_host *h = xcalloc(1, sizeof *h);
     int n = m->moe_n, k = m->K, E = m->E, R = m->moe_R;
@@ -44,8 +44,8 @@ static struct moe_host *host(struct llama *m) {
     return h;
 }
 
-/* Release the host scratch (llama_free). */
-void moe_host_free(struct llama *m) {
+/* Release the host scratch (transformer_free). */
+void moe_host_free(struct transformer *m) {
     struct moe_host *h = m->moe_host;
     if (!h) return;
     free(h->idx), free(h->pos), free(h->send_rows), free(h->recv_order), free(h->recv_inverse);
@@ -58,7 +58,7 @@ void moe_host_free(struct llama *m) {
  * load-balancing gradient coefficients, the statistics, and which selections
  * exceed the capacity. Balance and capacity are per sequence so that they do
  * not depend on how sequences are grouped into micro batches (the layout). */
-static void route_stats(struct llama *m, struct layer_acts *a, int l, struct moe_host *h) {
+static void route_stats(struct transformer *m, struct layer_acts *a, int l, struct moe_host *h) {
     const struct backend *be = m->be;
     int n = m->moe_n, k = m->K, E = m->E, tp = m->tp, T = m->T, B = m->B, r0 = m->moe_r0;
     be->to_host(h->idx, a->topi, sizeof(int32_t) * n * k);
@@ -108,7 +108,7 @@ static void route_stats(struct llama *m, struct layer_acts *a, int l, struct moe
 
 /* Sort the kept selections by expert (stable in token order), exchange the
  * per-expert counts over EP and build the receive permutation. */
-static void plan_dispatch(struct llama *m, struct layer_acts *a, struct moe_host *h) {
+static void plan_dispatch(struct transformer *m, struct layer_acts *a, struct moe_host *h) {
     const struct backend *be = m->be;
     int n = m->moe_n, k = m->K, E = m->E, El = m->El, ep = m->ep, C = m->C;
     struct moe_plan *p = &a->plan;
@@ -168,14 +168,14 @@ static void plan_dispatch(struct llama *m, struct layer_acts *a, struct moe_host
 }
 
 /* rows source-major (as sent) <-> the EP group; counts are per peer */
-static void exchange(struct llama *m, const float *in, const int *send, float *out, const int *recv) {
+static void exchange(struct transformer *m, const float *in, const int *send, float *out, const int *recv) {
     if (m->ep > 1) comm_all_to_all_v(m->ep_comm, in, send, out, recv);
     else if (out != in) m->be->copy(out, in, sizeof(float) * send[0]);
 }
 
-void moe_forward(struct llama *m, struct act_slot *s, int l, const float *x, float *out) {
+void moe_forward(struct transformer *m, struct act_slot *s, int l, const float *x, float *out) {
     const struct backend *be = m->be;
-    const struct llama_layer *w = &m->layers[l];
+    const struct layer_weights *w = &m->layers[l];
     struct layer_acts *a = &s->acts[l];
     struct moe_host *h = host(m);
     struct moe_plan *p = &a->plan;
@@ -204,10 +204,10 @@ void moe_forward(struct llama *m, struct act_slot *s, int l, const float *x, flo
     be->moe_combine(out, a->y, a->pos, a->topw, n, k, C, 0);
 }
 
-void moe_backward(struct llama *m, struct act_slot *s, int l, const float *d_out, float *d_x) {
+void moe_backward(struct transformer *m, struct act_slot *s, int l, const float *d_out, float *d_x) {
     const struct backend *be = m->be;
-    const struct llama_layer *w = &m->layers[l];
-    struct llama_layer *dw = &m->dlayers[l];
+    const struct layer_weights *w = &m->layers[l];
+    struct layer_weights *dw = &m->dlayers[l];
     struct layer_acts *a = &s->acts[l];
     struct moe_plan *p = &a->plan;
     int n = m->moe_n, k = m->K, E = m->E, C = m->C, FM = m->FM;

@@ -12,14 +12,14 @@
  * experts; tokens go to their experts' ranks with a variable all-to-all and
  * come back the same way. */
 #pragma once
-#include "model/llama.h"
+#include "model/transformer.h"
 
 /* out [n, C] = MoE(x [n, C]) for layer l in slot s; saves what backward needs. */
-void moe_forward(struct llama *m, struct act_slot *s, int l, const float *x, float *out);
+void moe_forward(struct transformer *m, struct act_slot *s, int l, const float *x, float *out);
 /* d_x [n, C] (overwritten) from d_out [n, C]; weight gradients accumulate. */
-void moe_backward(struct llama *m, struct act_slot *s, int l, const float *d_out, float *d_x);
+void moe_backward(struct transformer *m, struct act_slot *s, int l, const float *d_out, float *d_x);
 /* Rows of the expert buffers one MoE layer needs on this rank, n routed
  * tokens per rank in sequences of seq_len: the worst case, every routed token
  * of the EP group on this rank (bounded by the capacity if set). */
 int moe_expert_rows(const struct model_config *cfg, int n, int seq_len, int ep);
-void moe_host_free(struct llama *m);
+void moe_host_free(struct transformer *m);

@@ -2,7 +2,7 @@
  * rotation angles agree with the reference model bit for bit where possible. */
 #include <math.h>
 
-#include "model/llama.h"
+#include "model/transformer.h"
 
 /* Llama 3.1: long wavelengths are slowed down by `factor`, short ones kept,
  * and the band in between interpolated smoothly. */

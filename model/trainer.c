@@ -25,9 +25,9 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     int slots = schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp);
     struct model_part part;
     model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank, g->ep_rank);
-    llama_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots);
+    transformer_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots);
     tr->model.ep_comm = &g->ep_comm;
-    llama_set_moe_sequences(&tr->model, r->train.global_batch);
+    transformer_set_moe_sequences(&tr->model, r->train.global_batch);
     optimizer_create(&tr->opt, be, &tr->model.table, &r->optimizer, &g->dp_comm, &g->tp_comm,
                      r->parallel.sequence_parallel, &g->edp_comm);
     tr->slot_of = xmalloc(sizeof(int) * m);
@@ -68,7 +68,7 @@ void trainer_free(struct trainer *tr) {
         be->free(tr->recv_grad);
     }
     optimizer_free(&tr->opt);
-    llama_free(&tr->model);
+    transformer_free(&tr->model);
     free(tr->schedule);
     free(tr->eval_schedule);
     free(tr->slot_of);
@@ -88,7 +88,7 @@ static void stage_micro_batch(struct trainer *tr, const int32_t *samples, int mb
         memcpy(tr->inputs + (size_t)b * T, s, sizeof(int32_t) * T);
         memcpy(tr->targets + (size_t)b * T, s + 1, sizeof(int32_t) * T);
     }
-    llama_stage(&tr->model, slot, tr->inputs, tr->targets);
+    transformer_stage(&tr->model, slot, tr->inputs, tr->targets);
 }
 
 /* ---- pipeline plumbing: virtual stage vs = chunk * pp + pp_rank ---- */
@@ -105,7 +105,7 @@ static float *send_buf(struct trainer *tr, float *base, int mb, int chunk) {
  * (counted on TP rank 0 of the last stage only). */
 static double run_schedule(struct trainer *tr, const int32_t *samples, const struct sched_item *s, int n,
                            float dscale, int eval) {
-    struct llama *m = &tr->model;
+    struct transformer *m = &tr->model;
     struct grid *g = tr->grid;
     int pp = g->pp, last_vs = pp * m->part.nchunks - 1;
     size_t act_bytes = sizeof(float) * m->Ns * m->C;
@@ -122,16 +122,16 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
             }
             int slot = tr->slot_of[mb];
             if (vs > 0)
-                comm_recv(&g->pp_comm, llama_chunk_input(m, slot, c), act_bytes, (vs - 1) % pp, tag(tr, mb, vs, 0));
+                comm_recv(&g->pp_comm, transformer_chunk_input(m, slot, c), act_bytes, (vs - 1) % pp, tag(tr, mb, vs, 0));
             float *out = vs < last_vs ? send_buf(tr, tr->send_fwd, mb, c) : NULL;
-            double l = llama_forward_chunk(m, slot, c, out, dscale);
+            double l = transformer_forward_chunk(m, slot, c, out, dscale);
             if (vs == last_vs && g->tp_rank == 0) loss += l;
             if (vs < last_vs) comm_send(&g->pp_comm, out, act_bytes, (vs + 1) % pp, tag(tr, mb, vs + 1, 0));
         } else {
             int slot = tr->slot_of[mb];
             m->last_micro_batch = !eval && mb == tr->micro_batches - 1;
             if (vs < last_vs) comm_recv(&g->pp_comm, tr->recv_grad, act_bytes, (vs + 1) % pp, tag(tr, mb, vs, 1));
-            llama_backward_chunk(m, slot, c, tr->recv_grad);
+            transformer_backward_chunk(m, slot, c, tr->recv_grad);
             if (vs > 0) {
                 float *out = send_buf(tr, tr->send_bwd, mb, c);
                 m->be->copy(out, m->d_resid, act_bytes);
@@ -153,7 +153,7 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
  * losses are sums over sequences. */
 static void moe_step_stats(struct trainer *tr, struct step_stats *st) {
     const struct recipe *r = tr->recipe;
-    struct llama *m = &tr->model;
+    struct transformer *m = &tr->model;
     int E = m->E, L = r->model.num_layers, nm = model_moe_layer_count(&r->model);
     size_t n = (size_t)nm * E + 3;
     double *v = tr->moe_load; /* [nm][E] then aux, z, dropped: one all-reduce */
@@ -180,7 +180,7 @@ static void moe_step_stats(struct trainer *tr, struct step_stats *st) {
 
 struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, int n) {
     const struct recipe *r = tr->recipe;
-    struct llama *m = &tr->model;
+    struct transformer *m = &tr->model;
     CHECK(n == tr->micro_batches * r->train.micro_batch);
     struct step_stats st = {0};
     st.tokens = (long)r->train.global_batch * r->train.seq_len;
@@ -188,7 +188,7 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
      * micro batch's gradient is scaled by 1 / (all tokens) */
     float dscale = 1.0f / (float)st.tokens;
     m->be->zero(m->grads, sizeof(float) * m->table.total);
-    llama_reset_moe_stats(m);
+    transformer_reset_moe_stats(m);
     double loss = run_schedule(tr, samples, tr->schedule, tr->schedule_len, dscale, 0);
     comm_all_reduce_sum_f64(&tr->grid->world, &loss, 1);
     st.loss = loss / st.tokens;

@@ -7,13 +7,13 @@
 #include <stdint.h>
 
 #include "config/recipe.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "model/optimizer.h"
 #include "parallel/grid.h"
 #include "parallel/schedule.h"
 
 struct trainer {
-    struct llama model;
+    struct transformer model;
     struct optimizer opt;
     const struct recipe *recipe;
     struct grid *grid;

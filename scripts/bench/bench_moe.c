@@ -32,9 +32,9 @@ int main(int argc, char **argv) {
     mc->intermediate_size = FM;
     struct model_part part;
     model_part_full(&part, mc);
-    struct llama m;
-    llama_create(&m, be, mc, &part, NULL, 0, 1, N, 1);
-    llama_init_params(&m, 1);
+    struct transformer m;
+    transformer_create(&m, be, mc, &part, NULL, 0, 1, N, 1);
+    transformer_init_params(&m, 1);
     /* random hidden states and output gradient */
     float *h = xmalloc(sizeof(float) * N * C);
     uint64_t s = 42;
@@ -64,6 +64,6 @@ int main(int argc, char **argv) {
            C, FM, E, K, N, omp_get_max_threads(), be->name, sec, N / sec, flops / sec / 1e9);
     free(t);
     free(h);
-    llama_free(&m);
+    transformer_free(&m);
     return 0;
 }

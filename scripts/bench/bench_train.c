@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
     struct grid g;
     grid_single(&g);
     trainer_create(&tr, be, &r, &g);
-    llama_init_params(&tr.model, 1);
+    transformer_init_params(&tr.model, 1);
     int32_t *samples = xmalloc(sizeof(int32_t) * B * (T + 1));
     uint64_t s = 7;
     for (int i = 0; i < B * (T + 1); i++) samples[i] = (int32_t)((s = s * 6364136223846793005ull + 1) >> 33) % r.model.vocab_size;

@@ -2,7 +2,7 @@
 # Parallelism: (a) communication payload per step per rank of the TP, DP and
 # PP groups, measured by `mtrain pretrain` under mpiexec (the `comm` event of
 # metrics.jsonl) against an analytic count derived from the model's shapes and
-# the collectives of model/llama.c, model/trainer.c and model/optimizer.c,
+# the collectives of model/transformer.c, model/trainer.c and model/optimizer.c,
 # plus the wire volume a ring algorithm implies; (b) the pipeline bubble of
 # mtrain's own schedules (schedule_simulate, backward = 2 x forward) against
 # the published formulas. Writes build/bench/parallel.json.

@@ -3,7 +3,7 @@
 source "$(dirname "$0")/../lib.sh"
 require_python reference_python_deps torch transformers safetensors
 HERE=$(cd "$(dirname "$0")" && pwd)
-DRIVER=$(build_path tools/llama_driver)
+DRIVER=$(build_path tools/ref_driver)
 cd "$TMP"
 "$MTRAIN" data generate --out data --docs 200 >/dev/null || { fail mixtral_export_setup "data generate failed"; exit 1; }
 cat >m.yaml <<'YAML'

@@ -1,6 +1,6 @@
 """Shared pieces of the PyTorch / Hugging Face reference tests: PASS/FAIL
 reporting, the error measure, the documented LR schedule, learnable batches,
-the llama_driver call and the optimizer part of the recipe."""
+the ref_driver call and the optimizer part of the recipe."""
 import math
 import os
 import subprocess
@@ -48,7 +48,7 @@ def make_batches(steps, seed, batch, seq_len, vocab):
 
 
 def run_driver(driver, work, mode, batches, outdir):
-    """tests/reference/llama_driver.c on WORK/recipe.yaml and WORK/init.safetensors."""
+    """tests/reference/ref_driver.c on WORK/recipe.yaml and WORK/init.safetensors."""
     os.makedirs(outdir, exist_ok=True)
     bpath = os.path.join(outdir, "batches.i32")
     batches.astype("<i4").tofile(bpath)

@@ -2,7 +2,7 @@
 
 #include "config/common.h"
 #include "model/init.h"
-#include "model/llama.h"
+#include "model/transformer.h"
 #include "model/moe.h"
 
 /* ---- arena layout: one pass computes sizes, a second carves ---- */
@@ -24,7 +24,7 @@ static int is_local_layer(const struct model_part *p, int l) {
     return 0;
 }
 
-static void layout_slot(struct llama *m, struct act_slot *s, struct carver *c) {
+static void layout_slot(struct transformer *m, struct act_slot *s, struct carver *c) {
     size_t N = m->N, Ns = m->Ns, C = m->C, QD = (size_t)m->Hl * m->D, KD = (size_t)m->KVl * m->D, F = m->Fl;
     for (int l = 0; l < m->L; l++) {
         if (!is_local_layer(&m->part, l)) continue;
@@ -77,7 +77,7 @@ static void layout_slot(struct llama *m, struct act_slot *s, struct carver *c) {
     s->targets = (int32_t *)carve(c, N);
 }
 
-static void layout_arena(struct llama *m, struct carver *c) {
+static void layout_arena(struct transformer *m, struct carver *c) {
     size_t N = m->N, Ns = m->Ns, C = m->C, QD = (size_t)m->Hl * m->D, KD = (size_t)m->KVl * m->D, F = m->Fl;
     for (int i = 0; i < m->nslots; i++) layout_slot(m, &m->slots[i], c);
     m->d_resid = carve(c, Ns * C);
@@ -111,7 +111,7 @@ static void layout_arena(struct llama *m, struct carver *c) {
     m->rope_sin = carve(c, (size_t)m->T * m->D / 2);
 }
 
-static void set_dims(struct llama *m, const struct model_config *cfg, const struct model_part *part, int sp, int B,
+static void set_dims(struct transformer *m, const struct model_config *cfg, const struct model_part *part, int sp, int B,
                      int T, int nslots) {
     m->cfg = *cfg;
     m->part = *part;
@@ -133,9 +133,9 @@ static void set_dims(struct llama *m, const struct model_config *cfg, const stru
     }
 }
 
-size_t llama_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
+size_t transformer_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
                          int sequence_parallel, int B, int T, int nslots) {
-    struct llama m = {0};
+    struct transformer m = {0};
     m.be = be;
     set_dims(&m, cfg, part, sequence_parallel, B, T, nslots);
     m.slots = xcalloc(nslots, sizeof *m.slots);
@@ -148,13 +148,13 @@ size_t llama_arena_bytes(const struct backend *be, const struct model_config *cf
 }
 
 /* Point the per-layer weight structs into a buffer laid out by the table. */
-static void bind_layers(struct llama *m, float *buf, struct llama_layer *layers, float **embed, float **norm_w,
+static void bind_layers(struct transformer *m, float *buf, struct layer_weights *layers, float **embed, float **norm_w,
                         float **lm_head) {
     char name[PARAM_NAME_MAX];
 #define P(nm) (buf + param_find(&m->table, nm)->offset)
     for (int l = 0; l < m->L; l++) {
         if (!is_local_layer(&m->part, l)) continue;
-        struct llama_layer *y = &layers[l];
+        struct layer_weights *y = &layers[l];
 #define LP(field, suffix)                                               \
     snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);       \
     y->field = P(name)
@@ -188,7 +188,7 @@ static void bind_layers(struct llama *m, float *buf, struct llama_layer *layers,
 #undef P
 }
 
-void llama_create(struct llama *m, const struct backend *be, const struct model_config *cfg,
+void transformer_create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                   const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
                   int nslots) {
     memset(m, 0, sizeof *m);
@@ -220,7 +220,7 @@ void llama_create(struct llama *m, const struct backend *be, const struct model_
             p->expert_rows = p->recv_counts + m->ep;
         }
     if (m->E) m->moe_load = xcalloc((size_t)m->L * m->E, sizeof(double));
-    llama_set_moe_sequences(m, B);
+    transformer_set_moe_sequences(m, B);
     size_t half = (size_t)T * m->D / 2;
     float *cs = xmalloc(sizeof(float) * half * 2);
     rope_tables(cs, cs + half, cfg, T);
@@ -229,7 +229,7 @@ void llama_create(struct llama *m, const struct backend *be, const struct model_
     free(cs);
 }
 
-void llama_free(struct llama *m) {
+void transformer_free(struct transformer *m) {
     m->be->free(m->params);
     m->be->free(m->grads);
     m->be->free(m->arena);
@@ -246,42 +246,42 @@ void llama_free(struct llama *m) {
     param_table_free(&m->table);
 }
 
-void llama_set_moe_sequences(struct llama *m, int sequences) {
+void transformer_set_moe_sequences(struct transformer *m, int sequences) {
     int layers = model_moe_layer_count(&m->cfg);
     if (!layers) return;
     m->moe_aux_scale = (float)(m->cfg.moe_aux_loss_coef / ((double)sequences * layers));
     m->moe_z_scale = (float)(m->cfg.moe_z_loss_coef / ((double)sequences * layers));
 }
 
-void llama_reset_moe_stats(struct llama *m) {
+void transformer_reset_moe_stats(struct transformer *m) {
     if (m->moe_load) memset(m->moe_load, 0, sizeof(double) * m->L * m->E);
     m->moe_aux_sum = m->moe_z_sum = m->moe_dropped = 0;
 }
 
-void llama_init_params(struct llama *m, uint64_t seed) {
+void transformer_init_params(struct transformer *m, uint64_t seed) {
     params_init(m->be, m->params, &m->table, seed, m->part.tp_rank);
 }
 
-void llama_stage(struct llama *m, int slot, const int32_t *tokens, const int32_t *targets) {
+void transformer_stage(struct transformer *m, int slot, const int32_t *tokens, const int32_t *targets) {
     m->be->from_host(m->slots[slot].tokens, tokens, sizeof(int32_t) * m->N);
     m->be->from_host(m->slots[slot].targets, targets, sizeof(int32_t) * m->N);
 }
 
-float *llama_chunk_input(struct llama *m, int slot, int chunk) {
+float *transformer_chunk_input(struct transformer *m, int slot, int chunk) {
     return m->slots[slot].acts[m->part.layer_begin[chunk]].x;
 }
 
 /* ---- tensor-parallel plumbing: the conjugate pairs of Megatron's f and g ---- */
 
 /* Normalised residual rows [Ns] -> the full [N] input of column-parallel linears. */
-static void gather_rows(struct llama *m, const float *shard, float *full) {
+static void gather_rows(struct transformer *m, const float *shard, float *full) {
     if (m->sp) comm_all_gather(m->tp_comm, shard, full, (size_t)m->Ns * m->C);
 }
 
 /* Partial sums [N] of a row-parallel linear (or of the input gradient of
  * column-parallel ones) -> reduced rows: [Ns] under sequence parallelism
  * (reduce-scatter into shard), else [N] in place (all-reduce). */
-static float *reduce_rows(struct llama *m, float *partial, float *shard) {
+static float *reduce_rows(struct transformer *m, float *partial, float *shard) {
     if (m->sp) {
         comm_reduce_scatter_sum(m->tp_comm, partial, shard, (size_t)m->Ns * m->C);
         return shard;
@@ -291,7 +291,7 @@ static float *reduce_rows(struct llama *m, float *partial, float *shard) {
 }
 
 /* out[Ns] = residual + in @ W^T (a row-parallel linear added to the stream) */
-static void row_parallel_residual(struct llama *m, float *out, const float *residual, const float *in,
+static void row_parallel_residual(struct transformer *m, float *out, const float *residual, const float *in,
                                   const float *w, int K) {
     const struct backend *be = m->be;
     be->copy(out, residual, sizeof(float) * m->Ns * m->C);
@@ -304,14 +304,14 @@ static void row_parallel_residual(struct llama *m, float *out, const float *resi
 }
 
 /* rmsnorm of residual rows into the full-row input of the next linears */
-static void norm_for_linear(struct llama *m, float *full_out, float *rstd, const float *x, const float *w) {
+static void norm_for_linear(struct transformer *m, float *full_out, float *rstd, const float *x, const float *w) {
     float eps = (float)m->cfg.norm_eps;
     m->be->rmsnorm_forward(m->sp ? m->tmp_shard : full_out, rstd, x, w, m->Ns, m->C, eps);
     gather_rows(m, m->tmp_shard, full_out);
 }
 
 /* The residual-stream gradient [Ns] as full rows [N] for a row-parallel backward. */
-static const float *grad_full_rows(struct llama *m) {
+static const float *grad_full_rows(struct transformer *m) {
     if (!m->sp) return m->d_resid;
     comm_all_gather(m->tp_comm, m->d_resid, m->d_full, (size_t)m->Ns * m->C);
     return m->d_full;
@@ -321,7 +321,7 @@ static const float *grad_full_rows(struct llama *m) {
 
 /* out = residual + the MoE output: each TP rank routed its 1/tp of the
  * tokens, which under sequence parallelism are exactly its residual rows. */
-static void moe_residual(struct llama *m, float *out, const float *residual) {
+static void moe_residual(struct transformer *m, float *out, const float *residual) {
     const struct backend *be = m->be;
     be->copy(out, residual, sizeof(float) * m->Ns * m->C);
     const float *moe = m->moe_out;
@@ -332,9 +332,9 @@ static void moe_residual(struct llama *m, float *out, const float *residual) {
     be->add(out, moe, (size_t)m->Ns * m->C);
 }
 
-static void block_forward(struct llama *m, struct act_slot *s, int l, float *out) {
+static void block_forward(struct transformer *m, struct act_slot *s, int l, float *out) {
     const struct backend *be = m->be;
-    const struct llama_layer *w = &m->layers[l];
+    const struct layer_weights *w = &m->layers[l];
     struct layer_acts *a = &s->acts[l];
     int N = m->N, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, F = m->Fl;
     norm_for_linear(m, a->ln1, a->rstd1, a->x, w->ln1_w);
@@ -357,7 +357,7 @@ static void block_forward(struct llama *m, struct act_slot *s, int l, float *out
     row_parallel_residual(m, out, a->xmid, a->h, w->wdown, F);
 }
 
-static void embed_forward(struct llama *m, struct act_slot *s, float *x) {
+static void embed_forward(struct transformer *m, struct act_slot *s, float *x) {
     const struct backend *be = m->be;
     if (m->tp == 1) {
         be->embedding_forward(x, s->tokens, m->embed, m->N, m->C, 0, m->V);
@@ -369,7 +369,7 @@ static void embed_forward(struct llama *m, struct act_slot *s, float *x) {
 }
 
 /* Final norm, output head and cross-entropy; returns the summed token loss. */
-static double head_forward(struct llama *m, struct act_slot *s, float dscale) {
+static double head_forward(struct transformer *m, struct act_slot *s, float dscale) {
     const struct backend *be = m->be;
     int N = m->N, C = m->C, V = m->Vl;
     norm_for_linear(m, s->lnf, s->rstdf, s->x_final, m->norm_w);
@@ -387,7 +387,7 @@ static double head_forward(struct llama *m, struct act_slot *s, float dscale) {
     return be->sum(s->losses, N);
 }
 
-double llama_forward_chunk(struct llama *m, int slot, int chunk, float *out, float dscale) {
+double transformer_forward_chunk(struct transformer *m, int slot, int chunk, float *out, float dscale) {
     struct act_slot *s = &m->slots[slot];
     int l0 = m->part.layer_begin[chunk], l1 = m->part.layer_end[chunk];
     int head = m->part.has_head && chunk == m->part.nchunks - 1;
@@ -399,10 +399,10 @@ double llama_forward_chunk(struct llama *m, int slot, int chunk, float *out, flo
 
 /* ---- backward: m->d_resid holds dL/d(layer output) on entry, dL/d(layer input) on exit ---- */
 
-static void block_backward(struct llama *m, struct act_slot *s, int l) {
+static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     const struct backend *be = m->be;
-    const struct llama_layer *w = &m->layers[l];
-    struct llama_layer *dw = &m->dlayers[l];
+    const struct layer_weights *w = &m->layers[l];
+    struct layer_weights *dw = &m->dlayers[l];
     struct layer_acts *a = &s->acts[l];
     int N = m->N, Ns = m->Ns, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, F = m->Fl;
     float *d_ln;
@@ -432,7 +432,7 @@ static void block_backward(struct llama *m, struct act_slot *s, int l) {
     be->rmsnorm_backward(m->d_resid, dw->ln1_w, d_ln, a->x, w->ln1_w, a->rstd1, Ns, C, 1);
 }
 
-static void head_backward(struct llama *m, struct act_slot *s) {
+static void head_backward(struct transformer *m, struct act_slot *s) {
     const struct backend *be = m->be;
     /* logits hold dL/dlogits (written by the cross-entropy) */
     be->matmul_backward(m->d_ln_full, m->dlm_head, s->logits, s->lnf, m->lm_head, m->N, m->C, m->Vl, 0);
@@ -440,11 +440,11 @@ static void head_backward(struct llama *m, struct act_slot *s) {
     be->rmsnorm_backward(m->d_resid, m->dnorm_w, d_ln, s->x_final, m->norm_w, s->rstdf, m->Ns, m->C, 0);
 }
 
-static void embed_backward(struct llama *m, struct act_slot *s) {
+static void embed_backward(struct transformer *m, struct act_slot *s) {
     m->be->embedding_backward(m->dembed, s->tokens, grad_full_rows(m), m->N, m->C, m->vstart, m->Vl);
 }
 
-void llama_backward_chunk(struct llama *m, int slot, int chunk, const float *d_out) {
+void transformer_backward_chunk(struct transformer *m, int slot, int chunk, const float *d_out) {
     struct act_slot *s = &m->slots[slot];
     int l0 = m->part.layer_begin[chunk], l1 = m->part.layer_end[chunk];
     if (m->part.has_head && chunk == m->part.nchunks - 1) head_backward(m, s);
@@ -456,10 +456,10 @@ void llama_backward_chunk(struct llama *m, int slot, int chunk, const float *d_o
     if (m->part.has_embed && chunk == 0) embed_backward(m, s);
 }
 
-double llama_step(struct llama *m, const int32_t *tokens, const int32_t *targets, float dscale) {
+double transformer_step(struct transformer *m, const int32_t *tokens, const int32_t *targets, float dscale) {
     CHECK(m->part.nchunks == 1 && m->part.has_embed && m->part.has_head);
-    llama_stage(m, 0, tokens, targets);
-    double loss = llama_forward_chunk(m, 0, 0, NULL, dscale);
-    if (dscale != 0.0f) llama_backward_chunk(m, 0, 0, NULL);
+    transformer_stage(m, 0, tokens, targets);
+    double loss = transformer_forward_chunk(m, 0, 0, NULL, dscale);
+    if (dscale != 0.0f) transformer_backward_chunk(m, 0, 0, NULL);
     return loss;
 }

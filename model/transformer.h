@@ -1,9 +1,12 @@
-/* A Llama 3 decoder: this rank's part of the parameters (tensor-parallel
- * shard, pipeline chunks), gradients and activations in big buffers owned by
- * the backend, forward and backward as explicit per-block functions (llm.c
- * style). Tensor parallelism lives inside the blocks (column/row-parallel
- * linears, vocab-parallel embedding and cross-entropy, optional sequence
- * parallelism); with tp = 1 no collective is called. */
+/* The decoder-only transformer of every model family: layers of GQA
+ * attention followed by a dense SwiGLU or a mixture-of-experts FFN, chosen per
+ * layer from the recipe (model_layer_is_moe; Llama 3 = all dense, Mixtral =
+ * all MoE). This rank's part of the parameters (tensor-parallel shard,
+ * pipeline chunks, its experts), gradients and activations live in big
+ * buffers owned by the backend; forward and backward are explicit per-block
+ * functions (llm.c style). Tensor parallelism lives inside the blocks
+ * (column/row-parallel linears, vocab-parallel embedding and cross-entropy,
+ * optional sequence parallelism); with tp = 1 no collective is called. */
 #pragma once
 #include <stdint.h>
 
@@ -12,7 +15,7 @@
 #include "model/params.h"
 #include "parallel/comm.h"
 
-struct llama_layer {
+struct layer_weights {
     float *ln1_w, *wq, *wk, *wv, *wo, *ln2_w, *wgate, *wup, *wdown; /* wgate.. NULL in a MoE layer */
     int moe;                     /* the FFN is a mixture of experts (model/moe.h) */
     float *router;               /* [E, C] */
@@ -58,7 +61,7 @@ struct act_slot {
     int32_t *tokens, *targets;    /* [N] */
 };
 
-struct llama {
+struct transformer {
     const struct backend *be;
     struct comm *tp_comm;        /* tensor-parallel group (size 1: none) */
     struct model_config cfg;
@@ -76,8 +79,8 @@ struct llama {
     double moe_aux_sum, moe_z_sum, moe_dropped; /* summed over sequences and MoE layers */
     struct param_table table;
     float *params, *grads;       /* one buffer each, table offsets */
-    struct llama_layer *layers;  /* by global layer: pointers into params (local layers only) */
-    struct llama_layer *dlayers; /* ... into grads */
+    struct layer_weights *layers;  /* by global layer: pointers into params (local layers only) */
+    struct layer_weights *dlayers; /* ... into grads */
     float *embed, *norm_w, *lm_head, *dembed, *dnorm_w, *dlm_head; /* NULL where not local */
     float *rope_cos, *rope_sin;  /* [T, D/2] */
     int nslots;
@@ -106,38 +109,38 @@ struct llama {
 
 /* Allocate this rank's part for micro batches of B x T with nslots
  * activation slots. tp_comm may be NULL for a single rank. Parameters are
- * zero until llama_init_params or a load. */
-void llama_create(struct llama *m, const struct backend *be, const struct model_config *cfg,
+ * zero until transformer_init_params or a load. */
+void transformer_create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                   const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
                   int nslots);
-void llama_free(struct llama *m);
-void llama_init_params(struct llama *m, uint64_t seed);
+void transformer_free(struct transformer *m);
+void transformer_init_params(struct transformer *m, uint64_t seed);
 /* Weights of the MoE auxiliary losses' gradients when a step has `sequences`
  * sequences (the losses are means over sequences and MoE layers). */
-void llama_set_moe_sequences(struct llama *m, int sequences);
+void transformer_set_moe_sequences(struct transformer *m, int sequences);
 /* Zero the per-step MoE statistics. */
-void llama_reset_moe_stats(struct llama *m);
-/* Bytes of the activation arena llama_create would allocate for this part
+void transformer_reset_moe_stats(struct transformer *m);
+/* Bytes of the activation arena transformer_create would allocate for this part
  * (for the memory estimate). */
-size_t llama_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
+size_t transformer_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
                          int sequence_parallel, int B, int T, int nslots);
 
 /* Copy a micro batch (host, B*T each) into a slot. */
-void llama_stage(struct llama *m, int slot, const int32_t *tokens, const int32_t *targets);
+void transformer_stage(struct transformer *m, int slot, const int32_t *tokens, const int32_t *targets);
 /* Where a chunk without the embedding expects its input activation [Ns, C]. */
-float *llama_chunk_input(struct llama *m, int slot, int chunk);
+float *transformer_chunk_input(struct transformer *m, int slot, int chunk);
 /* Forward one pipeline chunk. A chunk with the head returns the summed token
  * loss (and, if dscale != 0, leaves dscale * dloss/dlogits for backward);
  * other chunks write their output activation [Ns, C] to out and return 0. */
-double llama_forward_chunk(struct llama *m, int slot, int chunk, float *out, float dscale);
+double transformer_forward_chunk(struct transformer *m, int slot, int chunk, float *out, float dscale);
 /* Backward one chunk; d_out [Ns, C] is the gradient of its output (ignored
  * by the chunk with the head). Parameter gradients accumulate into grads;
  * the gradient of the chunk's input is left in m->d_resid. */
-void llama_backward_chunk(struct llama *m, int slot, int chunk, const float *d_out);
+void transformer_backward_chunk(struct transformer *m, int slot, int chunk, const float *d_out);
 
 /* Whole model on one rank, slot 0: forward (and backward if dscale != 0).
  * Returns the summed token loss. */
-double llama_step(struct llama *m, const int32_t *tokens, const int32_t *targets, float dscale);
+double transformer_step(struct transformer *m, const int32_t *tokens, const int32_t *targets, float dscale);
 
 /* Fill [T, D/2] cos/sin tables, with Llama 3.1 frequency scaling when
  * cfg->rope_scaling_factor > 0 (host memory). */

@@ -1,11 +1,11 @@
 /* Test driver for the PyTorch reference comparison (tests/reference/llama_ref.py).
  *
- *   llama_driver grad  RECIPE WEIGHTS BATCHES OUTDIR
+ *   ref_driver grad  RECIPE WEIGHTS BATCHES OUTDIR
  *       one global batch: writes OUTDIR/logits.safetensors, OUTDIR/grads.safetensors
  *       (gradients of the mean token loss) and OUTDIR/loss.txt; for a MoE model also
  *       OUTDIR/experts.safetensors (each MoE layer's top-k experts per token, as floats)
  *       and OUTDIR/aux.txt (load-balancing and z-loss, means over sequences and layers)
- *   llama_driver train RECIPE WEIGHTS BATCHES OUTDIR
+ *   ref_driver train RECIPE WEIGHTS BATCHES OUTDIR
  *       train.steps optimizer steps through trainer_step (the code path of
  *       `mtrain pretrain`): OUTDIR/losses.txt (loss grad_norm lr per line) and
  *       OUTDIR/params.safetensors
@@ -28,7 +28,7 @@ static int32_t *read_batches(const char *path, size_t want) {
 
 /* Each MoE layer's expert choices of micro batch `first` (slot 0) into
  * experts[layer][sequence][t][k]. */
-static void copy_experts(struct llama *m, float *experts, int first, int n) {
+static void copy_experts(struct transformer *m, float *experts, int first, int n) {
     int T = m->T, k = m->K, B = m->B;
     int32_t *idx = xmalloc(sizeof(int32_t) * B * T * k);
     for (int l = 0, j = 0; l < m->L; l++) {
@@ -42,7 +42,7 @@ static void copy_experts(struct llama *m, float *experts, int first, int n) {
 
 static void grad_mode(struct trainer *tr, const int32_t *samples, const char *outdir) {
     const struct recipe *r = tr->recipe;
-    struct llama *m = &tr->model;
+    struct transformer *m = &tr->model;
     int n = r->train.global_batch, B = r->train.micro_batch, T = r->train.seq_len, V = r->model.vocab_size;
     int nm = model_moe_layer_count(&r->model);
     float *logits = xmalloc(sizeof(float) * (size_t)n * T * V);
@@ -53,7 +53,7 @@ static void grad_mode(struct trainer *tr, const int32_t *samples, const char *ou
             memcpy(tr->inputs + b * T, samples + (size_t)(first + b) * (T + 1), sizeof(int32_t) * T);
             memcpy(tr->targets + b * T, samples + (size_t)(first + b) * (T + 1) + 1, sizeof(int32_t) * T);
         }
-        loss += llama_step(m, tr->inputs, tr->targets, 0.0f);
+        loss += transformer_step(m, tr->inputs, tr->targets, 0.0f);
         m->be->to_host(logits + (size_t)first * T * V, m->slots[0].logits, sizeof(float) * B * T * V);
         if (nm) copy_experts(m, experts, first, n);
     }
@@ -64,13 +64,13 @@ static void grad_mode(struct trainer *tr, const int32_t *samples, const char *ou
     safetensors_save(path, &t, 1, NULL, NULL, 0);
     /* gradients of the mean loss, accumulated over micro batches exactly as trainer_step does */
     m->be->zero(m->grads, sizeof(float) * m->table.total);
-    llama_reset_moe_stats(m);
+    transformer_reset_moe_stats(m);
     for (int first = 0; first < n; first += B) {
         for (int b = 0; b < B; b++) {
             memcpy(tr->inputs + b * T, samples + (size_t)(first + b) * (T + 1), sizeof(int32_t) * T);
             memcpy(tr->targets + b * T, samples + (size_t)(first + b) * (T + 1) + 1, sizeof(int32_t) * T);
         }
-        llama_step(m, tr->inputs, tr->targets, 1.0f / ((float)n * T));
+        transformer_step(m, tr->inputs, tr->targets, 1.0f / ((float)n * T));
     }
     snprintf(path, sizeof path, "%s/grads.safetensors", outdir);
     weights_save(m->be, m->grads, &m->table, path);
@@ -109,7 +109,7 @@ static void train_mode(struct trainer *tr, const int32_t *samples, const char *o
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) die("usage: llama_driver grad|train RECIPE WEIGHTS BATCHES OUTDIR");
+    if (argc != 6) die("usage: ref_driver grad|train RECIPE WEIGHTS BATCHES OUTDIR");
     static struct recipe r;
     recipe_defaults(&r);
     if (recipe_load(&r, argv[2]) != 0) return 2;
