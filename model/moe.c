@@ -10,7 +10,8 @@
 struct moe_host {
     int32_t *idx, *pos, *send_rows, *recv_order, *recv_inverse;
     float *probs, *lse, *counts;
-    double *stats;   /* [2E + 1 + tp*E]: counts, probability sums, sum lse^2, per-TP-rank counts */
+    double *stats;   /* [(2 + tp) B E + 1]: counts and probability sums per sequence, sum lse^2, per-TP-rank counts */
+    double *seq_fill; /* [B E] selections per sequence and expert so far (capacity) */
     int *cnt, *fill; /* [E] */
 };
 
@@ -38,6 +39,7 @@ static struct moe_host *host(struct transformer *m) {
     h->lse = xmalloc(sizeof(float) * n);
     h->counts = xmalloc(sizeof(float) * 2 * E);
     h->stats = xmalloc(sizeof(double) * ((size_t)(2 + m->tp) * m->B * E + 1));
+    h->seq_fill = xmalloc(sizeof(double) * m->B * E);
     h->cnt = xmalloc(sizeof(int) * E);
     h->fill = xmalloc(sizeof(int) * E);
     m->moe_host = h;
@@ -49,7 +51,7 @@ void moe_host_free(struct transformer *m) {
     struct moe_host *h = m->moe_host;
     if (!h) return;
     free(h->idx), free(h->pos), free(h->send_rows), free(h->recv_order), free(h->recv_inverse);
-    free(h->probs), free(h->lse), free(h->counts), free(h->stats), free(h->cnt), free(h->fill);
+    free(h->probs), free(h->lse), free(h->counts), free(h->stats), free(h->seq_fill), free(h->cnt), free(h->fill);
     free(h);
     m->moe_host = NULL;
 }
@@ -87,7 +89,8 @@ static void route_stats(struct transformer *m, struct layer_acts *a, int l, stru
     a->plan.z_scale = m->moe_z_scale / T;
     /* capacity per sequence, selections in token order (TP rank r's tokens follow ranks < r) */
     long cap = m->cfg.moe_capacity_factor > 0 ? (long)ceil(m->cfg.moe_capacity_factor * (double)T * k / E) : -1;
-    double *fill = xcalloc(BE, sizeof *fill);
+    double *fill = h->seq_fill;
+    memset(fill, 0, sizeof(double) * BE);
     for (int r = 0; r < m->part.tp_rank; r++)
         for (size_t i = 0; i < BE; i++) fill[i] += by_rank[(size_t)r * BE + i];
     for (int i = 0; i < n * k; i++) {
@@ -95,7 +98,6 @@ static void route_stats(struct transformer *m, struct layer_acts *a, int l, stru
         h->pos[i] = cap < 0 || fill[slot] < cap ? 0 : -1;
         fill[slot] += 1;
     }
-    free(fill);
     if (m->moe_collect && m->part.tp_rank == 0) {
         for (size_t i = 0; i < BE; i++) {
             m->moe_load[(size_t)l * E + i % E] += count[i];
