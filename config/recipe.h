@@ -58,6 +58,8 @@ struct train_config {
     double peak_tflops;             /* per device, for MFU */
     int tf32;                       /* bool: CUDA matmuls on TF32 tensor cores */
     int threads;                    /* 0: OMP default */
+    char recompute[RECIPE_STR_MAX]; /* none | selective | full: activations recomputed in backward */
+    double hang_timeout_s;          /* watchdog: a step or collective longer than this ends the job; 0 = automatic */
 };
 
 struct optimizer_config {

@@ -76,6 +76,8 @@ const struct recipe_key recipe_keys[] = {
     BOOL(train, tf32, "false", "CUDA: TF32 tensor cores for fp32 matmuls (faster; ~1e-3 relative rounding)"),
     DBL(train, peak_tflops, "0", 0, INF, 0, "peak TFLOP/s per device for MFU; 0 = the GPU's datasheet peak if known, else no MFU"),
     INT(train, threads, "0", 0, 4096, "CPU threads; 0 = OpenMP default"),
+    ENUM(train, recompute, "none", "none|selective|full", "activation recompute: none; selective (attention core and SwiGLU products recomputed in backward); full (only each layer's input kept, the layer re-run)"),
+    DBL(train, hang_timeout_s, "0", 0, INF, 0, "watchdog: a step or collective waiting longer than this many seconds ends the job (exit 1); 0 = automatic (10 x the slowest of the first steps, at least 300 s)"),
 
     ENUM(optimizer, type, "adamw", "adamw", "optimizer"),
     DBL(optimizer, lr, "3e-4", 0, INF, GT0, "peak learning rate"),
