@@ -54,7 +54,7 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
         free(s);
     }
     e.activations = transformer_arena_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
-                                      r->train.seq_len, slots);
+                                      r->train.seq_len, slots, recompute_mode(r->train.recompute));
     e.total = e.params + e.grads + e.optimizer + e.activations;
     return e;
 }

@@ -175,10 +175,9 @@ static void exchange(struct transformer *m, const float *in, const int *send, fl
     else if (out != in) m->be->copy(out, in, sizeof(float) * send[0]);
 }
 
-void moe_forward(struct transformer *m, struct act_slot *s, int l, const float *x, float *out) {
+void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float *x, float *out) {
     const struct backend *be = m->be;
     const struct layer_weights *w = &m->layers[l];
-    struct layer_acts *a = &s->acts[l];
     struct moe_host *h = host(m);
     struct moe_plan *p = &a->plan;
     int n = m->moe_n, k = m->K, E = m->E, C = m->C, FM = m->FM;
@@ -206,17 +205,17 @@ void moe_forward(struct transformer *m, struct act_slot *s, int l, const float *
     be->moe_combine(out, a->y, a->pos, a->topw, n, k, C, 0);
 }
 
-void moe_backward(struct transformer *m, struct act_slot *s, int l, const float *d_out, float *d_x) {
+void moe_backward(struct transformer *m, struct layer_acts *a, int l, const float *d_out, float *d_x) {
     const struct backend *be = m->be;
     const struct layer_weights *w = &m->layers[l];
     struct layer_weights *dw = &m->dlayers[l];
-    struct layer_acts *a = &s->acts[l];
     struct moe_plan *p = &a->plan;
     int n = m->moe_n, k = m->K, E = m->E, C = m->C, FM = m->FM;
     /* d(gate-weighted sum): rows for the experts, gradients of the gate weights */
     be->moe_combine_backward(m->moe_send, m->d_topw, d_out, a->y, a->pos, a->topw, n, k, C);
     exchange(m, m->moe_send, p->send_counts, m->moe_ra, p->recv_counts);
     be->gather_rows(m->moe_rb, m->moe_ra, a->recv_order, p->nrecv, C);
+    if (m->recompute == RECOMPUTE_SELECTIVE) be->swiglu_forward(a->eh, a->eg, a->eu, (size_t)p->nrecv * FM);
     for (int e = 0, o = 0; e < m->El; o += p->expert_rows[e], e++) {
         int rows = p->expert_rows[e];
         if (!rows) continue;

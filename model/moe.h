@@ -14,10 +14,11 @@
 #pragma once
 #include "model/transformer.h"
 
-/* out [n, C] = MoE(x [n, C]) for layer l in slot s; saves what backward needs. */
-void moe_forward(struct transformer *m, struct act_slot *s, int l, const float *x, float *out);
-/* d_x [n, C] (overwritten) from d_out [n, C]; weight gradients accumulate. */
-void moe_backward(struct transformer *m, struct act_slot *s, int l, const float *d_out, float *d_x);
+/* out [n, C] = MoE(x [n, C]) for layer l; saves what backward needs in a. */
+void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float *x, float *out);
+/* d_x [n, C] (overwritten) from d_out [n, C]; weight gradients accumulate.
+ * Under selective recompute the experts' SwiGLU products are recomputed. */
+void moe_backward(struct transformer *m, struct layer_acts *a, int l, const float *d_out, float *d_x);
 /* Rows of the expert buffers one MoE layer needs on this rank, n routed
  * tokens per rank in sequences of seq_len: the worst case, every routed token
  * of the EP group on this rank (bounded by the capacity if set). */

@@ -25,7 +25,8 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     int slots = schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp);
     struct model_part part;
     model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank, g->ep_rank);
-    transformer_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots);
+    transformer_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots,
+                       recompute_mode(r->train.recompute));
     tr->model.ep_comm = &g->ep_comm;
     transformer_set_moe_sequences(&tr->model, r->train.global_batch);
     optimizer_create(&tr->opt, be, &tr->model.table, &r->optimizer, &g->dp_comm, &g->tp_comm,

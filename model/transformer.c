@@ -24,44 +24,61 @@ static int is_local_layer(const struct model_part *p, int l) {
     return 0;
 }
 
-static void layout_slot(struct transformer *m, struct act_slot *s, struct carver *c) {
+/* The activations of a layer with a dense and/or MoE FFN besides its input;
+ * with shared set, the attention state and output and the SwiGLU products
+ * point into it instead of being carved (selective recompute). */
+static void carve_layer(struct transformer *m, struct layer_acts *a, int dense, int moe,
+                        const struct layer_acts *shared, struct carver *c) {
     size_t N = m->N, Ns = m->Ns, C = m->C, QD = (size_t)m->Hl * m->D, KD = (size_t)m->KVl * m->D, F = m->Fl;
+    a->ln1 = carve(c, N * C);
+    a->rstd1 = carve(c, Ns);
+    a->q = carve(c, N * QD);
+    a->k = carve(c, N * KD);
+    a->v = carve(c, N * KD);
+    a->att = shared ? shared->att : carve(c, m->be->attention_state_floats(m->B, m->Hl, m->T));
+    a->attn_out = shared ? shared->attn_out : carve(c, N * QD);
+    a->xmid = carve(c, Ns * C);
+    a->ln2 = carve(c, N * C);
+    a->rstd2 = carve(c, Ns);
+    if (dense) {
+        a->gate = carve(c, N * F);
+        a->up = carve(c, N * F);
+        a->h = shared ? shared->h : carve(c, N * F);
+    }
+    if (!moe) return;
+    size_t n = m->moe_n, k = m->K, E = m->E, R = m->moe_R, FM = m->FM;
+    a->logits = carve(c, n * E);
+    a->probs = carve(c, n * E);
+    a->lse = carve(c, n);
+    a->topw = carve(c, n * k);
+    a->topi = (int32_t *)carve(c, n * k);
+    a->pos = (int32_t *)carve(c, n * k);
+    a->send_rows = (int32_t *)carve(c, n * k);
+    a->recv_order = (int32_t *)carve(c, R);
+    a->recv_inverse = (int32_t *)carve(c, R);
+    a->xe = carve(c, R * C);
+    a->eg = carve(c, R * FM);
+    a->eu = carve(c, R * FM);
+    a->eh = shared ? shared->eh : carve(c, R * FM);
+    a->y = carve(c, n * k * C);
+    a->aux_coef = carve(c, n * E);
+}
+
+/* What a layer keeps for backward (train.recompute): none keeps everything;
+ * selective shares one copy of the attention state and output and of the
+ * SwiGLU products among all layers (backward recomputes them); full keeps
+ * only the layer input, the rest lives in one shared set that backward
+ * refills by running the layer again. */
+static void layout_slot(struct transformer *m, struct act_slot *s, struct carver *c) {
+    size_t N = m->N, Ns = m->Ns, C = m->C;
+    const struct layer_acts *shared = &m->shared_acts;
     for (int l = 0; l < m->L; l++) {
         if (!is_local_layer(&m->part, l)) continue;
         struct layer_acts *a = &s->acts[l];
         a->x = carve(c, Ns * C);
-        a->ln1 = carve(c, N * C);
-        a->rstd1 = carve(c, Ns);
-        a->q = carve(c, N * QD);
-        a->k = carve(c, N * KD);
-        a->v = carve(c, N * KD);
-        a->att = carve(c, m->be->attention_state_floats(m->B, m->Hl, m->T));
-        a->attn_out = carve(c, N * QD);
-        a->xmid = carve(c, Ns * C);
-        a->ln2 = carve(c, N * C);
-        a->rstd2 = carve(c, Ns);
-        if (!model_layer_is_moe(&m->cfg, l)) {
-            a->gate = carve(c, N * F);
-            a->up = carve(c, N * F);
-            a->h = carve(c, N * F);
-            continue;
-        }
-        size_t n = m->moe_n, k = m->K, E = m->E, R = m->moe_R, FM = m->FM;
-        a->logits = carve(c, n * E);
-        a->probs = carve(c, n * E);
-        a->lse = carve(c, n);
-        a->topw = carve(c, n * k);
-        a->topi = (int32_t *)carve(c, n * k);
-        a->pos = (int32_t *)carve(c, n * k);
-        a->send_rows = (int32_t *)carve(c, n * k);
-        a->recv_order = (int32_t *)carve(c, R);
-        a->recv_inverse = (int32_t *)carve(c, R);
-        a->xe = carve(c, R * C);
-        a->eg = carve(c, R * FM);
-        a->eu = carve(c, R * FM);
-        a->eh = carve(c, R * FM);
-        a->y = carve(c, n * k * C);
-        a->aux_coef = carve(c, n * E);
+        if (m->recompute == RECOMPUTE_FULL) continue;
+        int moe = model_layer_is_moe(&m->cfg, l);
+        carve_layer(m, a, !moe, moe, m->recompute == RECOMPUTE_SELECTIVE ? shared : NULL, c);
     }
     if (m->part.has_head) {
         s->x_final = carve(c, Ns * C);
@@ -77,8 +94,27 @@ static void layout_slot(struct transformer *m, struct act_slot *s, struct carver
     s->targets = (int32_t *)carve(c, N);
 }
 
+/* The one set of layer activations recomputation shares: selective, the
+ * recomputed products; full, a whole layer of either kind. */
+static void layout_shared(struct transformer *m, struct carver *c) {
+    struct layer_acts *a = &m->shared_acts;
+    size_t N = m->N, QD = (size_t)m->Hl * m->D, F = m->Fl, R = m->moe_R, FM = m->FM;
+    int dense = m->n_moe_layers < m->n_local_layers, moe = m->n_moe_layers > 0;
+    memset(a, 0, offsetof(struct layer_acts, plan));
+    if (m->recompute == RECOMPUTE_FULL) {
+        carve_layer(m, a, dense, moe, NULL, c);
+        m->recompute_out = carve(c, (size_t)m->Ns * m->C);
+    } else if (m->recompute == RECOMPUTE_SELECTIVE) {
+        a->att = carve(c, m->be->attention_state_floats(m->B, m->Hl, m->T));
+        a->attn_out = carve(c, N * QD);
+        if (dense) a->h = carve(c, N * F);
+        if (moe) a->eh = carve(c, R * FM);
+    }
+}
+
 static void layout_arena(struct transformer *m, struct carver *c) {
     size_t N = m->N, Ns = m->Ns, C = m->C, QD = (size_t)m->Hl * m->D, KD = (size_t)m->KVl * m->D, F = m->Fl;
+    layout_shared(m, c);
     for (int i = 0; i < m->nslots; i++) layout_slot(m, &m->slots[i], c);
     m->d_resid = carve(c, Ns * C);
     m->d_full = carve(c, N * C);
@@ -112,8 +148,9 @@ static void layout_arena(struct transformer *m, struct carver *c) {
 }
 
 static void set_dims(struct transformer *m, const struct model_config *cfg, const struct model_part *part, int sp, int B,
-                     int T, int nslots) {
+                     int T, int nslots, enum recompute rc) {
     m->cfg = *cfg;
+    m->recompute = rc;
     m->part = *part;
     m->B = B, m->T = T, m->N = B * T;
     m->C = cfg->hidden_size, m->H = cfg->num_heads, m->KV = cfg->num_kv_heads;
@@ -124,7 +161,10 @@ static void set_dims(struct transformer *m, const struct model_config *cfg, cons
     m->Hl = m->H / m->tp, m->KVl = m->KV >= m->tp ? m->KV / m->tp : 1, m->Fl = m->F / m->tp, m->Vl = m->V / m->tp;
     m->vstart = part->tp_rank * m->Vl;
     m->nslots = nslots;
-    for (int l = 0; l < m->L; l++) m->n_moe_layers += model_layer_is_moe(cfg, l) && is_local_layer(part, l);
+    for (int l = 0; l < m->L; l++) {
+        m->n_local_layers += is_local_layer(part, l);
+        m->n_moe_layers += model_layer_is_moe(cfg, l) && is_local_layer(part, l);
+    }
     if (cfg->num_experts > 0) {
         m->E = cfg->num_experts, m->K = cfg->experts_per_token, m->FM = model_moe_ffn_size(cfg);
         m->ep = part->ep, m->El = m->E / m->ep;
@@ -133,11 +173,15 @@ static void set_dims(struct transformer *m, const struct model_config *cfg, cons
     }
 }
 
+enum recompute recompute_mode(const char *name) {
+    return !strcmp(name, "full") ? RECOMPUTE_FULL : !strcmp(name, "selective") ? RECOMPUTE_SELECTIVE : RECOMPUTE_NONE;
+}
+
 size_t transformer_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
-                         int sequence_parallel, int B, int T, int nslots) {
+                         int sequence_parallel, int B, int T, int nslots, enum recompute rc) {
     struct transformer m = {0};
     m.be = be;
-    set_dims(&m, cfg, part, sequence_parallel, B, T, nslots);
+    set_dims(&m, cfg, part, sequence_parallel, B, T, nslots, rc);
     m.slots = xcalloc(nslots, sizeof *m.slots);
     for (int i = 0; i < nslots; i++) m.slots[i].acts = xcalloc(m.L, sizeof(struct layer_acts));
     struct carver c = {0};
@@ -188,13 +232,20 @@ static void bind_layers(struct transformer *m, float *buf, struct layer_weights 
 #undef P
 }
 
+/* Host-side dispatch plan arrays: counts per EP peer and local expert. */
+static void alloc_plan(struct transformer *m, struct moe_plan *p) {
+    p->send_counts = xcalloc(2 * m->ep + m->El, sizeof(int));
+    p->recv_counts = p->send_counts + m->ep;
+    p->expert_rows = p->recv_counts + m->ep;
+}
+
 void transformer_create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                   const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
-                  int nslots) {
+                  int nslots, enum recompute rc) {
     memset(m, 0, sizeof *m);
     m->be = be;
     m->tp_comm = tp_comm;
-    set_dims(m, cfg, part, sequence_parallel, B, T, nslots);
+    set_dims(m, cfg, part, sequence_parallel, B, T, nslots, rc);
     CHECK(m->tp == 1 || (tp_comm && tp_comm->size == m->tp));
     param_table_build(&m->table, cfg, part);
     m->params = be->alloc(sizeof(float) * m->table.total);
@@ -211,14 +262,10 @@ void transformer_create(struct transformer *m, const struct backend *be, const s
     m->arena = be->alloc(sizeof(float) * c.used);
     c = (struct carver){m->arena, 0};
     layout_arena(m, &c);
-    for (int i = 0; i < nslots; i++) /* host-side dispatch plans: counts per EP peer and local expert */
-        for (int l = 0; l < m->L; l++) {
-            if (!m->layers[l].moe) continue;
-            struct moe_plan *p = &m->slots[i].acts[l].plan;
-            p->send_counts = xcalloc(2 * m->ep + m->El, sizeof(int));
-            p->recv_counts = p->send_counts + m->ep;
-            p->expert_rows = p->recv_counts + m->ep;
-        }
+    if (m->recompute == RECOMPUTE_FULL && m->n_moe_layers) alloc_plan(m, &m->shared_acts.plan);
+    for (int i = 0; i < nslots && m->recompute != RECOMPUTE_FULL; i++)
+        for (int l = 0; l < m->L; l++)
+            if (m->layers[l].moe) alloc_plan(m, &m->slots[i].acts[l].plan);
     if (m->E) m->moe_load = xcalloc((size_t)m->L * m->E, sizeof(double));
     transformer_set_moe_sequences(m, B);
     size_t half = (size_t)T * m->D / 2;
@@ -237,6 +284,7 @@ void transformer_free(struct transformer *m) {
         for (int l = 0; l < m->L; l++) free(m->slots[i].acts[l].plan.send_counts);
         free(m->slots[i].acts);
     }
+    free(m->shared_acts.plan.send_counts);
     free(m->slots);
     for (int l = 0; l < m->L; l++) free(m->layers[l].experts), free(m->dlayers[l].experts);
     free(m->layers);
@@ -332,10 +380,18 @@ static void moe_residual(struct transformer *m, float *out, const float *residua
     be->add(out, moe, (size_t)m->Ns * m->C);
 }
 
+/* Layer l's activations in slot s: its own, or under full recompute the
+ * shared set with the layer's kept input. */
+static struct layer_acts *acts_of(struct transformer *m, struct act_slot *s, int l) {
+    if (m->recompute != RECOMPUTE_FULL) return &s->acts[l];
+    m->shared_acts.x = s->acts[l].x;
+    return &m->shared_acts;
+}
+
 static void block_forward(struct transformer *m, struct act_slot *s, int l, float *out) {
     const struct backend *be = m->be;
     const struct layer_weights *w = &m->layers[l];
-    struct layer_acts *a = &s->acts[l];
+    struct layer_acts *a = acts_of(m, s, l);
     int N = m->N, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, F = m->Fl;
     norm_for_linear(m, a->ln1, a->rstd1, a->x, w->ln1_w);
     be->matmul_forward(a->q, a->ln1, w->wq, N, C, QD, 0);
@@ -347,7 +403,7 @@ static void block_forward(struct transformer *m, struct act_slot *s, int l, floa
     row_parallel_residual(m, a->xmid, a->x, a->attn_out, w->wo, QD);
     norm_for_linear(m, a->ln2, a->rstd2, a->xmid, w->ln2_w);
     if (w->moe) {
-        moe_forward(m, s, l, a->ln2 + (size_t)m->moe_r0 * C, m->moe_out);
+        moe_forward(m, a, l, a->ln2 + (size_t)m->moe_r0 * C, m->moe_out);
         moe_residual(m, out, a->xmid);
         return;
     }
@@ -403,15 +459,23 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     const struct backend *be = m->be;
     const struct layer_weights *w = &m->layers[l];
     struct layer_weights *dw = &m->dlayers[l];
-    struct layer_acts *a = &s->acts[l];
+    struct layer_acts *a = acts_of(m, s, l);
     int N = m->N, Ns = m->Ns, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, F = m->Fl;
+    int selective = m->recompute == RECOMPUTE_SELECTIVE;
+    if (m->recompute == RECOMPUTE_FULL) { /* run the layer again from its kept input (statistics already counted) */
+        int collect = m->moe_collect;
+        m->moe_collect = 0;
+        block_forward(m, s, l, m->recompute_out);
+        m->moe_collect = collect;
+    }
     float *d_ln;
     if (w->moe) { /* this rank's tokens' rows of the residual gradient; the input gradient of all rows */
         int own_rows = m->sp || m->tp == 1;
-        moe_backward(m, s, l, own_rows ? m->d_resid : m->d_resid + (size_t)m->moe_r0 * C, m->d_moe_in);
+        moe_backward(m, a, l, own_rows ? m->d_resid : m->d_resid + (size_t)m->moe_r0 * C, m->d_moe_in);
         d_ln = m->d_moe_in;
         if (!own_rows) comm_all_gather(m->tp_comm, m->d_moe_in, d_ln = m->d_ln_full, (size_t)m->moe_n * C);
     } else { /* MLP branch */
+        if (selective) be->swiglu_forward(a->h, a->gate, a->up, (size_t)N * F);
         be->matmul_backward(m->d_h, dw->wdown, grad_full_rows(m), a->h, w->wdown, N, F, C, 0);
         be->swiglu_backward(m->d_gate, m->d_up, m->d_h, a->gate, a->up, (size_t)N * F);
         be->matmul_backward(m->d_ln_full, dw->wgate, m->d_gate, a->ln2, w->wgate, N, C, F, 0);
@@ -420,6 +484,7 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     }
     be->rmsnorm_backward(m->d_resid, dw->ln2_w, d_ln, a->xmid, w->ln2_w, a->rstd2, Ns, C, 1);
     /* attention branch */
+    if (selective) be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D);
     be->matmul_backward(m->d_attn, dw->wo, grad_full_rows(m), a->attn_out, w->wo, N, QD, C, 0);
     be->attention_backward(m->d_q, m->d_k, m->d_v, m->d_attn, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl,
                            m->D);

@@ -52,6 +52,10 @@ struct layer_acts {
     struct moe_plan plan;
 };
 
+/* train.recompute */
+enum recompute { RECOMPUTE_NONE = 0, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL };
+enum recompute recompute_mode(const char *name);
+
 /* Activations of one micro batch in flight (pipeline schedules keep several). */
 struct act_slot {
     struct layer_acts *acts;      /* indexed by global layer; only local layers are set */
@@ -83,8 +87,11 @@ struct transformer {
     struct layer_weights *dlayers; /* ... into grads */
     float *embed, *norm_w, *lm_head, *dembed, *dnorm_w, *dlm_head; /* NULL where not local */
     float *rope_cos, *rope_sin;  /* [T, D/2] */
-    int nslots;
+    int nslots, n_local_layers;
     struct act_slot *slots;
+    enum recompute recompute;
+    struct layer_acts shared_acts; /* what recomputation refills, shared by all layers and slots */
+    float *recompute_out;        /* [Ns, C]: a re-run layer's output (full recompute; discarded) */
     /* scratch shared by all slots */
     float *d_resid;              /* [Ns, C]: gradient flowing down the residual stream */
     float *d_full, *d_ln_full;   /* [N, C] */
@@ -112,7 +119,7 @@ struct transformer {
  * zero until transformer_init_params or a load. */
 void transformer_create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                   const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
-                  int nslots);
+                  int nslots, enum recompute rc);
 void transformer_free(struct transformer *m);
 void transformer_init_params(struct transformer *m, uint64_t seed);
 /* Weights of the MoE auxiliary losses' gradients when a step has `sequences`
@@ -123,7 +130,7 @@ void transformer_reset_moe_stats(struct transformer *m);
 /* Bytes of the activation arena transformer_create would allocate for this part
  * (for the memory estimate). */
 size_t transformer_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
-                         int sequence_parallel, int B, int T, int nslots);
+                         int sequence_parallel, int B, int T, int nslots, enum recompute rc);
 
 /* Copy a micro batch (host, B*T each) into a slot. */
 void transformer_stage(struct transformer *m, int slot, const int32_t *tokens, const int32_t *targets);

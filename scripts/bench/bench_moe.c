@@ -33,7 +33,7 @@ int main(int argc, char **argv) {
     struct model_part part;
     model_part_full(&part, mc);
     struct transformer m;
-    transformer_create(&m, be, mc, &part, NULL, 0, 1, N, 1);
+    transformer_create(&m, be, mc, &part, NULL, 0, 1, N, 1, RECOMPUTE_NONE);
     transformer_init_params(&m, 1);
     /* random hidden states and output gradient */
     float *h = xmalloc(sizeof(float) * N * C);
@@ -50,8 +50,8 @@ int main(int argc, char **argv) {
     double *t = xmalloc(sizeof(double) * steps);
     for (int i = -1; i < steps; i++) { /* one warm-up */
         double t0 = now_seconds();
-        moe_forward(&m, slot, 0, x, m.moe_out);
-        moe_backward(&m, slot, 0, dout, m.d_moe_in);
+        moe_forward(&m, &slot->acts[0], 0, x, m.moe_out);
+        moe_backward(&m, &slot->acts[0], 0, dout, m.d_moe_in);
         float probe;
         be->to_host(&probe, m.d_moe_in, sizeof probe);
         if (i >= 0) t[i] = now_seconds() - t0;
