@@ -37,10 +37,12 @@ ifeq ($(CUDA),1)
 endif
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+FUZZ_SRC := $(wildcard tests/fuzz/*.c)
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 BENCH_SRC := $(wildcard scripts/bench/*.c)
 BENCH_BIN := $(BENCH_SRC:scripts/bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all test bench clean unit-tests deps quickstart
+.PHONY: all test bench clean unit-tests deps quickstart fuzz
 all: mtrain
 
 # Installs missing system packages once (scripts/install-deps.sh); the stamp
@@ -93,10 +95,20 @@ $(BUILD)/tools/%: tests/reference/%.c $(BUILD)/libmtrain.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libmtrain.a $(LDLIBS)
 
-unit-tests: $(TEST_BIN) $(TOOL_BIN)
+# mutation fuzzers, one per parser (tests/fuzz/fuzz.h); `make fuzz` runs
+# each for FUZZ_SECONDS (default 40) on seeds made by tests/fuzz/run.sh
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard tests/fuzz/*.h) $(BUILD)/libmtrain.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libmtrain.a $(LDLIBS)
+
+FUZZ_SECONDS ?= 40
+fuzz: $(BUILD)/mtrain $(FUZZ_BIN)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) BUILD=$(BUILD) MTRAIN=$(CURDIR)/$(BUILD)/mtrain bash tests/fuzz/run.sh
+
+unit-tests: $(TEST_BIN) $(TOOL_BIN) $(FUZZ_BIN)
 
 # The README's test command. Prints one summary line "N passed, N failed[, N skipped]".
-test: build/.deps-test mtrain $(TEST_BIN) $(TOOL_BIN)
+test: build/.deps-test mtrain $(TEST_BIN) $(TOOL_BIN) $(FUZZ_BIN)
 	BUILD=$(BUILD) bash tests/run.sh
 
 bench: mtrain $(BENCH_BIN)

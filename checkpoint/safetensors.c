@@ -94,30 +94,39 @@ static int cmp_begin(const void *a, const void *b) {
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-/* Parse one tensor entry of the header into e; returns an error text or NULL. */
+/* Parse one tensor entry of the header into e; returns an error text or NULL.
+ * e->name is set (allocated) only when the entry is good, so a failed entry
+ * owns no memory. */
 static const char *parse_entry(const char *name, json_t *v, struct st_entry *e) {
     json_t *dtype = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape");
     json_t *offs = json_object_get(v, "data_offsets");
     if (!json_is_string(dtype) || !json_is_array(shape) || !json_is_array(offs) || json_array_size(offs) != 2)
         return "entry needs dtype, shape and data_offsets";
-    if (!safetensors_dtype_size(json_string_value(dtype))) return "unknown dtype";
+    int size = safetensors_dtype_size(json_string_value(dtype));
+    if (!size) return "unknown dtype";
     if (json_array_size(shape) > ST_MAX_DIMS) return "too many dimensions";
-    e->name = xstrdup(name);
     snprintf(e->dtype, sizeof e->dtype, "%s", json_string_value(dtype));
     e->ndim = (int)json_array_size(shape);
-    uint64_t numel = 1;
+    /* the byte count must fit in 63 bits; a zero dimension makes any shape empty */
+    uint64_t numel = 1, limit = (uint64_t)INT64_MAX / (uint64_t)size;
+    int zero = 0, big = 0;
     for (int d = 0; d < e->ndim; d++) {
         json_t *x = json_array_get(shape, d);
         if (!json_is_integer(x) || json_integer_value(x) < 0) return "shape must be non-negative integers";
         e->shape[d] = json_integer_value(x);
-        numel *= (uint64_t)e->shape[d];
+        if (!e->shape[d]) zero = 1;
+        else if (numel > limit / (uint64_t)e->shape[d]) big = 1;
+        else numel *= (uint64_t)e->shape[d];
     }
+    if (zero) numel = 0;
+    else if (big) return "shape too large";
     json_t *b = json_array_get(offs, 0), *en = json_array_get(offs, 1);
     if (!json_is_integer(b) || !json_is_integer(en) || json_integer_value(b) < 0 ||
         json_integer_value(en) < json_integer_value(b))
         return "bad data_offsets";
     e->begin = json_integer_value(b), e->end = json_integer_value(en);
-    if (e->end - e->begin != numel * safetensors_dtype_size(e->dtype)) return "data_offsets do not match dtype x shape";
+    if (e->end - e->begin != numel * (uint64_t)size) return "data_offsets do not match dtype x shape";
+    e->name = xstrdup(name);
     return NULL;
 }
 

@@ -1,5 +1,6 @@
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -64,6 +65,15 @@ static void close_weights(struct weight_files *w) {
     json_decref(w->weight_map);
 }
 
+/* "[a, b, ...]" of n dims into buf. */
+static const char *shape_str(char *buf, size_t len, const int64_t *shape, int n) {
+    size_t k = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; d < n && k < len; d++)
+        k += (size_t)snprintf(buf + k, len - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (k < len) snprintf(buf + k, len - k, "]");
+    return buf;
+}
+
 void weights_load(const struct backend *be, float *buf, const struct param_table *t, const char *path) {
     struct weight_files w;
     char err[1024];
@@ -76,9 +86,9 @@ void weights_load(const struct backend *be, float *buf, const struct param_table
         int ok = e->ndim == p->ndim;
         for (int d = 0; ok && d < p->ndim; d++) ok = e->shape[d] == p->shape[d];
         if (!ok) {
-            die("%s: tensor %s has shape [%lld%s%lld], the recipe needs [%lld%s%lld]", f->path, p->name,
-                (long long)e->shape[0], e->ndim > 1 ? ", " : "", e->ndim > 1 ? (long long)e->shape[1] : 0LL,
-                (long long)p->shape[0], p->ndim > 1 ? ", " : "", p->ndim > 1 ? (long long)p->shape[1] : 0LL);
+            char have[256], want[64];
+            die("%s: tensor %s has shape %s, the recipe needs %s", f->path, p->name,
+                shape_str(have, sizeof have, e->shape, e->ndim), shape_str(want, sizeof want, p->shape, p->ndim));
         }
         /* read the whole tensor, keep this rank's block of it */
         int64_t rows = p->shape[0], cols = p->ndim > 1 ? p->shape[1] : 1;
@@ -86,6 +96,11 @@ void weights_load(const struct backend *be, float *buf, const struct param_table
         int64_t r0 = p->shard == SHARD_TP_ROWS ? p->part * lr : 0, c0 = p->shard == SHARD_TP_COLS ? p->part * lc : 0;
         float *whole = xmalloc(sizeof(float) * rows * cols), *local = xmalloc(sizeof(float) * p->numel);
         if (safetensors_read_f32(f, e, whole, err, sizeof err) != 0) die("%s", err);
+        /* a NaN or Inf would poison training from the first step: refuse the file */
+        for (int64_t k = 0; k < rows * cols; k++)
+            if (!isfinite(whole[k]))
+                die("%s: tensor %s has a non-finite value (%g) at element %lld; init_from weights must be finite",
+                    f->path, p->name, (double)whole[k], (long long)k);
         for (int64_t r = 0; r < lr; r++) memcpy(local + r * lc, whole + (r0 + r) * cols + c0, sizeof(float) * lc);
         be->from_host(buf + p->offset, local, sizeof(float) * p->numel);
         free(whole);

@@ -3,6 +3,7 @@
  * what only makes sense together (shapes that divide, batches that split over
  * ranks, schedules that fit in the run, paths that exist). The first problem
  * is reported as one line naming the key and where it was set. */
+#include <limits.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -73,6 +74,48 @@ static int check_model(const struct recipe *r) {
     return 0;
 }
 
+/* Bounds on sizes, checked before anything multiplies them: each value
+ * was only range-checked alone (1..INT_MAX), and the products below (and in
+ * the model code: pp*vpp, tp*pp*cp, micro_batch*dp, the tensor table) must
+ * neither overflow nor ask for absurd memory. The limits are far above any
+ * real model or cluster. */
+#define MAX_PARALLEL (1 << 15)      /* ranks along one dimension (tp_rank * tp fits an int) */
+#define MAX_VPP 16                  /* MAX_CHUNKS in model/params.h */
+#define MAX_TENSORS (1ll << 20)     /* entries of the parameter table */
+#define MAX_MICRO_BATCHES (1 << 16) /* per data-parallel rank and step (pipeline schedules) */
+#define MAX_SCHEDULE (1 << 24)      /* pp x vpp x micro batches: the schedule the dry run prints */
+
+static int check_sizes(const struct recipe *r) {
+    const struct parallel_config *p = &r->parallel;
+    const struct model_config *m = &r->model;
+    const struct train_config *t = &r->train;
+    static const char *const keys[] = {"parallel.tp", "parallel.pp", "parallel.cp", "parallel.ep"};
+    const int vals[] = {p->tp, p->pp, p->cp, p->ep};
+    for (int i = 0; i < 4; i++)
+        if (vals[i] > MAX_PARALLEL)
+            return verr(r, keys[i], "%d ranks is more than the supported %d", vals[i], MAX_PARALLEL);
+    if (p->vpp > MAX_VPP)
+        return verr(r, "parallel.vpp", "vpp %d is more than the supported %d virtual stages per rank", p->vpp, MAX_VPP);
+    /* the parameter table: 3 + 9 per layer + 3 per expert of each MoE layer */
+    if (m->num_layers > MAX_TENSORS / 9)
+        return verr(r, "model.num_layers", "num_layers %d is more than the supported %lld", m->num_layers,
+                    MAX_TENSORS / 9);
+    if (m->num_experts > MAX_TENSORS / 3)
+        return verr(r, "model.num_experts", "num_experts %d is more than the supported %lld", m->num_experts,
+                    MAX_TENSORS / 3);
+    long long moe_layers = m->num_experts > 0 ? (m->num_layers + (long long)m->moe_layer_freq - 1) / m->moe_layer_freq : 0;
+    long long tensors = 3 + 9ll * m->num_layers + 3ll * m->num_experts * moe_layers;
+    if (tensors > MAX_TENSORS)
+        return verr(r, "model.num_experts", "num_experts %d in %lld MoE layers make %lld tensors, more than the "
+                    "supported %lld", m->num_experts, moe_layers, tensors, MAX_TENSORS);
+    /* tokens of a micro batch are counted in int by the model */
+    long long tokens = (long long)t->micro_batch * t->seq_len;
+    if (tokens > INT_MAX)
+        return verr(r, "train.micro_batch", "micro_batch * seq_len = %d * %d = %lld tokens is more than %d",
+                    t->micro_batch, t->seq_len, tokens, INT_MAX);
+    return 0;
+}
+
 /* Layout: world = tp * cp * pp * dp (ep lives inside dp for MoE models). */
 static int check_parallel(const struct recipe *r, int world_size) {
     const struct parallel_config *p = &r->parallel;
@@ -80,12 +123,13 @@ static int check_parallel(const struct recipe *r, int world_size) {
     char o[RECIPE_PATH_MAX + 96];
     int uneven = (p->first_stage_layers > 0) + (p->last_stage_layers > 0);
     if (uneven) {
-        int middle = p->pp - uneven, rest = m->num_layers - p->first_stage_layers - p->last_stage_layers;
+        long long middle = p->pp - uneven;
+        long long rest = (long long)m->num_layers - p->first_stage_layers - p->last_stage_layers;
         const char *key = p->first_stage_layers ? "parallel.first_stage_layers" : "parallel.last_stage_layers";
         if (p->pp < 2) return verr(r, key, "uneven pipeline stages need pp > 1");
         if (p->vpp > 1) return verr(r, key, "uneven pipeline stages cannot be combined with vpp %d", p->vpp);
         if (rest < middle || (middle == 0 && rest != 0) || (middle > 0 && rest % middle))
-            return verr(r, key, "first %d + last %d stage layers leave %d of model.num_layers %d for %d middle stages: "
+            return verr(r, key, "first %d + last %d stage layers leave %lld of model.num_layers %d for %lld middle stages: "
                         "each needs the same number, at least 1", p->first_stage_layers, p->last_stage_layers, rest,
                         m->num_layers, middle);
     } else if (m->num_layers % p->pp)
@@ -93,8 +137,8 @@ static int check_parallel(const struct recipe *r, int world_size) {
                     other(r, "model.num_layers", o, sizeof o));
     if (p->vpp > 1 && p->pp == 1)
         return verr(r, "parallel.vpp", "vpp %d needs pipeline parallelism (pp > 1)", p->vpp);
-    if (!uneven && m->num_layers % (p->pp * p->vpp))
-        return verr(r, "parallel.vpp", "pp*vpp = %d does not divide model.num_layers %d%s", p->pp * p->vpp,
+    if (!uneven && m->num_layers % ((long long)p->pp * p->vpp))
+        return verr(r, "parallel.vpp", "pp*vpp = %lld does not divide model.num_layers %d%s", (long long)p->pp * p->vpp,
                     m->num_layers, other(r, "model.num_layers", o, sizeof o));
     if (m->num_heads % p->tp)
         return verr(r, "parallel.tp", "tp %d does not divide model.num_heads %d%s", p->tp, m->num_heads,
@@ -126,17 +170,17 @@ static int check_parallel(const struct recipe *r, int world_size) {
         return verr(r, "parallel.tp", "MoE layers split the micro batch's tokens over TP: micro_batch * seq_len (%ld) "
                     "must be divisible by tp %d", (long)r->train.micro_batch * r->train.seq_len, p->tp);
     /* context parallel splits each sequence into 2*cp chunks for load balance */
-    if (r->train.seq_len % (2 * p->cp) && p->cp > 1)
-        return verr(r, "parallel.cp", "2*cp = %d does not divide train.seq_len %d%s", 2 * p->cp, r->train.seq_len,
+    if (p->cp > 1 && r->train.seq_len % (2ll * p->cp))
+        return verr(r, "parallel.cp", "2*cp = %lld does not divide train.seq_len %d%s", 2ll * p->cp, r->train.seq_len,
                     other(r, "train.seq_len", o, sizeof o));
     /* last: the layout itself may be fine and the job merely launched on the wrong number of ranks */
-    long model_par = (long)p->tp * p->pp * p->cp;
+    long long model_par = (long long)p->tp * p->pp * p->cp;  /* each <= MAX_PARALLEL: no overflow */
     if (world_size > 0 && world_size % model_par)
-        return verr(r, "parallel.tp", "world size %d is not divisible by tp*pp*cp = %d*%d*%d = %ld", world_size,
+        return verr(r, "parallel.tp", "world size %d is not divisible by tp*pp*cp = %d*%d*%d = %lld", world_size,
                     p->tp, p->pp, p->cp, model_par);
     /* expert parallelism is carved out of the data-parallel ranks */
     if (world_size > 0 && (world_size / model_par) % p->ep)
-        return verr(r, "parallel.ep", "ep %d does not divide the data-parallel size %ld (world %d / tp*pp*cp %ld)",
+        return verr(r, "parallel.ep", "ep %d does not divide the data-parallel size %lld (world %d / tp*pp*cp %lld)",
                     p->ep, world_size / model_par, world_size, model_par);
     return 0;
 }
@@ -146,16 +190,27 @@ static int check_train(const struct recipe *r, int world_size) {
     const struct parallel_config *p = &r->parallel;
     char o[RECIPE_PATH_MAX + 96];
     /* world size unknown (0): only the micro batch split can be checked */
-    int dp = world_size > 0 ? world_size / (p->tp * p->pp * p->cp) : 1;
-    long per_step = (long)t->micro_batch * dp;
+    /* check_parallel made tp*pp*cp divide the world size, so dp >= 1 */
+    long long dp = world_size > 0 ? world_size / ((long long)p->tp * p->pp * p->cp) : 1;
+    long long per_step = (long long)t->micro_batch * dp;
     if (t->global_batch % per_step)
         return verr(r, "train.global_batch",
-                    "global_batch %d is not divisible by micro_batch * data-parallel size = %d * %d = %ld%s",
+                    "global_batch %d is not divisible by micro_batch * data-parallel size = %d * %lld = %lld%s",
                     t->global_batch, t->micro_batch, dp, per_step, other(r, "train.micro_batch", o, sizeof o));
-    long micro_batches = t->global_batch / per_step;
+    long long micro_batches = t->global_batch / per_step;
     if (p->vpp > 1 && world_size > 0 && micro_batches % p->pp)
-        return verr(r, "parallel.vpp", "interleaved 1F1B (vpp %d) needs the micro batches per data-parallel rank (%ld) "
+        return verr(r, "parallel.vpp", "interleaved 1F1B (vpp %d) needs the micro batches per data-parallel rank (%lld) "
                     "to be a multiple of pp %d", p->vpp, micro_batches, p->pp);
+    /* a pipeline schedule holds 2 entries per micro batch and chunk */
+    if (p->pp > 1 && micro_batches > MAX_MICRO_BATCHES)
+        return verr(r, "train.global_batch", "global_batch %d makes %lld micro batches per data-parallel rank and step, "
+                    "more than the supported %d with pipeline parallelism (raise train.micro_batch)", t->global_batch,
+                    micro_batches, MAX_MICRO_BATCHES);
+    long long sched = (long long)p->pp * p->vpp * micro_batches;  /* <= 2^15 * 2^4 * 2^16 */
+    if (p->pp > 1 && sched > MAX_SCHEDULE)
+        return verr(r, "train.global_batch", "global_batch %d makes a pipeline schedule of %lld micro batch steps "
+                    "(pp %d x vpp %d x %lld micro batches), more than the supported %d (raise train.micro_batch)",
+                    t->global_batch, sched, p->pp, p->vpp, micro_batches, MAX_SCHEDULE);
     if (t->eval_interval > 0 && r->data.valid_fraction == 0)
         return verr(r, "train.eval_interval", "validation every %d steps needs data.valid_fraction > 0%s",
                     t->eval_interval, other(r, "data.valid_fraction", o, sizeof o));
@@ -208,7 +263,7 @@ static int check_paths(const struct recipe *r) {
 
 int recipe_validate(const struct recipe *r, int world_size) {
     if (world_size < 0) world_size = 0;
-    if (check_model(r) || check_parallel(r, world_size) || check_train(r, world_size) || check_schedule(r) ||
+    if (check_sizes(r) || check_model(r) || check_parallel(r, world_size) || check_train(r, world_size) || check_schedule(r) ||
         check_paths(r))
         return -1;
     return 0;

@@ -275,9 +275,33 @@ static void stop_workers(struct pipeline *pl) {
     for (int i = 0; i < pl->nthreads; i++) PCHECK(pthread_join(pl->threads[i], NULL));
 }
 
+/* A build that dies instead of returning an error (die() -> exit(): a write
+ * error on a full disk, a failed rename) would leave OUT.tmp-PID behind, so
+ * the writer's temporary directory is removed at exit unless it is gone by
+ * then (renamed to OUT by shard_writer_finish, or removed by
+ * shard_writer_abort). The path holds this process's PID, so nothing else
+ * can own it. A death on a worker thread (_exit) or a signal skips this; the
+ * next build into the same OUT removes such leftovers whose PID is dead
+ * (shard_writer_open). */
+static char *tmp_to_remove;
+
+static void remove_tmp_at_exit(void) {
+    if (tmp_to_remove && path_exists(tmp_to_remove)) remove_tree(tmp_to_remove);
+    free(tmp_to_remove);
+    tmp_to_remove = NULL;
+}
+
+static void remove_tmp_on_exit(const char *tmp) {
+    static int registered;
+    free(tmp_to_remove);
+    tmp_to_remove = xstrdup(tmp);
+    if (!registered && atexit(remove_tmp_at_exit) == 0) registered = 1;
+}
+
 int text_build(struct shard_writer *w, const char *const *inputs, int ninputs, const struct text_build_opts *o,
                struct text_build_stats *st, char *err, size_t errsz) {
     memset(st, 0, sizeof *st);
+    remove_tmp_on_exit(shard_writer_tmp_dir(w));
     struct pipeline pl = {.o = o, .inputs = inputs, .st = st};
     pl.nslots = 2 * o->workers + 1;
     pl.ring = xcalloc((size_t)pl.nslots, sizeof *pl.ring);

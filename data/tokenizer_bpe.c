@@ -84,15 +84,20 @@ static size_t table_size(size_t n) {
 
 static const uint8_t *tok_bytes(const struct bpe *b, int id) { return b->pool + b->tok_off[id]; }
 
+/* Make room for ids 0..id. Ids are bounded (BPE_MAX_ID) before they get
+ * here, so the tables stay below a few hundred MB; growth is in 64 bits and
+ * capped at the bound, so it cannot overflow. */
 static void grow_ids(struct bpe *b, int id) {
     if (id < b->vocab) return;
-    int n = b->vocab ? b->vocab : 1024;
+    if (id < 0 || id > BPE_MAX_ID) die("%s: token id %d is out of range 0..%d", b->path, id, BPE_MAX_ID);
+    int64_t n = b->vocab ? b->vocab : 1024;
     while (n <= id) n *= 2;
+    if (n > (int64_t)BPE_MAX_ID + 1) n = (int64_t)BPE_MAX_ID + 1;
     b->tok_off = xrealloc(b->tok_off, (size_t)n * sizeof *b->tok_off);
     b->tok_len = xrealloc(b->tok_len, (size_t)n * sizeof *b->tok_len);
     b->used = xrealloc(b->used, (size_t)n);
     memset(b->used + b->vocab, 0, (size_t)(n - b->vocab));
-    b->vocab = n;   /* trimmed to max id + 1 once loading is done */
+    b->vocab = (int)n;   /* trimmed to max id + 1 once loading is done */
 }
 
 /* Record id -> bytes. Returns -1 if the id is already taken. */
@@ -230,7 +235,7 @@ static void finish_load(struct bpe *b) {
         if (b->byte_tok[c] < 0)
             die("%s: no token for byte 0x%02x: not a byte-level BPE vocabulary (every byte needs a token)", b->path, c);
     }
-    qsort(b->sp, (size_t)b->nsp, sizeof *b->sp, cmp_special_len);
+    if (b->nsp) qsort(b->sp, (size_t)b->nsp, sizeof *b->sp, cmp_special_len);  /* sp is NULL without specials */
     if (!b->pt) {  /* an empty pair table, so lookups need no NULL check */
         b->pt = xmalloc((1 << 16) * sizeof *b->pt);
         for (size_t i = 0; i < 1 << 16; i++) b->pt[i].id = -1;
@@ -370,8 +375,11 @@ static void load_added(struct bpe *b, json_t *root) {
     json_array_foreach(added, i, t) {
         json_t *idv = json_object_get(t, "id");
         const char *content = json_str(t, "content");
-        if (!json_is_integer(idv) || !content || json_integer_value(idv) < 0 || json_integer_value(idv) > INT32_MAX - 1)
+        if (!json_is_integer(idv) || !content || json_integer_value(idv) < 0)
             die("%s: added_tokens[%zu]: needs an integer id and a content string", b->path, i);
+        if (json_integer_value(idv) > BPE_MAX_ID)
+            die("%s: added_tokens[%zu]: id %lld is above the largest supported token id %d", b->path, i,
+                (long long)json_integer_value(idv), BPE_MAX_ID);
         int id = (int)json_integer_value(idv);
         add_special(b, content, id);
         /* an added token may also sit in model.vocab (trained files): the
@@ -389,8 +397,11 @@ static void load_vocab(struct bpe *b, json_t *vocab, const int cp_to_byte[324]) 
     size_t cap = 0;
     int nsp = b->nsp;
     json_object_foreach(vocab, key, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX - 1)
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
             die("%s: model.vocab['%s']: id is not a non-negative integer", b->path, key);
+        if (json_integer_value(v) > BPE_MAX_ID)
+            die("%s: model.vocab['%s']: id %lld is above the largest supported token id %d", b->path, key,
+                (long long)json_integer_value(v), BPE_MAX_ID);
         int id = (int)json_integer_value(v);
         int special = 0;
         for (int i = 0; i < nsp && !special; i++) special = b->sp[i].id == id;
@@ -532,8 +543,10 @@ struct bpe *bpe_load_tiktoken(const char *path, const char *regex, const struct 
         }
         char *stop;
         long rank = sp ? strtol(sp + 1, &stop, 10) : -1;
-        if (!sp || rank < 0 || rank > INT32_MAX - 1 || (*stop && *stop != '\n' && *stop != '\r') || stop == sp + 1)
+        if (!sp || rank < 0 || (*stop && *stop != '\n' && *stop != '\r') || stop == sp + 1)
             die("%s:%d: expected 'BASE64 RANK'", path, line + 1);
+        if (rank > BPE_MAX_ID)
+            die("%s:%d: rank %ld is above the largest supported token id %d", path, line + 1, rank, BPE_MAX_ID);
         if ((size_t)(sp - p) > 4 * sizeof buf / 3)
             die("%s:%d: token longer than %zu bytes", path, line + 1, sizeof buf);
         long n = b64_decode(p, (size_t)(sp - p), buf);
@@ -544,12 +557,15 @@ struct bpe *bpe_load_tiktoken(const char *path, const char *regex, const struct 
     }
     free(text);
     for (int i = 0; i < nspecials; i++) {
-        int id = specials[i].id < 0 ? nranks + i : specials[i].id;
-        if (id < nranks || id > INT32_MAX - 1)
-            die("%s: special token '%s' id %d collides with the ranks 0..%d", path, specials[i].text, id, nranks - 1);
-        add_special(b, specials[i].text, id);
-        if (set_token(b, id, (const uint8_t *)specials[i].text, strlen(specials[i].text)))
-            die("%s: special token id %d given twice", path, id);
+        long long id = specials[i].id < 0 ? (long long)nranks + i : specials[i].id;
+        if (id > BPE_MAX_ID)
+            die("%s: special token '%s' id %lld is above the largest supported token id %d", path, specials[i].text,
+                id, BPE_MAX_ID);
+        if (id < nranks)
+            die("%s: special token '%s' id %lld collides with the ranks 0..%d", path, specials[i].text, id, nranks - 1);
+        add_special(b, specials[i].text, (int)id);
+        if (set_token(b, (int)id, (const uint8_t *)specials[i].text, strlen(specials[i].text)))
+            die("%s: special token id %lld given twice", path, id);
     }
     add_regex(b, regex ? regex : bpe_llama3_regex, "tiktoken");
     finish_load(b);

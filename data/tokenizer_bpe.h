@@ -13,6 +13,10 @@
 struct bpe;
 struct bpe_state;
 
+/* Largest token id (or tiktoken rank) a file may use: real vocabularies are
+ * below 2^21; a larger id is taken as a damaged file and rejected. */
+#define BPE_MAX_ID (1 << 24)
+
 struct bpe_special {
     const char *text;   /* the literal text that is matched and decoded */
     int id;
