@@ -88,6 +88,7 @@ struct data_blend {
 struct data_config {
     char path[RECIPE_PATH_MAX];     /* dataset directory */
     double valid_fraction;          /* fraction of documents held out */
+    int sampler_version;            /* 2: O(1)-memory Feistel permutation; 1: Fisher-Yates tables (old checkpoints) */
     struct data_blend blend;
 };
 

@@ -96,6 +96,7 @@ const struct recipe_key recipe_keys[] = {
     STR(data, path, "", "dataset directory from mtrain data build (required)"),
     DBL(data, valid_fraction, "0", 0, 1, LT1, "fraction of documents held out for validation"),
     BLEND(data, blend, "datasets mixed by weight: [{path: DIR, weight: W}, ...]; replaces data.path"),
+    INT(data, sampler_version, "2", 1, 2, "sample order: 2 = keyed Feistel permutation (O(1) memory); 1 = Fisher-Yates tables of mtrain before 2026-11-22 (to resume their checkpoints)"),
 
     STR(checkpoint, dir, "", "checkpoint directory; empty = no checkpoints"),
     NONNEG(checkpoint, interval, "0", "save every N steps; 0 = never"),

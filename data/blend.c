@@ -33,7 +33,7 @@ static uint64_t mix64(uint64_t z) {
 }
 
 struct blend *blend_create(const struct blend_source *src, int n, int seq_len, uint64_t seed, enum split split,
-                           double valid_fraction) {
+                           double valid_fraction, int sampler_version) {
     if (n < 1 || n > 65535) die("blend: %d datasets (1 .. 65535)", n);
     struct blend *b = xcalloc(1, sizeof *b);
     b->n = n;
@@ -51,7 +51,7 @@ struct blend *blend_create(const struct blend_source *src, int n, int seq_len, u
         b->w[i] = src[i].weight / total;
         b->ds[i] = dataset_open(src[i].path);
         uint64_t s = i == 0 ? seed : mix64(seed ^ mix64((uint64_t)i));
-        b->smp[i] = sampler_create(b->ds[i], seq_len, s, split, valid_fraction);
+        b->smp[i] = sampler_create_version(b->ds[i], seq_len, s, split, valid_fraction, sampler_version);
     }
     b->ckpt_cap = 16;
     b->ckpt = xcalloc((size_t)b->ckpt_cap * n, sizeof *b->ckpt);
@@ -141,7 +141,8 @@ struct blend *blend_from_recipe(const struct recipe *r, enum split split) {
     int n = bl->n;
     for (int i = 0; i < n; i++) src[i] = (struct blend_source){bl->e[i].path, bl->e[i].weight};
     if (!n) src[n++] = (struct blend_source){r->data.path, 1.0};
-    struct blend *b = blend_create(src, n, r->train.seq_len, r->train.seed, split, r->data.valid_fraction);
+    struct blend *b = blend_create(src, n, r->train.seq_len, r->train.seed, split, r->data.valid_fraction,
+                                   r->data.sampler_version);
     for (int i = 0; i < n; i++)
         if (dataset_vocab_size(b->ds[i]) > r->model.vocab_size)
             die("vocabulary mismatch: dataset %s has token ids up to %d but model.vocab_size is %d (%s)", src[i].path,

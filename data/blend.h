@@ -22,10 +22,11 @@ struct blend_source {
 struct blend;
 
 /* Opens every dataset (errors name the dataset and exit 1). A single source
- * gives exactly sampler_create(..., seed, ...)'s samples; source i > 0 uses
- * a seed derived from (seed, i) so equal datasets are not read in lockstep. */
+ * gives exactly sampler_create_version(..., seed, ..., sampler_version)'s
+ * samples; source i > 0 uses a seed derived from (seed, i) so equal datasets
+ * are not read in lockstep. */
 struct blend *blend_create(const struct blend_source *src, int n, int seq_len, uint64_t seed, enum split split,
-                           double valid_fraction);
+                           double valid_fraction, int sampler_version);
 void blend_free(struct blend *b);
 int blend_num_sources(const struct blend *b);
 struct dataset *blend_dataset(const struct blend *b, int i);

@@ -44,9 +44,18 @@ struct sampler;
  * least one when the fraction is > 0) form the validation split. Samples of
  * seq_len+1 tokens are cut from the split's token stream every seq_len tokens
  * (crossing document boundaries) and visited in a seeded permutation that is
- * redrawn each epoch. The sequence depends only on (seed, split, index). */
+ * redrawn each epoch. The sequence depends only on (seed, split, index).
+ * Version 2 (the default) evaluates the permutation at one index with a keyed
+ * Feistel network: O(1) memory whatever the corpus. Version 1 keeps a
+ * Fisher-Yates table of 8 bytes per sample (checkpoints of earlier runs). */
+#define SAMPLER_VERSION 2
 struct sampler *sampler_create(struct dataset *ds, int seq_len, uint64_t seed, enum split split,
                                double valid_fraction);
+struct sampler *sampler_create_version(struct dataset *ds, int seq_len, uint64_t seed, enum split split,
+                                       double valid_fraction, int version);
+/* Version 2's permutation of [0, n) (exposed for tests): the Feistel network
+ * over [0, 4^half) keyed by key, walked until inside; inverse = 1 undoes it. */
+uint64_t sampler_permute(uint64_t i, uint64_t n, int half, uint64_t key, int inverse);
 void sampler_free(struct sampler *s);
 int64_t sampler_samples_per_epoch(const struct sampler *s);
 /* Global sample index -> tokens (out holds seq_len+1 values). */

@@ -1,12 +1,16 @@
-/* Dataset reader: loads and checks the index, keeps every shard open, and
+/* Dataset reader: maps and checks the index, keeps every shard open, and
  * decodes frames on demand with pread + one zstd call, keeping the last few
- * decoded frames because sequential samples mostly land in the same frame. */
+ * decoded frames because sequential samples mostly land in the same frame.
+ * The index stays on disk (mmap): frame records and document boundaries are
+ * read where they lie, and only the first token of every FRAME_BLOCK-th frame
+ * is kept in memory (8 bytes per 256 frames) to find frames by token. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -18,6 +22,7 @@
 
 #define CACHE_SLOTS 4
 #define MAX_FRAME_TOKENS (1u << 28)
+#define FRAME_BLOCK 256
 
 struct frame_info {
     int64_t first;          /* index of the frame's first token in the stream */
@@ -41,8 +46,12 @@ struct dataset {
     int64_t nframes, ndocs, ntokens;
     uint32_t max_ntok;
     uint64_t max_csize;
-    struct frame_info *frames;
-    int64_t *docs;
+    const uint8_t *map;     /* the index file, mapped read-only */
+    size_t map_size;
+    const uint8_t *doc_base; /* ndocs + 1 little-endian u64 document starts, in the map */
+    int64_t *block_first;   /* first token of frame k * FRAME_BLOCK */
+    uint64_t *shard_need;   /* bytes each shard must hold (end of its last frame) */
+    int64_t *shard_last;    /* ... and that frame */
     ZSTD_DCtx *dctx;
     uint8_t *cbuf, *raw;
     struct cache_slot cache[CACHE_SLOTS];
@@ -85,54 +94,72 @@ static void parse_header(struct dataset *ds, const uint8_t *b, size_t size, cons
     ds->ntokens = (int64_t)ntokens;
 }
 
+static const uint8_t *frame_record(const struct dataset *ds, int64_t i) {
+    return ds->map + INDEX_HEADER_BYTES + (size_t)i * INDEX_FRAME_BYTES;
+}
+
+/* Frame i's record, with its first token from the block table plus the
+ * token counts of the frames before it in its block. */
+static struct frame_info frame_at(const struct dataset *ds, int64_t i) {
+    const uint8_t *r = frame_record(ds, i);
+    struct frame_info f = {.shard = get_u32(r + FR_SHARD), .ntok = get_u32(r + FR_TOKENS),
+                           .offset = get_u64(r + FR_OFFSET), .csize = get_u64(r + FR_CSIZE), .hash = get_u64(r + FR_HASH)};
+    f.first = ds->block_first[i / FRAME_BLOCK];
+    for (int64_t j = i / FRAME_BLOCK * FRAME_BLOCK; j < i; j++) f.first += get_u32(frame_record(ds, j) + FR_TOKENS);
+    return f;
+}
+
 /* Frames must tile each shard from offset 0 in order, shards in order, and
- * their token counts must add up to the stream length. */
-static void parse_frames(struct dataset *ds, const uint8_t *b, const char *path) {
-    ds->frames = xmalloc((size_t)(ds->nframes ? ds->nframes : 1) * sizeof *ds->frames);
+ * their token counts must add up to the stream length. One pass over the
+ * records builds the block table and each shard's required size. */
+static void parse_frames(struct dataset *ds, const char *path) {
+    ds->block_first = xmalloc((size_t)(ds->nframes / FRAME_BLOCK + 1) * sizeof *ds->block_first);
+    ds->shard_need = xcalloc((size_t)ds->nshards + 1, sizeof *ds->shard_need);
+    ds->shard_last = xcalloc((size_t)ds->nshards + 1, sizeof *ds->shard_last);
     int64_t first = 0;
     uint64_t shard_end = 0;
+    uint32_t prev_shard = 0;
     for (int64_t i = 0; i < ds->nframes; i++) {
-        const uint8_t *r = b + INDEX_HEADER_BYTES + (size_t)i * INDEX_FRAME_BYTES;
-        struct frame_info *f = &ds->frames[i];
-        f->shard = get_u32(r + FR_SHARD);
-        f->ntok = get_u32(r + FR_TOKENS);
-        f->offset = get_u64(r + FR_OFFSET);
-        f->csize = get_u64(r + FR_CSIZE);
-        f->hash = get_u64(r + FR_HASH);
-        f->first = first;
-        uint32_t prev_shard = i ? ds->frames[i - 1].shard : 0;
-        if (f->shard >= (uint32_t)ds->nshards || f->shard < prev_shard || f->shard > prev_shard + 1 ||
-            (i == 0 && f->shard != 0))
-            die("%s: frame %lld: shard %u out of order (%d shards)", path, (long long)i, f->shard, ds->nshards);
-        if (f->shard != prev_shard) shard_end = 0;
-        if (f->offset != shard_end)
+        const uint8_t *r = frame_record(ds, i);
+        uint32_t shard = get_u32(r + FR_SHARD), ntok = get_u32(r + FR_TOKENS);
+        uint64_t offset = get_u64(r + FR_OFFSET), csize = get_u64(r + FR_CSIZE);
+        if (i % FRAME_BLOCK == 0) ds->block_first[i / FRAME_BLOCK] = first;
+        if (shard >= (uint32_t)ds->nshards || shard < prev_shard || shard > prev_shard + 1 || (i == 0 && shard != 0))
+            die("%s: frame %lld: shard %u out of order (%d shards)", path, (long long)i, shard, ds->nshards);
+        if (shard != prev_shard) shard_end = 0;
+        if (offset != shard_end)
             die("%s: frame %lld: offset %llu, but the previous frame of shard %u ends at %llu", path, (long long)i,
-                (unsigned long long)f->offset, f->shard, (unsigned long long)shard_end);
-        if (f->ntok < 1 || f->ntok > MAX_FRAME_TOKENS || f->csize < 1 || f->csize > (1ull << 40))
-            die("%s: frame %lld: bad sizes (%u tokens, %llu bytes)", path, (long long)i, f->ntok,
-                (unsigned long long)f->csize);
-        shard_end = f->offset + f->csize;
-        first += f->ntok;
-        if (f->ntok > ds->max_ntok) ds->max_ntok = f->ntok;
-        if (f->csize > ds->max_csize) ds->max_csize = f->csize;
+                (unsigned long long)offset, shard, (unsigned long long)shard_end);
+        if (ntok < 1 || ntok > MAX_FRAME_TOKENS || csize < 1 || csize > (1ull << 40))
+            die("%s: frame %lld: bad sizes (%u tokens, %llu bytes)", path, (long long)i, ntok,
+                (unsigned long long)csize);
+        shard_end = offset + csize;
+        ds->shard_need[shard] = shard_end;
+        ds->shard_last[shard] = i;
+        prev_shard = shard;
+        first += ntok;
+        if (ntok > ds->max_ntok) ds->max_ntok = ntok;
+        if (csize > ds->max_csize) ds->max_csize = csize;
     }
     if (first != ds->ntokens)
         die("%s: frames hold %lld tokens, header says %lld", path, (long long)first, (long long)ds->ntokens);
-    int64_t last_shard = ds->nframes ? (int64_t)ds->frames[ds->nframes - 1].shard : -1;
+    int64_t last_shard = ds->nframes ? (int64_t)prev_shard : -1;
     if (last_shard + 1 != ds->nshards)
         die("%s: header lists %d shards, frames use %lld", path, ds->nshards, (long long)(last_shard + 1));
 }
 
-static void parse_docs(struct dataset *ds, const uint8_t *b, const char *path) {
-    const uint8_t *p = b + INDEX_HEADER_BYTES + (size_t)ds->nframes * INDEX_FRAME_BYTES;
-    ds->docs = xmalloc((size_t)(ds->ndocs + 1) * sizeof *ds->docs);
-    for (int64_t d = 0; d <= ds->ndocs; d++) {
-        ds->docs[d] = (int64_t)get_u64(p + 8 * d);
-        if ((d == 0 && ds->docs[0] != 0) || (d > 0 && ds->docs[d] <= ds->docs[d - 1]))
-            die("%s: document boundary %lld (%lld) out of order", path, (long long)d, (long long)ds->docs[d]);
+static int64_t doc_at(const struct dataset *ds, int64_t d) { return (int64_t)get_u64(ds->doc_base + 8 * (size_t)d); }
+
+static void parse_docs(struct dataset *ds, const char *path) {
+    ds->doc_base = ds->map + INDEX_HEADER_BYTES + (size_t)ds->nframes * INDEX_FRAME_BYTES;
+    for (int64_t d = 0, prev = 0; d <= ds->ndocs; d++) {
+        int64_t start = doc_at(ds, d);
+        if ((d == 0 && start != 0) || (d > 0 && start <= prev))
+            die("%s: document boundary %lld (%lld) out of order", path, (long long)d, (long long)start);
+        prev = start;
     }
-    if (ds->docs[ds->ndocs] != ds->ntokens)
-        die("%s: documents end at token %lld, stream has %lld", path, (long long)ds->docs[ds->ndocs],
+    if (doc_at(ds, ds->ndocs) != ds->ntokens)
+        die("%s: documents end at token %lld, stream has %lld", path, (long long)doc_at(ds, ds->ndocs),
             (long long)ds->ntokens);
 }
 
@@ -140,7 +167,6 @@ static void parse_docs(struct dataset *ds, const uint8_t *b, const char *path) {
 static void open_shards(struct dataset *ds) {
     ds->shard_paths = xcalloc((size_t)ds->nshards + 1, sizeof *ds->shard_paths);
     ds->fds = xmalloc(((size_t)ds->nshards + 1) * sizeof *ds->fds);
-    int64_t f = 0;
     for (int s = 0; s < ds->nshards; s++) {
         size_t n = strlen(ds->dir) + 32;
         ds->shard_paths[s] = xmalloc(n);
@@ -149,16 +175,27 @@ static void open_shards(struct dataset *ds) {
         if (ds->fds[s] < 0)
             die("%s: %s (the index lists %d shards)", ds->shard_paths[s],
                 errno == ENOENT ? "missing" : strerror(errno), ds->nshards);
-        while (f + 1 < ds->nframes && ds->frames[f + 1].shard == (uint32_t)s) f++;
-        const struct frame_info *last = &ds->frames[f];
         struct stat st;
         if (fstat(ds->fds[s], &st) != 0) die("%s: %s", ds->shard_paths[s], strerror(errno));
-        if ((uint64_t)st.st_size < last->offset + last->csize)
+        if ((uint64_t)st.st_size < ds->shard_need[s])
             die("%s: truncated: %lld bytes, but frame %lld at offset %llu ends at %llu", ds->shard_paths[s],
-                (long long)st.st_size, (long long)f, (unsigned long long)last->offset,
-                (unsigned long long)(last->offset + last->csize));
-        f++;
+                (long long)st.st_size, (long long)ds->shard_last[s],
+                (unsigned long long)get_u64(frame_record(ds, ds->shard_last[s]) + FR_OFFSET),
+                (unsigned long long)ds->shard_need[s]);
     }
+}
+
+static void map_index(struct dataset *ds, const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0)
+        die("%s: cannot read: %s (build a dataset with 'mtrain data build')", path, strerror(errno));
+    if (!S_ISREG(st.st_mode) || st.st_size < INDEX_HEADER_BYTES + INDEX_TRAILER_BYTES)
+        die("%s: too short (%lld bytes) or not a file: truncated or not a dataset index", path, (long long)st.st_size);
+    ds->map_size = (size_t)st.st_size;
+    ds->map = mmap(NULL, ds->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (ds->map == MAP_FAILED) die("%s: mmap: %s", path, strerror(errno));
+    if (close(fd) != 0) die("%s: close: %s", path, strerror(errno));
 }
 
 struct dataset *dataset_open(const char *dir) {
@@ -166,19 +203,15 @@ struct dataset *dataset_open(const char *dir) {
     while (dl > 1 && dir[dl - 1] == '/') dl--;
     char path[4096];
     snprintf(path, sizeof path, "%.*s/%s", (int)dl, dir, DATASET_INDEX_NAME);
-    size_t size = 0;
-    errno = 0;
-    uint8_t *b = (uint8_t *)read_file(path, &size);
-    if (!b)
-        die("%s: cannot read: %s (build a dataset with 'mtrain data build')", path,
-            errno ? strerror(errno) : "read error");
     struct dataset *ds = xcalloc(1, sizeof *ds);
+    map_index(ds, path);
     ds->dir = xstrdup(dir);
     ds->dir[dl] = 0;
-    parse_header(ds, b, size, path);
-    parse_frames(ds, b, path);
-    parse_docs(ds, b, path);
-    free(b);
+    parse_header(ds, ds->map, ds->map_size, path);
+    parse_frames(ds, path);
+    parse_docs(ds, path);
+    /* the checks touched every page: let them go (they are re-read on demand) */
+    if (madvise((void *)ds->map, ds->map_size, MADV_DONTNEED) != 0) die("%s: madvise: %s", path, strerror(errno));
     open_shards(ds);
     ds->dctx = ZSTD_createDCtx();
     if (!ds->dctx) die("out of memory creating a zstd context");
@@ -198,8 +231,10 @@ void dataset_close(struct dataset *ds) {
     ZSTD_freeDCtx(ds->dctx);
     free(ds->shard_paths);
     free(ds->fds);
-    free(ds->frames);
-    free(ds->docs);
+    free(ds->block_first);
+    free(ds->shard_need);
+    free(ds->shard_last);
+    if (ds->map && munmap((void *)ds->map, ds->map_size) != 0) die("munmap: %s", strerror(errno));
     free(ds->cbuf);
     free(ds->raw);
     free(ds->dir);
@@ -214,7 +249,7 @@ const char *dataset_dir(const struct dataset *ds) { return ds->dir; }
 int64_t dataset_doc_start(const struct dataset *ds, int64_t d) {
     if (d < 0 || d > ds->ndocs)
         die("dataset %s: document %lld out of range 0..%lld", ds->dir, (long long)d, (long long)ds->ndocs);
-    return ds->docs[d];
+    return doc_at(ds, d);
 }
 
 void dataset_get_info(const struct dataset *ds, struct dataset_info *info) {
@@ -227,7 +262,7 @@ void dataset_get_info(const struct dataset *ds, struct dataset_info *info) {
     info->tokens = ds->ntokens;
     info->shards = ds->nshards;
     info->frames = ds->nframes;
-    for (int64_t f = 0; f < ds->nframes; f++) info->compressed_bytes += (int64_t)ds->frames[f].csize;
+    for (int64_t f = 0; f < ds->nframes; f++) info->compressed_bytes += (int64_t)get_u64(frame_record(ds, f) + FR_CSIZE);
 }
 
 /* --- frames -------------------------------------------------------------- */
@@ -271,7 +306,8 @@ static uint32_t widen_tokens(const uint8_t *raw, int dtype, uint32_t ntok, int32
 /* Decode frame fi into out (ntok int32 values). Returns 0, or -1 with a
  * description of the damage in err. Never exits, so verify can go on. */
 static int decode_frame(struct dataset *ds, int64_t fi, int32_t *out, char *err, size_t n) {
-    const struct frame_info *f = &ds->frames[fi];
+    struct frame_info fr = frame_at(ds, fi);
+    const struct frame_info *f = &fr;
     if (read_compressed(ds, f, err, n)) return -1;
     size_t want = (size_t)f->ntok * ds->dtype;
     unsigned long long content = ZSTD_getFrameContentSize(ds->cbuf, f->csize);
@@ -308,23 +344,31 @@ static const int32_t *get_frame(struct dataset *ds, int64_t fi) {
     if (!slot->tokens) slot->tokens = xmalloc((size_t)ds->max_ntok * sizeof(int32_t));
     slot->frame = -1;
     char err[256];
-    if (decode_frame(ds, fi, slot->tokens, err, sizeof err))
-        die("%s: frame %lld at offset %llu: %s", ds->shard_paths[ds->frames[fi].shard], (long long)fi,
-            (unsigned long long)ds->frames[fi].offset, err);
+    if (decode_frame(ds, fi, slot->tokens, err, sizeof err)) {
+        struct frame_info f = frame_at(ds, fi);
+        die("%s: frame %lld at offset %llu: %s", ds->shard_paths[f.shard], (long long)fi,
+            (unsigned long long)f.offset, err);
+    }
     slot->frame = fi;
     slot->used = ++ds->clock;
     return slot->tokens;
 }
 
-/* Frame holding token t: the last frame whose first token is <= t. */
+/* Frame holding token t: the block whose first token is the last <= t,
+ * then the frame inside it. */
 static int64_t find_frame(const struct dataset *ds, int64_t t) {
-    int64_t lo = 0, hi = ds->nframes - 1;
+    int64_t lo = 0, hi = (ds->nframes - 1) / FRAME_BLOCK;
     while (lo < hi) {
         int64_t mid = lo + (hi - lo + 1) / 2;
-        if (ds->frames[mid].first <= t) lo = mid;
+        if (ds->block_first[mid] <= t) lo = mid;
         else hi = mid - 1;
     }
-    return lo;
+    int64_t fi = lo * FRAME_BLOCK, first = ds->block_first[lo];
+    for (;;) {
+        int64_t next = first + get_u32(frame_record(ds, fi) + FR_TOKENS);
+        if (t < next || fi + 1 == ds->nframes) return fi;
+        first = next, fi++;
+    }
 }
 
 void dataset_read(struct dataset *ds, int64_t first, int64_t count, int32_t *out) {
@@ -333,7 +377,8 @@ void dataset_read(struct dataset *ds, int64_t first, int64_t count, int32_t *out
             (long long)(first + count), (long long)ds->ntokens);
     int64_t fi = count ? find_frame(ds, first) : 0;
     while (count > 0) {
-        const struct frame_info *f = &ds->frames[fi];
+        struct frame_info fr = frame_at(ds, fi);
+        const struct frame_info *f = &fr;
         const int32_t *tok = get_frame(ds, fi);
         int64_t off = first - f->first, take = f->ntok - off;
         if (take > count) take = count;
@@ -351,8 +396,9 @@ int64_t dataset_verify(struct dataset *ds, FILE *report) {
     char err[256];
     for (int64_t fi = 0; fi < ds->nframes; fi++) {
         if (!decode_frame(ds, fi, tok, err, sizeof err)) continue;
-        fprintf(report, "mtrain: error: %s: frame %lld at offset %llu: %s\n", ds->shard_paths[ds->frames[fi].shard],
-                (long long)fi, (unsigned long long)ds->frames[fi].offset, err);
+        struct frame_info f = frame_at(ds, fi);
+        fprintf(report, "mtrain: error: %s: frame %lld at offset %llu: %s\n", ds->shard_paths[f.shard],
+                (long long)fi, (unsigned long long)f.offset, err);
         bad++;
     }
     free(tok);

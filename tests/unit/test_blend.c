@@ -38,7 +38,7 @@ int main(void) {
         write_dataset(paths[d], d, sizes[d]);
     }
     struct blend_source src[3] = {{paths[0], 0.5}, {paths[1], 0.3}, {paths[2], 0.2}};
-    struct blend *b = blend_create(src, 3, L, 7, SPLIT_TRAIN, 0.0);
+    struct blend *b = blend_create(src, 3, L, 7, SPLIT_TRAIN, 0.0, SAMPLER_VERSION);
 
     const int N = 10000, GB = 64;
     int64_t count[3] = {0}, batch[3] = {0};
@@ -72,7 +72,7 @@ int main(void) {
 
     /* 4 data-parallel readers, each its own handles, indices r, r+4, ... */
     struct blend *r[4];
-    for (int i = 0; i < 4; i++) r[i] = blend_create(src, 3, L, 7, SPLIT_TRAIN, 0.0);
+    for (int i = 0; i < 4; i++) r[i] = blend_create(src, 3, L, 7, SPLIT_TRAIN, 0.0, SAMPLER_VERSION);
     int same = 1;
     int32_t want[L + 1];
     for (int64_t i = 0; same && i < N; i++) {
@@ -84,7 +84,7 @@ int main(void) {
     for (int i = 0; i < 4; i++) blend_free(r[i]);
 
     /* random access (a fresh handle jumping backwards) equals sequential */
-    struct blend *j = blend_create(src, 3, L, 7, SPLIT_TRAIN, 0.0);
+    struct blend *j = blend_create(src, 3, L, 7, SPLIT_TRAIN, 0.0, SAMPLER_VERSION);
     int ok = 1;
     for (int64_t i = 50000; ok && i >= 0; i -= 4999) {
         int s1, s2;
@@ -97,7 +97,7 @@ int main(void) {
     blend_free(j);
 
     /* one source is exactly the plain sampler */
-    struct blend *one = blend_create(src, 1, L, 7, SPLIT_TRAIN, 0.0);
+    struct blend *one = blend_create(src, 1, L, 7, SPLIT_TRAIN, 0.0, SAMPLER_VERSION);
     struct dataset *ds = dataset_open(paths[0]);
     struct sampler *sm = sampler_create(ds, L, 7, SPLIT_TRAIN, 0.0);
     ok = 1;
