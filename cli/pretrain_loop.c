@@ -21,6 +21,7 @@
 #include "model/flops.h"
 #include "model/trainer.h"
 #include "parallel/grid.h"
+#include "parallel/watchdog.h"
 
 void openblas_set_num_threads(int);
 
@@ -108,6 +109,7 @@ static void run_eval(struct run *run, int step) {
     double sum = 0;
     /* the same fixed validation samples every time, so the curve is comparable */
     for (int e = 0; e < r->train.eval_batches; e++) {
+        watchdog_phase(WATCHDOG_EVAL, step); /* each batch is progress: a long eval is not a hang */
         int n = fill_batch(run, run->valid, (int64_t)e * r->train.global_batch);
         sum += trainer_eval(&run->tr, run->batch, n);
     }
@@ -157,6 +159,7 @@ static void rewind_to_checkpoint(struct run *run, int bad_step, enum rewind_reas
     const struct recipe *r = run->r;
     const struct rewind_config *c = &r->rewind;
     int G = r->train.global_batch;
+    watchdog_phase(WATCHDOG_LOAD, bad_step);
     finish_save(run, 1);
     run->consecutive_rewinds++;
     if (run->consecutive_rewinds > c->max_rewinds) {
@@ -221,6 +224,7 @@ static void log_comm(struct run *run, int steps) {
 static void setup(struct run *run) {
     const struct recipe *r = run->r;
     grid_create(&run->grid, &r->parallel);
+    watchdog_start(&run->grid, r->train.hang_timeout_s);
     /* GPU ranks: one device per rank on a node; until the NCCL communicator
      * lands, the groups' messages go through host memory over MPI. */
     if (run->be == &cuda_backend) {
@@ -259,6 +263,7 @@ static void setup(struct run *run) {
 }
 
 static void teardown(struct run *run) {
+    watchdog_phase(WATCHDOG_END, run->st.step);
     finish_save(run, 1);
     if (run->metrics) xfclose(run->metrics, run->metrics_path);
     if (run->r->checkpoint.dir[0]) ckpt_snapshot_free(&run->snap);
@@ -267,6 +272,7 @@ static void teardown(struct run *run) {
     prefetcher_free(run->train);
     if (run->valid) blend_free(run->valid);
     grid_free(&run->grid);
+    watchdog_stop();
 }
 
 /* One step; returns 0 if it was applied, 1 if it was rolled back. */
@@ -314,6 +320,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     if (!run.be) return EXIT_RUNTIME;
     install_signals(); /* before the (possibly long) load, so a signal then is not fatal */
     setup(&run);
+    watchdog_phase(WATCHDOG_LOAD, 0);
     const char *from = resume(&run);
     /* a resumed run continues the metrics stream of the run it resumes */
     if (run.rank0) run.metrics = xfopen(run.metrics_path, from ? "a" : "w");
@@ -334,18 +341,20 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     }
     event(&run,
           "{\"event\":\"start\",\"step\":%d,\"params\":%lld,\"flops_per_token\":%.6g,\"steps\":%d,"
-          "\"device\":\"%s\",\"peak_tflops\":%g}",
+          "\"device\":\"%s\",\"peak_tflops\":%g,\"hang_timeout_s\":%g}",
           run.st.step, (long long)model_param_count(&r->model), run.flops_per_token, r->train.steps, run.be->name,
-          run.peak_tflops);
+          run.peak_tflops, r->train.hang_timeout_s);
     double t_start = now_seconds();
     int first = run.st.step + 1;
     for (int step = first; step <= r->train.steps; step = run.st.step + 1) {
         /* every rank must agree to stop at the same step boundary */
+        watchdog_phase(WATCHDOG_STEP, step);
         float stop = stop_signal;
         comm_all_reduce_max(&run.grid.world, &stop, 1);
         if (stop != 0 || (o->stop_after > 0 && run.st.step >= o->stop_after)) {
             const char *name = stop == 0 ? "stop-after" : stop == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
             if (run.rank0) printf("%s: saving a checkpoint at step %d and exiting\n", name, run.st.step);
+            watchdog_phase(WATCHDOG_SAVE, run.st.step);
             if (r->checkpoint.dir[0] && run.saved_step != run.st.step) save_checkpoint(&run);
             event(&run, "{\"event\":\"signal\",\"signal\":\"%s\",\"step\":%d}", name, run.st.step);
             teardown(&run);
@@ -356,12 +365,18 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
             abort();
         }
         if (one_step(&run, step)) continue;
+        /* automatic hang timeout: settled by this rank's first steps */
+        double hang_timeout = watchdog_step_done();
+        if (hang_timeout > 0)
+            event(&run, "{\"event\":\"watchdog\",\"step\":%d,\"hang_timeout_s\":%.1f}", step, hang_timeout);
         if (run.valid && (step % r->train.eval_interval == 0 || step == r->train.steps)) run_eval(&run, step);
-        if (r->checkpoint.dir[0] && r->checkpoint.interval > 0 &&
-            (step % r->checkpoint.interval == 0 || step == r->train.steps))
-            save_checkpoint(&run);
+        int save = r->checkpoint.dir[0] && r->checkpoint.interval > 0 &&
+                   (step % r->checkpoint.interval == 0 || step == r->train.steps);
+        if (save || run.commit_pending) watchdog_phase(WATCHDOG_SAVE, step);
+        if (save) save_checkpoint(&run);
         finish_save(&run, 0);
     }
+    watchdog_phase(WATCHDOG_END, run.st.step);
     char path[RECIPE_PATH_MAX + 32] = "(none: multi-rank; export a checkpoint with mtrain convert)";
     if (run.grid.world_size == 1) {
         snprintf(path, sizeof path, "%s/model.safetensors", r->log.dir);

@@ -7,6 +7,7 @@
 #include "config/common.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
+#include "parallel/watchdog.h"
 
 #define MPI_CHECK(call)                                                                     \
     do {                                                                                    \
@@ -31,6 +32,12 @@ struct pending {
 static struct pending pending;
 
 static MPI_Comm handle(const struct comm *c) { return *(MPI_Comm *)c->handle; }
+
+/* Every call that reaches MPI is marked for the hang watchdog, so a rank
+ * stuck waiting for a dead peer can say where. */
+static void enter(const struct comm *c, const char *op) {
+    watchdog_enter(op, c->name ? c->name : "?", c->rank, c->size);
+}
 
 static void track(const struct comm *c, MPI_Request r, void *staged) {
     if (pending.n == MAX_PENDING) die("too many outstanding communication requests");
@@ -90,18 +97,24 @@ static void all_reduce(struct comm *c, float *buf, size_t n, MPI_Op op) {
 
 void comm_all_reduce_sum(struct comm *c, float *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
+    enter(c, "all_reduce_sum");
     all_reduce(c, buf, n, MPI_SUM);
+    watchdog_leave();
 }
 
 void comm_all_reduce_max(struct comm *c, float *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
+    enter(c, "all_reduce_max");
     all_reduce(c, buf, n, MPI_MAX);
+    watchdog_leave();
 }
 
 void comm_all_reduce_sum_f64(struct comm *c, double *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
     c->bytes += n * sizeof(double), c->calls++;
+    enter(c, "all_reduce_sum_f64");
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, handle(c)));
+    watchdog_leave();
 }
 
 void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t n) {
@@ -111,9 +124,11 @@ void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t
         return;
     }
     c->bytes += in_bytes, c->calls++;
+    enter(c, "reduce_scatter_sum");
     float *hin = stage_in(c, 0, in, in_bytes), *hout = stage_out(c, 1, out, out_bytes);
     MPI_CHECK(MPI_Reduce_scatter_block(hin, hout, (int)n, MPI_FLOAT, MPI_SUM, handle(c)));
     stage_back(c, out, hout, out_bytes);
+    watchdog_leave();
 }
 
 void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
@@ -123,22 +138,27 @@ void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
         return;
     }
     c->bytes += out_bytes, c->calls++;
+    enter(c, "all_gather");
     float *hin = stage_in(c, 0, in, in_bytes), *hout = stage_out(c, 1, out, out_bytes);
     MPI_CHECK(MPI_Allgather(hin, (int)n, MPI_FLOAT, hout, (int)n, MPI_FLOAT, handle(c)));
     stage_back(c, out, hout, out_bytes);
+    watchdog_leave();
 }
 
 void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
     if (c->size == 1) return;
     c->bytes += bytes, c->calls++;
+    enter(c, "broadcast");
     void *h = stage_in(c, 0, buf, bytes);
     MPI_CHECK(MPI_Bcast(h, (int)bytes, MPI_BYTE, root, handle(c)));
     stage_back(c, buf, h, bytes);
+    watchdog_leave();
 }
 
 void comm_send(struct comm *c, const void *buf, size_t bytes, int peer, int tag) {
     MPI_Request r;
     c->bytes += bytes, c->calls++;
+    enter(c, "send");
     void *staged = NULL;
     if (c->stage) { /* a copy of its own: the caller may reuse buf before the send completes */
         staged = xmalloc(bytes ? bytes : 1);
@@ -146,12 +166,15 @@ void comm_send(struct comm *c, const void *buf, size_t bytes, int peer, int tag)
     }
     MPI_CHECK(MPI_Isend(staged ? staged : buf, (int)bytes, MPI_BYTE, peer, tag, handle(c), &r));
     track(c, r, staged);
+    watchdog_leave();
 }
 
 void comm_recv(struct comm *c, void *buf, size_t bytes, int peer, int tag) {
+    enter(c, "recv");
     void *h = stage_out(c, 0, buf, bytes);
     MPI_CHECK(MPI_Recv(h, (int)bytes, MPI_BYTE, peer, tag, handle(c), MPI_STATUS_IGNORE));
     stage_back(c, buf, h, bytes);
+    watchdog_leave();
 }
 
 static void wait_owned(const struct comm *c) {
@@ -169,19 +192,30 @@ static void wait_owned(const struct comm *c) {
     pending.n = kept;
 }
 
-void comm_wait_sends(struct comm *c) { wait_owned(c); }
-void comm_wait_all(struct comm *c) { wait_owned(c); }
+void comm_wait_sends(struct comm *c) {
+    enter(c, "wait_sends");
+    wait_owned(c);
+    watchdog_leave();
+}
+
+void comm_wait_all(struct comm *c) {
+    enter(c, "wait_all");
+    wait_owned(c);
+    watchdog_leave();
+}
 
 void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
+    enter(c, "all_reduce_sum_start");
     if (c->stage) { /* staged: done at once */
         all_reduce(c, buf, n, MPI_SUM);
-        return;
+    } else {
+        MPI_Request r;
+        c->bytes += n * sizeof(float), c->calls++;
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, handle(c), &r));
+        track(c, r, NULL);
     }
-    MPI_Request r;
-    c->bytes += n * sizeof(float), c->calls++;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, handle(c), &r));
-    track(c, r, NULL);
+    watchdog_leave();
 }
 
 void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n) {
@@ -191,9 +225,11 @@ void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n) {
         return;
     }
     c->bytes += bytes, c->calls++;
+    enter(c, "all_to_all");
     float *hin = stage_in(c, 0, in, bytes), *hout = stage_out(c, 1, out, bytes);
     MPI_CHECK(MPI_Alltoall(hin, (int)n, MPI_FLOAT, hout, (int)n, MPI_FLOAT, handle(c)));
     stage_back(c, out, hout, bytes);
+    watchdog_leave();
 }
 
 void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out,
@@ -208,12 +244,17 @@ void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
     c->bytes += in_n * sizeof(float), c->calls++;
     int *displ = xmalloc(sizeof(int) * 2 * c->size), *rdispl = displ + c->size;
     for (int r = 0, s = 0, d = 0; r < c->size; s += send_counts[r], d += recv_counts[r], r++) displ[r] = s, rdispl[r] = d;
+    enter(c, "all_to_all_v");
     float *hin = stage_in(c, 0, in, in_n * sizeof(float)), *hout = stage_out(c, 1, out, out_n * sizeof(float));
     MPI_CHECK(MPI_Alltoallv(hin, send_counts, displ, MPI_FLOAT, hout, recv_counts, rdispl, MPI_FLOAT, handle(c)));
     stage_back(c, out, hout, out_n * sizeof(float));
+    watchdog_leave();
     free(displ);
 }
 
 void comm_barrier(struct comm *c) {
-    if (c->size > 1) MPI_CHECK(MPI_Barrier(handle(c)));
+    if (c->size == 1) return;
+    enter(c, "barrier");
+    MPI_CHECK(MPI_Barrier(handle(c)));
+    watchdog_leave();
 }
