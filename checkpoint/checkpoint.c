@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -53,11 +54,15 @@ static void fsync_path(const char *path) {
     close(fd);
 }
 
+/* Remove a step directory (files only). manifest.json goes first, so an
+ * interrupted removal never leaves a directory that looks committed. */
 static void remove_dir(const char *path) {
     DIR *d = opendir(path);
     if (!d) return;
     struct dirent *e;
-    char p[4096];
+    char p[4200];
+    snprintf(p, sizeof p, "%s/manifest.json", path);
+    if (unlink(p) != 0 && errno != ENOENT) warn("cannot remove %s: %s", p, strerror(errno));
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         snprintf(p, sizeof p, "%s/%s", path, e->d_name);
@@ -101,16 +106,99 @@ static json_t *tensor_json(const struct param_info *p, const char *name, const c
     return t;
 }
 
-/* Supplies the data of tensor p, section sec (0 params, 1, 2 moments). */
+/* Supplies the data of tensor p, section sec (0 params, 1, 2 moments);
+ * NULL on failure (with the reason in the source's own error buffer). */
 typedef const float *(*shard_source)(void *ctx, int sec, const struct param_info *p);
 
+/* An output file written as PATH.tmp.PID and renamed into place on close,
+ * that reports I/O errors instead of dying: the async writer thread must not
+ * print or exit (the main thread reports a failed save, in one line). */
+struct out_file {
+    FILE *f;
+    char tmp[4480];
+    const char *path;
+    int err_no; /* first error (0: none) */
+};
+
+static int out_open(struct out_file *o, const char *path, char *err, size_t errlen) {
+    o->path = path;
+    o->err_no = 0;
+    snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%d", path, (int)getpid());
+    o->f = fopen(o->tmp, "wb");
+    if (!o->f) {
+        snprintf(err, errlen, "cannot create %s: %s", o->tmp, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void out_write(struct out_file *o, const void *buf, size_t n) {
+    if (o->err_no || !n) return;
+    if (fwrite(buf, 1, n, o->f) != n) o->err_no = errno ? errno : EIO;
+}
+
+/* Flush, fsync, close and rename; on any failure remove the temporary file. */
+static int out_close(struct out_file *o, char *err, size_t errlen) {
+    if (!o->err_no && (fflush(o->f) != 0 || fsync(fileno(o->f)) != 0)) o->err_no = errno ? errno : EIO;
+    if (fclose(o->f) != 0 && !o->err_no) o->err_no = errno ? errno : EIO;
+    o->f = NULL;
+    if (o->err_no) {
+        snprintf(err, errlen, "cannot write %s: %s", o->tmp, strerror(o->err_no));
+        unlink(o->tmp);
+        return -1;
+    }
+    if (rename(o->tmp, o->path) != 0) {
+        snprintf(err, errlen, "cannot rename %s to %s: %s", o->tmp, o->path, strerror(errno));
+        unlink(o->tmp);
+        return -1;
+    }
+    return 0;
+}
+
+static int write_atomic_checked(const char *path, const void *buf, size_t n, char *err, size_t errlen) {
+    struct out_file o;
+    if (out_open(&o, path, err, errlen) != 0) return -1;
+    out_write(&o, buf, n);
+    return out_close(&o, err, errlen);
+}
+
+/* The safetensors header of st_writer_open (checkpoint/safetensors.c):
+ * 8-byte little-endian length, then the JSON padded with spaces to 8 bytes. */
+static char *st_header(const struct st_tensor *ts, int n, const char *step_text, size_t *len_out) {
+    json_t *root = json_object(), *meta = json_pack("{s:s, s:s}", "format", "pt", "mtrain_step", step_text);
+    CHECK(root && meta);
+    CHECK(json_object_set_new(root, "__metadata__", meta) == 0);
+    uint64_t offset = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *shape = json_array();
+        CHECK(shape);
+        for (int d = 0; d < ts[i].ndim; d++) CHECK(json_array_append_new(shape, json_integer(ts[i].shape[d])) == 0);
+        json_t *t = json_pack("{s:s, s:o, s:[I,I]}", "dtype", ts[i].dtype, "shape", shape, "data_offsets",
+                              (json_int_t)offset, (json_int_t)(offset + ts[i].nbytes));
+        CHECK(t && json_object_set_new(root, ts[i].name, t) == 0);
+        offset += ts[i].nbytes;
+    }
+    char *json = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    CHECK(json);
+    json_decref(root);
+    size_t hlen = strlen(json), padded = (hlen + 7) / 8 * 8;
+    char *h = xmalloc(8 + padded);
+    for (int i = 0; i < 8; i++) h[i] = (char)(uint8_t)((uint64_t)padded >> (8 * i));
+    memcpy(h + 8, json, hlen);
+    memset(h + 8 + hlen, ' ', padded - hlen);
+    free(json);
+    *len_out = 8 + padded;
+    return h;
+}
+
 /* Write one shard file (tensors of t) and its part of the manifest into the
- * temporary step directory, one tensor in memory at a time. */
-static void write_shard(const char *tmp, const struct param_table *t, const struct ckpt_layout *L, int step,
-                        shard_source get, void *ctx, int crash) {
+ * temporary step directory, one tensor in memory at a time. Returns 0, or -1
+ * with the reason in err (nothing printed: this may run in the writer thread). */
+static int write_shard(const char *tmp, const struct param_table *t, const struct ckpt_layout *L, int step,
+                       shard_source get, void *ctx, int crash, char *err, size_t errlen) {
     char path[4400], file[64];
     snprintf(file, sizeof file, "rank-%05d.safetensors", L->world_rank);
-    int n = 3 * t->count;
+    int n = 3 * t->count, rc = -1;
     struct st_tensor *ts = xcalloc(n ? n : 1, sizeof *ts);
     char (*names)[PARAM_NAME_MAX + 32] = xcalloc(n ? n : 1, sizeof *names);
     for (int sec = 0; sec < 3; sec++)
@@ -125,33 +213,39 @@ static void write_shard(const char *tmp, const struct param_table *t, const stru
     snprintf(path, sizeof path, "%s/%s", tmp, file);
     char step_text[32];
     snprintf(step_text, sizeof step_text, "%d", step);
-    const char *mk[] = {"format", "mtrain_step"}, *mv[] = {"pt", step_text};
-    struct st_writer w;
-    st_writer_open(&w, path, ts, n, mk, mv, 2);
+    size_t hlen;
+    char *header = st_header(ts, n, step_text, &hlen);
     json_t *tensors = json_array();
-    for (int k = 0; k < n; k++) {
+    struct out_file out;
+    if (out_open(&out, path, err, errlen) != 0) goto done;
+    out_write(&out, header, hlen);
+    for (int k = 0; k < n && !out.err_no; k++) {
         const struct param_info *p = &t->items[k % t->count];
         const float *data = get(ctx, k / t->count, p);
-        st_writer_put(&w, data, ts[k].nbytes);
+        out_write(&out, data, ts[k].nbytes);
         json_array_append_new(tensors, tensor_json(p, names[k], file, L->tp_rank, L->tp, XXH3_64bits(data, ts[k].nbytes)));
     }
-    st_writer_close(&w);
+    if (out_close(&out, err, errlen) != 0) goto done;
     if (crash) {
         fprintf(stderr, "mtrain: injected crash while saving step %d\n", step);
         signal(SIGABRT, SIG_DFL);
         abort();
     }
-    json_t *part = json_pack("{s:s, s:i, s:i, s:o}", "file", file, "tp_rank", L->tp_rank, "pp_rank", L->pp_rank,
+    json_t *part = json_pack("{s:s, s:i, s:i, s:O}", "file", file, "tp_rank", L->tp_rank, "pp_rank", L->pp_rank,
                              "tensors", tensors);
     CHECK(part);
     char *text = json_dumps(part, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     CHECK(text);
     snprintf(path, sizeof path, "%s/rank-%05d.json", tmp, L->world_rank);
-    write_file_atomic(path, text, strlen(text));
+    rc = write_atomic_checked(path, text, strlen(text), err, errlen);
     free(text);
     json_decref(part);
+done:
+    json_decref(tensors);
+    free(header);
     free(ts);
     free(names);
+    return rc;
 }
 
 static const float *snapshot_source(void *ctx, int sec, const struct param_info *p) {
@@ -161,23 +255,30 @@ static const float *snapshot_source(void *ctx, int sec, const struct param_info 
 
 /* write_shard for the tensors this writer stores: all of t, or only its
  * routed experts when L->expert_only. */
-static void write_own_shard(const char *tmp, const struct param_table *t, const struct ckpt_layout *L, int step,
-                            shard_source get, void *ctx, int crash) {
-    if (!L->expert_only) {
-        write_shard(tmp, t, L, step, get, ctx, crash);
-        return;
-    }
+static int write_own_shard(const char *tmp, const struct param_table *t, const struct ckpt_layout *L, int step,
+                           shard_source get, void *ctx, int crash, char *err, size_t errlen) {
+    if (!L->expert_only) return write_shard(tmp, t, L, step, get, ctx, crash, err, errlen);
     struct param_table experts = *t;
     int first = param_table_first_expert(t);
     experts.items = t->items + first, experts.count = t->count - first;
-    write_shard(tmp, &experts, L, step, get, ctx, crash);
+    return write_shard(tmp, &experts, L, step, get, ctx, crash, err, errlen);
+}
+
+int checkpoint_write_rank_checked(const struct ckpt_snapshot *s, const char *dir, int crash, char *err,
+                                  size_t errlen) {
+    if (!s->layout.writer) return 0;
+    char tmp[4200], why[8192];
+    tmp_step_dir(tmp, sizeof tmp, dir, s->state.step);
+    if (write_own_shard(tmp, s->table, &s->layout, s->state.step, snapshot_source, (void *)s, crash, why,
+                        sizeof why) == 0)
+        return 0;
+    snprintf(err, errlen, "checkpoint step %d: %s", s->state.step, why);
+    return -1;
 }
 
 void checkpoint_write_rank(const struct ckpt_snapshot *s, const char *dir, int crash) {
-    if (!s->layout.writer) return;
-    char tmp[4200];
-    tmp_step_dir(tmp, sizeof tmp, dir, s->state.step);
-    write_own_shard(tmp, s->table, &s->layout, s->state.step, snapshot_source, (void *)s, crash);
+    char err[8400];
+    if (checkpoint_write_rank_checked(s, dir, crash, err, sizeof err) != 0) die("%s", err);
 }
 
 /* Every writer's part (rank-*.json) -> one tensors array and a files list. */
@@ -210,19 +311,42 @@ static void merge_parts(const char *tmp, json_t *tensors, json_t *files) {
     free(parts);
 }
 
+/* The manifest's own checksum: XXH3-64 (hex) of its canonical JSON (compact,
+ * keys sorted, ASCII, reals with 17 digits) without the checksum key. Parsing
+ * and dumping again gives the same text, so the loader recomputes it exactly. */
+#define MANIFEST_SUM_KEY "manifest_xxh3"
+
+static void manifest_sum(const json_t *m, char hex[17]) {
+    json_t *c = json_copy((json_t *)m); /* shallow: the values are shared */
+    CHECK(c);
+    json_object_del(c, MANIFEST_SUM_KEY);
+    char *text = json_dumps(c, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENSURE_ASCII | JSON_REAL_PRECISION(17));
+    CHECK(text);
+    snprintf(hex, 17, "%016llx", (unsigned long long)XXH3_64bits(text, strlen(text)));
+    free(text);
+    json_decref(c);
+}
+
+static int ckpt_warnings = 1;
+void checkpoint_set_warnings(int on) { ckpt_warnings = on; }
+
 static void write_manifest(const struct ckpt_snapshot *s, const char *path, json_t *tensors, json_t *files) {
     const struct train_state *st = &s->state;
     const struct ckpt_layout *L = &s->layout;
     char *recipe = recipe_text(s->recipe);
-    json_t *m = json_pack("{s:s, s:i, s:i, s:I, s:i, s:i, s:f, s:i, s:{s:f, s:f, s:i}, "
+    json_t *m = json_pack("{s:s, s:i, s:s, s:i, s:I, s:i, s:i, s:f, s:i, s:{s:f, s:f, s:i}, "
                           "s:{s:i, s:i, s:i, s:i, s:i, s:i, s:i}, s:o, s:o, s:s}",
-                          "format", "mtrain-checkpoint", "version", CHECKPOINT_FORMAT_VERSION, "step", st->step,
+                          "format", "mtrain-checkpoint", "version", CHECKPOINT_FORMAT_VERSION,
+                          MANIFEST_SUM_KEY, "", "step", st->step,
                           "consumed_samples", (json_int_t)st->consumed_samples, "optimizer_step", st->opt_step,
                           "rewinds", st->rewinds, "lr_scale", st->lr_scale, "lr_scale_until", st->lr_scale_until,
                           "monitor", "ema_loss", st->ema_loss, "ema_grad_norm", st->ema_grad_norm, "seen", st->ema_seen,
                           "layout", "tp", L->tp, "pp", L->pp, "vpp", L->vpp, "dp", L->dp, "ep", 1, "cp", 1,
                           "world_size", L->tp * L->pp * L->dp, "files", files, "tensors", tensors, "recipe", recipe);
     CHECK(m);
+    char hex[17];
+    manifest_sum(m, hex);
+    CHECK(json_object_set_new(m, MANIFEST_SUM_KEY, json_string(hex)) == 0); /* keeps its place, third */
     char *text = json_dumps(m, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     CHECK(text);
     write_file_atomic(path, text, strlen(text));
@@ -251,6 +375,16 @@ void checkpoint_commit(const struct ckpt_snapshot *s, const char *dir) {
     snprintf(path, sizeof path, "%s/manifest.json", tmp);
     write_manifest(s, path, tensors, files);
     fsync_path(tmp);
+    /* Committed steps newer than this one belong to an abandoned branch (a
+     * rewind to an older checkpoint, or --resume of an older step into the
+     * same directory): auto-resume takes the newest committed step whatever
+     * `latest` says, so they go, before this one is committed. */
+    int steps[4096], n = checkpoint_list(dir, steps, 4096);
+    for (int i = 0; i < n && steps[i] > s->state.step; i++) {
+        checkpoint_step_dir(path, sizeof path, dir, steps[i]);
+        warn("removing %s: newer than the step being saved (%d), from an abandoned branch", path, s->state.step);
+        remove_dir(path);
+    }
     if (path_exists(final)) remove_dir(final); /* a stale copy of this step from an abandoned branch */
     if (rename(tmp, final) != 0) die("cannot rename %s to %s: %s", tmp, final, strerror(errno));
     fsync_path(dir);
@@ -422,6 +556,22 @@ static json_t *load_manifest(const char *step_dir, struct train_state *st, char 
         snprintf(err, errlen, "%s: cannot read manifest (line %d: %s)", path, jerr.line, jerr.text);
         return NULL;
     }
+    /* the manifest's own checksum first: a damaged but parseable manifest
+     * (step, data position, optimizer state, recipe) must not load */
+    json_t *sum = json_object_get(man, MANIFEST_SUM_KEY);
+    if (sum) {
+        char hex[17];
+        manifest_sum(man, hex);
+        if (!json_is_string(sum) || strcmp(json_string_value(sum), hex)) {
+            snprintf(err, errlen, "%s: manifest checksum mismatch (%s %s, content %s): the manifest is damaged or "
+                     "was edited", path, MANIFEST_SUM_KEY, json_is_string(sum) ? json_string_value(sum) : "?", hex);
+            json_decref(man);
+            return NULL;
+        }
+    } else if (ckpt_warnings) {
+        warn("%s carries no checksum (written by an older mtrain): its step, data position and recipe are not "
+             "verified", path);
+    }
     json_t *fmt = json_object_get(man, "format"), *ver = json_object_get(man, "version");
     if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "mtrain-checkpoint") || !json_is_integer(ver) ||
         !json_is_array(json_object_get(man, "tensors")) || read_state(man, st) != 0) {
@@ -576,7 +726,9 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
                 struct ckpt_layout L = {.world_rank = t + tp * (e + dp * p), .tp = tp, .tp_rank = t, .pp = pp,
                                         .pp_rank = p, .dp = dp, .vpp = vpp, .writer = 1, .expert_only = e > 0};
                 ctx.tp_rank = t;
-                write_own_shard(tmp, &table, &L, s.state.step, convert_source, &ctx, 0);
+                char why[8192];
+                if (write_own_shard(tmp, &table, &L, s.state.step, convert_source, &ctx, 0, why, sizeof why) != 0)
+                    die("%s", why);
                 param_table_free(&table);
             }
     checkpoint_commit(&s, dst_dir);
@@ -621,16 +773,83 @@ int checkpoint_latest(const char *dir) {
     return step;
 }
 
+/* "NAME.tmp.PID" (write_file_atomic's temporary files, the start-up probe
+ * .mtrain-probe-rR.tmp.PID): the PID, or -1. */
+static long tmp_file_pid(const char *name) {
+    const char *t = NULL;
+    for (const char *q = strstr(name, ".tmp."); q; q = strstr(q + 1, ".tmp.")) t = q;
+    if (!t || t == name || !t[5]) return -1;
+    char *end;
+    long pid = strtol(t + 5, &end, 10);
+    return *end || pid <= 0 || pid > 0x7fffffff ? -1 : pid;
+}
+
+/* Seconds since the epoch when process pid started (Linux /proc), or -1. */
+static double process_start_time(long pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    char *stat_text = read_file(path, NULL), *proc_stat = read_file("/proc/stat", NULL);
+    double t = -1;
+    const char *p = stat_text ? strrchr(stat_text, ')') : NULL, *b = proc_stat ? strstr(proc_stat, "\nbtime ") : NULL;
+    if (p && b) {
+        unsigned long long start = 0;
+        /* after "(comm)": state (field 3) ... starttime (field 22) */
+        int field = 2, ok = 0;
+        for (const char *q = p + 1; *q && !ok; q++)
+            if (*q == ' ' && ++field == 22) ok = sscanf(q + 1, "%llu", &start) == 1;
+        long hz = sysconf(_SC_CLK_TCK);
+        if (ok && hz > 0) t = strtod(b + 7, NULL) + (double)start / hz;
+    }
+    free(stat_text);
+    free(proc_stat);
+    return t;
+}
+
+/* Could the live process pid have written a file last modified at mtime?
+ * No if it does not exist, or (PIDs are reused, in containers above all)
+ * if it started after the file was last written. */
+static int may_own(long pid, time_t mtime) {
+    if (kill((pid_t)pid, 0) != 0 && errno != EPERM) return 0;
+    double started = process_start_time(pid);
+    return started < 0 || started <= (double)mtime + 1;
+}
+
 void checkpoint_clean_partial(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
-    char path[4400];
+    char **names = NULL;
+    int n = 0;
     while ((e = readdir(d))) {
-        if (strncmp(e->d_name, "step-", 5) || !strstr(e->d_name, ".tmp-")) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        warn("removing %s, left by an interrupted save", path);
-        remove_dir(path);
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        names = xrealloc(names, sizeof *names * (n + 1));
+        names[n++] = xstrdup(e->d_name);
     }
     closedir(d);
+    char path[4400], man[4500];
+    struct stat sb;
+    for (int i = 0; i < n; i++) {
+        const char *name = names[i];
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        long pid;
+        if (!strncmp(name, "step-", 5) && strstr(name, ".tmp-")) {
+            /* a step directory still being written (step 1 of the protocol) */
+            warn("removing %s, left by an interrupted save", path);
+            remove_dir(path);
+        } else if (parse_step_name(name) >= 0 && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) &&
+                   (snprintf(man, sizeof man, "%s/manifest.json", path), !path_exists(man))) {
+            /* a committed name without a manifest: an interrupted removal (retention) */
+            warn("removing %s, a step directory without a manifest (left by an interrupted removal)", path);
+            remove_dir(path);
+        } else if ((!strncmp(name, "latest.tmp.", 11) || !strncmp(name, ".mtrain-probe-", 14)) &&
+                   (pid = tmp_file_pid(name)) > 0 && lstat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+            /* a temporary file of an interrupted `latest` update (or a start-up probe);
+             * one of a live process on this machine is left alone */
+            if (pid != (long)getpid() && may_own(pid, sb.st_mtime)) continue;
+            warn("removing %s, left by an interrupted save", path);
+            if (unlink(path) != 0) warn("cannot remove %s: %s", path, strerror(errno));
+        }
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
 }

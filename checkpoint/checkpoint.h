@@ -58,8 +58,14 @@ void ckpt_snapshot_take(struct ckpt_snapshot *s, const struct backend *be, const
  * (rank 0, once every writer has finished). */
 void checkpoint_prepare(const char *dir, int step);
 /* Write this rank's shard file and its part of the manifest. If crash, abort
- * after the shard file and before the part (fault injection). */
+ * after the shard file and before the part (fault injection). Dies on an
+ * I/O error. */
 void checkpoint_write_rank(const struct ckpt_snapshot *s, const char *dir, int crash);
+/* The same, but an I/O error returns -1 with "checkpoint step N: cannot
+ * write PATH: REASON" in err and prints nothing (the async writer thread
+ * uses it: the main thread reports, once). */
+int checkpoint_write_rank_checked(const struct ckpt_snapshot *s, const char *dir, int crash, char *err,
+                                  size_t errlen);
 /* Merge the parts into manifest.json, commit by rename, update `latest`,
  * apply keep_last. */
 void checkpoint_commit(const struct ckpt_snapshot *s, const char *dir);
@@ -68,8 +74,10 @@ void checkpoint_write(const struct ckpt_snapshot *s, const char *dir, int crash_
 
 /* Load a committed step directory, saved with any layout, into host buffers
  * of t->total floats each (params, moments) for the part of the model t
- * describes. Returns 0; -1 if it is unreadable or damaged (checksum); -2 if
- * it belongs to another model shape. err names the file and tensor. */
+ * describes. Returns 0; -1 if it is unreadable or damaged (a tensor's
+ * checksum, or the manifest's own checksum `manifest_xxh3`); -2 if it belongs
+ * to another model shape. err names the file (and tensor). A manifest without
+ * a checksum (older mtrain) loads with a warning. */
 int checkpoint_load(const char *step_dir, const struct param_table *t, float *params, float *m, float *v,
                     struct train_state *st, char *err, size_t errlen);
 /* Read just the manifest's state and recipe text (caller frees *recipe_text). */
@@ -102,5 +110,12 @@ int checkpoint_list(const char *dir, int *steps, int max);
 void checkpoint_step_dir(char *out, size_t n, const char *dir, int step);
 /* The step named by DIR/latest, or -1. */
 int checkpoint_latest(const char *dir);
-/* Remove leftovers of interrupted saves (step-*.tmp-*) under dir. */
+/* Remove leftovers of interrupted saves under dir, with a warning each:
+ * step-*.tmp-* directories, step directories without a manifest (an
+ * interrupted removal), latest.tmp.PID (an interrupted `latest` update) and
+ * .mtrain-probe-*.tmp.PID (a start-up probe) unless process PID is alive on
+ * this machine and may have written it. */
 void checkpoint_clean_partial(const char *dir);
+/* Warnings from loads (a manifest without a checksum) on (default) or off:
+ * off on every rank but one, so a multi-rank run says it once. */
+void checkpoint_set_warnings(int on);

@@ -2,19 +2,85 @@
  * snapshots, DP rank 0 of each (tp, pp) shard writes (in a background thread
  * when checkpoint.async), and world rank 0 commits once all writers are done.
  * Loads are collective so every rank agrees on the outcome. */
+#include <errno.h>
+#include <fcntl.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/pretrain.h"
 #include "config/common.h"
 
+/* One failure every rank reaches together: ranks that saw it say why (one
+ * line each), every rank exits 1. Returns if no rank failed. */
+static void fail_if_any(struct run *run, const char *msg) {
+    float bad = msg[0] != 0;
+    comm_all_reduce_max(&run->grid.world, &bad, 1);
+    if (bad == 0) return;
+    if (msg[0]) fprintf(stderr, "mtrain: error: %s\n", msg); /* one write: nothing can split the line */
+    fflush(NULL);
+    parallel_finalize();
+    exit(EXIT_RUNTIME);
+}
+
+/* Can files be created in dir (made first if create)? A probe file
+ * (NAME.tmp.PID, which a later start removes if this one dies) is written
+ * and removed. Returns 0, or -1 with the reason in why. */
+static int probe_dir(const char *dir, int create, int rank, char *why, size_t n) {
+    if (create && mkdir_p(dir) != 0) {
+        snprintf(why, n, "cannot create it: %s", strerror(errno));
+        return -1;
+    }
+    char path[RECIPE_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/.mtrain-probe-r%d.tmp.%d", dir, rank, (int)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        snprintf(why, n, "cannot create a file in it: %s", strerror(errno));
+        return -1;
+    }
+    int ok = write(fd, "probe\n", 6) == 6 && fsync(fd) == 0, e = errno;
+    if (close(fd) != 0 && ok) ok = 0, e = errno;
+    if (unlink(path) != 0 && ok) ok = 0, e = errno;
+    if (!ok) {
+        snprintf(why, n, "cannot write a file in it: %s", strerror(e));
+        unlink(path);
+        return -1;
+    }
+    return 0;
+}
+
+/* Before any step: log.dir and checkpoint.dir can be created and written
+ * (so an unwritable one is not found at the first save, after training for a
+ * while), and leftovers of an interrupted save are removed. */
+static void check_dirs(struct run *run, int writer) {
+    const struct recipe *r = run->r;
+    const char *ck = r->checkpoint.dir;
+    char msg[2 * RECIPE_PATH_MAX + 256] = "", why[256];
+    if (run->rank0) {
+        if (r->log.dir[0] && probe_dir(r->log.dir, 1, 0, why, sizeof why) != 0)
+            snprintf(msg, sizeof msg, "log.dir %s: not writable (%s)", r->log.dir, why);
+        else if (ck[0] && probe_dir(ck, 1, 0, why, sizeof why) != 0)
+            snprintf(msg, sizeof msg, "checkpoint.dir %s: not writable (%s)", ck, why);
+        else if (ck[0])
+            checkpoint_clean_partial(ck);
+    }
+    fail_if_any(run, msg);
+    if (!ck[0]) return;
+    /* every writer (on other nodes too: the directory must be shared) */
+    if (!run->rank0 && writer && probe_dir(ck, 0, run->grid.world_rank, why, sizeof why) != 0)
+        snprintf(msg, sizeof msg, "checkpoint.dir %s: not writable from rank %d (%s)", ck, run->grid.world_rank, why);
+    fail_if_any(run, msg);
+}
+
 void ckpt_setup(struct run *run) {
     const struct recipe *r = run->r;
     const struct grid *g = &run->grid;
+    checkpoint_set_warnings(run->rank0);
+    int writer = g->dp_rank == 0 || (g->edp_rank == 0 && r->model.num_experts > 0);
+    check_dirs(run, writer);
     if (!r->checkpoint.dir[0]) return;
     struct ckpt_layout L = {.world_rank = g->world_rank, .tp = g->tp, .tp_rank = g->tp_rank, .pp = g->pp,
                             .pp_rank = g->pp_rank, .dp = g->dp, .vpp = run->tr.model.part.nchunks,
-                            .writer = g->dp_rank == 0 || (g->edp_rank == 0 && r->model.num_experts > 0),
-                            .expert_only = g->dp_rank != 0};
+                            .writer = writer, .expert_only = g->dp_rank != 0};
     ckpt_snapshot_init(&run->snap, r, &run->tr.model.table, &L);
 }
 
@@ -25,11 +91,14 @@ void finish_save(struct run *run, int block) {
     float not_done = block ? 0.0f : (float)!async_saver_finished(&run->saver);
     comm_all_reduce_max(&run->grid.world, &not_done, 1);
     if (not_done != 0) return;
-    async_saver_wait(&run->saver);
+    /* a failed write (any rank) ends the run: one line from each rank that
+     * failed, printed here on the main thread, never by the writer thread */
+    int failed = async_saver_join(&run->saver, NULL) != 0;
+    run->commit_pending = 0;
+    fail_if_any(run, failed ? run->saver.err : "");
     comm_barrier(&run->grid.world); /* every shard file is on disk */
     if (run->rank0) checkpoint_commit(&run->snap, run->r->checkpoint.dir);
     comm_barrier(&run->grid.world); /* ... and committed before anyone reads `latest` */
-    run->commit_pending = 0;
     event(run, "{\"event\":\"checkpoint_committed\",\"step\":%d,\"write_ms\":%.2f,\"commit_wait_ms\":%.2f}",
           run->snap.state.step, run->saver.write_seconds * 1e3, (now_seconds() - t0) * 1e3);
 }
@@ -49,7 +118,8 @@ void save_checkpoint(struct run *run) {
         async_saver_start(&run->saver, &run->snap, r->checkpoint.dir, crash);
     } else {
         double w0 = now_seconds();
-        checkpoint_write_rank(&run->snap, r->checkpoint.dir, crash);
+        run->saver.failed = checkpoint_write_rank_checked(&run->snap, r->checkpoint.dir, crash, run->saver.err,
+                                                          sizeof run->saver.err) != 0;
         run->saver.write_seconds = now_seconds() - w0;
         finish_save(run, 1);
     }
@@ -86,18 +156,45 @@ int load_checkpoint(struct run *run, const char *step_dir, char *err, size_t err
     return rc;
 }
 
+/* Should this rank print a load error? Only ranks that saw it, and of a
+ * manifest problem (every rank reads the same manifest) only rank 0. */
+static int says_why(const struct run *run, const char *err) {
+    return !strstr(err, "another rank") && (run->rank0 || !strstr(err, "/manifest.json:"));
+}
+
 /* Every rank reports a failure the same way; only ranks that saw it say why. */
 static void fail_all(struct run *run, int code, const char *err) {
-    if (!strstr(err, "another rank")) fprintf(stderr, "mtrain: error: cannot resume: %s\n", err);
+    if (says_why(run, err)) fprintf(stderr, "mtrain: error: cannot resume: %s\n", err);
     fflush(stderr);
     parallel_finalize();
     exit(code);
 }
 
+/* Auto-resume: what `latest` says, against the newest committed step (n > 0:
+ * steps[0]). The newest committed step is taken whatever `latest` says (a
+ * crash between the rename and the update of `latest`, a damaged or stale
+ * `latest`): warn when they differ. */
+static void check_latest(const char *dir, const int *steps, int n) {
+    int latest = checkpoint_latest(dir);
+    char path[RECIPE_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/latest", dir);
+    if (n > 0 && latest == steps[0]) return;
+    if (n == 0) {
+        if (latest >= 0) warn("%s names step-%09d but %s holds no committed checkpoint; starting fresh", path, latest, dir);
+        return;
+    }
+    if (latest < 0)
+        warn("%s is %s; resuming from the newest committed checkpoint, step-%09d", path,
+             path_exists(path) ? "unreadable or garbled" : "missing", steps[0]);
+    else
+        warn("%s names step-%09d but the newest committed checkpoint is step-%09d; resuming from the newest that "
+             "verifies", path, latest, steps[0]);
+}
+
 const char *resume(struct run *run) {
     const struct recipe *r = run->r;
     const char *how = run->o->resume;
-    char err[2048];
+    char err[8448];
     static char path[RECIPE_PATH_MAX + 32];
     if (!strcmp(how, "never")) return NULL;
     if (strcmp(how, "auto")) { /* an explicit step directory: no fallback */
@@ -105,17 +202,16 @@ const char *resume(struct run *run) {
         if (rc != 0) fail_all(run, rc == -2 ? EXIT_USAGE : EXIT_RUNTIME, err);
     } else {
         if (!r->checkpoint.dir[0]) return NULL;
-        if (run->rank0) checkpoint_clean_partial(r->checkpoint.dir);
-        comm_barrier(&run->grid.world);
-        int steps[4096], n = checkpoint_list(r->checkpoint.dir, steps, 4096), latest = checkpoint_latest(r->checkpoint.dir);
+        /* leftovers of interrupted saves were removed by ckpt_setup */
+        int steps[4096], n = checkpoint_list(r->checkpoint.dir, steps, 4096);
+        if (run->rank0) check_latest(r->checkpoint.dir, steps, n);
         int loaded = 0;
         for (int i = 0; i < n && !loaded; i++) {
-            if (latest >= 0 && steps[i] > latest) continue; /* committed but `latest` not yet updated: skip */
             checkpoint_step_dir(path, sizeof path, r->checkpoint.dir, steps[i]);
             int rc = load_checkpoint(run, path, err, sizeof err);
             if (rc == -2) fail_all(run, EXIT_USAGE, err);
             if (rc == 0) loaded = 1;
-            else if (!strstr(err, "another rank")) warn("%s; falling back to the previous checkpoint", err);
+            else if (says_why(run, err)) warn("%s; falling back to the previous checkpoint", err);
         }
         if (!loaded) {
             if (n > 0) {
