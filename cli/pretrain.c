@@ -159,10 +159,14 @@ static void dry_run(const struct recipe *r) {
         else
             schedule_print(stdout, r->parallel.pp, r->parallel.vpp, m);
     }
-    printf("memory_per_rank:  %.3f GiB (params %.3f, grads %.3f, adam %.3f, activations %.3f; fp32, %s backend, "
-           "pipeline stage 0, dp %d)\n",
-           e.total / gib, e.params / gib, e.grads / gib, e.optimizer / gib, e.activations / gib, be->name,
-           dp > 0 ? dp : 1);
+    printf("memory_per_rank:  %.3f GiB (params %.3f, grads %.3f, adam %.3f, activations %.3f, buffers %.3f; "
+           "fp32, %s backend, pipeline stage 0, dp %d, recompute %s)\n",
+           e.total / gib, e.params / gib, e.grads / gib, e.optimizer / gib, e.activations / gib, e.buffers / gib,
+           be->name, dp > 0 ? dp : 1, r->train.recompute);
+    size_t snapshot = r->checkpoint.dir[0] ? 3 * e.params : 0;
+    printf("host_per_rank:    %.3f GiB (batches and final weights %.3f, checkpoint snapshot %.3f, process runtime %.3f)%s\n",
+           (e.host + e.runtime) / gib, (e.host - snapshot) / gib, snapshot / gib, e.runtime / gib,
+           e.runtime ? "; counted in memory_per_rank (the CPU backend's device is host memory)" : "");
 }
 
 int cmd_pretrain(int argc, char **argv) {

@@ -383,8 +383,10 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         weights_save(run.be, run.tr.model.params, &run.tr.model.table, path);
     }
     log_comm(&run, run.st.step - first + 1);
-    event(&run, "{\"event\":\"end\",\"step\":%d,\"seconds\":%.3f,\"rewinds\":%d}", run.st.step, now_seconds() - t_start,
-          run.st.rewinds);
+    /* peak memory of the whole run (rank 0, pipeline stage 0): host RSS, or the device's memory in use */
+    double peak = run.be->device_mem_mib ? run.be->device_mem_mib() : peak_rss_mib();
+    event(&run, "{\"event\":\"end\",\"step\":%d,\"seconds\":%.3f,\"rewinds\":%d,\"peak_mem_mib\":%.1f}", run.st.step,
+          now_seconds() - t_start, run.st.rewinds, peak);
     if (run.rank0)
         printf("done: step %d, %.1f s; metrics in %s, weights in %s\n", run.st.step, now_seconds() - t_start,
                run.metrics_path, path);

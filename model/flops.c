@@ -1,3 +1,5 @@
+#include <string.h>
+
 #include "config/common.h"
 #include "model/flops.h"
 #include "model/transformer.h"
@@ -42,6 +44,13 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
     size_t experts = fe < t.count ? (t.total - t.items[fe].offset) * sizeof(float) : 0;
     int zero = r->optimizer.distributed && dp > 1, edp = dp / (r->parallel.ep > 0 ? r->parallel.ep : 1);
     e.optimizer = 2 * (e.params - experts) / (zero ? dp : 1) + 2 * experts / (zero && edp > 1 ? edp : 1);
+    /* ZeRO-1 keeps, per group, the reduced gradient shard and a dp-wide flat scratch */
+    if (zero) e.buffers += (e.params - experts) / dp * (dp + 1) + (edp > 1 ? experts / edp * (edp + 1) : 0);
+    size_t shared = 0; /* kv blocks shared by TP ranks: one scratch of the largest */
+    for (int i = 0; i < t.count; i++)
+        if (t.items[i].shard != SHARD_REPLICATED && t.items[i].parts < t.tp && t.items[i].numel * t.items[i].parts > shared)
+            shared = t.items[i].numel * t.items[i].parts;
+    e.buffers += shared * sizeof(float);
     param_table_free(&t);
     /* pipeline stage 0 holds the most micro batches at once */
     int pp = r->parallel.pp, vpp = pp > 1 ? r->parallel.vpp : 1;
@@ -55,6 +64,18 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
     }
     e.activations = transformer_arena_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
                                       r->train.seq_len, slots, recompute_mode(r->train.recompute));
-    e.total = e.params + e.grads + e.optimizer + e.activations;
+    /* pipeline: a send buffer per (micro batch, chunk) each way, one receive buffer */
+    int sp_tp = r->parallel.sequence_parallel ? r->parallel.tp : 1;
+    size_t act = (size_t)r->train.micro_batch * r->train.seq_len / sp_tp * r->model.hidden_size * sizeof(float);
+    if (pp > 1) e.buffers += act * (2 * (size_t)m * vpp + 1);
+    /* host: the global batch, two prefetched shares, and the checkpoint snapshot (params + moments) */
+    size_t sample = (size_t)(r->train.seq_len + 1) * sizeof(int32_t);
+    e.host = sample * (r->train.global_batch + 2 * (size_t)(r->train.global_batch / (dp > 0 ? dp : 1)));
+    if (r->checkpoint.dir[0]) e.host += 3 * e.params;
+    /* a single-rank run ends by writing model.safetensors from a host copy */
+    if (dp <= 1 && r->parallel.tp * r->parallel.pp == 1) e.host += e.params;
+    int cpu = !strcmp(be->name, "cpu");
+    e.runtime = cpu ? MTRAIN_RUNTIME_BYTES : 0;
+    e.total = e.params + e.grads + e.optimizer + e.activations + e.buffers + (cpu ? e.host + e.runtime : 0);
     return e;
 }

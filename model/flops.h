@@ -19,11 +19,22 @@ int64_t model_param_count(const struct model_config *m);
 int64_t model_active_param_count(const struct model_config *m);
 
 struct memory_estimate {
-    size_t params, grads, optimizer, activations, total; /* bytes per rank */
+    size_t params, grads, optimizer, activations; /* bytes per rank, on the backend's device */
+    size_t buffers;     /* ZeRO-1 gather/scatter scratch, pipeline send/receive buffers, kv-block scratch */
+    size_t host;        /* host memory besides the model: batches and prefetch, the checkpoint snapshot */
+    size_t runtime;     /* the process itself on the CPU backend: libraries, MPI, BLAS buffers (measured) */
+    size_t total;       /* what the device holds (+ host and runtime on the CPU backend) */
 };
+/* Resident memory of a CPU-backend mtrain process before its model: code,
+ * shared libraries, MPI and OpenBLAS thread buffers (measured with a
+ * one-layer model on Debian 12, MPICH 4, OpenBLAS 0.3.21, this build). */
+#define MTRAIN_RUNTIME_BYTES (170ull << 20)
 /* The most loaded rank (pipeline stage 0: embedding + its layers + the most
  * micro batches in flight) for dp data-parallel ranks (ZeRO-1 divides the
  * moments by dp). Activations are this implementation's on backend be
  * (only its attention_state_floats is called: no device is touched): the CPU
- * keeps B x heads x T x T probabilities, CUDA a log-sum-exp per row. */
+ * keeps B x heads x T x T probabilities, CUDA a log-sum-exp per row; the
+ * recompute mode decides which of them are kept. Every buffer a rank
+ * allocates is counted; tests/integration/memory_estimate.sh compares the
+ * total with measured peak RSS. */
 struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, const struct backend *be);

@@ -110,8 +110,8 @@ expect_output cli_dry_run_plan 'parameters: +[0-9]+'
 # the memory estimate follows the backend: the CPU stores attention
 # probabilities (T^2 per head), a CUDA build a log-sum-exp per row
 "$MTRAIN" pretrain recipe.yaml --dry-run --set train.seq_len=2048 --set train.device=cpu >"$TMP/out" 2>&1
-expect_output cli_dry_run_memory_cpu 'memory_per_rank: .*activations [0-9.]+; fp32, cpu backend'
-act() { sed -nE 's/.*activations ([0-9.]+);.*/\1/p' "$TMP/$1"; }
+expect_output cli_dry_run_memory_cpu 'memory_per_rank: .*activations [0-9.]+, buffers [0-9.]+; fp32, cpu backend'
+act() { sed -nE 's/.*activations ([0-9.]+),.*/\1/p' "$TMP/$1"; }
 cp "$TMP/out" "$TMP/dry_cpu"
 "$MTRAIN" pretrain recipe.yaml --dry-run --set train.seq_len=2048 --set train.device=cuda >"$TMP/dry_cuda" 2>&1
 if grep -q 'cuda backend' "$TMP/dry_cuda"; then

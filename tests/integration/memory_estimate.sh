@@ -1,0 +1,34 @@
+# The dry run's memory estimate against the measured peak resident memory
+# of the same run (rank 0, pipeline stage 0; the end event's peak_mem_mib):
+# within 15% for a plain run, ZeRO-1 over dp 2, pp 2, and full recompute with
+# checkpoints (whose host snapshot is part of the peak).
+source "$(dirname "$0")/../lib.sh"
+cd "$TMP"
+"$MTRAIN" data generate --out data --docs 300 >/dev/null || { fail mem_setup "data generate failed"; exit 1; }
+# ~34M parameters: the model, not the process, dominates the peak
+cat >mem.yaml <<'YAML'
+model: {vocab_size: 8192, hidden_size: 512, num_layers: 8, num_heads: 8, num_kv_heads: 4, intermediate_size: 1536}
+train: {seq_len: 256, micro_batch: 4, global_batch: 4, steps: 2}
+data: {path: data}
+log: {interval: 100}
+YAML
+# check NAME NP SETTINGS...
+check() {
+    local name=$1 np=$2; shift 2
+    local sets=() kv est got
+    for kv in "$@"; do sets+=(--set "$kv"); done
+    est=$(SLURM_NTASKS=$np "$MTRAIN" pretrain mem.yaml "${sets[@]}" --dry-run 2>/dev/null |
+          sed -n 's/^memory_per_rank: *\([0-9.]*\) GiB.*/\1/p')
+    OMP_NUM_THREADS=$((np > 1 ? 1 : 2)) run_np "$np" pretrain mem.yaml "${sets[@]}" --set log.dir=$name >"$TMP/out" 2>&1 ||
+        { fail "mem_estimate_$name" "run failed: $(tail -2 "$TMP/out")"; return; }
+    got=$(grep '"event":"end"' $name/metrics.jsonl | sed 's/.*"peak_mem_mib":\([0-9.]*\).*/\1/')
+    if awk -v e="$est" -v g="$got" 'BEGIN {d = e * 1024 / g - 1; if (d < 0) d = -d; exit (g > 0 && d <= 0.15) ? 0 : 1}'; then
+        pass "mem_estimate_$name"
+    else fail "mem_estimate_$name" "estimate $est GiB, measured peak $got MiB"; fi
+    echo "  $name: estimate $est GiB, measured peak $got MiB" >&2
+}
+check plain 1
+check zero_dp2 2 optimizer.distributed=true train.micro_batch=2
+check pp2 2 parallel.pp=2 train.micro_batch=2
+check recompute_full_checkpoints 1 train.recompute=full checkpoint.dir=ck checkpoint.interval=2
+exit $FAILED
