@@ -191,6 +191,24 @@ static void check_latest(const char *dir, const int *steps, int n) {
              "verifies", path, latest, steps[0]);
 }
 
+/* The dataset sampler's version decides which samples the saved position
+ * counts (docs/data.md): refuse to continue another version's order. A
+ * manifest whose recipe has no data.sampler_version predates version 2. */
+static void check_sampler_version(struct run *run, const char *step_dir) {
+    struct train_state st;
+    char *text = NULL, err[4096];
+    if (checkpoint_read_manifest(step_dir, &st, &text, err, sizeof err) != 0) fail_all(run, EXIT_RUNTIME, err);
+    const char *at = strstr(text, "\n  sampler_version: ");
+    int saved = at ? atoi(at + strlen("\n  sampler_version: ")) : 1, now = run->r->data.sampler_version;
+    free(text);
+    if (saved == now) return;
+    snprintf(err, sizeof err, "%s/manifest.json: saved with data.sampler_version %d (%s) but this run samples with version %d: "
+             "resume with --set data.sampler_version=%d to continue its data order, or start a new run "
+             "(--resume never)", step_dir, saved, saved == 1 ? "Fisher-Yates tables, mtrain before 2026-11-22" :
+             "a keyed Feistel permutation", now, saved);
+    fail_all(run, EXIT_USAGE, err);
+}
+
 const char *resume(struct run *run) {
     const struct recipe *r = run->r;
     const char *how = run->o->resume;
@@ -222,6 +240,7 @@ const char *resume(struct run *run) {
         }
         how = path;
     }
+    check_sampler_version(run, how);
     if (run->rank0)
         printf("resumed from %s at step %d (%lld samples consumed)\n", how, run->st.step,
                (long long)run->st.consumed_samples);

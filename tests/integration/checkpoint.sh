@@ -113,4 +113,22 @@ else fail ckpt_sigterm_saves_exit0 "exit $rc, latest '$step'"; fi
 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=s --set log.dir=s_run --set train.steps=400 --set checkpoint.interval=1000 \
     --stop-after $((step + 3)) >/dev/null 2>&1
 same_state ckpt_sigterm_resumes_exactly sref s $((step + 3))
+# the dataset sampler's version is part of what a checkpoint's data position
+# means: another version is refused (exit 2, naming the key), the same resumes
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir=sv --set log.dir=sv --set data.sampler_version=1 --stop-after 10 >/dev/null 2>&1
+expect_exit ckpt_sampler_version_refused 2 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=sv --set log.dir=sv
+expect_output ckpt_sampler_version_message 'saved with data.sampler_version 1 .* --set data.sampler_version=1'
+expect_exit ckpt_sampler_version_same_resumes 0 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=sv --set log.dir=sv \
+    --set data.sampler_version=1
+# a manifest of an mtrain before sampler versions (no key, no manifest checksum) counts as version 1
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir=sold --set log.dir=sold --stop-after 10 >/dev/null 2>&1
+"$PY" - sold/step-000000010/manifest.json <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m.pop("manifest_xxh3", None)
+m["recipe"] = "\n".join(l for l in m["recipe"].split("\n") if "sampler_version" not in l)
+json.dump(m, open(sys.argv[1], "w"), indent=1)
+PY
+expect_exit ckpt_sampler_version_old_manifest_refused 2 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=sold --set log.dir=sold
+expect_output ckpt_sampler_version_old_manifest_message 'saved with data.sampler_version 1'
 exit $FAILED
