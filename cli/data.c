@@ -278,15 +278,17 @@ static int data_import(int argc, char **argv) {
     double t0 = now_seconds();
     struct megatron *m = megatron_open(prefix, err, sizeof err);
     if (!m) die("%s", err);
-    int32_t *tok = NULL;
-    size_t cap = 0;
-    int64_t ndocs = megatron_num_docs(m), max = -1;
+    /* documents stream through a fixed buffer: memory does not grow with a document's length */
+    enum { PIECE = 1 << 20 };
+    int32_t *tok = xmalloc(sizeof(int32_t) * PIECE);
+    struct megatron_cursor cur;
+    int64_t ndocs = megatron_num_docs(m), max = -1, n;
     /* without --vocab-size the vocabulary is the largest id + 1: one pass to find it */
-    for (int64_t d = 0; !vocab && d < ndocs; d++) {
-        int64_t n = megatron_read_doc(m, d, &tok, &cap, err, sizeof err);
-        if (n < 0) die("%s", err);
-        for (int64_t i = 0; i < n; i++) max = tok[i] > max ? tok[i] : max;
-    }
+    for (int64_t d = 0; !vocab && d < ndocs; d++)
+        for (megatron_doc_begin(m, d, &cur); (n = megatron_doc_next(m, &cur, tok, PIECE, err, sizeof err)) != 0;) {
+            if (n < 0) die("%s", err);
+            for (int64_t i = 0; i < n; i++) max = tok[i] > max ? tok[i] : max;
+        }
     if (!vocab) vocab = max + 1 > eod + 1 ? max + 1 : eod + 1;
     if (vocab < 1) vocab = 1;
     if (eod >= vocab) die("--eod %lld is outside the vocabulary of %lld", (long long)eod, (long long)vocab);
@@ -294,18 +296,19 @@ static int data_import(int argc, char **argv) {
                                   .shard_bytes = shard_mb << 20, .force = force};
     struct shard_writer *w = shard_writer_open(out, &o);
     for (int64_t d = 0; d < ndocs; d++) {
-        int64_t n = megatron_read_doc(m, d, &tok, &cap, err, sizeof err);
-        for (int64_t i = 0; n > 0 && i < n; i++)
-            if (tok[i] >= vocab) {
-                snprintf(err, sizeof err, "%s.bin: document %lld: token %d is outside --vocab-size %lld", prefix,
-                         (long long)d, tok[i], (long long)vocab);
-                n = -1;
+        for (megatron_doc_begin(m, d, &cur); (n = megatron_doc_next(m, &cur, tok, PIECE, err, sizeof err)) != 0;) {
+            for (int64_t i = 0; n > 0 && i < n; i++)
+                if (tok[i] >= vocab) {
+                    snprintf(err, sizeof err, "%s.bin: document %lld: token %d is outside --vocab-size %lld", prefix,
+                             (long long)d, tok[i], (long long)vocab);
+                    n = -1;
+                }
+            if (n < 0) {
+                shard_writer_abort(w);
+                die("%s", err);
             }
-        if (n < 0) {
-            shard_writer_abort(w);
-            die("%s", err);
+            shard_writer_add(w, tok, n);
         }
-        shard_writer_add(w, tok, n);
         shard_writer_end_doc(w);
     }
     struct shard_writer_stats st;

@@ -178,27 +178,42 @@ static int64_t token_at(int code, const uint8_t *p) {
     return -1;
 }
 
-int64_t megatron_read_doc(const struct megatron *m, int64_t d, int32_t **out, size_t *cap, char *err, size_t errsz) {
-    uint64_t s0 = get_u64(m->docidx + 8 * d), s1 = get_u64(m->docidx + 8 * (d + 1));
+void megatron_doc_begin(const struct megatron *m, int64_t d, struct megatron_cursor *c) {
+    c->seq = get_u64(m->docidx + 8 * d), c->seq_end = get_u64(m->docidx + 8 * (d + 1)), c->pos = 0;
+}
+
+int64_t megatron_doc_next(const struct megatron *m, struct megatron_cursor *c, int32_t *out, size_t cap, char *err,
+                          size_t errsz) {
     int size = dtypes[m->code].size;
-    int64_t n = 0;
-    for (uint64_t s = s0; s < s1; s++) {
-        int32_t len = (int32_t)get_u32(m->lens + 4 * s);
-        uint64_t ptr = get_u64(m->ptrs + 8 * s);
-        if ((size_t)n + (size_t)len > *cap) {
-            *cap = 2 * ((size_t)n + (size_t)len) + 1024;
-            *out = xrealloc(*out, *cap * sizeof **out);
-        }
-        for (int32_t i = 0; i < len; i++) {
-            const uint8_t *p = m->bin + ptr + (uint64_t)i * size;
+    size_t n = 0;
+    while (n < cap && c->seq < c->seq_end) {
+        int32_t len = (int32_t)get_u32(m->lens + 4 * c->seq);
+        uint64_t ptr = get_u64(m->ptrs + 8 * c->seq);
+        while (n < cap && c->pos < len) {
+            const uint8_t *p = m->bin + ptr + (uint64_t)c->pos * size;
             int64_t t = token_at(m->code, p);
             if (t < 0) {
                 snprintf(err, errsz, "%s: offset %llu: %s value is not a token id (negative, fractional or >= 2^31)",
-                         m->bin_path, (unsigned long long)(ptr + (uint64_t)i * size), dtypes[m->code].name);
+                         m->bin_path, (unsigned long long)(ptr + (uint64_t)c->pos * size), dtypes[m->code].name);
                 return -1;
             }
-            (*out)[n++] = (int32_t)t;
+            out[n++] = (int32_t)t;
+            c->pos++;
         }
+        if (c->pos == len) c->seq++, c->pos = 0;
     }
+    return (int64_t)n;
+}
+
+int64_t megatron_read_doc(const struct megatron *m, int64_t d, int32_t **out, size_t *cap, char *err, size_t errsz) {
+    struct megatron_cursor c;
+    megatron_doc_begin(m, d, &c);
+    int64_t n = 0, got;
+    do {
+        if (*cap - (size_t)n < 4096) *out = xrealloc(*out, (*cap = 2 * *cap + 4096) * sizeof **out);
+        got = megatron_doc_next(m, &c, *out + n, *cap - (size_t)n, err, errsz);
+        if (got < 0) return -1;
+        n += got;
+    } while (got > 0);
     return n;
 }

@@ -18,5 +18,15 @@ const char *megatron_dtype_name(const struct megatron *m);
 int megatron_itemsize(const struct megatron *m);
 /* Tokens of document d (all its sequences, in order) as int32 into *out
  * (grown as needed); returns the count, or -1 with err naming the .bin
- * offset of a value that is not a token id (negative, fractional, >= 2^31). */
+ * offset of a value that is not a token id (negative, fractional, >= 2^31).
+ * Memory grows with the document: importers stream with the cursor below. */
 int64_t megatron_read_doc(const struct megatron *m, int64_t d, int32_t **out, size_t *cap, char *err, size_t errsz);
+/* Reading document d in pieces of at most cap tokens: doc_next returns the
+ * count (0 at the document's end) or -1 with err as above. */
+struct megatron_cursor {
+    uint64_t seq, seq_end;  /* the sequence being read, one past the document's last */
+    int32_t pos;            /* tokens of it already read */
+};
+void megatron_doc_begin(const struct megatron *m, int64_t d, struct megatron_cursor *c);
+int64_t megatron_doc_next(const struct megatron *m, struct megatron_cursor *c, int32_t *out, size_t cap, char *err,
+                          size_t errsz);

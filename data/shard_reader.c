@@ -89,6 +89,9 @@ static void parse_header(struct dataset *ds, const uint8_t *b, size_t size, cons
     if (size != expect)
         die("%s: %zu bytes, expected %llu for %llu frames and %llu documents", path, size,
             (unsigned long long)expect, (unsigned long long)nframes, (unsigned long long)ndocs);
+    /* every shard holds at least one frame (and the per-shard tables are sized by it) */
+    if ((uint64_t)ds->nshards > nframes)
+        die("%s: %d shards but only %llu frames", path, ds->nshards, (unsigned long long)nframes);
     ds->nframes = (int64_t)nframes;
     ds->ndocs = (int64_t)ndocs;
     ds->ntokens = (int64_t)ntokens;
