@@ -25,6 +25,7 @@ struct chunk {
     int file;
     int64_t first_line;      /* 1-based line number of the chunk's first line */
     int kind;                /* CHUNK_WHOLE, CHUNK_LINES, CHUNK_JSON */
+    int cont_prev, cont_next; /* CHUNK_WHOLE: the document began in an earlier chunk / goes on in the next */
     int state;
     int32_t *tok;            /* results */
     size_t ntok, tokcap;
@@ -51,6 +52,7 @@ struct pipeline {
     int printed;
     struct text_input *cur;
     struct text_build_stats *st;
+    struct tokenizer_state *cutter; /* the reader's: finds where a long document can be cut */
 };
 
 #define PCHECK(call)                                                                    \
@@ -102,11 +104,24 @@ static void process_json_line(struct chunk *c, struct tokenizer_state *ts, const
     json_decref(obj);
 }
 
+/* A piece of one whole-file document: only its last piece ends the document
+ * (EOD and all); later pieces continue the text of earlier ones. */
+static void encode_piece_of_doc(struct chunk *c, struct tokenizer_state *ts, const struct text_build_opts *o) {
+    if (!c->cont_prev && !c->cont_next) return encode_doc(c, ts, o, c->text, c->n);
+    tokenizer_encode_cont(ts, c->text, c->n, o->match_special, c->cont_prev, &c->tok, &c->ntok, &c->tokcap);
+    if (c->cont_next) return;
+    if (o->append_eod) {
+        if (c->ntok == c->tokcap) c->tok = xrealloc(c->tok, (c->tokcap = 2 * c->tokcap + 16) * sizeof *c->tok);
+        c->tok[c->ntok++] = (int32_t)tokenizer_eod(o->tok);
+    }
+    add_end(c);
+}
+
 static void process_chunk(struct pipeline *pl, struct chunk *c, struct tokenizer_state *ts) {
     const struct text_build_opts *o = pl->o;
     c->ntok = c->nends = 0;
     c->failed = 0;
-    if (c->kind == CHUNK_WHOLE) return encode_doc(c, ts, o, c->text, c->n);
+    if (c->kind == CHUNK_WHOLE) return encode_piece_of_doc(c, ts, o);
     int64_t line = c->first_line;
     for (size_t i = 0; i < c->n; line++) {
         const char *nl = memchr(c->text + i, '\n', c->n - i);
@@ -178,6 +193,7 @@ static int consume(struct pipeline *pl, struct shard_writer *w, char *err, size_
         shard_writer_end_doc(w);
         start = c->ends[d];
     }
+    if ((int64_t)c->ntok > start) shard_writer_add(w, c->tok + start, (int64_t)c->ntok - start); /* goes on next chunk */
     pl->st->docs += (int64_t)c->nends;
     pl->st->tokens += (int64_t)c->ntok;
     progress(pl, 0);
@@ -227,6 +243,7 @@ static int read_input(struct pipeline *pl, struct shard_writer *w, int file, cha
     c->file = file;
     c->kind = kind;
     c->first_line = 1;
+    c->cont_prev = c->cont_next = 0;
     for (;;) {
         long got = text_input_read(in, buf, READ_BYTES, err, errsz);
         if (got < 0) {
@@ -238,7 +255,28 @@ static int read_input(struct pipeline *pl, struct shard_writer *w, int file, cha
         reserve(c, (size_t)got);
         memcpy(c->text + c->n, buf, (size_t)got);
         c->n += (size_t)got;
-        if (kind == CHUNK_WHOLE || c->n < CHUNK_BYTES) continue;
+        if (c->n < CHUNK_BYTES) continue;
+        if (kind == CHUNK_WHOLE) { /* a long document: hand over its text up to a place it can be cut */
+            size_t cut = tokenizer_safe_cut(pl->cutter, c->text, c->n, pl->o->match_special);
+            if (!cut) continue;
+            size_t keep = c->n - cut;
+            struct chunk *full = c;
+            full->n = cut;
+            full->cont_next = 1;
+            submit(pl, full);
+            c = next_slot(pl, w, err, errsz);
+            if (!c) {
+                rc = -1;
+                break;
+            }
+            reserve(c, keep);
+            memcpy(c->text, full->text + full->n, keep);
+            c->n = keep;
+            c->file = file;
+            c->kind = kind;
+            c->cont_prev = 1, c->cont_next = 0;
+            continue;
+        }
         /* hand over whole lines; the partial last line starts the next chunk */
         char *last = memrchr(c->text, '\n', c->n);
         if (!last) continue;
@@ -258,6 +296,7 @@ static int read_input(struct pipeline *pl, struct shard_writer *w, int file, cha
         c->file = file;
         c->kind = kind;
         c->first_line = line;
+        c->cont_prev = c->cont_next = 0;
     }
     /* the last chunk (a whole document, or the remaining lines) */
     if (!rc) submit(pl, c);
@@ -319,6 +358,7 @@ int text_build(struct shard_writer *w, const char *const *inputs, int ninputs, c
     for (; pl.nthreads < o->workers; pl.nthreads++)
         PCHECK(pthread_create(&pl.threads[pl.nthreads], NULL, worker_main, &pl));
     char *buf = xmalloc(READ_BYTES);
+    pl.cutter = tokenizer_state_create(o->tok);
     int rc = 0;
     for (int i = 0; i < ninputs && !rc; i++) rc = read_input(&pl, w, i, buf, err, errsz);
     while (!rc && pl.consumed < pl.submitted) rc = consume(&pl, w, err, errsz);
@@ -332,6 +372,7 @@ int text_build(struct shard_writer *w, const char *const *inputs, int ninputs, c
     free(pl.ring);
     free(pl.threads);
     free(buf);
+    tokenizer_state_free(pl.cutter);
     PCHECK(pthread_mutex_destroy(&pl.mu));
     PCHECK(pthread_cond_destroy(&pl.work));
     PCHECK(pthread_cond_destroy(&pl.done));

@@ -109,7 +109,16 @@ void tokenizer_state_free(struct tokenizer_state *st) {
 
 void tokenizer_encode(struct tokenizer_state *st, const char *text, size_t n, int match_special, int32_t **out,
                       size_t *len, size_t *cap) {
-    if (st->bs) return bpe_encode(st->bs, text, n, match_special, out, len, cap);
+    tokenizer_encode_cont(st, text, n, match_special, 0, out, len, cap);
+}
+
+size_t tokenizer_safe_cut(struct tokenizer_state *st, const char *text, size_t n, int match_special) {
+    return st->bs ? bpe_safe_cut(st->bs, text, n, match_special) : n;
+}
+
+void tokenizer_encode_cont(struct tokenizer_state *st, const char *text, size_t n, int match_special, int continuation,
+                           int32_t **out, size_t *len, size_t *cap) {
+    if (st->bs) return bpe_encode_cont(st->bs, text, n, match_special, continuation, out, len, cap);
     if (*len + n > *cap) {
         *cap = 2 * (*len + n) + 1024;
         *out = xrealloc(*out, *cap * sizeof **out);

@@ -31,6 +31,13 @@ void tokenizer_state_free(struct tokenizer_state *st);
 /* Append the tokens of text to *out (grown as needed; *len entries used). */
 void tokenizer_encode(struct tokenizer_state *st, const char *text, size_t n, int match_special, int32_t **out,
                       size_t *len, size_t *cap);
+/* Streaming a long text: tokenizer_safe_cut gives a place in text[0, n) (the
+ * text's start, or a previous cut) where it can be cut so that encoding the
+ * parts one after another, the later ones with continuation = 1, gives
+ * exactly the tokens of the whole; 0 when there is none yet (read more). */
+size_t tokenizer_safe_cut(struct tokenizer_state *st, const char *text, size_t n, int match_special);
+void tokenizer_encode_cont(struct tokenizer_state *st, const char *text, size_t n, int match_special, int continuation,
+                           int32_t **out, size_t *len, size_t *cap);
 /* Append the bytes of tokens to *out (grown as needed). Ids the tokenizer
  * does not know are written as "<?ID>"; returns how many there were. */
 size_t tokenizer_decode(const struct tokenizer *t, const int32_t *tok, size_t n, char **out, size_t *len,

@@ -72,6 +72,7 @@ struct bpe_state {
     size_t cap, heap_cap;
     uint8_t *prefixed;
     size_t prefixed_cap;
+    int no_prefix;       /* the next segment continues a text: no add_prefix_space */
 };
 
 /* ---- tables ---------------------------------------------------------------- */
@@ -773,7 +774,7 @@ static void split_level(struct bpe_state *st, int level, const uint8_t *p, size_
 
 static void encode_segment(struct bpe_state *st, const uint8_t *p, size_t n, struct out *o) {
     if (!n) return;
-    if (st->b->add_prefix_space && p[0] != ' ') {
+    if (st->b->add_prefix_space && !st->no_prefix && p[0] != ' ') {
         if (n + 1 > st->prefixed_cap) st->prefixed = xrealloc(st->prefixed, st->prefixed_cap = 2 * n + 2);
         st->prefixed[0] = ' ';
         memcpy(st->prefixed + 1, p, n);
@@ -795,14 +796,64 @@ static int find_special(const struct bpe *b, const uint8_t *p, size_t n, size_t 
 
 void bpe_encode(struct bpe_state *st, const char *text, size_t n, int match_special, int32_t **out, size_t *len,
                 size_t *cap) {
+    bpe_encode_cont(st, text, n, match_special, 0, out, len, cap);
+}
+
+void bpe_encode_cont(struct bpe_state *st, const char *text, size_t n, int match_special, int continuation,
+                     int32_t **out, size_t *len, size_t *cap) {
     struct out o = {out, len, cap};
     const uint8_t *p = (const uint8_t *)text;
     size_t done = 0, at;
     int k;
+    /* a continuation's first segment goes on from the text before: no prefix space */
+    st->no_prefix = continuation;
     while (match_special && st->b->nsp && (k = find_special(st->b, p, n, done, &at)) >= 0) {
         encode_segment(st, p + done, at - done, &o);
+        st->no_prefix = 0;
         push(&o, st->b->sp[k].id);
         done = at + st->b->sp[k].len;
     }
     encode_segment(st, p + done, n - done, &o);
+    st->no_prefix = 0;
+}
+
+size_t bpe_safe_cut(struct bpe_state *st, const char *text, size_t n, int match_special) {
+    const struct bpe *b = st->b;
+    const uint8_t *p = (const uint8_t *)text;
+    size_t seg = 0, at, limit = n;
+    int k;
+    /* the last segment: text after the last special token */
+    while (match_special && b->nsp && (k = find_special(b, p, n, seg, &at)) >= 0) seg = at + b->sp[k].len;
+    /* keep a possible special token's start (cut off by the end of text) for the next piece */
+    size_t longest = 0;
+    for (int i = 0; match_special && i < b->nsp; i++) longest = b->sp[i].len > longest ? b->sp[i].len : longest;
+    if (longest > 1) limit = n > longest - 1 ? n - (longest - 1) : 0;
+    if (!b->nre) return seg <= limit ? seg : 0;
+    /* level-0 pieces of the segment: matches and the gaps between them; the
+     * cut is the start of the second-to-last piece, so the last two pieces
+     * (and the lookahead they give) go to the next call */
+    size_t starts[3] = {seg, seg, seg}, nstarts = 0, start = seg, gap = seg;
+    size_t best = seg <= limit ? seg : 0;
+#define PIECE(x) (starts[0] = starts[1], starts[1] = starts[2], starts[2] = (x), nstarts++)
+    while (start < n) {
+        int rc = b->jit[0] ? pcre2_jit_match(b->re[0], p, n, start, 0, st->md[0], st->mctx)
+                           : pcre2_match(b->re[0], p, n, start, 0, st->md[0], st->mctx);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) return 0; /* encode reports it */
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(st->md[0]);
+        size_t ms = ov[0], me = ov[1];
+        if (me == ms) {
+            start = ms + (ms < n ? utf8_len(p[ms]) : 1);
+            continue;
+        }
+        if (ms > gap) PIECE(gap);
+        PIECE(ms);
+        start = gap = me;
+        if (nstarts >= 3 && starts[0] <= limit && starts[0] > best) best = starts[0];
+    }
+    if (gap < n) PIECE(gap);
+#undef PIECE
+    /* the candidate is a piece start with at least two pieces after it */
+    if (nstarts >= 3 && starts[0] <= limit && starts[0] > best) best = starts[0];
+    return best;
 }

@@ -48,6 +48,15 @@ void bpe_state_free(struct bpe_state *st);
  * otherwise their text is encoded like any other text. */
 void bpe_encode(struct bpe_state *st, const char *text, size_t n, int match_special, int32_t **out, size_t *len,
                 size_t *cap);
+/* The same, for a text that continues one encoded before (continuation = 1:
+ * no add_prefix_space at its start). */
+void bpe_encode_cont(struct bpe_state *st, const char *text, size_t n, int match_special, int continuation,
+                     int32_t **out, size_t *len, size_t *cap);
+/* Where text[0, n) (a text's start or a previous cut) can be cut so that
+ * encoding the two sides separately gives the tokens of the whole: the start
+ * of its second-to-last level-0 pre-tokenizer piece, kept clear of special
+ * tokens (and of one cut off at the end). 0: no such place yet. */
+size_t bpe_safe_cut(struct bpe_state *st, const char *text, size_t n, int match_special);
 
 /* The Llama 3 pre-tokenizer regex (also tiktoken's cl100k-style pattern). */
 extern const char bpe_llama3_regex[];

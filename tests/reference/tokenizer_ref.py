@@ -215,4 +215,26 @@ else:
                   for c in held_texts[0])
     result("tokenizer_inspect_decodes", p.returncode == 0 and ('decoded:    "%s"' % esc) in p.stdout,
            (p.stdout + p.stderr)[-300:])
+
+# one document of ~3.5 MB (a plain text file: one document) streams through the
+# tokenizer in pieces cut at pre-tokenizer boundaries: the same tokens as
+# encoding it whole
+long_text = "".join(held_texts[i % len(held_texts)] + ("\n" if i % 7 else "  \n\n ") for i in range(60000))
+long_path = os.path.join(WORK, "long.txt")
+with open(long_path, "w") as f:
+    f.write(long_text)
+ds = os.path.join(WORK, "ds_long")
+p = subprocess.run([MTRAIN, "data", "build", "--tokenizer", "hf:" + tj, "--special-tokens", "match", "--workers", "3",
+                    "--out", ds, long_path], capture_output=True, text=True)
+if p.returncode:
+    result("tokenizer_long_document_streams", False, p.stderr.strip()[:300])
+else:
+    raw = b"".join(subprocess.run(["zstd", "-q", "-dc", os.path.join(ds, f)], capture_output=True).stdout
+                   for f in sorted(os.listdir(ds)) if f.endswith(".zst"))
+    stream = list(struct.unpack("<%dH" % (len(raw) // 2), raw))
+    want = tok.encode(long_text, add_special_tokens=False).ids
+    first_bad = next((i for i, (a, b) in enumerate(zip(stream, want)) if a != b), None)
+    result("tokenizer_long_document_streams", stream[:len(want)] == want and len(stream) - len(want) <= 1,
+           "%d bytes: %d tokens vs %d whole, first difference at %s" % (len(long_text.encode()), len(stream), len(want),
+                                                                      first_bad))
 sys.exit(1 if failed else 0)
