@@ -43,7 +43,7 @@ done
 
 # the estimate: full < selective < none
 act() { "$MTRAIN" pretrain r.yaml --set train.recompute=$1 --set checkpoint.interval=0 --set model.hidden_size=256 \
-        --set train.seq_len=256 --set train.micro_batch=8 --dry-run 2>/dev/null | sed -n 's/.*activations \([0-9.]*\);.*/\1/p'; }
+        --set train.seq_len=256 --set train.micro_batch=8 --dry-run 2>/dev/null | sed -n 's/.*activations \([0-9.]*\),.*/\1/p'; }
 none=$(act none) sel=$(act selective) full=$(act full)
 awk -v a="$full" -v b="$sel" -v c="$none" 'BEGIN {exit (a < b && b < c) ? 0 : 1}' && pass recompute_estimate_order ||
     fail recompute_estimate_order "full $full, selective $sel, none $none GiB"
