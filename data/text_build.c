@@ -222,6 +222,25 @@ static void reserve(struct chunk *c, size_t n) {
     c->text = xrealloc(c->text, c->cap);
 }
 
+/* Queue c's first n bytes (doc_goes_on: a long document continues in the
+ * next chunk); the next chunk starts with the rest, which is still ours to
+ * read (a worker reads only c's first n bytes). NULL on a write error. */
+static struct chunk *hand_over(struct pipeline *pl, struct shard_writer *w, struct chunk *c, size_t n, int doc_goes_on,
+                               char *err, size_t errsz) {
+    size_t keep = c->n - n;
+    c->n = n;
+    c->cont_next = doc_goes_on;
+    submit(pl, c);
+    struct chunk *next = next_slot(pl, w, err, errsz);
+    if (!next) return NULL;
+    reserve(next, keep);
+    memcpy(next->text, c->text + n, keep);
+    next->n = keep;
+    next->file = c->file, next->kind = c->kind, next->first_line = c->first_line;
+    next->cont_prev = doc_goes_on, next->cont_next = 0;
+    return next;
+}
+
 /* Read one input and submit it as chunks. */
 static int read_input(struct pipeline *pl, struct shard_writer *w, int file, char *buf, char *err, size_t errsz) {
     const char *path = pl->inputs[file];
@@ -258,45 +277,21 @@ static int read_input(struct pipeline *pl, struct shard_writer *w, int file, cha
         if (c->n < CHUNK_BYTES) continue;
         if (kind == CHUNK_WHOLE) { /* a long document: hand over its text up to a place it can be cut */
             size_t cut = tokenizer_safe_cut(pl->cutter, c->text, c->n, pl->o->match_special);
-            if (!cut) continue;
-            size_t keep = c->n - cut;
-            struct chunk *full = c;
-            full->n = cut;
-            full->cont_next = 1;
-            submit(pl, full);
-            c = next_slot(pl, w, err, errsz);
-            if (!c) {
+            if (cut && !(c = hand_over(pl, w, c, cut, 1, err, errsz))) {
                 rc = -1;
                 break;
             }
-            reserve(c, keep);
-            memcpy(c->text, full->text + full->n, keep);
-            c->n = keep;
-            c->file = file;
-            c->kind = kind;
-            c->cont_prev = 1, c->cont_next = 0;
             continue;
         }
         /* hand over whole lines; the partial last line starts the next chunk */
         char *last = memrchr(c->text, '\n', c->n);
         if (!last) continue;
-        size_t keep = c->n - (size_t)(last + 1 - c->text);
         for (char *p = c->text; p <= last; p++) line += *p == '\n';
-        struct chunk *full = c;
-        full->n -= keep;
-        submit(pl, full);
-        c = next_slot(pl, w, err, errsz);
-        if (!c) {
+        if (!(c = hand_over(pl, w, c, (size_t)(last + 1 - c->text), 0, err, errsz))) {
             rc = -1;
             break;
         }
-        reserve(c, keep);
-        memcpy(c->text, full->text + full->n, keep);  /* full is queued, its text past n is ours to read */
-        c->n = keep;
-        c->file = file;
-        c->kind = kind;
         c->first_line = line;
-        c->cont_prev = c->cont_next = 0;
     }
     /* the last chunk (a whole document, or the remaining lines) */
     if (!rc) submit(pl, c);

@@ -16,16 +16,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import MixtralForCausalLM
 
+import ref_common
+from ref_common import report
+
 DRIVER, RECIPE, STEP, HF, WORK = sys.argv[1:6]
-failures = 0
-
-
-def report(name, ok, detail):
-    global failures
-    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + detail), flush=True)
-    print(f"  {name}: {detail}", file=sys.stderr)
-    failures += 0 if ok else 1
-
 
 model = MixtralForCausalLM.from_pretrained(HF, torch_dtype=torch.float32).eval()
 saved = {}
@@ -51,4 +45,4 @@ with torch.no_grad():
     theirs = F.cross_entropy(model(input_ids=x).logits.reshape(-1, cfg.vocab_size), y.reshape(-1)).item()
 e = abs(ours - theirs) / abs(theirs)
 report("mixtral_export_same_loss", e <= 1e-5, f"mtrain {ours:.8f} transformers {theirs:.8f} rel err {e:.3g}")
-sys.exit(1 if failures else 0)
+sys.exit(1 if ref_common.failures else 0)
