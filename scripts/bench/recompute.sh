@@ -19,7 +19,7 @@ YAML
 rows=""
 for mode in none selective full; do
     ./mtrain pretrain "$tmp/r.yaml" --set train.recompute=$mode --set log.dir="$tmp/$mode" >/dev/null
-    est=$(./mtrain pretrain "$tmp/r.yaml" --set train.recompute=$mode --dry-run | sed -n 's/^memory_per_rank: *\([0-9.]*\) GiB.*activations \([0-9.]*\);.*/\1 \2/p')
+    est=$(./mtrain pretrain "$tmp/r.yaml" --set train.recompute=$mode --dry-run | sed -n 's/^memory_per_rank: *\([0-9.]*\) GiB.*activations \([0-9.]*\),.*/\1 \2/p')
     rows="$rows$mode $est $(grep '^{"step":' "$tmp/$mode/metrics.jsonl" | sed 's/.*"mem_mib":\([0-9.]*\),"step_ms":\([0-9.]*\).*/\1 \2/' | tr '\n' ' ')
 "
 done
