@@ -234,7 +234,7 @@ static struct chunk *hand_over(struct pipeline *pl, struct shard_writer *w, stru
     struct chunk *next = next_slot(pl, w, err, errsz);
     if (!next) return NULL;
     reserve(next, keep);
-    memcpy(next->text, c->text + n, keep);
+    if (keep) memcpy(next->text, c->text + n, keep);
     next->n = keep;
     next->file = c->file, next->kind = c->kind, next->first_line = c->first_line;
     next->cont_prev = doc_goes_on, next->cont_next = 0;
