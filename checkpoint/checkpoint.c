@@ -72,6 +72,15 @@ static void remove_dir(const char *path) {
     if (rmdir(path) != 0) warn("cannot remove %s: %s", path, strerror(errno));
 }
 
+void checkpoint_remove_step(const char *dir, int step) {
+    char path[4400];
+    checkpoint_step_dir(path, sizeof path, dir, step);
+    remove_dir(path);
+    snprintf(path, sizeof path, "%s/latest", dir);
+    if (unlink(path) != 0 && errno != ENOENT) warn("cannot remove %s: %s", path, strerror(errno));
+    if (rmdir(dir) != 0) warn("cannot remove %s: %s", dir, strerror(errno));
+}
+
 static char *recipe_text(const struct recipe *r) {
     char *buf = NULL;
     size_t len = 0;

@@ -106,6 +106,8 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
 
 /* Committed step numbers under dir, newest first; returns the count (<= max). */
 int checkpoint_list(const char *dir, int *steps, int max);
+/* Remove DIR holding one committed step (and `latest`): a scratch checkpoint. */
+void checkpoint_remove_step(const char *dir, int step);
 /* "DIR/step-NNNNNNNNN" */
 void checkpoint_step_dir(char *out, size_t n, const char *dir, int step);
 /* The step named by DIR/latest, or -1. */

@@ -45,26 +45,13 @@ static void write_config(const struct model_config *m, const char *path) {
     json_decref(c);
 }
 
-int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, size_t errlen) {
-    int rc;
-    struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, errlen, &rc);
-    if (!rd) return rc;
-    static struct recipe r;
-    if (ckpt_reader_load_recipe(rd, &r, err, errlen) != 0) {
-        ckpt_reader_close(rd);
-        return -1;
-    }
-    if (r.model.num_experts > 0 && model_moe_layer_count(&r.model) != r.model.num_layers) {
-        snprintf(err, errlen, "%s: model.moe_layer_freq %d mixes dense and MoE layers, which Hugging Face "
-                 "MixtralForCausalLM cannot hold (every layer is MoE there)", step_dir, r.model.moe_layer_freq);
-        ckpt_reader_close(rd);
-        return -2;
-    }
-    if (mkdir_p(out_dir) != 0) die("cannot create %s: %s", out_dir, strerror(errno));
+/* Every tensor of the checkpoint's model, whole, into a safetensors file at
+ * path (one tensor in memory at a time). */
+static int write_weights(struct ckpt_reader *rd, const struct recipe *r, const char *path, char *err, size_t errlen) {
     struct model_part part;
     struct param_table t;
-    model_part_full(&part, &r.model);
-    param_table_build(&t, &r.model, &part);
+    model_part_full(&part, &r->model);
+    param_table_build(&t, &r->model, &part);
     struct st_tensor *ts = xcalloc(t.count, sizeof *ts);
     size_t largest = 1;
     for (int i = 0; i < t.count; i++) {
@@ -73,20 +60,17 @@ int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, s
         for (int d = 0; d < p->ndim; d++) ts[i].shape[d] = p->shape[d];
         if (p->numel > largest) largest = p->numel;
     }
-    char path[4400];
-    snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
     const char *mk[] = {"format"}, *mv[] = {"pt"};
     struct st_writer w;
     st_writer_open(&w, path, ts, t.count, mk, mv, 1);
     float *buf = xmalloc(sizeof(float) * largest);
+    int rc = 0;
     for (int i = 0; i < t.count && rc == 0; i++) {
         rc = ckpt_reader_read(rd, &t.items[i], 0, 0, buf, err, errlen);
         if (rc == 0) st_writer_put(&w, buf, ts[i].nbytes);
     }
     if (rc == 0) {
         st_writer_close(&w);
-        snprintf(path, sizeof path, "%s/config.json", out_dir);
-        write_config(&r.model, path);
     } else {
         fclose(w.f);
         unlink(w.tmp);
@@ -94,6 +78,48 @@ int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, s
     free(buf);
     free(ts);
     param_table_free(&t);
+    return rc;
+}
+
+static struct ckpt_reader *open_with_recipe(const char *step_dir, struct recipe *r, char *err, size_t errlen, int *rc) {
+    struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, errlen, rc);
+    if (rd && ckpt_reader_load_recipe(rd, r, err, errlen) != 0) {
+        ckpt_reader_close(rd);
+        *rc = -1;
+        return NULL;
+    }
+    return rd;
+}
+
+int checkpoint_export_weights(const char *step_dir, const char *path, char *err, size_t errlen) {
+    int rc;
+    static struct recipe r;
+    struct ckpt_reader *rd = open_with_recipe(step_dir, &r, err, errlen, &rc);
+    if (!rd) return rc;
+    rc = write_weights(rd, &r, path, err, errlen);
+    ckpt_reader_close(rd);
+    return rc;
+}
+
+int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, size_t errlen) {
+    int rc;
+    static struct recipe r;
+    struct ckpt_reader *rd = open_with_recipe(step_dir, &r, err, errlen, &rc);
+    if (!rd) return rc;
+    if (r.model.num_experts > 0 && model_moe_layer_count(&r.model) != r.model.num_layers) {
+        snprintf(err, errlen, "%s: model.moe_layer_freq %d mixes dense and MoE layers, which Hugging Face "
+                 "MixtralForCausalLM cannot hold (every layer is MoE there)", step_dir, r.model.moe_layer_freq);
+        ckpt_reader_close(rd);
+        return -2;
+    }
+    if (mkdir_p(out_dir) != 0) die("cannot create %s: %s", out_dir, strerror(errno));
+    char path[4400];
+    snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+    rc = write_weights(rd, &r, path, err, errlen);
+    if (rc == 0) {
+        snprintf(path, sizeof path, "%s/config.json", out_dir);
+        write_config(&r.model, path);
+    }
     ckpt_reader_close(rd);
     return rc;
 }

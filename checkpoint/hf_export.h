@@ -5,3 +5,6 @@
 #include <stddef.h>
 
 int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, size_t errlen);
+/* Just the weights: every tensor of the model, whole, with its Hugging Face
+ * name, into one safetensors file (any model, any layout). */
+int checkpoint_export_weights(const char *step_dir, const char *path, char *err, size_t errlen);

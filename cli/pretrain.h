@@ -63,6 +63,10 @@ void finish_save(struct run *run, int block);
 /* Load a step directory on every rank; all ranks agree on the outcome
  * (0, -1 damaged, -2 other model). err holds this rank's message, if any. */
 int load_checkpoint(struct run *run, const char *step_dir, char *err, size_t errlen);
+/* Every run ends with LOG_DIR/model.safetensors (whole tensors, Hugging Face
+ * names), whatever the layout and whether checkpoints are on; every rank
+ * calls it. path receives the file's name. */
+void save_final_weights(struct run *run, char *path, size_t n);
 /* --resume: returns what was loaded or NULL for a fresh start. */
 const char *resume(struct run *run);
 

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checkpoint/hf_export.h"
+#include "checkpoint/weights.h"
 #include "cli/pretrain.h"
 #include "config/common.h"
 
@@ -71,17 +73,53 @@ static void check_dirs(struct run *run, int writer) {
     fail_if_any(run, msg);
 }
 
+/* Where this rank sits for checkpoints: DP rank 0 of each (tp, pp) shard
+ * writes it, and for a MoE model expert-DP rank 0 writes its experts. */
+static struct ckpt_layout layout_of(const struct run *run) {
+    const struct grid *g = &run->grid;
+    return (struct ckpt_layout){.world_rank = g->world_rank, .tp = g->tp, .tp_rank = g->tp_rank, .pp = g->pp,
+                                .pp_rank = g->pp_rank, .dp = g->dp, .vpp = run->tr.model.part.nchunks,
+                                .writer = g->dp_rank == 0 || (g->edp_rank == 0 && run->r->model.num_experts > 0),
+                                .expert_only = g->dp_rank != 0};
+}
+
 void ckpt_setup(struct run *run) {
     const struct recipe *r = run->r;
-    const struct grid *g = &run->grid;
+    struct ckpt_layout L = layout_of(run);
     checkpoint_set_warnings(run->rank0);
-    int writer = g->dp_rank == 0 || (g->edp_rank == 0 && r->model.num_experts > 0);
-    check_dirs(run, writer);
+    check_dirs(run, L.writer);
     if (!r->checkpoint.dir[0]) return;
-    struct ckpt_layout L = {.world_rank = g->world_rank, .tp = g->tp, .tp_rank = g->tp_rank, .pp = g->pp,
-                            .pp_rank = g->pp_rank, .dp = g->dp, .vpp = run->tr.model.part.nchunks,
-                            .writer = writer, .expert_only = g->dp_rank != 0};
     ckpt_snapshot_init(&run->snap, r, &run->tr.model.table, &L);
+}
+
+void save_final_weights(struct run *run, char *path, size_t n) {
+    const struct recipe *r = run->r;
+    snprintf(path, n, "%s/model.safetensors", r->log.dir);
+    if (run->grid.world_size == 1) {
+        weights_save(run->be, run->tr.model.params, &run->tr.model.table, path);
+        return;
+    }
+    /* several ranks: each writes its shard of a scratch checkpoint, rank 0
+     * assembles the whole tensors (any layout) and removes the scratch */
+    char dir[RECIPE_PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s/final-weights.tmp", r->log.dir);
+    struct ckpt_layout L = layout_of(run);
+    struct ckpt_snapshot s;
+    ckpt_snapshot_init(&s, r, &run->tr.model.table, &L);
+    ckpt_snapshot_take(&s, run->be, run->tr.model.params, &run->tr.opt, &run->st);
+    if (run->rank0) checkpoint_prepare(dir, run->st.step);
+    comm_barrier(&run->grid.world);
+    checkpoint_write_rank(&s, dir, 0);
+    comm_barrier(&run->grid.world);
+    if (run->rank0) {
+        checkpoint_commit(&s, dir);
+        char step_dir[RECIPE_PATH_MAX + 96], err[4096];
+        checkpoint_step_dir(step_dir, sizeof step_dir, dir, run->st.step);
+        if (checkpoint_export_weights(step_dir, path, err, sizeof err) != 0) die("final weights: %s", err);
+        checkpoint_remove_step(dir, run->st.step);
+    }
+    comm_barrier(&run->grid.world);
+    ckpt_snapshot_free(&s);
 }
 
 void finish_save(struct run *run, int block) {

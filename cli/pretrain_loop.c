@@ -377,11 +377,8 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         finish_save(&run, 0);
     }
     watchdog_phase(WATCHDOG_END, run.st.step);
-    char path[RECIPE_PATH_MAX + 32] = "(none: multi-rank; export a checkpoint with mtrain convert)";
-    if (run.grid.world_size == 1) {
-        snprintf(path, sizeof path, "%s/model.safetensors", r->log.dir);
-        weights_save(run.be, run.tr.model.params, &run.tr.model.table, path);
-    }
+    char path[RECIPE_PATH_MAX + 32];
+    save_final_weights(&run, path, sizeof path);
     log_comm(&run, run.st.step - first + 1);
     /* peak memory of the whole run (rank 0, pipeline stage 0): host RSS, or the device's memory in use */
     double peak = run.be->device_mem_mib ? run.be->device_mem_mib() : peak_rss_mib();

@@ -1,0 +1,44 @@
+# Every run ends with LOG_DIR/model.safetensors, whatever the layout and with
+# checkpoints off: a tp 2 x pp 2 run (dense) and an ep 2 x dp 2 run (MoE)
+# leave the same whole tensors as one rank (within 1e-5), with no scratch
+# left behind.
+source "$(dirname "$0")/../lib.sh"
+cd "$TMP"
+export OMP_NUM_THREADS=1
+"$MTRAIN" data generate --out data --docs 300 >/dev/null || { fail final_setup "data generate failed"; exit 1; }
+cat >dense.yaml <<'YAML'
+model: {vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64}
+train: {seq_len: 16, micro_batch: 2, global_batch: 8, steps: 6, seed: 3}
+optimizer: {lr: 3e-3, warmup_steps: 2, eps: 1e-4}
+data: {path: data}
+log: {interval: 100}
+YAML
+sed 's/model: {/model: {arch: mixtral, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 48, /' dense.yaml >moe.yaml
+# same NAME A B: the two safetensors files hold the same tensors within 1e-5 (relative to each tensor's max)
+same() {
+    "$PY" - "$2" "$3" >"$TMP/cmp" 2>&1 <<'PY'
+import sys
+from safetensors.numpy import load_file
+a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
+assert a.keys() == b.keys(), f"tensor names differ: {sorted(set(a) ^ set(b))[:4]}"
+worst = max(float(abs(a[k] - b[k]).max() / max(abs(b[k]).max(), 1e-30)) for k in a)
+print(f"{len(a)} tensors, worst relative difference {worst:.3g}")
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+    [ $? = 0 ] && pass "$1" || fail "$1" "$(tail -2 "$TMP/cmp")"
+}
+for spec in "dense tp2_pp2 4 parallel.tp=2 parallel.pp=2" "moe ep2_dp2 4 parallel.ep=2"; do
+    set -- $spec
+    model=$1 name=$2 np=$3; shift 3
+    sets=()
+    for kv in "$@"; do sets+=(--set "$kv"); done
+    "$MTRAIN" pretrain $model.yaml --set log.dir=$model-one >/dev/null 2>&1 || fail final_${model}_one "exit $?"
+    run_np $np pretrain $model.yaml "${sets[@]}" --set log.dir=$model-$name >"$TMP/out" 2>&1 ||
+        { fail final_${model}_${name}_runs "exit $?: $(tail -2 "$TMP/out")"; continue; }
+    same final_${model}_${name}_weights $model-$name/model.safetensors $model-one/model.safetensors
+    [ ! -e $model-$name/final-weights.tmp ] && pass final_${model}_${name}_no_scratch ||
+        fail final_${model}_${name}_no_scratch "$(ls $model-$name)"
+    grep -q "weights in $model-$name/model.safetensors" "$TMP/out" && pass final_${model}_${name}_says_where ||
+        fail final_${model}_${name}_says_where "$(tail -1 "$TMP/out")"
+done
+exit $FAILED
