@@ -1,3 +1,4 @@
+#include <stdio.h>
 #include <string.h>
 
 #include "config/common.h"
@@ -11,13 +12,15 @@ const struct backend *backend_get(const char *name) {
     if (!strcmp(name, "cuda")) {
         if (cuda_backend_available()) return &cuda_backend;
 #ifdef MTRAIN_CUDA
-        warn("device cuda: no CUDA device found (%s)", cuda_device_error());
+        fprintf(stderr, "mtrain: error: train.device cuda: no CUDA device found (%s); use train.device cpu or auto\n",
+                cuda_device_error());
 #else
-        warn("device cuda: this build of mtrain has no CUDA backend (build where nvcc is found, CUDA=1)");
+        fprintf(stderr, "mtrain: error: train.device cuda: this build of mtrain has no CUDA backend (build where nvcc "
+                "is found, CUDA=1); use train.device cpu or auto\n");
 #endif
         return NULL;
     }
-    warn("unknown device '%s' (expected auto, cpu or cuda)", name);
+    fprintf(stderr, "mtrain: error: unknown device '%s' (expected auto, cpu or cuda)\n", name);
     return NULL;
 }
 

@@ -121,4 +121,11 @@ else
     grep -q 'cpu backend' "$TMP/dry_cuda" && pass cli_dry_run_memory_backend ||
         fail cli_dry_run_memory_backend "$(tail -1 "$TMP/dry_cuda")"
 fi
+# train.device cuda where there is no GPU: one error line saying what to set, exit 1
+"$MTRAIN" pretrain recipe.yaml --set train.device=cuda --set train.steps=1 --set log.dir=cuda_try >"$TMP/out" 2>&1
+rc=$?
+if grep -q '| device cuda |' "$TMP/out"; then pass cli_device_cuda_without_gpu # this machine has one
+elif [ $rc = 1 ] && [ "$(grep -c 'mtrain: error: train.device cuda: .*use train.device cpu or auto' "$TMP/out")" = 1 ]; then
+    pass cli_device_cuda_without_gpu
+else fail cli_device_cuda_without_gpu "exit $rc: $(head -c 300 "$TMP/out")"; fi
 exit $FAILED
