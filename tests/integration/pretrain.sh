@@ -122,7 +122,7 @@ else
         fail cli_dry_run_memory_backend "$(tail -1 "$TMP/dry_cuda")"
 fi
 # train.device cuda where there is no GPU: one error line saying what to set, exit 1
-"$MTRAIN" pretrain recipe.yaml --set train.device=cuda --set train.steps=1 --set log.dir=cuda_try >"$TMP/out" 2>&1
+"$MTRAIN" pretrain recipe.yaml --set train.device=cuda --set train.steps=1 --set optimizer.warmup_steps=0 --set log.dir=cuda_try >"$TMP/out" 2>&1
 rc=$?
 if grep -q '| device cuda |' "$TMP/out"; then pass cli_device_cuda_without_gpu # this machine has one
 elif [ $rc = 1 ] && [ "$(grep -c 'mtrain: error: train.device cuda: .*use train.device cpu or auto' "$TMP/out")" = 1 ]; then
