@@ -247,36 +247,47 @@ static void check_sampler_version(struct run *run, const char *step_dir) {
     fail_all(run, EXIT_USAGE, err);
 }
 
+/* The newest committed step under root that loads (older ones on damage,
+ * with a warning); NULL when root has none. */
+static const char *resume_newest(struct run *run, const char *root, char *path, size_t n) {
+    char err[8448];
+    int steps[4096], count = checkpoint_list(root, steps, 4096);
+    if (run->rank0) check_latest(root, steps, count);
+    for (int i = 0; i < count; i++) {
+        checkpoint_step_dir(path, n, root, steps[i]);
+        int rc = load_checkpoint(run, path, err, sizeof err);
+        if (rc == -2) fail_all(run, EXIT_USAGE, err);
+        if (rc == 0) return path;
+        if (says_why(run, err)) warn("%s; falling back to the previous checkpoint", err);
+    }
+    if (count > 0) {
+        snprintf(err, sizeof err, "no loadable checkpoint in %s", root);
+        fail_all(run, EXIT_RUNTIME, err);
+    }
+    return NULL;
+}
+
 const char *resume(struct run *run) {
     const struct recipe *r = run->r;
     const char *how = run->o->resume;
-    char err[8448];
+    char err[8448], probe[RECIPE_PATH_MAX + 32];
     static char path[RECIPE_PATH_MAX + 32];
     if (!strcmp(how, "never")) return NULL;
-    if (strcmp(how, "auto")) { /* an explicit step directory: no fallback */
-        int rc = load_checkpoint(run, how, err, sizeof err);
+    if (!strcmp(how, "auto")) {
+        /* leftovers of interrupted saves were removed by ckpt_setup */
+        if (!r->checkpoint.dir[0] || !(how = resume_newest(run, r->checkpoint.dir, path, sizeof path))) return NULL;
+    } else if (snprintf(probe, sizeof probe, "%s/manifest.json", how), path_exists(probe)) {
+        int rc = load_checkpoint(run, how, err, sizeof err); /* an explicit step directory: no fallback */
         if (rc != 0) fail_all(run, rc == -2 ? EXIT_USAGE : EXIT_RUNTIME, err);
     } else {
-        if (!r->checkpoint.dir[0]) return NULL;
-        /* leftovers of interrupted saves were removed by ckpt_setup */
-        int steps[4096], n = checkpoint_list(r->checkpoint.dir, steps, 4096);
-        if (run->rank0) check_latest(r->checkpoint.dir, steps, n);
-        int loaded = 0;
-        for (int i = 0; i < n && !loaded; i++) {
-            checkpoint_step_dir(path, sizeof path, r->checkpoint.dir, steps[i]);
-            int rc = load_checkpoint(run, path, err, sizeof err);
-            if (rc == -2) fail_all(run, EXIT_USAGE, err);
-            if (rc == 0) loaded = 1;
-            else if (says_why(run, err)) warn("%s; falling back to the previous checkpoint", err);
+        /* a checkpoint root: its newest committed step */
+        const char *given = how;
+        if (!(how = resume_newest(run, given, path, sizeof path))) {
+            snprintf(err, sizeof err, "--resume %s: %s; expected a checkpoint step directory (with manifest.json), a "
+                     "checkpoint directory holding step-NNNNNNNNN directories, auto or never", given,
+                     path_exists(given) ? "no committed checkpoint in it" : "no such directory");
+            fail_all(run, EXIT_USAGE, err);
         }
-        if (!loaded) {
-            if (n > 0) {
-                snprintf(err, sizeof err, "no loadable checkpoint in %s", r->checkpoint.dir);
-                fail_all(run, EXIT_RUNTIME, err);
-            }
-            return NULL;
-        }
-        how = path;
     }
     check_sampler_version(run, how);
     if (run->rank0)

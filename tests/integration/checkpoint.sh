@@ -131,4 +131,10 @@ json.dump(m, open(sys.argv[1], "w"), indent=1)
 PY
 expect_exit ckpt_sampler_version_old_manifest_refused 2 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=sold --set log.dir=sold
 expect_output ckpt_sampler_version_old_manifest_message 'saved with data.sampler_version 1'
+# --resume takes a step directory or a checkpoint root; a typo is one clear error (exit 2)
+expect_exit ckpt_resume_root 0 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=rr --set log.dir=rr2 --resume sv \
+    --set data.sampler_version=1 --stop-after 11
+expect_output ckpt_resume_root_newest "resumed from sv/step-0+[0-9]+ "
+expect_exit ckpt_resume_typo 2 "$MTRAIN" pretrain r.yaml --set log.dir=rr3 --resume nevr
+expect_output ckpt_resume_typo_message "mtrain: error: cannot resume: --resume nevr: no such directory; expected a checkpoint step"
 exit $FAILED
