@@ -25,13 +25,20 @@
 
 void openblas_set_num_threads(int);
 
-/* ---- signals: the first SIGTERM/SIGUSR1 asks for checkpoint-and-exit at the
- * next step boundary; a second SIGTERM exits at once ---- */
+/* ---- signals: the first SIGTERM/SIGINT/SIGUSR1 asks for checkpoint-and-exit
+ * at the next step boundary; a second SIGTERM or SIGINT (Ctrl-C) exits at once ---- */
 
 static volatile sig_atomic_t stop_signal;
+static volatile sig_atomic_t signal_says; /* this rank prints what a Ctrl-C does (rank 0) */
 
 static void on_signal(int sig) {
-    if (sig == SIGTERM && stop_signal) _exit(128 + SIGTERM);
+    if ((sig == SIGTERM || sig == SIGINT) && stop_signal) _exit(128 + sig);
+    if (sig == SIGINT && signal_says) {
+        static const char msg[] = "\nmtrain: Ctrl-C: stopping at the next step boundary (with a checkpoint and the "
+                                  "final weights); press Ctrl-C again to stop at once\n";
+        ssize_t unused = write(2, msg, sizeof msg - 1);
+        (void)unused;
+    }
     stop_signal = sig;
 }
 
@@ -40,7 +47,8 @@ static void install_signals(void) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0) die("cannot install signal handlers");
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0)
+        die("cannot install signal handlers");
 }
 
 /* ---- output ---- */
@@ -246,6 +254,7 @@ static void setup(struct run *run) {
         openblas_set_num_threads(threads);
     }
     run->rank0 = run->grid.world_rank == 0;
+    signal_says = run->rank0;
     run->train = prefetcher_create(r, SPLIT_TRAIN, run->grid.dp, run->grid.dp_rank);
     if (r->train.eval_interval > 0 && r->data.valid_fraction > 0) run->valid = blend_from_recipe(r, SPLIT_VALID);
     trainer_create(&run->tr, run->be, r, &run->grid);
@@ -352,10 +361,15 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         float stop = stop_signal;
         comm_all_reduce_max(&run.grid.world, &stop, 1);
         if (stop != 0 || (o->stop_after > 0 && run.st.step >= o->stop_after)) {
-            const char *name = stop == 0 ? "stop-after" : stop == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
+            const char *name = stop == 0           ? "stop-after"
+                               : stop == SIGUSR1  ? "SIGUSR1"
+                               : stop == SIGINT   ? "SIGINT"
+                                                  : "SIGTERM";
             if (run.rank0) printf("%s: saving a checkpoint at step %d and exiting\n", name, run.st.step);
             watchdog_phase(WATCHDOG_SAVE, run.st.step);
             if (r->checkpoint.dir[0] && run.saved_step != run.st.step) save_checkpoint(&run);
+            char path[RECIPE_PATH_MAX + 32];
+            save_final_weights(&run, path, sizeof path);
             event(&run, "{\"event\":\"signal\",\"signal\":\"%s\",\"step\":%d}", name, run.st.step);
             teardown(&run);
             return 0;

@@ -113,6 +113,31 @@ else fail ckpt_sigterm_saves_exit0 "exit $rc, latest '$step'"; fi
 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=s --set log.dir=s_run --set train.steps=400 --set checkpoint.interval=1000 \
     --stop-after $((step + 3)) >/dev/null 2>&1
 same_state ckpt_sigterm_resumes_exactly sref s $((step + 3))
+# Ctrl-C (SIGINT) like SIGTERM: a message, a checkpoint at the next step boundary, the final
+# weights, exit 0, an exact resume; a second Ctrl-C ends the run at once (exit 130)
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir=si --set log.dir=si_run --set train.steps=400 --set checkpoint.interval=1000 \
+    >"$TMP/sig.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q '"step":5,' si_run/metrics.jsonl 2>/dev/null && break; sleep 0.1; done
+kill -INT $pid; wait $pid; rc=$?
+step=$(cat si/latest 2>/dev/null | sed 's/step-0*//')
+if [ $rc = 0 ] && [ -n "$step" ] && grep -q '"event":"signal","signal":"SIGINT"' si_run/metrics.jsonl &&
+    grep -q 'Ctrl-C: stopping at the next step boundary' "$TMP/sig.out" && [ -s si_run/model.safetensors ]; then
+    pass ckpt_sigint_saves_exit0
+else fail ckpt_sigint_saves_exit0 "exit $rc, latest '$step': $(head -c 300 "$TMP/sig.out")"; fi
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir=siref --set log.dir=siref_run --set train.steps=400 \
+    --set checkpoint.interval=1000 --stop-after $((step + 3)) >/dev/null 2>&1
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir=si --set log.dir=si_run --set train.steps=400 --set checkpoint.interval=1000 \
+    --stop-after $((step + 3)) >/dev/null 2>&1
+same_state ckpt_sigint_resumes_exactly siref si $((step + 3))
+# (steps of a wider model take long enough for the second Ctrl-C to land inside one)
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir=si2 --set log.dir=si2_run --set train.steps=100000 \
+    --set checkpoint.interval=100000 --set model.hidden_size=512 --set model.intermediate_size=2048 \
+    --set train.seq_len=256 >"$TMP/sig.out" 2>&1 &
+pid=$!
+for _ in $(seq 300); do grep -q '"step":2,' si2_run/metrics.jsonl 2>/dev/null && break; sleep 0.1; done
+kill -INT $pid; sleep 0.05; kill -INT $pid; wait $pid; rc=$?
+[ $rc = 130 ] && pass ckpt_second_sigint_exits_now || fail ckpt_second_sigint_exits_now "exit $rc"
 # the dataset sampler's version is part of what a checkpoint's data position
 # means: another version is refused (exit 2, naming the key), the same resumes
 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=sv --set log.dir=sv --set data.sampler_version=1 --stop-after 10 >/dev/null 2>&1
