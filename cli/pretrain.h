@@ -44,6 +44,8 @@ struct run {
     char metrics_path[RECIPE_PATH_MAX + 32];
     int32_t *batch;          /* global_batch x (seq_len+1) */
     double flops_per_token;
+    double t_start;             /* when this process's training loop began (elapsed time and ETA) */
+    int first_step;             /* the loop's first step (earlier ones were resumed) */
     double peak_tflops;         /* train.peak_tflops, else the device's from the backend's table; 0: unknown */
     struct { int step; double loss, grad_norm; } history[HISTORY];
     int nhistory;

@@ -69,6 +69,14 @@ void event(struct run *run, const char *fmt, ...) {
     if (fflush(run->metrics) != 0) die("cannot write %s", run->metrics_path);
 }
 
+/* "42s", "3m05s", "2h07m": short enough for the step line */
+static void duration_text(char *out, size_t n, double s) {
+    long t = (long)(s + 0.5);
+    if (t < 60) snprintf(out, n, "%lds", t);
+    else if (t < 3600) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(out, n, "%ldh%02ldm", t / 3600, t % 3600 / 60);
+}
+
 static void log_step(struct run *run, int step, const struct step_stats *st, double seconds) {
     const struct recipe *r = run->r;
     double tps = st->tokens / seconds, tflops = tps * run->flops_per_token / 1e12;
@@ -95,10 +103,16 @@ static void log_step(struct run *run, int step, const struct step_stats *st, dou
           step, st->loss, st->lr, st->grad_norm, tps, tflops, mfu, mem, seconds * 1e3,
           (long long)run->st.consumed_samples, moe);
     if (step % r->log.interval && step != 1 && step != r->train.steps) return;
-    char mfu_text[32] = "-";
+    char mfu_text[32] = "-", elapsed[32], eta[32];
     if (run->peak_tflops > 0) snprintf(mfu_text, sizeof mfu_text, "%.1f%%", 100 * mfu);
-    printf("step %6d/%d | loss %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %.3f TFLOP/s | mfu %s | mem %.0f MiB%s\n",
-           step, r->train.steps, st->loss, st->lr, st->grad_norm, tps, tflops, mfu_text, mem, moe_text);
+    /* ETA from this process's mean step time so far */
+    double spent = now_seconds() - run->t_start;
+    int done = step - run->first_step + 1;
+    duration_text(elapsed, sizeof elapsed, spent);
+    duration_text(eta, sizeof eta, done > 0 ? spent / done * (r->train.steps - step) : 0);
+    printf("step %6d/%d | loss %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %.3f TFLOP/s | mfu %s | mem %.0f MiB%s"
+           " | %s, ETA %s\n",
+           step, r->train.steps, st->loss, st->lr, st->grad_norm, tps, tflops, mfu_text, mem, moe_text, elapsed, eta);
     fflush(stdout);
 }
 
@@ -355,6 +369,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
           run.peak_tflops, r->train.hang_timeout_s);
     double t_start = now_seconds();
     int first = run.st.step + 1;
+    run.t_start = t_start, run.first_step = first;
     for (int step = first; step <= r->train.steps; step = run.st.step + 1) {
         /* every rank must agree to stop at the same step boundary */
         watchdog_phase(WATCHDOG_STEP, step);

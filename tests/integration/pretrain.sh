@@ -13,7 +13,7 @@ YAML
 losses() { grep '"loss"' "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
 
 expect_exit pretrain_runs 0 "$MTRAIN" pretrain recipe.yaml
-expect_output pretrain_console_line 'step +12/12 \| loss [0-9.]+ \| lr [0-9.e+-]+ \| gnorm [0-9.]+ \| +[0-9]+ tok/s \| [0-9.]+ TFLOP/s \| mfu - \| mem [0-9]+ MiB'
+expect_output pretrain_console_line 'step +12/12 \| loss [0-9.]+ \| lr [0-9.e+-]+ \| gnorm [0-9.]+ \| +[0-9]+ tok/s \| [0-9.]+ TFLOP/s \| mfu - \| mem [0-9]+ MiB \| [0-9]+s, ETA 0s$'
 expect_output pretrain_eval_line 'eval  step +12 \| val_loss [0-9.]+'
 m=run/metrics.jsonl
 if [ "$(grep -c '"step"' $m | tr -d ' ')" -ge 12 ] && grep -q '"event":"eval"' $m && grep -q '"event":"start"' $m &&
