@@ -25,11 +25,13 @@ static void usage(FILE *out) {
             "               checkpoint.dir, falling back to older ones if it is damaged; never:\n"
             "               start fresh; DIR: that step directory (no fallback), or the newest\n"
             "               step of a checkpoint directory\n"
+            "  --allow-data-change  resume although seq_len, the batch sizes, the data, the\n"
+            "               seed or the vocabulary differ from the checkpoint's recipe\n"
             "  --stop-after N  save a checkpoint after step N and exit 0 (like SIGTERM)\n"
             "  --inject K@S fault injection for tests: nan, spike, crash or crash-in-save at step S\n"
             "               (crash@S:R crashes world rank R only)\n\n"
-            "Signals: SIGTERM or SIGUSR1 saves a checkpoint at the next step boundary and\n"
-            "exits 0; a second SIGTERM exits at once.\n"
+            "Signals: SIGTERM, SIGUSR1 or Ctrl-C (SIGINT) saves a checkpoint at the next step\n"
+            "boundary and exits 0; a second SIGTERM or Ctrl-C exits at once.\n"
             "Writes LOG_DIR/metrics.jsonl (one JSON object per step and per event) and\n"
             "LOG_DIR/model.safetensors (final weights, Hugging Face names).\n"
             "Exit codes: 0 ok, 1 runtime failure, 2 usage or recipe error.\n");
@@ -85,6 +87,8 @@ static int parse(int argc, char **argv, struct pretrain_opts *o, struct recipe *
             o->resume = argv[++i];
         } else if (!strncmp(a, "--resume=", 9)) {
             o->resume = a + 9;
+        } else if (!strcmp(a, "--allow-data-change")) {
+            o->allow_data_change = 1;
         } else if (!strcmp(a, "--stop-after") && i + 1 < argc) {
             o->stop_after = atoi(argv[++i]);
             if (o->stop_after <= 0) {

@@ -15,6 +15,7 @@ struct pretrain_opts {
     const char *recipe;
     int dry_run;
     int stop_after;         /* save and exit 0 once this many steps are done (0: no) */
+    int allow_data_change;  /* resume although the data-semantics keys differ from the checkpoint's */
     const char *resume;     /* "auto" (default), "never" or a step directory */
     /* fault injection for tests: a step number, or 0 for none */
     int inject_nan, inject_spike, inject_crash, inject_crash_in_save;

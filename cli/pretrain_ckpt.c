@@ -267,6 +267,47 @@ static const char *resume_newest(struct run *run, const char *root, char *path, 
     return NULL;
 }
 
+/* The keys that give the saved data position its meaning: resuming with
+ * another value would silently read other samples. Refused (exit 2, naming
+ * each key) unless --allow-data-change. */
+static void check_data_semantics(struct run *run, const char *step_dir) {
+    if (run->o->allow_data_change) return;
+    static struct recipe saved;
+    char err[8192];
+    int rc, n = 0;
+    struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, sizeof err, &rc);
+    if (!rd || ckpt_reader_load_recipe(rd, &saved, err, sizeof err) != 0) {
+        ckpt_reader_close(rd);
+        fail_all(run, EXIT_RUNTIME, err);
+    }
+    ckpt_reader_close(rd);
+    const struct recipe *r = run->r;
+    n = snprintf(err, sizeof err, "%s/manifest.json: this run changes what the saved data position means:", step_dir);
+#define DIFF_INT(key, a, b)                                                                                  \
+    if ((long long)(a) != (long long)(b) && n < (int)sizeof err - 160)                                      \
+        n += snprintf(err + n, sizeof err - n, " %s %lld (checkpoint %lld);", key, (long long)(b), (long long)(a));
+    DIFF_INT("train.seq_len", saved.train.seq_len, r->train.seq_len)
+    DIFF_INT("train.global_batch", saved.train.global_batch, r->train.global_batch)
+    DIFF_INT("train.micro_batch", saved.train.micro_batch, r->train.micro_batch)
+    DIFF_INT("train.seed", saved.train.seed, r->train.seed)
+    DIFF_INT("model.vocab_size", saved.model.vocab_size, r->model.vocab_size)
+#undef DIFF_INT
+    int blend_same = saved.data.blend.n == r->data.blend.n;
+    for (int i = 0; blend_same && i < r->data.blend.n; i++)
+        blend_same = !strcmp(saved.data.blend.e[i].path, r->data.blend.e[i].path) &&
+                     saved.data.blend.e[i].weight == r->data.blend.e[i].weight;
+    if (strcmp(saved.data.path, r->data.path) && n < (int)sizeof err - 160)
+        n += snprintf(err + n, sizeof err - n, " data.path %.60s (checkpoint %.60s);", r->data.path, saved.data.path);
+    if (!blend_same && n < (int)sizeof err - 160) n += snprintf(err + n, sizeof err - n, " data.blend differs;");
+    if (saved.data.valid_fraction != r->data.valid_fraction && n < (int)sizeof err - 160)
+        n += snprintf(err + n, sizeof err - n, " data.valid_fraction %g (checkpoint %g);", r->data.valid_fraction,
+                      saved.data.valid_fraction);
+    if (err[n - 1] == ':') return; /* nothing differs */
+    snprintf(err + n - 1, sizeof err - n + 1, ". Resume with the checkpoint's values, or pass --allow-data-change to "
+             "continue anyway");
+    fail_all(run, EXIT_USAGE, err);
+}
+
 const char *resume(struct run *run) {
     const struct recipe *r = run->r;
     const char *how = run->o->resume;
@@ -290,6 +331,7 @@ const char *resume(struct run *run) {
         }
     }
     check_sampler_version(run, how);
+    check_data_semantics(run, how);
     if (run->rank0)
         printf("resumed from %s at step %d (%lld samples consumed)\n", how, run->st.step,
                (long long)run->st.consumed_samples);

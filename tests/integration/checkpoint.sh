@@ -162,4 +162,11 @@ expect_exit ckpt_resume_root 0 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=rr
 expect_output ckpt_resume_root_newest "resumed from sv/step-0+[0-9]+ "
 expect_exit ckpt_resume_typo 2 "$MTRAIN" pretrain r.yaml --set log.dir=rr3 --resume nevr
 expect_output ckpt_resume_typo_message "mtrain: error: cannot resume: --resume nevr: no such directory; expected a checkpoint step"
+# a changed seq_len or batch would silently read other samples: refused naming the keys, unless allowed
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir=dc --set log.dir=dc --stop-after 5 >/dev/null 2>&1
+expect_exit ckpt_data_change_refused 2 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=dc --set log.dir=dc \
+    --set train.seq_len=16 --set train.global_batch=16
+expect_output ckpt_data_change_names_keys "train.seq_len 16 \(checkpoint 32\); train.global_batch 16 \(checkpoint 8\)\. .*--allow-data-change"
+expect_exit ckpt_data_change_allowed 0 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=dc --set log.dir=dc \
+    --set train.seq_len=16 --set train.global_batch=16 --allow-data-change --stop-after 6
 exit $FAILED
