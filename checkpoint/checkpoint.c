@@ -710,8 +710,14 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
     r.parallel.tp = tp, r.parallel.pp = pp, r.parallel.vpp = vpp, r.parallel.ep = ep;
     /* any layout loads any checkpoint, so the stage split here is the even one */
     r.parallel.first_stage_layers = r.parallel.last_stage_layers = 0;
-    snprintf(r.data.path, sizeof r.data.path, "/"); /* the layout is checked here, not the data */
-    if (recipe_validate(&r, tp * pp * dp) != 0) {
+    /* the layout is checked here, not the data: validate a copy without it
+     * (the written manifest keeps the recipe's data, which resume compares) */
+    static struct recipe check;
+    check = r;
+    snprintf(check.data.path, sizeof check.data.path, "/");
+    check.data.blend.n = 0;
+    check.model.init_from[0] = 0;
+    if (recipe_validate(&check, tp * pp * dp) != 0) {
         snprintf(err, errlen, "layout tp %d pp %d vpp %d dp %d ep %d does not fit this model (see above)", tp, pp, vpp,
                  dp, ep);
         ckpt_reader_close(rd);

@@ -100,26 +100,28 @@ void save_final_weights(struct run *run, char *path, size_t n) {
         return;
     }
     /* several ranks: each writes its shard of a scratch checkpoint, rank 0
-     * assembles the whole tensors (any layout) and removes the scratch */
+     * assembles the whole tensors (any layout) and removes the scratch; with
+     * checkpoints on, their host snapshot is reused (no second copy) */
     char dir[RECIPE_PATH_MAX + 64];
     snprintf(dir, sizeof dir, "%s/final-weights.tmp", r->log.dir);
     struct ckpt_layout L = layout_of(run);
-    struct ckpt_snapshot s;
-    ckpt_snapshot_init(&s, r, &run->tr.model.table, &L);
-    ckpt_snapshot_take(&s, run->be, run->tr.model.params, &run->tr.opt, &run->st);
+    struct ckpt_snapshot local, *sp = &run->snap;
+    finish_save(run, 1); /* the snapshot is free once its save is committed */
+    if (!r->checkpoint.dir[0]) ckpt_snapshot_init(sp = &local, r, &run->tr.model.table, &L);
+    ckpt_snapshot_take(sp, run->be, run->tr.model.params, &run->tr.opt, &run->st);
     if (run->rank0) checkpoint_prepare(dir, run->st.step);
     comm_barrier(&run->grid.world);
-    checkpoint_write_rank(&s, dir, 0);
+    checkpoint_write_rank(sp, dir, 0);
     comm_barrier(&run->grid.world);
     if (run->rank0) {
-        checkpoint_commit(&s, dir);
+        checkpoint_commit(sp, dir);
         char step_dir[RECIPE_PATH_MAX + 96], err[4096];
         checkpoint_step_dir(step_dir, sizeof step_dir, dir, run->st.step);
         if (checkpoint_export_weights(step_dir, path, err, sizeof err) != 0) die("final weights: %s", err);
         checkpoint_remove_step(dir, run->st.step);
     }
     comm_barrier(&run->grid.world);
-    ckpt_snapshot_free(&s);
+    if (sp == &local) ckpt_snapshot_free(&local);
 }
 
 void finish_save(struct run *run, int block) {

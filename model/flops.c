@@ -71,9 +71,11 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
     /* host: the global batch, two prefetched shares, and the checkpoint snapshot (params + moments) */
     size_t sample = (size_t)(r->train.seq_len + 1) * sizeof(int32_t);
     e.host = sample * (r->train.global_batch + 2 * (size_t)(r->train.global_batch / (dp > 0 ? dp : 1)));
-    if (r->checkpoint.dir[0]) e.host += 3 * e.params;
-    /* a single-rank run ends by writing model.safetensors from a host copy */
-    if (dp <= 1 && r->parallel.tp * r->parallel.pp == 1) e.host += e.params;
+    /* the final weights: one rank writes them from a host copy; several write
+     * a scratch checkpoint from the checkpoint snapshot (or one of their own) */
+    int one_rank = dp <= 1 && r->parallel.tp * r->parallel.pp == 1;
+    if (r->checkpoint.dir[0] || !one_rank) e.host += 3 * e.params;
+    if (one_rank) e.host += e.params;
     int cpu = !strcmp(be->name, "cpu");
     e.runtime = cpu ? MTRAIN_RUNTIME_BYTES : 0;
     e.total = e.params + e.grads + e.optimizer + e.activations + e.buffers + (cpu ? e.host + e.runtime : 0);

@@ -1,7 +1,8 @@
 # Every run ends with LOG_DIR/model.safetensors, whatever the layout and with
-# checkpoints off: a tp 2 x pp 2 run (dense) and an ep 2 x dp 2 run (MoE)
-# leave the same whole tensors as one rank (within 1e-5), with no scratch
-# left behind.
+# checkpoints off or on: a tp 2 x pp 2 run (dense), an ep 2 x dp 2 run (MoE)
+# and a dp 2 run with async checkpoints (whose snapshot the final weights
+# reuse) leave the same whole tensors as one rank (within 1e-5), with no
+# scratch left behind.
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
 export OMP_NUM_THREADS=1
@@ -27,7 +28,8 @@ sys.exit(0 if worst <= 1e-5 else 1)
 PY
     [ $? = 0 ] && pass "$1" || fail "$1" "$(tail -2 "$TMP/cmp")"
 }
-for spec in "dense tp2_pp2 4 parallel.tp=2 parallel.pp=2" "moe ep2_dp2 4 parallel.ep=2"; do
+for spec in "dense tp2_pp2 4 parallel.tp=2 parallel.pp=2" "moe ep2_dp2 4 parallel.ep=2" \
+    "dense dp2_async_checkpoints 2 checkpoint.dir=ck checkpoint.interval=3 checkpoint.async=true"; do
     set -- $spec
     model=$1 name=$2 np=$3; shift 3
     sets=()
