@@ -241,6 +241,27 @@ static void log_comm(struct run *run, int steps) {
     free(v);
 }
 
+/* Drop the lines of metrics.jsonl about steps after `step` (the interrupted
+ * run's steps and events past the checkpoint a resume starts from), so each
+ * step appears once. Rewritten atomically; a missing file is fine. */
+static void trim_metrics(const char *path, int step) {
+    size_t size = 0;
+    char *text = read_file(path, &size);
+    if (!text) return;
+    char *out = xmalloc(size + 1);
+    size_t n = 0;
+    for (char *line = text; line < text + size;) {
+        char *end = memchr(line, '\n', (size_t)(text + size - line));
+        size_t len = end ? (size_t)(end - line) + 1 : (size_t)(text + size - line);
+        const char *at = memmem(line, len, "\"step\":", 7);
+        if (!at || atoi(at + 7) <= step) memcpy(out + n, line, len), n += len;
+        line += len;
+    }
+    if (n != size) write_file_atomic(path, out, n);
+    free(out);
+    free(text);
+}
+
 /* ---- the loop ---- */
 
 static void setup(struct run *run) {
@@ -345,7 +366,9 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     setup(&run);
     watchdog_phase(WATCHDOG_LOAD, 0);
     const char *from = resume(&run);
-    /* a resumed run continues the metrics stream of the run it resumes */
+    /* a resumed run continues the metrics stream of the run it resumes, from
+     * the step it resumes at: what the interrupted run logged after it goes */
+    if (run.rank0 && from) trim_metrics(run.metrics_path, run.st.step);
     if (run.rank0) run.metrics = xfopen(run.metrics_path, from ? "a" : "w");
     if (from)
         event(&run, "{\"event\":\"resume\",\"step\":%d,\"from\":\"%s\",\"consumed_samples\":%lld}", run.st.step,

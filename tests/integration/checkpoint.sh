@@ -169,4 +169,12 @@ expect_exit ckpt_data_change_refused 2 "$MTRAIN" pretrain r.yaml --set checkpoin
 expect_output ckpt_data_change_names_keys "train.seq_len 16 \(checkpoint 32\); train.global_batch 16 \(checkpoint 8\)\. .*--allow-data-change"
 expect_exit ckpt_data_change_allowed 0 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=dc --set log.dir=dc \
     --set train.seq_len=16 --set train.global_batch=16 --allow-data-change --stop-after 6
+# after a crash and a resume, metrics.jsonl holds every step once (the crashed run's steps past
+# the checkpoint are dropped, the resumed run logs them again)
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir=mdup --set log.dir=mdup --set checkpoint.interval=10 --inject crash@15 \
+    >/dev/null 2>&1
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir=mdup --set log.dir=mdup --set checkpoint.interval=10 >/dev/null 2>&1
+steps=$(grep -c '^{"step":' mdup/metrics.jsonl); distinct=$(grep -o '^{"step":[0-9]*' mdup/metrics.jsonl | sort -u | wc -l)
+[ "$steps" = 40 ] && [ "$distinct" = 40 ] && pass ckpt_metrics_no_duplicates_after_resume ||
+    fail ckpt_metrics_no_duplicates_after_resume "$steps step lines, $distinct distinct"
 exit $FAILED
