@@ -168,10 +168,8 @@ static void dry_run(const struct recipe *r) {
            "fp32, %s backend, pipeline stage 0, dp %d, recompute %s)\n",
            e.total / gib, e.params / gib, e.grads / gib, e.optimizer / gib, e.activations / gib, e.buffers / gib,
            be->name, dp > 0 ? dp : 1, r->train.recompute);
-    int one_rank = dp <= 1 && r->parallel.tp * r->parallel.pp == 1;
-    size_t snapshot = r->checkpoint.dir[0] || !one_rank ? 3 * e.params : 0;
     printf("host_per_rank:    %.3f GiB (batches and final weights %.3f, checkpoint/final snapshot %.3f, process runtime %.3f)%s\n",
-           (e.host + e.runtime) / gib, (e.host - snapshot) / gib, snapshot / gib, e.runtime / gib,
+           (e.host + e.runtime) / gib, (e.host - e.snapshot) / gib, e.snapshot / gib, e.runtime / gib,
            e.runtime ? "; counted in memory_per_rank (the CPU backend's device is host memory)" : "");
 }
 

@@ -90,7 +90,7 @@ static void log_step(struct run *run, int step, const struct step_stats *st, dou
                          "\"expert_load\":[", st->aux_loss, st->z_loss, st->dropped, st->load_max);
         for (int j = 0, nm = model_moe_layer_count(mc); j < nm && n < (int)sizeof moe - 64; j++)
             for (int e = 0; e < mc->num_experts && n < (int)sizeof moe - 64; e++)
-                n += snprintf(moe + n, sizeof moe - n, "%s%s%.0f%s", e ? "," : j ? ",[" : "[", "",
+                n += snprintf(moe + n, sizeof moe - n, "%s%.0f%s", e ? "," : j ? ",[" : "[",
                               st->load[(size_t)j * mc->num_experts + e], e == mc->num_experts - 1 ? "]" : "");
         snprintf(moe + n, sizeof moe - n, "]");
         snprintf(moe_text, sizeof moe_text, " | aux %.3f | load max %.2f%s", st->aux_loss, st->load_max,

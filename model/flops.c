@@ -46,11 +46,7 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
     e.optimizer = 2 * (e.params - experts) / (zero ? dp : 1) + 2 * experts / (zero && edp > 1 ? edp : 1);
     /* ZeRO-1 keeps, per group, the reduced gradient shard and a dp-wide flat scratch */
     if (zero) e.buffers += (e.params - experts) / dp * (dp + 1) + (edp > 1 ? experts / edp * (edp + 1) : 0);
-    size_t shared = 0; /* kv blocks shared by TP ranks: one scratch of the largest */
-    for (int i = 0; i < t.count; i++)
-        if (t.items[i].shard != SHARD_REPLICATED && t.items[i].parts < t.tp && t.items[i].numel * t.items[i].parts > shared)
-            shared = t.items[i].numel * t.items[i].parts;
-    e.buffers += shared * sizeof(float);
+    e.buffers += param_table_shared_block_floats(&t) * sizeof(float); /* kv-block scratch */
     param_table_free(&t);
     /* pipeline stage 0 holds the most micro batches at once */
     int pp = r->parallel.pp, vpp = pp > 1 ? r->parallel.vpp : 1;
@@ -74,8 +70,8 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
     /* the final weights: one rank writes them from a host copy; several write
      * a scratch checkpoint from the checkpoint snapshot (or one of their own) */
     int one_rank = dp <= 1 && r->parallel.tp * r->parallel.pp == 1;
-    if (r->checkpoint.dir[0] || !one_rank) e.host += 3 * e.params;
-    if (one_rank) e.host += e.params;
+    e.snapshot = r->checkpoint.dir[0] || !one_rank ? 3 * e.params : 0;
+    e.host += e.snapshot + (one_rank ? e.params : 0);
     int cpu = !strcmp(be->name, "cpu");
     e.runtime = cpu ? MTRAIN_RUNTIME_BYTES : 0;
     e.total = e.params + e.grads + e.optimizer + e.activations + e.buffers + (cpu ? e.host + e.runtime : 0);

@@ -39,10 +39,7 @@ void optimizer_create(struct optimizer *o, const struct backend *be, const struc
     o->ngroups = 1;
     if (fe < t->count) group_init(&o->group[o->ngroups++], be, t, fe, t->count - fe, edp, cfg->distributed);
     o->started = xcalloc(t->count ? t->count : 1, 1);
-    size_t shared = 0; /* the largest tensor whose blocks are shared by several TP ranks */
-    for (int i = 0; i < t->count; i++)
-        if (t->items[i].shard != SHARD_REPLICATED && t->items[i].parts < t->tp && t->items[i].numel * t->items[i].parts > shared)
-            shared = t->items[i].numel * t->items[i].parts;
+    size_t shared = param_table_shared_block_floats(t);
     if (shared) o->shared_scratch = be->alloc(sizeof(float) * shared);
 }
 

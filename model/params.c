@@ -159,3 +159,12 @@ int64_t param_table_global_count(const struct param_table *t) {
     for (int i = 0; i < t->count; i++) n += t->items[i].shape[0] * (t->items[i].ndim == 2 ? t->items[i].shape[1] : 1);
     return n;
 }
+
+size_t param_table_shared_block_floats(const struct param_table *t) {
+    size_t shared = 0;
+    for (int i = 0; i < t->count; i++)
+        if (t->items[i].shard != SHARD_REPLICATED && t->items[i].parts < t->tp &&
+            t->items[i].numel * t->items[i].parts > shared)
+            shared = t->items[i].numel * t->items[i].parts;
+    return shared;
+}

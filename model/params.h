@@ -87,3 +87,6 @@ int64_t param_table_global_count(const struct param_table *t);
  * other tensor, so [0, first) and [first, count) are contiguous regions of
  * the buffer that reduce over different groups. count when there are none. */
 int param_table_first_expert(const struct param_table *t);
+/* Floats of the largest tensor whose blocks several TP ranks share (kv heads
+ * when tp > kv heads): the optimizer's scratch for summing them; 0 if none. */
+size_t param_table_shared_block_floats(const struct param_table *t);
