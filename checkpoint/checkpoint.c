@@ -693,6 +693,8 @@ int ckpt_reader_load_recipe(const struct ckpt_reader *rd, struct recipe *r, char
     recipe_defaults(r);
     ok = ok && recipe_load(r, path) == 0;
     unlink(path);
+    /* messages about the recipe name the checkpoint, not the temporary file */
+    snprintf(r->source, sizeof r->source, "%.900s/manifest.json recipe", rd->dir);
     if (!ok) snprintf(err, errlen, "%s: the manifest's recipe cannot be read back", rd->dir);
     return ok ? 0 : -1;
 }
@@ -717,6 +719,9 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
     snprintf(check.data.path, sizeof check.data.path, "/");
     check.data.blend.n = 0;
     check.model.init_from[0] = 0;
+    /* batch sizes are the resumed run's choice (--set train.micro_batch=...) */
+    check.train.micro_batch = 1;
+    check.train.global_batch = dp;
     if (recipe_validate(&check, tp * pp * dp) != 0) {
         snprintf(err, errlen, "layout tp %d pp %d vpp %d dp %d ep %d does not fit this model (see above)", tp, pp, vpp,
                  dp, ep);

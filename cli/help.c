@@ -24,13 +24,20 @@ int cmd_help(int argc, char **argv) {
         print_usage(stdout);
         return 0;
     }
+    if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        printf("usage: mtrain help [COMMAND | recipe]\n\n"
+               "  no argument  list the commands\n"
+               "  COMMAND      the options of one command (same as 'mtrain COMMAND --help')\n"
+               "  recipe       every recipe key with its type, default, range and meaning\n");
+        return 0;
+    }
     if (!strcmp(argv[1], "recipe")) {
         recipe_print_schema(stdout);
         return 0;
     }
     const struct command *c = find_command(argv[1]);
     if (!c) {
-        fprintf(stderr, "mtrain: no help for unknown command '%s'\n", argv[1]);
+        fprintf(stderr, "mtrain: error: no help for unknown command '%s'\n", argv[1]);
         return 2;
     }
     char *args[] = {argv[1], "--help", NULL};

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <yaml.h>
 
 #include "config/recipe_schema.h"
@@ -270,6 +271,13 @@ int recipe_load(struct recipe *r, const char *path) {
     if (!f) {
         fflush(stdout);
         fprintf(stderr, "mtrain: error: cannot open recipe %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        fflush(stdout);
+        fprintf(stderr, "mtrain: error: recipe %s is a directory; give a YAML file (e.g. recipes/tiny-llama3.yaml)\n", path);
         return -1;
     }
     /* load into a copy so a failed load leaves r as it was */

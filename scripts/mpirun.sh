@@ -3,7 +3,7 @@
 # in MPI_ARGS) with MPICH's mpiexec or Open MPI's mpirun.
 #
 #   scripts/mpirun.sh NP RECIPE [mtrain pretrain args...]
-#   scripts/mpirun.sh 8 recipes/tiny-llama3.yaml --set parallel.tp=2 --set parallel.pp=2
+#   scripts/mpirun.sh 8 recipes/tiny-llama3.yaml --set parallel.tp=2 --set parallel.pp=2 --set train.micro_batch=4
 #
 # Environment:
 #   OMP_NUM_THREADS  threads per rank; when unset: cores / ranks on this node
