@@ -3,11 +3,14 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "kernels/cpu/blas_check.h"
 
 static const struct command commands[] = {
     {"pretrain", cmd_pretrain, "train a model from a YAML recipe"},
     {"data", cmd_data, "build, import, inspect and verify token datasets"},
     {"convert", cmd_convert, "reshard a checkpoint, show its manifest, export to Hugging Face"},
+    {"generate", cmd_generate, "continue a prompt with a trained model (greedy or sampled, KV cache)"},
+    {"eval", cmd_eval, "loss and perplexity over a dataset split, or per-token losses of given ids"},
     {"version", cmd_version, "print the version"},
     {"help", cmd_help, "show help for mtrain or a subcommand"},
 };
@@ -24,6 +27,7 @@ void print_commands(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+    blas_fix_core(argv); /* before any thread: may exec mtrain again with OPENBLAS_CORETYPE set */
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return cmd_help(argc - 1, argv + 1);
     if (!strcmp(argv[1], "--version")) return cmd_version(argc - 1, argv + 1);
     const struct command *c = find_command(argv[1]);

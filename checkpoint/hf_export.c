@@ -123,3 +123,23 @@ int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, s
     ckpt_reader_close(rd);
     return rc;
 }
+
+int checkpoint_hf_set_token_ids(const char *out_dir, long long bos, long long eos, char *err, size_t errlen) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    json_error_t jerr;
+    json_t *c = json_load_file(path, JSON_PRESERVE_ORDER, &jerr);
+    if (!json_is_object(c)) {
+        snprintf(err, errlen, "%s: cannot read back (line %d: %s)", path, jerr.line, jerr.text);
+        json_decref(c);
+        return -1;
+    }
+    CHECK(json_object_set_new(c, "bos_token_id", bos >= 0 ? json_integer(bos) : json_null()) == 0);
+    CHECK(json_object_set_new(c, "eos_token_id", eos >= 0 ? json_integer(eos) : json_null()) == 0);
+    char *text = json_dumps(c, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    CHECK(text);
+    write_file_atomic(path, text, strlen(text));
+    free(text);
+    json_decref(c);
+    return 0;
+}

@@ -5,6 +5,9 @@
 #include <stddef.h>
 
 int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, size_t errlen);
+/* Set bos_token_id / eos_token_id (-1: null) in OUT_DIR/config.json, which
+ * generate() reads; the tokenizer's ids come from the dataset's record. */
+int checkpoint_hf_set_token_ids(const char *out_dir, long long bos, long long eos, char *err, size_t errlen);
 /* Just the weights: every tensor of the model, whole, with its Hugging Face
  * name, into one safetensors file (any model, any layout). */
 int checkpoint_export_weights(const char *step_dir, const char *path, char *err, size_t errlen);

@@ -14,6 +14,8 @@ struct command {
 int cmd_pretrain(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 int cmd_version(int argc, char **argv);
 int cmd_help(int argc, char **argv);
 

@@ -7,12 +7,16 @@
 #include "checkpoint/hf_export.h"
 #include "cli/cli.h"
 #include "config/common.h"
+#include "config/recipe.h"
+#include "data/tokenizer.h"
+#include "data/tokenizer_export.h"
+#include "data/tokenizer_record.h"
 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: mtrain convert SRC DST --tp N --pp N [--vpp N] [--dp N] [--ep N]\n"
             "       mtrain convert --info SRC\n"
-            "       mtrain convert SRC --hf OUT_DIR\n\n"
+            "       mtrain convert SRC --hf OUT_DIR [--tokenizer SPEC]\n\n"
             "SRC is a checkpoint directory (its `latest` step is used) or one step directory.\n"
             "  reshard   write SRC's step for the layout tp x pp (x vpp chunks) with dp data-parallel\n"
             "            ranks (ep of them splitting a MoE model's experts) into checkpoint directory\n"
@@ -20,7 +24,10 @@ static void usage(FILE *out) {
             "            largest tensor); `mtrain pretrain` with that layout resumes from DST\n"
             "  --info    print the manifest summary: step, data position, layout, files, tensors\n"
             "  --hf      write OUT_DIR/model.safetensors and config.json for transformers'\n"
-            "            LlamaForCausalLM or MixtralForCausalLM (fp32)\n"
+            "            LlamaForCausalLM or MixtralForCausalLM (fp32), and the tokenizer the training\n"
+            "            data recorded (tokenizer.json, tokenizer_config.json; BOS/EOS ids in config.json)\n"
+            "  --tokenizer SPEC   with --hf: ship this tokenizer instead (bytes | hf:FILE | tiktoken:FILE;\n"
+            "            --tiktoken-specials S and --tiktoken-regex RE as for `mtrain data build`)\n"
             "Any layout can also load any other directly; convert is for offline moves.\n");
 }
 
@@ -83,8 +90,110 @@ static int info(const char *step_dir) {
     return 0;
 }
 
+/* The layout checks of the reshard, said in the user's terms (the recipe
+ * inside the checkpoint has no file a message could point at). */
+static int check_layout(const char *step_dir, int tp, int pp, int vpp, int ep) {
+    char err[4400];
+    int rc;
+    struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, sizeof err, &rc);
+    static struct recipe r;
+    if (!rd || ckpt_reader_load_recipe(rd, &r, err, sizeof err) != 0) {
+        if (rd) ckpt_reader_close(rd);
+        fprintf(stderr, "mtrain: error: %s\n", err);
+        return 1;
+    }
+    ckpt_reader_close(rd);
+    const struct model_config *m = &r.model;
+    const char *why = NULL, *flag = "--tp";
+    long long a = 0, b = tp;
+    if (m->num_heads % tp) why = "num_heads", a = m->num_heads;
+    else if (m->num_kv_heads % tp && tp % m->num_kv_heads) why = "num_kv_heads", a = m->num_kv_heads;
+    else if (m->vocab_size % tp) why = "vocab_size", a = m->vocab_size;
+    else if (m->intermediate_size % tp) why = "intermediate_size", a = m->intermediate_size;
+    else if (m->num_layers % ((long long)pp * vpp))
+        why = "num_layers", a = m->num_layers, b = (long long)pp * vpp, flag = vpp > 1 ? "--pp x --vpp" : "--pp";
+    else if (ep > 1 && (!m->num_experts || m->num_experts % ep))
+        why = "num_experts", a = m->num_experts, b = ep, flag = "--ep";
+    if (!why) return 0;
+    if (!strcmp(why, "num_kv_heads"))
+        fprintf(stderr, "mtrain: error: convert %s: num_kv_heads %lld and %s %lld must divide one another\n", step_dir,
+                a, flag, b);
+    else
+        fprintf(stderr, "mtrain: error: convert %s: model.%s %lld is not divisible by %s %lld\n", step_dir, why, a,
+                flag, b);
+    return 2;
+}
+
+struct tokenizer_choice {
+    const char *spec;               /* --tokenizer, or NULL: the dataset's record */
+    struct tokenizer_opts opts;
+};
+
+/* The tokenizer that made the checkpoint's training data, from the record
+ * of the dataset its recipe names; NULL with a warning when that cannot be
+ * had (the model is still exported). */
+static struct tokenizer *recorded_tokenizer(const char *step_dir, int lookup, int *model_vocab, int *max_len) {
+    char err[4400];
+    int rc;
+    struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, sizeof err, &rc);
+    static struct recipe r;
+    if (!rd || ckpt_reader_load_recipe(rd, &r, err, sizeof err) != 0) {
+        if (rd) ckpt_reader_close(rd);
+        warn("%s: no tokenizer files written: %s", step_dir, err);
+        return NULL;
+    }
+    ckpt_reader_close(rd);
+    *model_vocab = r.model.vocab_size;
+    *max_len = r.model.max_seq_len ? r.model.max_seq_len : 8192;
+    if (!lookup) return NULL;
+    const char *dir = r.data.blend.n ? r.data.blend.e[0].path : r.data.path;
+    struct tokenizer_record rec;
+    rc = tokenizer_record_load(dir, &rec, err, sizeof err);
+    struct tokenizer *t = NULL;
+    if (rc < 0)
+        warn("no tokenizer files written: the training data's tokenizer is unknown (%s); pass --tokenizer SPEC", err);
+    else if (rc == 0)
+        warn("no tokenizer files written: dataset %s records no tokenizer (built before format version 2); pass "
+             "--tokenizer SPEC", dir);
+    else if (!(t = tokenizer_open_record(&rec, err, sizeof err)))
+        warn("no tokenizer files written: dataset %s: %s; pass --tokenizer SPEC", dir, err);
+    if (rc > 0) tokenizer_record_free(&rec);
+    return t;
+}
+
+/* After the model: tokenizer.json, tokenizer_config.json and the BOS/EOS
+ * ids in config.json. Returns an exit code. */
+static int export_tokenizer(const char *step_dir, const char *out, const struct tokenizer_choice *c) {
+    char err[4400];
+    int model_vocab = 0, max_len = 8192;
+    struct tokenizer *t = recorded_tokenizer(step_dir, !c->spec, &model_vocab, &max_len);
+    if (c->spec) {
+        if (!(t = tokenizer_open(c->spec, &c->opts, err, sizeof err))) {
+            fprintf(stderr, "mtrain: error: convert: --tokenizer: %s\n", err);
+            return 2;
+        }
+    }
+    if (!t) return 0;
+    int rc = 0;
+    if (model_vocab && tokenizer_vocab_size(t) > model_vocab) {
+        fprintf(stderr, "mtrain: %s: tokenizer %s has %d ids but the model only %d: no tokenizer files written\n",
+                c->spec ? "error" : "warning", tokenizer_spec(t), tokenizer_vocab_size(t), model_vocab);
+        rc = c->spec ? 1 : 0;
+    } else if (tokenizer_export_hf(t, out, max_len, err, sizeof err) != 0 ||
+               checkpoint_hf_set_token_ids(out, tokenizer_bos(t), tokenizer_eod(t), err, sizeof err) != 0) {
+        fprintf(stderr, "mtrain: error: %s\n", err);
+        rc = 1;
+    } else {
+        printf("wrote %s/tokenizer.json and tokenizer_config.json (%s, %d ids, bos %lld, eos %lld)\n", out,
+               tokenizer_spec(t), tokenizer_vocab_size(t), (long long)tokenizer_bos(t), (long long)tokenizer_eod(t));
+    }
+    tokenizer_close(t);
+    return rc;
+}
+
 int cmd_convert(int argc, char **argv) {
     const char *src = NULL, *dst = NULL, *hf = NULL;
+    struct tokenizer_choice tc = {0};
     int tp = 1, pp = 1, vpp = 1, dp = 1, ep = 1, show = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -96,15 +205,21 @@ int cmd_convert(int argc, char **argv) {
         } else if (num && i + 1 < argc) {
             *num = atoi(argv[++i]);
             if (*num < 1) {
-                fprintf(stderr, "mtrain convert: %s needs a positive number\n", a);
+                fprintf(stderr, "mtrain: error: convert: %s needs a positive number\n", a);
                 return 2;
             }
         } else if (!strcmp(a, "--info")) {
             show = 1;
         } else if (!strcmp(a, "--hf") && i + 1 < argc) {
             hf = argv[++i];
+        } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
+            tc.spec = argv[++i];
+        } else if (!strcmp(a, "--tiktoken-specials") && i + 1 < argc) {
+            tc.opts.tiktoken_specials = argv[++i];
+        } else if (!strcmp(a, "--tiktoken-regex") && i + 1 < argc) {
+            tc.opts.tiktoken_regex = argv[++i];
         } else if (a[0] == '-' || (src && dst)) {
-            fprintf(stderr, "mtrain convert: unexpected argument '%s'\n\n", a);
+            fprintf(stderr, "mtrain: error: convert: unexpected argument '%s'\n\n", a);
             usage(stderr);
             return 2;
         } else if (!src) {
@@ -124,7 +239,10 @@ int cmd_convert(int argc, char **argv) {
     if (hf) {
         rc = checkpoint_export_hf(step_dir, hf, err, sizeof err);
         if (rc == 0) printf("wrote %s/model.safetensors and %s/config.json from %s\n", hf, hf, step_dir);
+        if (rc == 0) return export_tokenizer(step_dir, hf, &tc);
     } else {
+        int bad = check_layout(step_dir, tp, pp, vpp, ep);
+        if (bad) return bad;
         rc = checkpoint_convert(step_dir, dst, tp, pp, vpp, dp, ep, err, sizeof err);
         if (rc == 0)
             printf("wrote %s (tp %d, pp %d, vpp %d, dp %d, ep %d) from %s\n", dst, tp, pp, vpp, dp, ep, step_dir);

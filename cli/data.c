@@ -14,6 +14,7 @@
 #include "data/text_input.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_bytes.h"
+#include "data/tokenizer_record.h"
 
 #define GENERATE_DEFAULT_DOCS 5000
 
@@ -29,7 +30,8 @@ static const char usage_data[] =
 
 static const char usage_build[] =
     "usage: mtrain data build --tokenizer SPEC --out DIR [options] INPUT...\n\n"
-    "Tokenizes text into a dataset. A plain INPUT file is one document (or, with\n"
+    "Tokenizes text into a dataset, recording the tokenizer (spec, file checksum,\n"
+    "special ids) in its index. A plain INPUT file is one document (or, with\n"
     "--split-lines, each non-empty line is); a JSON-lines INPUT (*.jsonl, or every\n"
     "input with --json-key) holds one document per line in a string field. Inputs\n"
     "may be zstd-compressed (.zst); gzip is refused (decompress it first).\n\n"
@@ -41,7 +43,8 @@ static const char usage_build[] =
     "  --special-tokens M   text (default): special-token text is ordinary text;\n"
     "                       match: it becomes the special token's id\n"
     "  --tiktoken-regex RE  pre-tokenizer regex for tiktoken files (default: Llama 3's)\n"
-    "  --tiktoken-specials S  llama3 (default: Llama 3's 256 specials after the ranks) or none\n"
+    "  --tiktoken-specials S  Llama 3's 256 specials after the ranks, named as in llama3.1 (default;\n"
+    "                       also llama3) or llama3.0; or none\n"
     "  --workers N          tokenizing threads (default 1); the output is the same for any N\n"
     "  --split-lines        plain text: one document per non-empty line\n"
     "  --frame-tokens N     tokens per zstd frame (default 16384)\n"
@@ -91,7 +94,7 @@ static int show(const char *usage) {
 }
 
 static int bad_usage(const char *usage, const char *fmt, const char *arg) {
-    fprintf(stderr, "mtrain data: ");
+    fprintf(stderr, "mtrain: error: data: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n\n%s", usage);
     return EXIT_USAGE;
@@ -180,9 +183,9 @@ static int parse_build_args(int argc, char **argv, int generate, struct build_ar
     return 0;
 }
 
-static struct shard_writer *open_writer(const struct build_args *a, int vocab, int64_t eod) {
+static struct shard_writer *open_writer(const struct build_args *a, int vocab, int64_t eod, const char *record) {
     struct shard_writer_opts o = {.vocab_size = vocab, .eod_id = eod, .frame_tokens = a->frame_tokens,
-                                  .force = a->force};
+                                  .force = a->force, .tokenizer_record = record};
     if (a->shard_mb > (1ll << 40) / (1 << 20)) die("--shard-size-mb %lld is too large", (long long)a->shard_mb);
     o.shard_bytes = a->shard_mb << 20;
     return shard_writer_open(a->out, &o);
@@ -235,11 +238,13 @@ static int data_build(int argc, char **argv) {
     }
     if (a.append_eod && tokenizer_eod(tok) < 0)
         die_code(EXIT_USAGE, "--append-eod: %s has no end-of-document token; name one with --eod", a.tokenizer);
-    struct shard_writer *w = open_writer(&a, tokenizer_vocab_size(tok), tokenizer_eod(tok));
+    int match_special = a.special_tokens && !strcmp(a.special_tokens, "match");
+    char *record = tokenizer_record_json(tok, a.append_eod, match_special);
+    struct shard_writer *w = open_writer(&a, tokenizer_vocab_size(tok), tokenizer_eod(tok), record);
+    free(record);
     struct text_build_opts o = {.tok = tok, .json_key = a.json_key ? a.json_key : "text", .jsonl_all = !!a.json_key,
                                 .split_lines = a.split_lines, .append_eod = a.append_eod,
-                                .match_special = a.special_tokens && !strcmp(a.special_tokens, "match"),
-                                .workers = (int)a.workers, .progress = !a.quiet};
+                                .match_special = match_special, .workers = (int)a.workers, .progress = !a.quiet};
     struct text_build_stats ts;
     if (text_build(w, a.inputs, a.ninputs, &o, &ts, err, sizeof err)) {
         shard_writer_abort(w);
@@ -292,9 +297,14 @@ static int data_import(int argc, char **argv) {
     if (!vocab) vocab = max + 1 > eod + 1 ? max + 1 : eod + 1;
     if (vocab < 1) vocab = 1;
     if (eod >= vocab) die("--eod %lld is outside the vocabulary of %lld", (long long)eod, (long long)vocab);
+    /* a Megatron dataset does not say which tokenizer made it */
+    char source[4200];
+    snprintf(source, sizeof source, "megatron:%s", prefix);
+    char *record = tokenizer_record_unknown_json(source, (int)vocab, eod);
     struct shard_writer_opts o = {.vocab_size = (int)vocab, .eod_id = eod, .frame_tokens = frame_tokens,
-                                  .shard_bytes = shard_mb << 20, .force = force};
+                                  .shard_bytes = shard_mb << 20, .force = force, .tokenizer_record = record};
     struct shard_writer *w = shard_writer_open(out, &o);
+    free(record);
     for (int64_t d = 0; d < ndocs; d++) {
         for (megatron_doc_begin(m, d, &cur); (n = megatron_doc_next(m, &cur, tok, PIECE, err, sizeof err)) != 0;) {
             for (int64_t i = 0; n > 0 && i < n; i++)
@@ -328,7 +338,13 @@ static int data_generate(int argc, char **argv) {
     free(a.inputs);
     if (rc) return rc;
     double t0 = now_seconds(), bytes = 0;
-    struct shard_writer *w = open_writer(&a, BYTES_VOCAB_SIZE, BYTES_EOD);
+    char err[256];
+    struct tokenizer *bytes_tok = tokenizer_open("bytes", NULL, err, sizeof err);
+    if (!bytes_tok) die("%s", err);
+    char *record = tokenizer_record_json(bytes_tok, 1, 0);
+    tokenizer_close(bytes_tok);
+    struct shard_writer *w = open_writer(&a, BYTES_VOCAB_SIZE, BYTES_EOD, record);
+    free(record);
     char text[SYNTHETIC_DOC_MAX + 1];
     int32_t tok[SYNTHETIC_DOC_MAX + 1];
     for (int64_t d = 0; d < a.docs; d++) {
@@ -431,7 +447,21 @@ static int data_inspect(int argc, char **argv) {
     int64_t n = in.tokens < want ? in.tokens : want;
     int32_t *tok = xmalloc((size_t)(n + 1) * sizeof *tok);
     dataset_read(ds, 0, n, tok);
-    printf("dataset %s (format version 1)\n", dataset_dir(ds));
+    char *rjson = NULL;
+    int version = 1;
+    struct tokenizer_record rec;
+    int has_record = tokenizer_record_read(dir, &rjson, &version, err, sizeof err);
+    if (has_record < 0) die("%s", err);
+    if (has_record && tokenizer_record_parse(rjson, &rec, err, sizeof err) != 0)
+        die("%s/index.mtd: %s", dir, err);
+    free(rjson);
+    printf("dataset %s (format version %d)\n", dataset_dir(ds), version);
+    if (has_record) {
+        tokenizer_record_print(&rec, stdout);
+        tokenizer_record_free(&rec);
+    } else {
+        printf("  tokenizer:  not recorded (datasets before format version 2)\n");
+    }
     printf("  documents:  %lld\n", (long long)in.docs);
     printf("  tokens:     %lld (uint%d, vocab %d, eod %lld)\n", (long long)in.tokens, 8 * in.dtype_bytes,
            in.vocab_size, (long long)in.eod_id);

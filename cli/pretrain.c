@@ -9,6 +9,7 @@
 #include "cli/pretrain.h"
 #include "config/common.h"
 #include "config/recipe.h"
+#include "data/tokenizer_record.h"
 #include "kernels/ops.h"
 #include "model/flops.h"
 #include "parallel/grid.h"
@@ -16,24 +17,32 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: mtrain pretrain RECIPE [--set section.key=value]... [--resume auto|never|DIR] [--dry-run]\n\n"
+            "usage: mtrain pretrain RECIPE [--set section.key=value]... [--resume auto|never|DIR] [--force]\n"
+            "                       [--dry-run [--verbose]]\n\n"
             "Train the model a YAML recipe describes (see docs/recipe.md, 'mtrain help recipe').\n\n"
             "  --set k=v    override any recipe key, e.g. --set train.steps=50 (repeatable)\n"
-            "  --dry-run    print the resolved recipe, parameter count, FLOPs per token and\n"
-            "               the memory estimate per rank, then exit\n"
+            "  --dry-run    print the resolved recipe, parameter count, FLOPs per token, a\n"
+            "               pipeline schedule summary and the memory estimate per pipeline\n"
+            "               stage with a fit verdict (train.device_memory_gib), then exit;\n"
+            "               needs no data (data.path is not checked)\n"
+            "  --verbose    with --dry-run: every pipeline rank's full schedule\n"
             "  --resume R   auto (default): continue from the newest committed checkpoint in\n"
             "               checkpoint.dir, falling back to older ones if it is damaged; never:\n"
             "               start fresh; DIR: that step directory (no fallback), or the newest\n"
             "               step of a checkpoint directory\n"
             "  --allow-data-change  resume although seq_len, the batch sizes, the data, the\n"
             "               seed or the vocabulary differ from the checkpoint's recipe\n"
+            "  --force      start although log.dir holds another run's metrics: they are\n"
+            "               moved to LOG_DIR/metrics.jsonl.N (TensorBoard files to\n"
+            "               LOG_DIR/tensorboard.N/); without it such a start exits 2\n"
             "  --stop-after N  save a checkpoint after step N and exit 0 (like SIGTERM)\n"
             "  --inject K@S fault injection for tests: nan, spike, crash or crash-in-save at step S\n"
             "               (crash@S:R crashes world rank R only)\n\n"
             "Signals: SIGTERM, SIGUSR1 or Ctrl-C (SIGINT) saves a checkpoint at the next step\n"
             "boundary and exits 0; a second SIGTERM or Ctrl-C exits at once.\n"
             "Writes LOG_DIR/metrics.jsonl (one JSON object per step and per event) and\n"
-            "LOG_DIR/model.safetensors (final weights, Hugging Face names).\n"
+            "LOG_DIR/model.safetensors (final weights, Hugging Face names); with log.tensorboard\n"
+            "also LOG_DIR/events.out.tfevents.* (the same scalars; scripts/plot_metrics.py draws them).\n"
             "Exit codes: 0 ok, 1 runtime failure, 2 usage or recipe error.\n");
 }
 
@@ -50,7 +59,7 @@ static int parse_inject(struct pretrain_opts *o, const char *spec) {
             *slots[k] = step;
             return 0;
         }
-    fprintf(stderr, "mtrain pretrain: bad --inject '%s' (expected nan|spike|crash|crash-in-save@STEP)\n", spec);
+    fprintf(stderr, "mtrain: error: pretrain: bad --inject '%s' (expected nan|spike|crash|crash-in-save@STEP)\n", spec);
     return -1;
 }
 
@@ -79,6 +88,10 @@ static int parse(int argc, char **argv, struct pretrain_opts *o, struct recipe *
             return 0;
         } else if (!strcmp(a, "--dry-run")) {
             o->dry_run = 1;
+        } else if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) {
+            o->verbose = 1;
+        } else if (!strcmp(a, "--force")) {
+            o->force = 1;
         } else if (!strcmp(a, "--set") && i + 1 < argc) {
             if (nsets < 256) sets[nsets++] = argv[++i];
         } else if (!strncmp(a, "--set=", 6)) {
@@ -92,19 +105,19 @@ static int parse(int argc, char **argv, struct pretrain_opts *o, struct recipe *
         } else if (!strcmp(a, "--stop-after") && i + 1 < argc) {
             o->stop_after = atoi(argv[++i]);
             if (o->stop_after <= 0) {
-                fprintf(stderr, "mtrain pretrain: --stop-after needs a positive step count\n");
+                fprintf(stderr, "mtrain: error: pretrain: --stop-after needs a positive step count\n");
                 return EXIT_USAGE;
             }
         } else if (!strcmp(a, "--inject") && i + 1 < argc) {
             if (parse_inject(o, argv[++i]) != 0) return EXIT_USAGE;
         } else if (a[0] == '-') {
-            fprintf(stderr, "mtrain pretrain: unknown option '%s'\n", a);
+            fprintf(stderr, "mtrain: error: pretrain: unknown option '%s'\n", a);
             usage(stderr);
             return EXIT_USAGE;
         } else if (!o->recipe) {
             o->recipe = a;
         } else {
-            fprintf(stderr, "mtrain pretrain: more than one recipe given ('%s' and '%s')\n", o->recipe, a);
+            fprintf(stderr, "mtrain: error: pretrain: more than one recipe given ('%s' and '%s')\n", o->recipe, a);
             return EXIT_USAGE;
         }
     }
@@ -115,6 +128,8 @@ static int parse(int argc, char **argv, struct pretrain_opts *o, struct recipe *
     if (recipe_load(r, o->recipe) != 0) return EXIT_USAGE;
     for (int i = 0; i < nsets; i++)
         if (recipe_set(r, sets[i]) != 0) return EXIT_USAGE;
+    /* model.vocab_size: auto -> the dataset's recorded tokenizer vocabulary */
+    if (r->model.vocab_size == RECIPE_VOCAB_AUTO && tokenizer_record_resolve_vocab(r) != 0) return EXIT_USAGE;
     /* A dry run plans for the launcher's world size; alone it checks only
      * what does not depend on one (0 = unknown). */
     int world = parallel_world_size() > 1 ? parallel_world_size() : launcher_world_size();
@@ -123,7 +138,12 @@ static int parse(int argc, char **argv, struct pretrain_opts *o, struct recipe *
                 "does not talk to the launcher (for srun, try --mpi=pmi2 or pmix)\n", launcher_world_size());
         return EXIT_USAGE;
     }
-    if (recipe_validate(r, world ? world : (o->dry_run ? 0 : 1)) != 0) return EXIT_USAGE;
+    if (o->verbose && !o->dry_run) {
+        fprintf(stderr, "mtrain pretrain: --verbose goes with --dry-run (a training run prints its steps anyway)\n");
+        return EXIT_USAGE;
+    }
+    /* a dry run plans away from the data: paths are not checked (it says so) */
+    if (o->dry_run ? recipe_validate_plan(r, world) : recipe_validate(r, world ? world : 1)) return EXIT_USAGE;
     return -1;
 }
 
@@ -133,44 +153,112 @@ static int has_flag(int argc, char **argv, const char *a, const char *b) {
     return 0;
 }
 
-static void dry_run(const struct recipe *r) {
+#define GIB (1024.0 * 1024 * 1024)
+
+/* What the dry run could not check without the data. */
+static void print_data_note(const struct recipe *r) {
+    if (r->data.blend.n)
+        printf("data_checked:     no (dry run): the %d datasets of data.blend are not opened\n", r->data.blend.n);
+    else if (r->data.path[0])
+        printf("data_checked:     no (dry run): data.path %s is not opened\n", r->data.path);
+    else
+        printf("data_checked:     no (dry run): data.path is not set; a training run needs it (or data.blend)\n");
+}
+
+/* Per stage counts and the bubble; every rank's full list with --verbose. */
+static void print_schedule(const struct recipe *r, int dp, int verbose) {
+    int m = r->train.global_batch / (r->train.micro_batch * dp);
+    printf("pipeline schedule (%s, %d micro batches per rank, dp %d):\n",
+           r->parallel.vpp > 1 ? "interleaved 1F1B" : "1F1B", m, dp);
+    if (r->parallel.vpp > 1 && m % r->parallel.pp) {
+        printf("  (none: interleaving needs the micro batches per rank, %d, to be a multiple of pp %d)\n", m,
+               r->parallel.pp);
+        return;
+    }
+    schedule_print_summary(stdout, r->parallel.pp, r->parallel.vpp, m);
+    if (verbose) {
+        printf("  every rank's order (F/B<micro batch>.<chunk>):\n");
+        schedule_print(stdout, r->parallel.pp, r->parallel.vpp, m);
+    } else {
+        printf("  (--verbose prints every rank's order)\n");
+    }
+}
+
+/* Why an estimate is large: the biggest part in words. */
+static void print_largest(const struct recipe *r, const struct memory_estimate *e, const struct backend *be) {
+    double parts[] = {e->params + e->grads + e->optimizer, e->activations, e->buffers};
+    if (e->total < 64 * GIB || parts[1] < parts[0] || parts[1] < parts[2]) return;
+    printf("  (mostly activations: %d micro batch%s in flight x micro_batch %d x seq %d, recompute %s", e->in_flight,
+           e->in_flight > 1 ? "es" : "", r->train.micro_batch, r->train.seq_len, r->train.recompute);
+    if (!strcmp(be->name, "cpu"))
+        printf("; the cpu backend keeps heads x seq x seq attention probabilities per layer (the cuda backend keeps "
+               "one value per row)%s", strcmp(r->train.device, "cuda") ? "" : ": this build has no CUDA backend");
+    printf(")\n");
+}
+
+/* Memory per pipeline stage against train.device_memory_gib. */
+static void print_fit(const struct recipe *r, int dp, int world, const struct backend *be) {
+    double cap = r->train.device_memory_gib;
+    int pp = r->parallel.pp, per_stage = world ? world / pp : 0, bad = 0, worst = 0;
+    double worst_over = 0;
+    if (cap <= 0) {
+        printf("fit:              not judged (set train.device_memory_gib to the memory of one %s)\n",
+               strcmp(be->name, "cpu") ? "GPU" : "node");
+        return;
+    }
+    printf("fit (train.device_memory_gib %g GiB per %s):\n", cap, strcmp(be->name, "cpu") ? "device" : "rank");
+    for (int k = 0; k < pp; k++) {
+        struct memory_estimate e = model_memory_estimate_stage(r, dp, be, k);
+        double need = e.total / GIB, over = need - cap;
+        char ranks[64] = "";
+        if (per_stage) snprintf(ranks, sizeof ranks, " (ranks %d-%d)", k * per_stage, (k + 1) * per_stage - 1);
+        if (over > 0)
+            printf("  stage %d%s needs %.3f GiB of %g GiB: does not fit by %.3f GiB\n", k, ranks, need, cap, over);
+        else
+            printf("  stage %d%s needs %.3f GiB of %g GiB: fits, %.3f GiB to spare\n", k, ranks, need, cap, -over);
+        if (over > 0) bad++;
+        if (over > worst_over) worst_over = over, worst = k;
+    }
+    if (!bad) {
+        printf("verdict:          fits on every rank\n");
+        return;
+    }
+    printf("verdict:          does not fit: %d of %d pipeline stage%s over (worst: stage %d by %.3f GiB); try", bad, pp,
+           pp > 1 ? "s" : "", worst, worst_over);
+    if (strcmp(r->train.recompute, "full")) printf(" train.recompute=%s,", strcmp(r->train.recompute, "none") ? "full" : "selective or full");
+    if (!r->optimizer.distributed) printf(" optimizer.distributed=true (ZeRO-1 over dp),");
+    if (r->train.micro_batch > 1) printf(" a smaller train.micro_batch,");
+    printf(" more parallel.pp or parallel.tp\n");
+}
+
+static void dry_run(const struct recipe *r, int verbose) {
     printf("# resolved recipe (%s)\n", r->source);
     recipe_print(r, stdout);
     int world = launcher_world_size();
     int dp = world ? world / (r->parallel.tp * r->parallel.pp * r->parallel.cp) : 1;
+    if (dp < 1) dp = 1;
     /* the backend the run would use; "cuda" counts as CUDA even on a machine
      * without a GPU (planning on a login node) */
     int gpu = cuda_backend.attention_state_floats &&
               (!strcmp(r->train.device, "cuda") || (!strcmp(r->train.device, "auto") && cuda_backend_available()));
     const struct backend *be = gpu ? &cuda_backend : &cpu_backend;
-    struct memory_estimate e = model_memory_estimate(r, dp > 0 ? dp : 1, be);
-    double gib = 1024.0 * 1024 * 1024;
-    printf("\n# plan\n");
-    printf("parameters:       %lld\n", (long long)model_param_count(&r->model));
-    if (r->model.num_experts > 0)
-        printf("active_parameters: %lld (per token: %d of %d experts in %d MoE layers)\n",
-               (long long)model_active_param_count(&r->model), r->model.experts_per_token, r->model.num_experts,
-               model_moe_layer_count(&r->model));
+    struct memory_estimate e = model_memory_estimate(r, dp, be);
+    printf("\n# plan (%s)\n", world ? "for the launcher's world size" : "world size unknown: dp 1 assumed");
+    print_data_note(r);
+    model_print_param_counts(stdout, &r->model); /* total and active; main model and MTP */
     printf("flops_per_token:  %.4g\n", model_flops_per_token(&r->model, r->train.seq_len));
     printf("flops_per_step:   %.4g\n",
            model_flops_per_token(&r->model, r->train.seq_len) * r->train.global_batch * r->train.seq_len);
-    if (r->parallel.pp > 1) {
-        int m = r->train.global_batch / (r->train.micro_batch * dp);
-        printf("pipeline schedule (%s, %d micro batches per rank, dp %d): F/B<micro batch>.<chunk>\n",
-               r->parallel.vpp > 1 ? "interleaved 1F1B" : "1F1B", m, dp);
-        if (r->parallel.vpp > 1 && m % r->parallel.pp)
-            printf("  (none: interleaving needs the micro batches per rank, %d, to be a multiple of pp %d)\n", m,
-                   r->parallel.pp);
-        else
-            schedule_print(stdout, r->parallel.pp, r->parallel.vpp, m);
-    }
+    if (r->parallel.pp > 1) print_schedule(r, dp, verbose);
     printf("memory_per_rank:  %.3f GiB (params %.3f, grads %.3f, adam %.3f, activations %.3f, buffers %.3f; "
            "fp32, %s backend, pipeline stage 0, dp %d, recompute %s)\n",
-           e.total / gib, e.params / gib, e.grads / gib, e.optimizer / gib, e.activations / gib, e.buffers / gib,
-           be->name, dp > 0 ? dp : 1, r->train.recompute);
+           e.total / GIB, e.params / GIB, e.grads / GIB, e.optimizer / GIB, e.activations / GIB, e.buffers / GIB,
+           be->name, dp, r->train.recompute);
+    print_largest(r, &e, be);
     printf("host_per_rank:    %.3f GiB (batches and final weights %.3f, checkpoint/final snapshot %.3f, process runtime %.3f)%s\n",
-           (e.host + e.runtime) / gib, (e.host - e.snapshot) / gib, e.snapshot / gib, e.runtime / gib,
+           (e.host + e.runtime) / GIB, (e.host - e.snapshot) / GIB, e.snapshot / GIB, e.runtime / GIB,
            e.runtime ? "; counted in memory_per_rank (the CPU backend's device is host memory)" : "");
+    print_fit(r, dp, world, be);
 }
 
 int cmd_pretrain(int argc, char **argv) {
@@ -195,7 +283,7 @@ int cmd_pretrain(int argc, char **argv) {
         close(saved_stderr);
     }
     if (rc < 0 && o.dry_run) {
-        dry_run(&r);
+        dry_run(&r, o.verbose);
         rc = 0;
     } else if (rc < 0) {
         rc = pretrain_run(&r, &o);

@@ -5,6 +5,7 @@
 
 #include "checkpoint/async_save.h"
 #include "checkpoint/checkpoint.h"
+#include "cli/tensorboard.h"
 #include "config/recipe.h"
 #include "data/blend.h"
 #include "data/prefetch.h"
@@ -14,6 +15,8 @@
 struct pretrain_opts {
     const char *recipe;
     int dry_run;
+    int verbose;            /* --dry-run --verbose: every rank's full pipeline schedule */
+    int force;              /* start in a log.dir holding another run's metrics (moved aside) */
     int stop_after;         /* save and exit 0 once this many steps are done (0: no) */
     int allow_data_change;  /* resume although the data-semantics keys differ from the checkpoint's */
     const char *resume;     /* "auto" (default), "never" or a step directory */
@@ -42,6 +45,7 @@ struct run {
     int consecutive_rewinds; /* since the last checkpoint after a rewind */
     int injected_nan, injected_spike;
     FILE *metrics;
+    struct tb_writer tb;     /* log.tensorboard: the same scalars as TensorBoard events */
     char metrics_path[RECIPE_PATH_MAX + 32];
     int32_t *batch;          /* global_batch x (seq_len+1) */
     double flops_per_token;
@@ -56,6 +60,12 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o);
 
 /* pretrain_loop.c: append one JSON object to the metrics stream (rank 0). */
 void event(struct run *run, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* pretrain_logdir.c: may this run write LOG_DIR/metrics.jsonl? Only if it holds
+ * no training steps, or this run resumes the run that wrote them (from:
+ * the step directory loaded, NULL for a fresh start), or --force (the old
+ * files are moved aside). Otherwise every rank exits 2. Collective. */
+void logdir_claim(struct run *run, const char *from);
 
 /* pretrain_ckpt.c: checkpoints across the process grid */
 void ckpt_setup(struct run *run);

@@ -92,9 +92,24 @@ void ckpt_setup(struct run *run) {
     ckpt_snapshot_init(&run->snap, r, &run->tr.model.table, &L);
 }
 
+/* LOG_DIR/model.recipe.yaml: the resolved recipe beside the final weights, so
+ * `mtrain generate` / `mtrain eval` know the model they hold. */
+static void save_final_recipe(const struct recipe *r) {
+    char path[RECIPE_PATH_MAX + 32], *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    CHECK(f);
+    recipe_print(r, f);
+    CHECK(fclose(f) == 0);
+    snprintf(path, sizeof path, "%s/model.recipe.yaml", r->log.dir);
+    write_file_atomic(path, text, len);
+    free(text);
+}
+
 void save_final_weights(struct run *run, char *path, size_t n) {
     const struct recipe *r = run->r;
     snprintf(path, n, "%s/model.safetensors", r->log.dir);
+    if (run->rank0) save_final_recipe(r);
     if (run->grid.world_size == 1) {
         weights_save(run->be, run->tr.model.params, &run->tr.model.table, path);
         return;

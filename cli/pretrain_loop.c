@@ -1,6 +1,7 @@
 /* The training loop of `mtrain pretrain`: data -> step -> checks -> update ->
  * logs -> checkpoint, with resume, in-process rewind and signal handling. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
@@ -15,9 +16,11 @@
 #include "checkpoint/weights.h"
 #include "cli/cli.h"
 #include "cli/pretrain.h"
+#include "cli/tensorboard.h"
 #include "config/common.h"
 #include "data/blend.h"
 #include "data/dataset.h"
+#include "kernels/cpu/blas_check.h"
 #include "model/flops.h"
 #include "model/trainer.h"
 #include "parallel/grid.h"
@@ -61,12 +64,23 @@ static double peak_rss_mib(void) {
 
 void event(struct run *run, const char *fmt, ...) {
     if (!run->rank0) return;
+    char small[1024], *line = small;
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(run->metrics, fmt, ap);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
+    if (n < 0) die("cannot format a line of %s", run->metrics_path);
+    if ((size_t)n >= sizeof small) { /* MoE lines carry every expert's load */
+        line = xmalloc((size_t)n + 1);
+        va_start(ap, fmt);
+        vsnprintf(line, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    fputs(line, run->metrics);
     fputc('\n', run->metrics);
     if (fflush(run->metrics) != 0) die("cannot write %s", run->metrics_path);
+    if (run->tb.f && tb_log_json_line(&run->tb, line) != 0) die("cannot write %s: %s", run->tb.path, strerror(errno));
+    if (line != small) free(line);
 }
 
 /* "42s", "3m05s", "2h07m": short enough for the step line */
@@ -264,9 +278,18 @@ static void trim_metrics(const char *path, int step) {
 
 /* ---- the loop ---- */
 
+/* --resume never, or auto without checkpoint.dir: a fresh start for sure. */
+static int starts_fresh(const struct run *run) {
+    const char *how = run->o->resume;
+    return !strcmp(how, "never") || (!strcmp(how, "auto") && !run->r->checkpoint.dir[0]);
+}
+
 static void setup(struct run *run) {
     const struct recipe *r = run->r;
     grid_create(&run->grid, &r->parallel);
+    run->rank0 = run->grid.world_rank == 0;
+    /* a run that cannot be resuming learns at once whether log.dir is its own */
+    if (starts_fresh(run)) logdir_claim(run, NULL);
     watchdog_start(&run->grid, r->train.hang_timeout_s);
     /* GPU ranks: one device per rank on a node; until the NCCL communicator
      * lands, the groups' messages go through host memory over MPI. */
@@ -288,7 +311,6 @@ static void setup(struct run *run) {
         omp_set_num_threads(threads);
         openblas_set_num_threads(threads);
     }
-    run->rank0 = run->grid.world_rank == 0;
     signal_says = run->rank0;
     run->train = prefetcher_create(r, SPLIT_TRAIN, run->grid.dp, run->grid.dp_rank);
     if (r->train.eval_interval > 0 && r->data.valid_fraction > 0) run->valid = blend_from_recipe(r, SPLIT_VALID);
@@ -310,6 +332,7 @@ static void teardown(struct run *run) {
     watchdog_phase(WATCHDOG_END, run->st.step);
     finish_save(run, 1);
     if (run->metrics) xfclose(run->metrics, run->metrics_path);
+    if (tb_close(&run->tb) != 0) die("cannot write %s", run->tb.path);
     if (run->r->checkpoint.dir[0]) ckpt_snapshot_free(&run->snap);
     free(run->batch);
     trainer_free(&run->tr);
@@ -360,21 +383,38 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     static struct run run;
     memset(&run, 0, sizeof run);
     run.r = r, run.o = o;
+    const char *unsupported = transformer_unsupported(&r->model);
+    if (unsupported) {
+        fprintf(stderr, "mtrain: error: %s: %s\n", r->source, unsupported);
+        return EXIT_USAGE;
+    }
     run.be = backend_get(r->train.device);
     if (!run.be) return EXIT_RUNTIME;
     install_signals(); /* before the (possibly long) load, so a signal then is not fatal */
     setup(&run);
     watchdog_phase(WATCHDOG_LOAD, 0);
     const char *from = resume(&run);
+    if (!starts_fresh(&run)) logdir_claim(&run, from);
     /* a resumed run continues the metrics stream of the run it resumes, from
      * the step it resumes at: what the interrupted run logged after it goes */
     if (run.rank0 && from) trim_metrics(run.metrics_path, run.st.step);
     if (run.rank0) run.metrics = xfopen(run.metrics_path, from ? "a" : "w");
+    if (run.rank0 && r->log.tensorboard && tb_open(&run.tb, r->log.dir, from ? run.st.step : -1) != 0)
+        die("cannot create a TensorBoard event file in %s: %s", r->log.dir, strerror(errno));
     if (from)
         event(&run, "{\"event\":\"resume\",\"step\":%d,\"from\":\"%s\",\"consumed_samples\":%lld}", run.st.step,
               from, (long long)run.st.consumed_samples);
     struct rlimit no_core = {0, 0};
     if (o->inject_crash || o->inject_crash_in_save) setrlimit(RLIMIT_CORE, &no_core); /* injected aborts: no core files */
+    struct blas_info blas;
+    memset(&blas, 0, sizeof blas);
+    char blas_json[1024] = "";
+    if (run.be == &cpu_backend) {
+        blas_info_get(&blas);
+        snprintf(blas_json, sizeof blas_json, ",\"blas_core\":\"%s\",\"blas_config\":\"%s\"%s%s%s", blas.core,
+                 blas.config, blas.note[0] ? ",\"blas_note\":\"" : "", blas.note, blas.note[0] ? "\"" : "");
+        if (run.rank0 && blas.better[0]) warn("%s", blas.note);
+    }
     if (run.rank0) {
         const struct grid *g = &run.grid;
         struct dataset *ds = prefetcher_dataset(run.train);
@@ -384,12 +424,14 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
                omp_get_max_threads(), g->world_size, g->tp, g->pp, g->dp, g->ep, dataset_dir(ds),
                (long long)dataset_num_tokens(ds),
                (long long)dataset_num_docs(ds));
+        if (run.be == &cpu_backend)
+            printf("blas: OpenBLAS %s kernels (%s)%s%s\n", blas.core, blas.config, blas.note[0] ? "; " : "", blas.note);
     }
     event(&run,
           "{\"event\":\"start\",\"step\":%d,\"params\":%lld,\"flops_per_token\":%.6g,\"steps\":%d,"
-          "\"device\":\"%s\",\"peak_tflops\":%g,\"hang_timeout_s\":%g}",
+          "\"device\":\"%s\",\"peak_tflops\":%g,\"hang_timeout_s\":%g%s}",
           run.st.step, (long long)model_param_count(&r->model), run.flops_per_token, r->train.steps, run.be->name,
-          run.peak_tflops, r->train.hang_timeout_s);
+          run.peak_tflops, r->train.hang_timeout_s, blas_json);
     double t_start = now_seconds();
     int first = run.st.step + 1;
     run.t_start = t_start, run.first_step = first;

@@ -8,10 +8,13 @@
 #define RECIPE_PATH_MAX 1024
 #define RECIPE_STR_MAX 32
 /* Upper bound on schema keys; recipe_schema.c checks it at compile time. */
-#define RECIPE_MAX_KEYS 112
+#define RECIPE_MAX_KEYS 192
+
+/* model.vocab_size: auto, until mtrain pretrain reads the dataset's tokenizer record */
+#define RECIPE_VOCAB_AUTO 0
 
 struct model_config {
-    char arch[RECIPE_STR_MAX];      /* "llama" (dense) | "mixtral" (MoE): names the HF export */
+    char arch[RECIPE_STR_MAX];      /* "llama" (dense) | "mixtral" (MoE) | "deepseek_v3" (MLA, MoE, MTP): names the HF export */
     int vocab_size;
     int hidden_size;
     int num_layers;
@@ -37,6 +40,24 @@ struct model_config {
     double moe_aux_loss_coef;       /* load-balancing loss weight (Switch / Mixtral form) */
     double moe_z_loss_coef;         /* router z-loss weight */
     double moe_capacity_factor;     /* 0 = dropless; else capacity per expert and sequence = ceil(f * seq_len * k / experts) */
+    /* DeepSeek-V3 (arch deepseek_v3): multi-head latent attention (MLA) */
+    int q_lora_rank;                /* query compression rank; 0 = a full-rank q_proj */
+    int kv_lora_rank;               /* joint key/value compression rank */
+    int qk_nope_head_dim;           /* per-head query/key part without position */
+    int qk_rope_head_dim;           /* per-head rotary part (its key is shared by all heads) */
+    int v_head_dim;                 /* per-head value size */
+    char rope_scaling_type[RECIPE_STR_MAX]; /* llama3 | yarn (when rope_scaling_factor > 0) */
+    double yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+    /* DeepSeek MoE routing */
+    char moe_score_func[RECIPE_STR_MAX]; /* softmax (Mixtral) | sigmoid (DeepSeek-V3) */
+    int moe_n_group, moe_topk_group;     /* group-limited routing: keep the best topk_group of n_group groups */
+    double moe_routed_scaling;      /* gate weights x this (after normalising over the chosen experts) */
+    double moe_bias_update_rate;    /* aux-loss-free balancing: expert bias step per optimizer step; 0 = no bias */
+    double moe_seq_aux_loss_coef;   /* DeepSeek-V3 sequence-wise balance loss weight */
+    int moe_shared_experts;         /* shared experts added to every token (one SwiGLU of n x moe_intermediate_size) */
+    int first_k_dense;              /* the first k layers are dense (intermediate_size) */
+    int mtp_depth;                  /* multi-token prediction modules */
+    double mtp_loss_weight;         /* weight of the mean MTP loss */
 };
 
 struct parallel_config {
@@ -60,6 +81,7 @@ struct train_config {
     int threads;                    /* 0: OMP default */
     char recompute[RECIPE_STR_MAX]; /* none | selective | full: activations recomputed in backward */
     double hang_timeout_s;          /* watchdog: a step or collective longer than this ends the job; 0 = automatic */
+    double device_memory_gib;       /* memory of one device, for the dry run's fit verdict; 0 = unknown */
 };
 
 struct optimizer_config {
@@ -115,6 +137,7 @@ struct rewind_config {
 struct log_config {
     char dir[RECIPE_PATH_MAX];      /* run directory for metrics.jsonl */
     int interval;                   /* print every N steps */
+    int tensorboard;                /* bool: also write TensorBoard event files into dir */
 };
 
 /* Where a key got its value, for messages: line/col are 1-based in
@@ -154,6 +177,9 @@ int recipe_set(struct recipe *r, const char *assignment);
  * skipped). Messages name the key and, when it came from the file, its line.
  * Prints the first problem only and returns -1. */
 int recipe_validate(const struct recipe *r, int world_size);
+/* The same checks except that paths exist (data.path, data.blend,
+ * model.init_from): a dry run plans away from the data. */
+int recipe_validate_plan(const struct recipe *r, int world_size);
 
 /* Print the resolved recipe as YAML (used by --dry-run and checkpoints). */
 void recipe_print(const struct recipe *r, FILE *out);

@@ -31,8 +31,8 @@
 const char *const recipe_sections[] = {"model", "parallel", "train", "optimizer", "data", "checkpoint", "rewind", "log", NULL};
 
 const struct recipe_key recipe_keys[] = {
-    ENUM(model, arch, "llama", "llama|mixtral", "model family: llama (dense SwiGLU) or mixtral (MoE; needs num_experts)"),
-    INT(model, vocab_size, "257", 2, INT_MAX, "vocabulary size (257 = bytes + end of document)"),
+    ENUM(model, arch, "llama", "llama|mixtral|deepseek_v3", "model family: llama (dense SwiGLU), mixtral (MoE; needs num_experts) or deepseek_v3 (MLA attention, optional DeepSeek MoE and MTP)"),
+    INT(model, vocab_size, "257", 2, INT_MAX, "vocabulary size (257 = bytes + end of document); auto = the vocabulary the dataset's tokenizer record names, exactly"),
     POS(model, hidden_size, "64", "width of the residual stream"),
     POS(model, num_layers, "2", "number of transformer blocks"),
     POS(model, num_heads, "4", "attention query heads"),
@@ -55,11 +55,31 @@ const struct recipe_key recipe_keys[] = {
     DBL(model, moe_aux_loss_coef, "0.01", 0, INF, 0, "weight of the load-balancing loss (Switch/Mixtral form, mean over sequences and MoE layers)"),
     DBL(model, moe_z_loss_coef, "0", 0, INF, 0, "weight of the router z-loss (mean of logsumexp(logits)^2)"),
     DBL(model, moe_capacity_factor, "0", 0, INF, 0, "0 = dropless; else each expert takes at most ceil(f * seq_len * k / experts) tokens of a sequence, the rest are dropped"),
+    NONNEG(model, q_lora_rank, "0", "deepseek_v3 MLA: query compression rank (q_a_proj, RMSNorm, q_b_proj); 0 = a full-rank q_proj"),
+    NONNEG(model, kv_lora_rank, "0", "deepseek_v3 MLA: joint key/value compression rank (kv_a_proj_with_mqa, RMSNorm, kv_b_proj); required"),
+    NONNEG(model, qk_nope_head_dim, "0", "deepseek_v3 MLA: per-head query/key size without position"),
+    NONNEG(model, qk_rope_head_dim, "0", "deepseek_v3 MLA: per-head rotary query/key size; the rotary key is one head shared by all"),
+    NONNEG(model, v_head_dim, "0", "deepseek_v3 MLA: per-head value size"),
+    ENUM(model, rope_scaling_type, "llama3", "llama3|yarn", "RoPE scaling when rope_scaling_factor > 0: llama3 (Llama 3.1 bands) or yarn (DeepSeek-V3)"),
+    DBL(model, yarn_beta_fast, "32", 0, INF, GT0, "YaRN beta_fast: rotations above which a frequency is kept"),
+    DBL(model, yarn_beta_slow, "1", 0, INF, GT0, "YaRN beta_slow: rotations below which a frequency is divided by the factor"),
+    DBL(model, yarn_mscale, "1", 0, INF, 0, "YaRN mscale: cos/sin x (0.1 mscale ln(factor) + 1) / (the same with mscale_all_dim)"),
+    DBL(model, yarn_mscale_all_dim, "0", 0, INF, 0, "YaRN mscale_all_dim: softmax scale x (0.1 m ln(factor) + 1)^2; 0 = none"),
+    ENUM(model, moe_score_func, "softmax", "softmax|sigmoid", "router scores: softmax (Mixtral) or sigmoid (DeepSeek-V3; gate weights renormalised over the chosen)"),
+    POS(model, moe_n_group, "1", "group-limited routing: experts in this many groups (DeepSeek-V3 n_group)"),
+    POS(model, moe_topk_group, "1", "group-limited routing: tokens pick experts only from their best topk_group groups (group score: sum of its top 2 scores)"),
+    DBL(model, moe_routed_scaling, "1", 0, INF, GT0, "routed experts' gate weights x this (DeepSeek-V3 routed_scaling_factor)"),
+    DBL(model, moe_bias_update_rate, "0", 0, INF, 0, "aux-loss-free balancing: after each optimizer step each expert bias moves by this toward the mean load; 0 = no bias"),
+    DBL(model, moe_seq_aux_loss_coef, "0", 0, INF, 0, "DeepSeek-V3 sequence-wise balance loss weight (e.g. 1e-4)"),
+    NONNEG(model, moe_shared_experts, "0", "shared experts every token goes through (one SwiGLU of n x moe_intermediate_size)"),
+    NONNEG(model, first_k_dense, "0", "the first k layers are dense with intermediate_size; MoE layers follow"),
+    NONNEG(model, mtp_depth, "0", "deepseek_v3: multi-token prediction modules (each predicts one more token ahead)"),
+    DBL(model, mtp_loss_weight, "0.1", 0, INF, 0, "weight of the MTP loss (mean over the depths) added to the main loss"),
 
     POS(parallel, tp, "1", "tensor parallel size"),
     POS(parallel, pp, "1", "pipeline parallel size"),
     POS(parallel, ep, "1", "expert parallel size (MoE models only)"),
-    POS(parallel, cp, "1", "context parallel size"),
+    POS(parallel, cp, "1", "context parallel size (not implemented yet: must be 1)"),
     POS(parallel, vpp, "1", "virtual pipeline stages per rank (interleaved 1F1B)"),
     BOOL(parallel, sequence_parallel, "false", "shard norm/dropout activations over TP ranks"),
     NONNEG(parallel, first_stage_layers, "0", "layers on pipeline stage 0 (it also holds the embedding); 0 = even split"),
@@ -77,6 +97,7 @@ const struct recipe_key recipe_keys[] = {
     DBL(train, peak_tflops, "0", 0, INF, 0, "peak TFLOP/s per device for MFU; 0 = the GPU's datasheet peak if known, else no MFU"),
     INT(train, threads, "0", 0, 4096, "CPU threads; 0 = OpenMP default"),
     ENUM(train, recompute, "none", "none|selective|full", "activation recompute: none; selective (attention core and SwiGLU products recomputed in backward); full (only each layer's input kept, the layer re-run)"),
+    DBL(train, device_memory_gib, "0", 0, INF, 0, "memory of one device in GiB (80 for an H100 80GB); the dry run says whether each rank fits; 0 = unknown"),
     DBL(train, hang_timeout_s, "0", 0, INF, 0, "watchdog: a step or collective waiting longer than this many seconds ends the job (exit 1); 0 = automatic (10 x the slowest of the first steps, at least 300 s)"),
 
     ENUM(optimizer, type, "adamw", "adamw", "optimizer"),
@@ -114,6 +135,7 @@ const struct recipe_key recipe_keys[] = {
 
     STR(log, dir, "runs/latest", "run directory for metrics.jsonl"),
     POS(log, interval, "1", "print a console line every N steps"),
+    BOOL(log, tensorboard, "false", "also write TensorBoard event files (LOG_DIR/events.out.tfevents.*): the scalars of metrics.jsonl"),
 };
 
 const int recipe_nkeys = sizeof recipe_keys / sizeof recipe_keys[0];
@@ -154,6 +176,8 @@ static int range_error(const struct recipe_key *k, const char *text, char *err, 
 }
 
 static int parse_int(const struct recipe_key *k, void *field, const char *text, char *err, size_t n) {
+    /* model.vocab_size: auto is resolved from the dataset by mtrain pretrain */
+    if (!strcmp(text, "auto") && !strcmp(k->name, "model.vocab_size")) return *(int *)field = RECIPE_VOCAB_AUTO, 0;
     char *end;
     errno = 0;
     long long v = strtoll(text, &end, 10);
@@ -398,7 +422,10 @@ static void print_value(const struct recipe_key *k, const struct recipe *r, FILE
     const void *field = (const char *)r + k->offset;
     char buf[64];
     switch (k->type) {
-    case KEY_INT: fprintf(out, "%d", *(const int *)field); break;
+    case KEY_INT:
+        if (*(const int *)field == RECIPE_VOCAB_AUTO && !strcmp(k->name, "model.vocab_size")) fputs("auto", out);
+        else fprintf(out, "%d", *(const int *)field);
+        break;
     case KEY_UINT64: fprintf(out, "%llu", *(const unsigned long long *)field); break;
     case KEY_DOUBLE: format_double(*(const double *)field, buf, sizeof buf), fputs(buf, out); break;
     case KEY_BOOL: fputs(*(const int *)field ? "true" : "false", out); break;
@@ -440,6 +467,7 @@ void recipe_print(const struct recipe *r, FILE *out) {
 static void print_schema_key(const struct recipe_key *k, FILE *out) {
     char range[64] = "", def[64];
     if (k->type == KEY_ENUM) snprintf(range, sizeof range, "%s", k->choices);
+    else if (k->type == KEY_BLEND) snprintf(range, sizeof range, "1..%d entries", RECIPE_MAX_BLEND);
     else if (k->type != KEY_STRING && k->type != KEY_BOOL) range_text(k, range, sizeof range);
     if (k->type == KEY_STRING) snprintf(def, sizeof def, "\"%s\"", k->def);
     else if (k->type == KEY_BLEND) snprintf(def, sizeof def, "[]");

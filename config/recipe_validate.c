@@ -37,9 +37,52 @@ static const char *other(const struct recipe *r, const char *key, char *buf, siz
     return buf;
 }
 
+/* DeepSeek-V3: MLA head sizes, routing groups, dense prefix, MTP. */
+static int check_deepseek(const struct recipe *r) {
+    const struct model_config *m = &r->model;
+    int mla = !strcmp(m->arch, "deepseek_v3");
+    if (!mla) {
+        static const char *const only[] = {"model.kv_lora_rank", "model.q_lora_rank", "model.mtp_depth"};
+        const int vals[] = {m->kv_lora_rank, m->q_lora_rank, m->mtp_depth};
+        for (int i = 0; i < 3; i++)
+            if (vals[i]) return verr(r, only[i], "only arch deepseek_v3 has MLA attention and MTP modules; set model.arch");
+    } else {
+        if (m->kv_lora_rank < 1) return verr(r, "model.kv_lora_rank", "deepseek_v3 (MLA) needs kv_lora_rank >= 1");
+        if (m->qk_nope_head_dim < 1) return verr(r, "model.qk_nope_head_dim", "deepseek_v3 (MLA) needs qk_nope_head_dim >= 1");
+        if (m->v_head_dim < 1) return verr(r, "model.v_head_dim", "deepseek_v3 (MLA) needs v_head_dim >= 1");
+        if (m->qk_rope_head_dim < 2 || m->qk_rope_head_dim % 2)
+            return verr(r, "model.qk_rope_head_dim", "qk_rope_head_dim must be even and >= 2 for RoPE, got %d",
+                        m->qk_rope_head_dim);
+    }
+    if (!strcmp(m->arch, "llama") || m->num_experts == 0) return 0;
+    if (m->num_experts % m->moe_n_group)
+        return verr(r, "model.moe_n_group", "moe_n_group %d does not divide num_experts %d", m->moe_n_group,
+                    m->num_experts);
+    if (m->moe_topk_group > m->moe_n_group)
+        return verr(r, "model.moe_topk_group", "moe_topk_group %d is more than moe_n_group %d", m->moe_topk_group,
+                    m->moe_n_group);
+    if (m->moe_n_group > 1 && (long)m->moe_topk_group * (m->num_experts / m->moe_n_group) < m->experts_per_token)
+        return verr(r, "model.moe_topk_group", "the best %d groups of %d experts hold fewer than experts_per_token %d",
+                    m->moe_topk_group, m->num_experts / m->moe_n_group, m->experts_per_token);
+    if (m->moe_n_group > 1 && m->num_experts / m->moe_n_group < 2)
+        return verr(r, "model.moe_n_group", "group-limited routing scores a group by its top 2 experts: groups need "
+                    "at least 2 experts (num_experts %d / moe_n_group %d)", m->num_experts, m->moe_n_group);
+    if (m->moe_n_group > 64)
+        return verr(r, "model.moe_n_group", "moe_n_group %d is more than the 64 groups supported", m->moe_n_group);
+    if (!strcmp(m->moe_score_func, "sigmoid") && (m->moe_aux_loss_coef > 0 || m->moe_z_loss_coef > 0))
+        return verr(r, m->moe_aux_loss_coef > 0 ? "model.moe_aux_loss_coef" : "model.moe_z_loss_coef",
+                    "sigmoid routing balances with moe_bias_update_rate and moe_seq_aux_loss_coef: set "
+                    "moe_aux_loss_coef and moe_z_loss_coef to 0 (moe_aux_loss_coef defaults to 0.01)");
+    if (m->first_k_dense >= m->num_layers)
+        return verr(r, "model.first_k_dense", "first_k_dense %d leaves no MoE layer of %d", m->first_k_dense,
+                    m->num_layers);
+    return 0;
+}
+
 static int check_model(const struct recipe *r) {
     const struct model_config *m = &r->model;
     char o[RECIPE_PATH_MAX + 96];
+    if (check_deepseek(r)) return -1;
     if (!strcmp(m->arch, "mixtral") && m->num_experts == 0)
         return verr(r, "model.arch", "arch mixtral is a mixture of experts: set model.num_experts");
     if (!strcmp(m->arch, "llama") && m->num_experts > 0)
@@ -51,14 +94,17 @@ static int check_model(const struct recipe *r) {
     if (m->num_experts > 0 && m->moe_layer_freq > m->num_layers)
         return verr(r, "model.moe_layer_freq", "moe_layer_freq %d leaves only layer 0 of %d as MoE; use 1..num_layers",
                     m->moe_layer_freq, m->num_layers);
+    if (m->vocab_size == RECIPE_VOCAB_AUTO)
+        return verr(r, "model.vocab_size", "vocab_size auto is resolved from the dataset's tokenizer record by "
+                    "mtrain pretrain; give a number here");
     if (m->vocab_size < 2) return verr(r, "model.vocab_size", "vocab_size must be at least 2");
-    if (m->hidden_size % m->num_heads)
+    if (strcmp(m->arch, "deepseek_v3") && m->hidden_size % m->num_heads)
         return verr(r, "model.hidden_size", "hidden_size %d is not divisible by num_heads %d%s", m->hidden_size,
                     m->num_heads, other(r, "model.num_heads", o, sizeof o));
     if (m->num_heads % m->num_kv_heads)
         return verr(r, "model.num_kv_heads", "num_kv_heads %d does not divide num_heads %d%s", m->num_kv_heads,
                     m->num_heads, other(r, "model.num_heads", o, sizeof o));
-    if ((m->hidden_size / m->num_heads) % 2)
+    if (strcmp(m->arch, "deepseek_v3") && (m->hidden_size / m->num_heads) % 2)
         return verr(r, "model.hidden_size", "head dimension hidden_size/num_heads = %d must be even for RoPE%s",
                     m->hidden_size / m->num_heads, other(r, "model.num_heads", o, sizeof o));
     if (m->max_seq_len && m->max_seq_len < r->train.seq_len)
@@ -153,6 +199,10 @@ static int check_parallel(const struct recipe *r, int world_size) {
     if (m->intermediate_size % p->tp)
         return verr(r, "parallel.tp", "tp %d does not divide model.intermediate_size %d%s", p->tp,
                     m->intermediate_size, other(r, "model.intermediate_size", o, sizeof o));
+    if (m->num_experts > 0 && ((long)m->moe_shared_experts * (m->moe_intermediate_size ? m->moe_intermediate_size
+                                                                                 : m->intermediate_size)) % p->tp)
+        return verr(r, "parallel.tp", "tp %d does not divide the shared experts' width (moe_shared_experts x "
+                    "moe_intermediate_size)", p->tp);
     if (m->tie_embeddings && p->pp > 1)
         return verr(r, "model.tie_embeddings", "tied embeddings with pipeline parallelism (pp %d) are not supported",
                     p->pp);
@@ -239,7 +289,7 @@ static int check_schedule(const struct recipe *r) {
     return 0;
 }
 
-static int check_paths(const struct recipe *r) {
+static int check_paths(const struct recipe *r, int check_exist) {
     struct stat st;
     if (r->rewind.enabled && (!r->checkpoint.dir[0] || r->checkpoint.interval == 0))
         return verr(r, "rewind.enabled", "rewinding needs checkpoints: set checkpoint.dir and checkpoint.interval");
@@ -247,9 +297,10 @@ static int check_paths(const struct recipe *r) {
         return verr(r, "checkpoint.interval", "checkpoints every %d steps need checkpoint.dir", r->checkpoint.interval);
     const struct data_blend *bl = &r->data.blend;
     if (bl->n && r->data.path[0]) return verr(r, "data.blend", "set data.path or data.blend, not both");
-    for (int i = 0; i < bl->n; i++)
+    for (int i = 0; check_exist && i < bl->n; i++)
         if (stat(bl->e[i].path, &st) != 0 || !S_ISDIR(st.st_mode))
             return verr(r, "data.blend", "entry %d: dataset directory '%s' does not exist", i, bl->e[i].path);
+    if (!check_exist) return 0; /* the dry run says what it did not check */
     if (!bl->n && !r->data.path[0])
         return verr(r, "data.path", "data.path is required (a dataset directory from 'mtrain data build')");
     if (!bl->n && stat(r->data.path, &st) != 0)
@@ -261,10 +312,14 @@ static int check_paths(const struct recipe *r) {
     return 0;
 }
 
-int recipe_validate(const struct recipe *r, int world_size) {
+static int validate(const struct recipe *r, int world_size, int check_exist) {
     if (world_size < 0) world_size = 0;
     if (check_sizes(r) || check_model(r) || check_parallel(r, world_size) || check_train(r, world_size) || check_schedule(r) ||
-        check_paths(r))
+        check_paths(r, check_exist))
         return -1;
     return 0;
 }
+
+int recipe_validate(const struct recipe *r, int world_size) { return validate(r, world_size, 1); }
+
+int recipe_validate_plan(const struct recipe *r, int world_size) { return validate(r, world_size, 0); }

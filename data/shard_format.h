@@ -1,4 +1,4 @@
-/* On-disk layout of a token dataset (docs/formats.md, format version 1),
+/* On-disk layout of a token dataset (docs/formats.md, format version 2),
  * shared by the writer and the reader so the two cannot drift apart.
  * Everything is little-endian; the helpers below encode byte by byte so the
  * files are the same on any host. */
@@ -7,7 +7,8 @@
 #include <string.h>
 
 #define DATASET_MAGIC "MTRNDSET"       /* 8 bytes, no terminator on disk */
-#define DATASET_VERSION 1
+#define DATASET_VERSION 2              /* 2 adds the tokenizer record; version 1 is still read */
+#define DATASET_RECORD_MAX (16u << 20) /* largest tokenizer record a reader accepts */
 #define DATASET_INDEX_NAME "index.mtd"
 #define DATASET_SHARD_FMT "shard-%05d.zst"
 #define DATASET_NO_EOD 0xFFFFFFFFu     /* eod field when the tokenizer has none */
@@ -20,7 +21,8 @@
 enum {
     IDX_MAGIC = 0, IDX_VERSION = 8, IDX_DTYPE = 12, IDX_VOCAB = 16, IDX_EOD = 20,
     IDX_SHARDS = 24, IDX_FRAME_TOKENS = 28, IDX_FRAMES = 32, IDX_DOCS = 40,
-    IDX_TOKENS = 48, IDX_RESERVED = 56,
+    IDX_TOKENS = 48, IDX_RECORD_BYTES = 56, /* version 2: tokenizer record length; version 1: reserved */
+    IDX_RESERVED = IDX_RECORD_BYTES,
 };
 /* Frame record field offsets. */
 enum { FR_SHARD = 0, FR_TOKENS = 4, FR_OFFSET = 8, FR_CSIZE = 16, FR_HASH = 24 };

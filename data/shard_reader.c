@@ -65,8 +65,8 @@ static void parse_header(struct dataset *ds, const uint8_t *b, size_t size, cons
         die("%s: too short (%zu bytes): truncated or not a dataset index", path, size);
     if (memcmp(b + IDX_MAGIC, DATASET_MAGIC, 8)) die("%s: bad magic: not an mtrain dataset index", path);
     uint32_t version = get_u32(b + IDX_VERSION);
-    if (version != DATASET_VERSION)
-        die("%s: unsupported format version %u (this mtrain reads version %d)", path, version, DATASET_VERSION);
+    if (version < 1 || version > DATASET_VERSION)
+        die("%s: unsupported format version %u (this mtrain reads versions 1 to %d)", path, version, DATASET_VERSION);
     uint64_t want = get_u64(b + size - INDEX_TRAILER_BYTES);
     if (XXH3_64bits(b, size - INDEX_TRAILER_BYTES) != want) die("%s: checksum mismatch: the index is damaged", path);
     ds->dtype = (int)get_u32(b + IDX_DTYPE);
@@ -81,11 +81,16 @@ static void parse_header(struct dataset *ds, const uint8_t *b, size_t size, cons
     ds->frame_tokens = get_u32(b + IDX_FRAME_TOKENS);
     uint64_t nframes = get_u64(b + IDX_FRAMES), ndocs = get_u64(b + IDX_DOCS);
     uint64_t ntokens = get_u64(b + IDX_TOKENS);
+    /* version 2 keeps the tokenizer record (data/tokenizer_record.h) between
+     * the document boundaries and the trailer */
+    uint64_t record = version >= 2 ? get_u64(b + IDX_RECORD_BYTES) : 0;
     /* Bound the counts before multiplying so a damaged header cannot overflow. */
-    if (nframes > (1ull << 40) || ndocs > (1ull << 40) || ntokens > (1ull << 62) || ds->nshards < 0)
-        die("%s: implausible counts (%llu frames, %llu documents)", path, (unsigned long long)nframes,
-            (unsigned long long)ndocs);
-    uint64_t expect = INDEX_HEADER_BYTES + nframes * INDEX_FRAME_BYTES + (ndocs + 1) * 8 + INDEX_TRAILER_BYTES;
+    if (nframes > (1ull << 40) || ndocs > (1ull << 40) || ntokens > (1ull << 62) || ds->nshards < 0 ||
+        record > DATASET_RECORD_MAX)
+        die("%s: implausible counts (%llu frames, %llu documents, %llu record bytes)", path,
+            (unsigned long long)nframes, (unsigned long long)ndocs, (unsigned long long)record);
+    uint64_t expect =
+        INDEX_HEADER_BYTES + nframes * INDEX_FRAME_BYTES + (ndocs + 1) * 8 + record + INDEX_TRAILER_BYTES;
     if (size != expect)
         die("%s: %zu bytes, expected %llu for %llu frames and %llu documents", path, size,
             (unsigned long long)expect, (unsigned long long)nframes, (unsigned long long)ndocs);

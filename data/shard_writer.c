@@ -26,6 +26,7 @@
 struct shard_writer {
     char *out, *tmp;
     struct shard_writer_opts o;
+    char *record;            /* tokenizer record JSON, or NULL */
     int dtype;
     ZSTD_CCtx *cctx;
     uint8_t *raw;            /* current frame, encoded little-endian */
@@ -147,6 +148,10 @@ struct shard_writer *shard_writer_open(const char *out_dir, const struct shard_w
     struct shard_writer *w = xcalloc(1, sizeof *w);
     w->o = *opts;
     check_opts(&w->o);
+    w->record = w->o.tokenizer_record ? xstrdup(w->o.tokenizer_record) : NULL;
+    w->o.tokenizer_record = NULL;  /* the copy is ours */
+    if (w->record && strlen(w->record) > DATASET_RECORD_MAX)
+        die("dataset writer: tokenizer record of %zu bytes is over %u", strlen(w->record), DATASET_RECORD_MAX);
     w->out = xstrdup(out_dir);
     for (size_t n = strlen(w->out); n > 1 && w->out[n - 1] == '/'; n--) w->out[n - 1] = 0;
     check_out(w->out, w->o.force);
@@ -251,8 +256,9 @@ void shard_writer_end_doc(struct shard_writer *w) {
 }
 
 static void write_index(struct shard_writer *w) {
+    size_t rlen = w->record ? strlen(w->record) : 0;
     size_t size = INDEX_HEADER_BYTES + (size_t)w->nframes * INDEX_FRAME_BYTES +
-                  (size_t)(w->ndocs + 1) * 8 + INDEX_TRAILER_BYTES;
+                  (size_t)(w->ndocs + 1) * 8 + rlen + INDEX_TRAILER_BYTES;
     uint8_t *buf = xcalloc(1, size), *p = buf;
     memcpy(p + IDX_MAGIC, DATASET_MAGIC, 8);
     put_u32(p + IDX_VERSION, DATASET_VERSION);
@@ -264,10 +270,13 @@ static void write_index(struct shard_writer *w) {
     put_u64(p + IDX_FRAMES, (uint64_t)w->nframes);
     put_u64(p + IDX_DOCS, (uint64_t)w->ndocs);
     put_u64(p + IDX_TOKENS, (uint64_t)w->tokens);
+    put_u64(p + IDX_RECORD_BYTES, (uint64_t)rlen);
     p += INDEX_HEADER_BYTES;
     if (w->nframes) memcpy(p, w->frames, (size_t)w->nframes * INDEX_FRAME_BYTES);
     p += (size_t)w->nframes * INDEX_FRAME_BYTES;
     for (int64_t d = 0; d <= w->ndocs; d++, p += 8) put_u64(p, (uint64_t)w->docs[d]);
+    if (rlen) memcpy(p, w->record, rlen);
+    p += rlen;
     put_u64(p, XXH3_64bits(buf, size - INDEX_TRAILER_BYTES));
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", w->tmp, DATASET_INDEX_NAME);
@@ -314,6 +323,7 @@ static void writer_free(struct shard_writer *w) {
     free(w->cbuf);
     free(w->frames);
     free(w->docs);
+    free(w->record);
     free(w->out);
     free(w->tmp);
     free(w);

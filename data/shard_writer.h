@@ -16,6 +16,7 @@ struct shard_writer_opts {
     int64_t shard_bytes;     /* compressed bytes per shard before rolling over (0: default) */
     int level;               /* zstd level (0: default) */
     int force;               /* replace an existing dataset at OUT */
+    const char *tokenizer_record; /* JSON stored in the index (data/tokenizer_record.h); NULL: none */
 };
 
 struct shard_writer_stats {

@@ -358,6 +358,16 @@ int text_build(struct shard_writer *w, const char *const *inputs, int ninputs, c
     for (int i = 0; i < ninputs && !rc; i++) rc = read_input(&pl, w, i, buf, err, errsz);
     while (!rc && pl.consumed < pl.submitted) rc = consume(&pl, w, err, errsz);
     stop_workers(&pl);
+    /* a dataset of no documents cannot train: most likely a wrong input */
+    if (!rc && st->docs == 0) {
+        rc = -1;
+        if (ninputs == 1)
+            snprintf(err, errsz, "%s: no documents: the input is empty (or holds only blank lines or empty documents)",
+                     inputs[0]);
+        else
+            snprintf(err, errsz, "no documents in any of the %d inputs (%s, %s%s): they are empty", ninputs, inputs[0],
+                     inputs[1], ninputs > 2 ? ", ..." : "");
+    }
     if (!rc) progress(&pl, 1);
     for (int i = 0; i < pl.nslots; i++) {
         free(pl.ring[i].text);

@@ -13,6 +13,8 @@ struct tokenizer {
     char *spec;
     struct bpe *bpe;        /* NULL: bytes */
     int64_t eod;
+    char *specials;         /* tiktoken: the special-token set ("llama3.1", "llama3.0", "none") */
+    char *regex;            /* tiktoken: --tiktoken-regex, NULL for Llama 3's */
 };
 
 struct tokenizer_state {
@@ -59,15 +61,18 @@ struct tokenizer *tokenizer_open(const char *spec, const struct tokenizer_opts *
     if (!strncmp(spec, "hf:", 3) && spec[3]) {
         t->bpe = bpe_load_hf(spec + 3);
     } else if (!strncmp(spec, "tiktoken:", 9) && spec[9]) {
-        const char *sp = o->tiktoken_specials ? o->tiktoken_specials : "llama3";
-        if (strcmp(sp, "llama3") && strcmp(sp, "none")) {
-            snprintf(err, errsz, "unknown --tiktoken-specials '%s' (llama3 or none)", sp);
+        const char *sp = o->tiktoken_specials ? o->tiktoken_specials : "llama3.1";
+        if (!strcmp(sp, "llama3")) sp = "llama3.1";  /* the current Llama 3 names */
+        if (strcmp(sp, "llama3.1") && strcmp(sp, "llama3.0") && strcmp(sp, "none")) {
+            snprintf(err, errsz, "unknown --tiktoken-specials '%s' (llama3.1, llama3.0 or none)", sp);
             tokenizer_close(t);
             return NULL;
         }
+        t->specials = xstrdup(sp);
+        t->regex = o->tiktoken_regex ? xstrdup(o->tiktoken_regex) : NULL;
         struct bpe_special specials[BPE_LLAMA3_SPECIALS];
         char (*names)[40] = xmalloc(BPE_LLAMA3_SPECIALS * sizeof *names);
-        bpe_llama3_specials(0, specials, names);
+        bpe_llama3_specials_version(strcmp(sp, "llama3.0") ? 31 : 30, 0, specials, names);
         for (int i = 0; i < BPE_LLAMA3_SPECIALS; i++) specials[i].id = -1;  /* right after the ranks */
         t->bpe = bpe_load_tiktoken(spec + 9, o->tiktoken_regex, specials, strcmp(sp, "none") ? BPE_LLAMA3_SPECIALS : 0);
         free(names);
@@ -87,12 +92,35 @@ void tokenizer_close(struct tokenizer *t) {
     if (!t) return;
     bpe_free(t->bpe);
     free(t->spec);
+    free(t->specials);
+    free(t->regex);
     free(t);
 }
 
 int tokenizer_vocab_size(const struct tokenizer *t) { return t->bpe ? bpe_vocab_size(t->bpe) : BYTES_VOCAB_SIZE; }
 int64_t tokenizer_eod(const struct tokenizer *t) { return t->eod; }
 const char *tokenizer_spec(const struct tokenizer *t) { return t->spec; }
+const char *tokenizer_tiktoken_specials(const struct tokenizer *t) { return t->specials; }
+const char *tokenizer_tiktoken_regex(const struct tokenizer *t) { return t->regex; }
+
+/* The usual beginning-of-sequence tokens, as for EOD above. */
+static const char *const bos_names[] = {"<|begin_of_text|>", "<s>",
+                                        "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+                                        "<bos>", "<|startoftext|>", NULL};
+
+int64_t tokenizer_bos(const struct tokenizer *t) {
+    int64_t id = -1;
+    for (int i = 0; t->bpe && bos_names[i] && id < 0; i++) id = bpe_special_id(t->bpe, bos_names[i]);
+    return id;
+}
+
+int tokenizer_special_count(const struct tokenizer *t) { return t->bpe ? bpe_special_count(t->bpe) : 0; }
+
+int tokenizer_special_at(const struct tokenizer *t, int i, const char **text, int *id) {
+    return t->bpe ? bpe_special_at(t->bpe, i, text, id) : -1;
+}
+
+const struct bpe *tokenizer_bpe(const struct tokenizer *t) { return t->bpe; }
 
 struct tokenizer_state *tokenizer_state_create(const struct tokenizer *t) {
     struct tokenizer_state *st = xcalloc(1, sizeof *st);

@@ -13,7 +13,7 @@ struct tokenizer_state;
 
 struct tokenizer_opts {
     const char *tiktoken_regex;     /* NULL: the Llama 3 pattern */
-    const char *tiktoken_specials;  /* "llama3" (default) or "none" */
+    const char *tiktoken_specials;  /* "llama3.1" (default; "llama3" is the same), "llama3.0" or "none" */
     const char *eod;                /* EOD token text or numeric id; NULL: the tokenizer's usual one */
 };
 
@@ -25,6 +25,18 @@ int tokenizer_vocab_size(const struct tokenizer *t);
 /* End-of-document id, or -1 when the tokenizer has none. */
 int64_t tokenizer_eod(const struct tokenizer *t);
 const char *tokenizer_spec(const struct tokenizer *t);
+/* tiktoken: the special-token set and the --tiktoken-regex (NULL otherwise,
+ * and the regex NULL for Llama 3's). */
+const char *tokenizer_tiktoken_specials(const struct tokenizer *t);
+const char *tokenizer_tiktoken_regex(const struct tokenizer *t);
+/* Beginning-of-sequence id (<|begin_of_text|>, <s>, ...), or -1. */
+int64_t tokenizer_bos(const struct tokenizer *t);
+/* The special (added) tokens, in id order: 0 for bytes. */
+int tokenizer_special_count(const struct tokenizer *t);
+int tokenizer_special_at(const struct tokenizer *t, int i, const char **text, int *id);
+/* The BPE tables (NULL for bytes), for writers of other formats. */
+struct bpe;
+const struct bpe *tokenizer_bpe(const struct tokenizer *t);
 
 struct tokenizer_state *tokenizer_state_create(const struct tokenizer *t);
 void tokenizer_state_free(struct tokenizer_state *st);

@@ -21,6 +21,7 @@
 #include <xxhash.h>
 
 #include "config/common.h"
+#include "data/tokenizer_regex.h"
 
 #define MAX_LEVELS 8
 #define NO_RANK UINT32_MAX
@@ -49,6 +50,7 @@ struct bpe {
     struct pair_slot *pt;
     size_t pt_mask, pt_n;
     int ignore_merges;            /* whole piece looked up before merging */
+    int tiktoken;                 /* loaded from a rank file: ranks are ids */
     pcre2_code *re[MAX_LEVELS];
     int jit[MAX_LEVELS];
     int nre, add_prefix_space;
@@ -188,16 +190,25 @@ static void add_regex(struct bpe *b, const char *pattern, const char *what) {
     if (b->nre == MAX_LEVELS) die("%s: more than %d pre-tokenizer splits", b->path, MAX_LEVELS);
     int code;
     PCRE2_SIZE off;
-    /* UCP: \s \d \w are Unicode-aware, as in the Rust regex engines of the
+    /* UCP: \d \w \p{..} are Unicode-aware, as in the engines of the
      * references; MATCH_INVALID_UTF: stray bytes never match instead of
-     * failing, so they fall into the gaps between matches. */
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
-                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &code, &off, NULL);
+     * failing, so they fall into the gaps between matches. The user's
+     * pattern is compiled first so errors point into it; then the one with
+     * \s as Unicode White_Space (data/tokenizer_regex.h) is used. */
+    const uint32_t flags = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, flags, &code, &off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         if (pcre2_get_error_message(code, msg, sizeof msg) < 0) snprintf((char *)msg, sizeof msg, "error %d", code);
         die("%s: %s regex does not compile at offset %zu: %s", b->path, what, (size_t)off, (char *)msg);
     }
+    pcre2_code_free(re);
+    char why[128];
+    char *ws = regex_with_unicode_white_space(pattern, why, sizeof why);
+    if (!ws) die("%s: %s regex: %s", b->path, what, why);
+    re = pcre2_compile((PCRE2_SPTR)ws, PCRE2_ZERO_TERMINATED, flags, &code, &off, NULL);
+    free(ws);
+    if (!re) die("%s: %s regex: rewriting \\s as Unicode White_Space broke it (error %d)", b->path, what, code);
     b->jit[b->nre] = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0;
     b->re[b->nre++] = re;
 }
@@ -272,6 +283,27 @@ int bpe_special_id(const struct bpe *b, const char *text) {
     for (int i = 0; i < b->nsp; i++)
         if (b->sp[i].len == n && !memcmp(b->sp[i].text, text, n)) return b->sp[i].id;
     return -1;
+}
+
+int bpe_special_count(const struct bpe *b) { return b->nsp; }
+
+int bpe_special_at(const struct bpe *b, int i, const char **text, int *id) {
+    if (i < 0 || i >= b->nsp) return -1;
+    *text = (const char *)b->sp[i].text;
+    *id = b->sp[i].id;
+    return 0;
+}
+
+int bpe_is_tiktoken(const struct bpe *b) { return b->tiktoken; }
+
+size_t bpe_pairs(const struct bpe *b, struct bpe_pair **out) {
+    *out = xmalloc((b->pt_n ? b->pt_n : 1) * sizeof **out);
+    size_t k = 0;
+    for (size_t i = 0; i <= b->pt_mask; i++)
+        if (b->pt[i].id >= 0)
+            (*out)[k++] = (struct bpe_pair){(int32_t)(b->pt[i].key >> 32), (int32_t)(uint32_t)b->pt[i].key,
+                                            b->pt[i].rank, b->pt[i].id};
+    return k;
 }
 
 int bpe_token_bytes(const struct bpe *b, int id, const uint8_t **bytes, size_t *len) {
@@ -532,6 +564,7 @@ struct bpe *bpe_load_tiktoken(const char *path, const char *regex, const struct 
     if (!text) die("%s: cannot read tiktoken file: %s", path, errno ? strerror(errno) : "read error");
     struct bpe *b = bpe_new(path);
     b->ignore_merges = 1;
+    b->tiktoken = 1;
     uint8_t buf[1024];
     int nranks = 0, line = 0;
     for (char *p = text, *end = text + size; p < end; line++) {
@@ -572,19 +605,6 @@ struct bpe *bpe_load_tiktoken(const char *path, const char *regex, const struct 
     finish_load(b);
     add_tiktoken_pairs(b, nranks);
     return b;
-}
-
-void bpe_llama3_specials(int base, struct bpe_special out[BPE_LLAMA3_SPECIALS],
-                         char names[BPE_LLAMA3_SPECIALS][40]) {
-    static const char *const named[] = {"<|begin_of_text|>", "<|end_of_text|>", NULL, NULL, NULL, NULL,
-                                        "<|start_header_id|>", "<|end_header_id|>", NULL, "<|eot_id|>"};
-    int reserved = 0;
-    for (int i = 0; i < BPE_LLAMA3_SPECIALS; i++) {
-        if (i < 10 && named[i]) snprintf(names[i], 40, "%s", named[i]);
-        else snprintf(names[i], 40, "<|reserved_special_token_%d|>", reserved++);
-        out[i].text = names[i];
-        out[i].id = base + i;
-    }
 }
 
 /* ---- encoding ------------------------------------------------------------------- */

@@ -37,6 +37,16 @@ void bpe_free(struct bpe *b);
 int bpe_vocab_size(const struct bpe *b);
 /* Id of the special (added) token with this text, or -1. */
 int bpe_special_id(const struct bpe *b, const char *text);
+/* The special (added) tokens, i in 0..count-1 (longest first); -1 if out of range. */
+int bpe_special_count(const struct bpe *b);
+int bpe_special_at(const struct bpe *b, int i, const char **text, int *id);
+/* Loaded from a tiktoken rank file (token id = rank). */
+int bpe_is_tiktoken(const struct bpe *b);
+/* Every merge: (left, right) -> id at rank (a tokenizer.json's merge
+ * position; for tiktoken the merged token's rank, one entry per way to cut
+ * it in two). *out is malloc'd, in no particular order; returns the count. */
+struct bpe_pair { int32_t left, right; uint32_t rank; int32_t id; };
+size_t bpe_pairs(const struct bpe *b, struct bpe_pair **out);
 /* The bytes a token decodes to; returns 0, or -1 for an unused/out of range id. */
 int bpe_token_bytes(const struct bpe *b, int id, const uint8_t **bytes, size_t *len);
 
@@ -61,6 +71,10 @@ size_t bpe_safe_cut(struct bpe_state *st, const char *text, size_t n, int match_
 /* The Llama 3 pre-tokenizer regex (also tiktoken's cl100k-style pattern). */
 extern const char bpe_llama3_regex[];
 /* Llama 3's 256 special tokens for ids base+0 .. base+255 (128000.. for the
- * real vocabulary): fills out[256], whose texts point into names. */
+ * real vocabulary): fills out[256], whose texts point into names. version 31
+ * names them as Llama 3.1-3.3 do, 30 as Llama 3.0 (data/tokenizer_llama3.c);
+ * bpe_llama3_specials is version 31. */
 #define BPE_LLAMA3_SPECIALS 256
+void bpe_llama3_specials_version(int version, int base, struct bpe_special out[BPE_LLAMA3_SPECIALS],
+                                 char names[BPE_LLAMA3_SPECIALS][40]);
 void bpe_llama3_specials(int base, struct bpe_special out[BPE_LLAMA3_SPECIALS], char names[BPE_LLAMA3_SPECIALS][40]);

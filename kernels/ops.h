@@ -54,17 +54,29 @@ struct backend {
      * the transpose (the backward pass). */
     void (*rope)(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse);
 
-    /* Causal GQA attention. q[B,T,H,D], k,v[B,T,KVH,D] -> out[B,T,H,D].
+    /* Causal GQA attention. q,k [B,T,H|KVH,D], v [B,T,KVH,Dv] -> out[B,T,H,Dv]
+     * (Dv = D except in MLA), scores scaled by 1/sqrt(D).
      * att keeps what backward needs, attention_state_floats(B,H,T) floats:
      * the CPU keeps the softmax probabilities [B,H,T,T]; the CUDA backend only
      * each row's log-sum-exp [B,H,T] and recomputes the probabilities. */
     void (*attention_forward)(float *out, float *att, const float *q, const float *k, const float *v, int B,
-                              int T, int H, int KVH, int D);
+                              int T, int H, int KVH, int D, int Dv);
     size_t (*attention_state_floats)(int B, int H, int T);
     /* dq, dk, dv overwritten. */
     void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *att,
                                const float *q, const float *k, const float *v, int B, int T, int H, int KVH,
-                               int D);
+                               int D, int Dv);
+
+    /* Incremental decoding against a KV cache: n queries q[n,H,D] at the
+     * last n positions Tk-n .. Tk-1 of one sequence attend causally to the
+     * cached keys/values k,v[Tk,KVH,D] (rows [0, Tk), the queries' own
+     * positions included) -> out[n,H,D]. No state is kept (inference only). */
+    void (*attention_decode)(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H,
+                             int KVH, int D);
+
+    /* dst[r*ldd + c] = (or += if accumulate) src[r*lds + c] for r < rows, c < cols:
+     * a block of columns between row-major matrices (MLA's per-head splits). */
+    void (*copy_cols)(float *dst, int ldd, const float *src, int lds, int rows, int cols, int accumulate);
 
     /* out = silu(gate) * up, elementwise over n */
     void (*swiglu_forward)(float *out, const float *gate, const float *up, size_t n);
@@ -84,6 +96,19 @@ struct backend {
     void (*moe_route_backward)(float *dlogits, const float *dw, const float *probs, const float *lse,
                                const int32_t *idx, const float *w, const float *aux_coef, float z_scale, int n,
                                int E, int k);
+    /* DeepSeek-V3 routing: scores [n,E] = sigmoid(logits); the choice ranks
+     * scores + bias[E] (bias NULL: none). With n_group > 1 (at most 64) only
+     * experts of the best topk_group groups are eligible, a group (E/n_group
+     * consecutive experts) scored by the sum of its two best biased scores.
+     * idx [n,k]: the top k eligible experts by descending biased score (ties:
+     * the lower index); w [n,k] = the chosen experts' unbiased scores over
+     * their sum, x scaling (routed_scaling_factor). */
+    void (*moe_route_sigmoid_forward)(float *scores, int32_t *idx, float *w, const float *logits, const float *bias,
+                                      int n, int E, int k, int n_group, int topk_group, float scaling);
+    /* dlogits [n,E] (overwritten) from dw [n,k], plus aux_coef[t,e] (NULL:
+     * none) as dL/d(s_e / sum_j s_j), the sequence-wise balance loss. */
+    void (*moe_route_sigmoid_backward)(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
+                                       const float *w, const float *aux_coef, int n, int E, int k, float scaling);
     /* out[i,:] = x[rows[i],:] for i < n (permute tokens to experts and back) */
     void (*gather_rows)(float *out, const float *x, const int32_t *rows, int n, int C);
     /* out[t,:] (+= if accumulate) sum over j < k with pos[t,j] >= 0 of

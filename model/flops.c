@@ -5,37 +5,102 @@
 #include "model/transformer.h"
 #include "parallel/schedule.h"
 
-int64_t model_param_count(const struct model_config *m) {
+/* Layer number of a "model.layers.N." tensor, -1 for the others. */
+static int layer_of(const char *name) {
+    int l;
+    return sscanf(name, "model.layers.%d.", &l) == 1 ? l : -1;
+}
+
+struct param_counts model_param_counts(const struct model_config *m) {
     struct param_table t;
     struct model_part part;
+    struct param_counts c = {0};
     model_part_full(&part, m);
     param_table_build(&t, m, &part);
-    int64_t n = param_table_global_count(&t);
+    int64_t experts_main = 0, experts_mtp = 0;
+    for (int i = 0; i < t.count; i++) {
+        const struct param_info *p = &t.items[i];
+        int64_t n = p->shape[0] * (p->ndim == 2 ? p->shape[1] : 1);
+        int mtp = layer_of(p->name) >= m->num_layers;
+        if (mtp) c.mtp += n;
+        else c.main += n;
+        if (p->expert) *(mtp ? &experts_mtp : &experts_main) += n;
+        if (!strcmp(p->name, "model.embed_tokens.weight") || !strcmp(p->name, "lm_head.weight")) c.embed_head += n;
+    }
     param_table_free(&t);
-    return n;
+    /* a token visits K of the E equal routed experts of a MoE layer */
+    int64_t E = m->num_experts, K = m->experts_per_token;
+    c.main_active = c.main - (E ? experts_main / E * (E - K) : 0);
+    c.mtp_active = c.mtp - (E ? experts_mtp / E * (E - K) : 0);
+    return c;
+}
+
+int64_t model_param_count(const struct model_config *m) {
+    struct param_counts c = model_param_counts(m);
+    return c.main + c.mtp;
 }
 
 int64_t model_active_param_count(const struct model_config *m) {
-    int64_t n = model_param_count(m);
-    int64_t expert = 3 * (int64_t)m->hidden_size * model_moe_ffn_size(m);
-    return n - (int64_t)model_moe_layer_count(m) * (m->num_experts - m->experts_per_token) * expert;
+    struct param_counts c = model_param_counts(m);
+    return c.main_active + c.mtp_active;
+}
+
+void model_print_param_counts(FILE *out, const struct model_config *m) {
+    struct param_counts c = model_param_counts(m);
+    if (!model_mtp_depth(m)) {
+        fprintf(out, "parameters:       %lld\n", (long long)c.main);
+        if (m->num_experts > 0)
+            fprintf(out, "active_parameters: %lld (per token: %d of %d experts in %d MoE layers)\n",
+                    (long long)c.main_active, m->experts_per_token, m->num_experts, model_moe_layer_count(m));
+        return;
+    }
+    fprintf(out, "parameters:       %lld (main model %lld + MTP modules %lld)\n", (long long)(c.main + c.mtp),
+            (long long)c.main, (long long)c.mtp);
+    fprintf(out, "main_parameters:  %lld\n", (long long)c.main);
+    if (m->num_experts > 0)
+        fprintf(out, "active_parameters: %lld (main model, per token: %d of %d experts in %d MoE layers)\n",
+                (long long)c.main_active, m->experts_per_token, m->num_experts, model_moe_layer_count(m));
+    /* Hugging Face stores each MTP layer with its own copies of the shared embedding and output head */
+    fprintf(out, "mtp_parameters:   %lld (%d modules; %lld as Hugging Face stores them, with copies of the "
+            "embedding and output head)\n", (long long)c.mtp, model_mtp_depth(m),
+            (long long)(c.mtp + (int64_t)model_mtp_depth(m) * (m->tie_embeddings ? 1 : 2) * m->vocab_size * m->hidden_size));
+}
+
+/* Matmul parameters of one MLA attention (per token, all heads). */
+static double mla_matmul_params(const struct model_config *m) {
+    double C = m->hidden_size, H = m->num_heads, QK = model_head_dim(m), QR = m->q_lora_rank, KR = m->kv_lora_rank;
+    double q = QR ? QR * C + H * QK * QR : H * QK * C;
+    return q + (KR + m->qk_rope_head_dim) * C + H * (m->qk_nope_head_dim + m->v_head_dim) * KR + C * H * m->v_head_dim;
 }
 
 double model_flops_per_token(const struct model_config *m, int seq_len) {
     double C = m->hidden_size, F = m->intermediate_size, L = m->num_layers, V = m->vocab_size;
     double kv = (double)m->num_kv_heads / m->num_heads, moe = model_moe_layer_count(m);
-    double attn = C * C * (2 + 2 * kv);                     /* q, o, k, v */
+    double FM = model_moe_ffn_size(m), shared = 3 * C * FM * m->moe_shared_experts;
+    double attn = model_is_mla(m) ? mla_matmul_params(m) : C * C * (2 + 2 * kv); /* q, o, k, v */
     double dense_ffn = 3 * C * F;                           /* gate, up, down */
-    double moe_ffn = C * m->num_experts + m->experts_per_token * 3 * C * model_moe_ffn_size(m); /* router + k experts */
+    double moe_ffn = C * m->num_experts + m->experts_per_token * 3 * C * FM + shared; /* router + k experts + shared */
     double matmul_params = L * attn + (L - moe) * dense_ffn + moe * moe_ffn + V * C; /* + output projection */
-    return 6 * matmul_params + 6 * L * C * seq_len;
+    /* causal QK^T and AV, forward and backward: 6 x (T/2) x heads x (qk + v head dims) per layer */
+    double core = 3.0 * seq_len * m->num_heads * (model_head_dim(m) + model_v_head_dim(m));
+    double flops = 6 * matmul_params + L * core;
+    for (int d = 0; d < model_mtp_depth(m); d++) { /* projection, block, shared output head */
+        double ffn = model_layer_is_moe(m, m->num_layers + d) ? moe_ffn : dense_ffn;
+        flops += 6 * (2 * C * C + attn + ffn + V * C) + core;
+    }
+    return flops;
 }
 
 struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, const struct backend *be) {
+    return model_memory_estimate_stage(r, dp, be, 0);
+}
+
+struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int dp, const struct backend *be,
+                                                   int pp_rank) {
     struct memory_estimate e = {0};
     struct param_table t;
     struct model_part part;
-    model_part_for(&part, &r->model, &r->parallel, 0, 0, 0);
+    model_part_for(&part, &r->model, &r->parallel, 0, pp_rank, 0);
     param_table_build(&t, &r->model, &part);
     e.params = t.total * sizeof(float);
     e.grads = e.params;
@@ -48,16 +113,17 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
     if (zero) e.buffers += (e.params - experts) / dp * (dp + 1) + (edp > 1 ? experts / edp * (edp + 1) : 0);
     e.buffers += param_table_shared_block_floats(&t) * sizeof(float); /* kv-block scratch */
     param_table_free(&t);
-    /* pipeline stage 0 holds the most micro batches at once */
+    /* pipeline stage 0 holds the most micro batches at once, the last the fewest */
     int pp = r->parallel.pp, vpp = pp > 1 ? r->parallel.vpp : 1;
     int m = r->train.global_batch / (r->train.micro_batch * (dp > 0 ? dp : 1));
     if (m < 1) m = 1;
     int slots = 1;
     if (pp > 1 && (vpp == 1 || m % pp == 0)) {
         struct sched_item *s = xmalloc(sizeof *s * 2 * m * vpp);
-        slots = schedule_max_in_flight(s, schedule_build(s, pp, vpp, 0, m), vpp);
+        slots = schedule_max_in_flight(s, schedule_build(s, pp, vpp, pp_rank, m), vpp);
         free(s);
     }
+    e.in_flight = slots;
     e.activations = transformer_arena_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
                                       r->train.seq_len, slots, recompute_mode(r->train.recompute));
     /* pipeline: a send buffer per (micro batch, chunk) each way, one receive buffer */

@@ -2,6 +2,7 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "config/recipe.h"
 
@@ -13,7 +14,17 @@ struct backend;
  * and backward, halved for the causal mask). A MoE layer counts its router
  * and the experts_per_token experts a token visits. */
 double model_flops_per_token(const struct model_config *m, int seq_len);
-/* Parameters (global, each tensor once). */
+/* Parameters (global, each tensor once): the main model and the MTP
+ * modules (which share the embedding and output head), all and those one
+ * token uses (all but the routed experts a MoE layer does not send it to). */
+struct param_counts {
+    int64_t main, main_active, mtp, mtp_active;
+    int64_t embed_head; /* of main: the embedding and output head */
+};
+struct param_counts model_param_counts(const struct model_config *m);
+/* The dry run's parameter lines (total, active; main model and MTP). */
+void model_print_param_counts(FILE *out, const struct model_config *m);
+/* Parameters (global, each tensor once), MTP modules included. */
 int64_t model_param_count(const struct model_config *m);
 /* Parameters one token uses: all but the experts a MoE layer does not route it to. */
 int64_t model_active_param_count(const struct model_config *m);
@@ -25,6 +36,7 @@ struct memory_estimate {
     size_t snapshot;    /* ... of which the host snapshot of checkpoints or of multi-rank final weights */
     size_t runtime;     /* the process itself on the CPU backend: libraries, MPI, BLAS buffers (measured) */
     size_t total;       /* what the device holds (+ host and runtime on the CPU backend) */
+    int in_flight;      /* micro batches whose activations the stage holds at once */
 };
 /* Resident memory of a CPU-backend mtrain process before its model: code,
  * shared libraries, MPI and OpenBLAS thread buffers (measured with a
@@ -39,3 +51,7 @@ struct memory_estimate {
  * allocates is counted; tests/integration/memory_estimate.sh compares the
  * total with measured peak RSS. */
 struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, const struct backend *be);
+/* The same for the ranks of pipeline stage pp_rank (its layers, the head on
+ * the last, and the micro batches its schedule keeps in flight). */
+struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int dp, const struct backend *be,
+                                                   int pp_rank);

@@ -37,8 +37,9 @@ void params_init(const struct backend *be, float *params, const struct param_tab
         uint64_t stream = hash_string(p->name);
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < p->numel; i++)
-            host[i] = p->kind == PARAM_NORM ? 1.0f
-                                            : (float)(p->init_std * init_normal(seed, stream, global_index(p, i, tp_rank)));
+            host[i] = p->kind == PARAM_NORM    ? 1.0f
+                      : p->kind == PARAM_STATE ? 0.0f
+                                               : (float)(p->init_std * init_normal(seed, stream, global_index(p, i, tp_rank)));
         be->from_host(params + p->offset, host, sizeof(float) * p->numel);
         free(host);
     }

@@ -71,19 +71,27 @@ static void route_stats(struct transformer *m, struct layer_acts *a, int l, stru
     memset(h->stats, 0, sizeof(double) * len);
     for (int t = 0; t < n; t++) {
         int seq = (r0 + t) / T;
+        const float *p = h->probs + (size_t)t * E;
+        /* the balance loss's probabilities: softmax, or the sigmoid scores normalised over all experts */
+        double norm = 1;
+        if (m->sigmoid) {
+            norm = 0;
+            for (int e = 0; e < E; e++) norm += p[e];
+        }
         for (int j = 0; j < k; j++) count[(size_t)seq * E + h->idx[t * k + j]] += 1;
-        for (int e = 0; e < E; e++) psum[(size_t)seq * E + e] += h->probs[(size_t)t * E + e];
-        *zsum += (double)h->lse[t] * h->lse[t];
+        for (int e = 0; e < E; e++) psum[(size_t)seq * E + e] += p[e] / norm;
+        if (!m->sigmoid) *zsum += (double)h->lse[t] * h->lse[t];
     }
     memcpy(by_rank + (size_t)m->part.tp_rank * BE, count, sizeof(double) * BE);
     if (tp > 1) comm_all_reduce_sum_f64(m->tp_comm, h->stats, len);
-    /* aux = E * sum_e f_e P_e per sequence, f_e = count_e / T, P_e = mean probability */
-    double aux = 0;
+    /* aux = sum_e f_e P_e per sequence, P_e the mean probability and f_e = E count_e / T
+     * (Switch) or E count_e / (k T) (DeepSeek-V3's sequence-wise loss) */
+    double aux = 0, f_scale = m->sigmoid ? (double)E / ((double)k * T) : (double)E / T;
     for (size_t i = 0; i < BE; i++) aux += count[i] * psum[i];
-    aux *= (double)E / ((double)T * T);
+    aux *= f_scale / T;
     for (int t = 0; t < n; t++) {
         const double *c = count + (size_t)((r0 + t) / T) * E;
-        for (int e = 0; e < E; e++) h->probs[(size_t)t * E + e] = (float)(m->moe_aux_scale * E * c[e] / ((double)T * T));
+        for (int e = 0; e < E; e++) h->probs[(size_t)t * E + e] = (float)(m->moe_aux_scale * f_scale * c[e] / T);
     }
     be->from_host(a->aux_coef, h->probs, sizeof(float) * n * E);
     a->plan.z_scale = m->moe_z_scale / T;
@@ -182,7 +190,11 @@ void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float
     struct moe_plan *p = &a->plan;
     int n = m->moe_n, k = m->K, E = m->E, C = m->C, FM = m->FM;
     be->matmul_forward(a->logits, x, w->router, n, C, E, 0);
-    be->moe_route_forward(a->probs, a->lse, a->topi, a->topw, a->logits, n, E, k);
+    if (m->sigmoid)
+        be->moe_route_sigmoid_forward(a->probs, a->topi, a->topw, a->logits, w->bias, n, E, k, m->cfg.moe_n_group,
+                                      m->cfg.moe_topk_group, (float)m->cfg.moe_routed_scaling);
+    else
+        be->moe_route_forward(a->probs, a->lse, a->topi, a->topw, a->logits, n, E, k);
     route_stats(m, a, l, h);
     plan_dispatch(m, a, h);
     /* tokens to their experts' ranks, then expert-major */
@@ -231,7 +243,30 @@ void moe_backward(struct transformer *m, struct layer_acts *a, int l, const floa
     exchange(m, m->moe_rb, p->recv_counts, m->moe_send, p->send_counts);
     be->moe_combine(d_x, m->moe_send, a->pos, NULL, n, k, C, 0);
     /* the router: gate weights, load-balancing and z-loss gradients */
-    be->moe_route_backward(m->d_logits, m->d_topw, a->probs, a->lse, a->topi, a->topw, a->aux_coef, p->z_scale, n, E,
-                           k);
+    if (m->sigmoid)
+        be->moe_route_sigmoid_backward(m->d_logits, m->d_topw, a->probs, a->topi, a->topw, a->aux_coef, n, E, k,
+                                       (float)m->cfg.moe_routed_scaling);
+    else
+        be->moe_route_backward(m->d_logits, m->d_topw, a->probs, a->lse, a->topi, a->topw, a->aux_coef, p->z_scale, n,
+                               E, k);
     be->matmul_backward(d_x, dw->router, m->d_logits, a->ln2 + (size_t)m->moe_r0 * C, w->router, n, C, E, 1);
+}
+
+void transformer_update_expert_bias(struct transformer *m, const double *load) {
+    int E = m->E;
+    float rate = (float)m->cfg.moe_bias_update_rate;
+    if (!m->n_moe_layers || rate <= 0) return;
+    float *bias = xmalloc(sizeof(float) * E);
+    for (int l = 0, j = 0; l < m->L; l++) {
+        if (!model_layer_is_moe(&m->cfg, l)) continue;
+        const double *ld = load + (size_t)j++ * E;
+        if (!m->layers[l].bias) continue; /* not on this pipeline stage */
+        double mean = 0;
+        for (int e = 0; e < E; e++) mean += ld[e];
+        mean /= E;
+        m->be->to_host(bias, m->layers[l].bias, sizeof(float) * E);
+        for (int e = 0; e < E; e++) bias[e] += ld[e] < mean ? rate : ld[e] > mean ? -rate : 0.0f;
+        m->be->from_host(m->layers[l].bias, bias, sizeof(float) * E);
+    }
+    free(bias);
 }

@@ -180,6 +180,7 @@ void optimizer_step(struct optimizer *o, float *params, const float *grads, doub
             size_t off, n;
             if (!intersect(p, gr->shard_begin, gr->shard_len, &off, &n)) continue;
             size_t j = off - gr->shard_begin;
+            if (p->kind == PARAM_STATE) continue; /* moved by its own rule (the MoE expert bias), not by AdamW */
             float wd = p->kind == PARAM_NORM ? 0.0f : (float)o->cfg.weight_decay;
             o->be->adamw(params + off, g + j, gr->m + j, gr->v + j, n, (float)lr, (float)o->cfg.beta1,
                          (float)o->cfg.beta2, (float)o->cfg.eps, wd, scale, o->step);

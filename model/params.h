@@ -19,6 +19,8 @@ enum shard_rule {
 enum param_kind {
     PARAM_MATRIX = 0,       /* weight-decayed, N(0, std) */
     PARAM_NORM,             /* no weight decay, ones */
+    PARAM_STATE,            /* not trained (no gradient, skipped by AdamW), zeros: the MoE expert bias, moved
+                             * by the expert loads after each step and kept in checkpoints */
 };
 
 struct param_info {
@@ -61,11 +63,21 @@ struct model_part {
     int expert_begin, expert_end;
 };
 
-/* Block kinds: every layer is GQA attention followed by an FFN that is dense
- * SwiGLU (intermediate_size) or, in a mixture-of-experts model, a MoE layer
- * (router + num_experts SwiGLU experts of moe_intermediate_size) for every
- * moe_layer_freq-th layer. */
+/* Block kinds: every layer is an attention (GQA, or MLA for deepseek_v3)
+ * followed by an FFN that is dense SwiGLU (intermediate_size) or, in a
+ * mixture-of-experts model, a MoE layer (router + num_experts SwiGLU experts
+ * of moe_intermediate_size, + optional shared experts) for every
+ * moe_layer_freq-th layer from layer first_k_dense on. */
 int model_layer_is_moe(const struct model_config *m, int layer);
+/* DeepSeek-V3 (arch deepseek_v3): MLA attention instead of GQA; a dense
+ * prefix of first_k_dense layers; mtp_depth MTP modules after the last layer
+ * (Hugging Face numbers them layers num_layers .. num_layers + depth - 1). */
+int model_is_mla(const struct model_config *m);
+int model_mtp_depth(const struct model_config *m);
+/* Per-head sizes: query/key (MLA: nope + rope), value, and the rotary part. */
+int model_head_dim(const struct model_config *m);
+int model_v_head_dim(const struct model_config *m);
+int model_rope_dim(const struct model_config *m);
 int model_moe_ffn_size(const struct model_config *m);
 int model_moe_layer_count(const struct model_config *m);
 

@@ -202,6 +202,7 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
 void trainer_update(struct trainer *tr, struct step_stats *st, double lr_scale) {
     st->lr = lr_at(&tr->recipe->optimizer, tr->recipe->train.steps, tr->opt.step) * lr_scale;
     optimizer_step(&tr->opt, tr->model.params, tr->model.grads, st->lr, st->grad_norm);
+    if (tr->moe_load) transformer_update_expert_bias(&tr->model, tr->moe_load);
 }
 
 struct step_stats trainer_step(struct trainer *tr, const int32_t *samples, int n) {

@@ -3,6 +3,7 @@
 #include "config/common.h"
 #include "model/init.h"
 #include "model/transformer.h"
+#include "model/mla.h"
 #include "model/moe.h"
 
 /* ---- arena layout: one pass computes sizes, a second carves ---- */
@@ -24,23 +25,33 @@ static int is_local_layer(const struct model_part *p, int l) {
     return 0;
 }
 
-/* The activations of a layer with a dense and/or MoE FFN besides its input;
- * with shared set, the attention state and output and the SwiGLU products
- * point into it instead of being carved (selective recompute). */
-static void carve_layer(struct transformer *m, struct layer_acts *a, int dense, int moe,
+/* The activations of a layer with a SwiGLU of width F (dense, or a MoE
+ * layer's shared experts; 0: none) and/or a MoE FFN besides its input; with
+ * shared set, the attention state and output and the SwiGLU products point
+ * into it instead of being carved (selective recompute). */
+static void carve_layer(struct transformer *m, struct layer_acts *a, size_t F, int moe,
                         const struct layer_acts *shared, struct carver *c) {
-    size_t N = m->N, Ns = m->Ns, C = m->C, QD = (size_t)m->Hl * m->D, KD = (size_t)m->KVl * m->D, F = m->Fl;
+    size_t N = m->N, Ns = m->Ns, C = m->C, QD = (size_t)m->Hl * m->D, KD = (size_t)m->KVl * m->D;
+    size_t VD = (size_t)m->KVl * m->Dv, OD = (size_t)m->Hl * m->Dv;
     a->ln1 = carve(c, N * C);
     a->rstd1 = carve(c, Ns);
+    if (m->mla) {
+        a->qa = carve(c, N * m->QR);
+        a->qan = carve(c, N * m->QR);
+        a->rstdq = carve(c, N);
+        a->ckv = carve(c, N * m->KR);
+        a->kvn = carve(c, N * m->KR);
+        a->rstdkv = carve(c, N);
+    }
     a->q = carve(c, N * QD);
     a->k = carve(c, N * KD);
-    a->v = carve(c, N * KD);
+    a->v = carve(c, N * VD);
     a->att = shared ? shared->att : carve(c, m->be->attention_state_floats(m->B, m->Hl, m->T));
-    a->attn_out = shared ? shared->attn_out : carve(c, N * QD);
+    a->attn_out = shared ? shared->attn_out : carve(c, N * OD);
     a->xmid = carve(c, Ns * C);
     a->ln2 = carve(c, N * C);
     a->rstd2 = carve(c, Ns);
-    if (dense) {
+    if (F) {
         a->gate = carve(c, N * F);
         a->up = carve(c, N * F);
         a->h = shared ? shared->h : carve(c, N * F);
@@ -78,7 +89,7 @@ static void layout_slot(struct transformer *m, struct act_slot *s, struct carver
         a->x = carve(c, Ns * C);
         if (m->recompute == RECOMPUTE_FULL) continue;
         int moe = model_layer_is_moe(&m->cfg, l);
-        carve_layer(m, a, !moe, moe, m->recompute == RECOMPUTE_SELECTIVE ? shared : NULL, c);
+        carve_layer(m, a, moe ? m->Fs : m->Fl, moe, m->recompute == RECOMPUTE_SELECTIVE ? shared : NULL, c);
     }
     if (m->part.has_head) {
         s->x_final = carve(c, Ns * C);
@@ -94,26 +105,33 @@ static void layout_slot(struct transformer *m, struct act_slot *s, struct carver
     s->targets = (int32_t *)carve(c, N);
 }
 
+/* The widest SwiGLU of the local layers (dense FFN or shared experts). */
+static size_t swiglu_width(const struct transformer *m) {
+    size_t dense = m->n_moe_layers < m->n_local_layers ? (size_t)m->Fl : 0, shared = m->n_moe_layers ? (size_t)m->Fs : 0;
+    return dense > shared ? dense : shared;
+}
+
 /* The one set of layer activations recomputation shares: selective, the
  * recomputed products; full, a whole layer of either kind. */
 static void layout_shared(struct transformer *m, struct carver *c) {
     struct layer_acts *a = &m->shared_acts;
-    size_t N = m->N, QD = (size_t)m->Hl * m->D, F = m->Fl, R = m->moe_R, FM = m->FM;
-    int dense = m->n_moe_layers < m->n_local_layers, moe = m->n_moe_layers > 0;
+    size_t N = m->N, OD = (size_t)m->Hl * m->Dv, F = swiglu_width(m), R = m->moe_R, FM = m->FM;
+    int moe = m->n_moe_layers > 0;
     memset(a, 0, offsetof(struct layer_acts, plan));
     if (m->recompute == RECOMPUTE_FULL) {
-        carve_layer(m, a, dense, moe, NULL, c);
+        carve_layer(m, a, F, moe, NULL, c);
         m->recompute_out = carve(c, (size_t)m->Ns * m->C);
     } else if (m->recompute == RECOMPUTE_SELECTIVE) {
         a->att = carve(c, m->be->attention_state_floats(m->B, m->Hl, m->T));
-        a->attn_out = carve(c, N * QD);
-        if (dense) a->h = carve(c, N * F);
+        a->attn_out = carve(c, N * OD);
+        if (F) a->h = carve(c, N * F);
         if (moe) a->eh = carve(c, R * FM);
     }
 }
 
 static void layout_arena(struct transformer *m, struct carver *c) {
-    size_t N = m->N, Ns = m->Ns, C = m->C, QD = (size_t)m->Hl * m->D, KD = (size_t)m->KVl * m->D, F = m->Fl;
+    size_t N = m->N, Ns = m->Ns, C = m->C, QD = (size_t)m->Hl * m->D, KD = (size_t)m->KVl * m->D, F = swiglu_width(m);
+    size_t VD = (size_t)m->KVl * m->Dv, OD = (size_t)m->Hl * m->Dv;
     layout_shared(m, c);
     for (int i = 0; i < m->nslots; i++) layout_slot(m, &m->slots[i], c);
     m->d_resid = carve(c, Ns * C);
@@ -122,10 +140,22 @@ static void layout_arena(struct transformer *m, struct carver *c) {
     m->d_ln = m->sp ? carve(c, Ns * C) : m->d_ln_full;
     m->tmp_full = carve(c, N * C);
     m->tmp_shard = carve(c, Ns * C);
-    m->d_attn = carve(c, N * QD);
+    m->d_attn = carve(c, N * OD);
     m->d_q = carve(c, N * QD);
     m->d_k = carve(c, N * KD);
-    m->d_v = carve(c, N * KD);
+    m->d_v = carve(c, N * VD);
+    if (m->mla) {
+        size_t kvb = (size_t)m->Hl * (m->DN + m->Dv);
+        m->mla_kvb = carve(c, N * kvb);
+        m->d_kvb = carve(c, N * kvb);
+        m->mla_kpe = carve(c, N * m->Dr);
+        m->d_kpe = carve(c, N * m->Dr);
+        m->mla_rope = carve(c, N * m->Hl * m->Dr);
+        m->d_kvn = carve(c, N * m->KR);
+        m->d_ckv = carve(c, N * m->KR);
+        m->d_qan = carve(c, N * m->QR);
+        m->d_qa = carve(c, N * m->QR);
+    }
     m->d_gate = carve(c, N * F);
     m->d_up = carve(c, N * F);
     m->d_h = carve(c, N * F);
@@ -143,8 +173,8 @@ static void layout_arena(struct transformer *m, struct carver *c) {
         m->d_logits = carve(c, n * E);
         m->moe_counts = carve(c, 2 * E);
     }
-    m->rope_cos = carve(c, (size_t)m->T * m->D / 2);
-    m->rope_sin = carve(c, (size_t)m->T * m->D / 2);
+    m->rope_cos = carve(c, (size_t)m->T * m->Dr / 2);
+    m->rope_sin = carve(c, (size_t)m->T * m->Dr / 2);
 }
 
 static void set_dims(struct transformer *m, const struct model_config *cfg, const struct model_part *part, int sp, int B,
@@ -154,7 +184,11 @@ static void set_dims(struct transformer *m, const struct model_config *cfg, cons
     m->part = *part;
     m->B = B, m->T = T, m->N = B * T;
     m->C = cfg->hidden_size, m->H = cfg->num_heads, m->KV = cfg->num_kv_heads;
-    m->D = m->C / m->H, m->F = cfg->intermediate_size, m->V = cfg->vocab_size, m->L = cfg->num_layers;
+    m->D = model_head_dim(cfg), m->Dv = model_v_head_dim(cfg), m->Dr = model_rope_dim(cfg);
+    m->F = cfg->intermediate_size, m->V = cfg->vocab_size, m->L = cfg->num_layers;
+    m->mla = model_is_mla(cfg);
+    if (m->mla) m->KV = m->H, m->QR = cfg->q_lora_rank, m->KR = cfg->kv_lora_rank, m->DN = cfg->qk_nope_head_dim;
+    m->q_scale = rope_softmax_scale(cfg);
     m->tp = part->tp;
     m->sp = sp && part->tp > 1;
     m->Ns = m->sp ? m->N / m->tp : m->N;
@@ -170,7 +204,20 @@ static void set_dims(struct transformer *m, const struct model_config *cfg, cons
         m->ep = part->ep, m->El = m->E / m->ep;
         m->moe_n = m->N / m->tp, m->moe_r0 = part->tp_rank * m->moe_n;
         m->moe_R = moe_expert_rows(cfg, m->moe_n, m->T, m->ep);
+        m->Fs = cfg->moe_shared_experts * m->FM / m->tp;
+        m->sigmoid = !strcmp(cfg->moe_score_func, "sigmoid");
     }
+}
+
+const char *transformer_unsupported(const struct model_config *cfg) {
+    if (cfg->num_experts > 0 && !strcmp(cfg->moe_score_func, "softmax") &&
+        (cfg->moe_n_group > 1 || cfg->moe_routed_scaling != 1 || cfg->moe_bias_update_rate > 0 ||
+         cfg->moe_seq_aux_loss_coef > 0))
+        return "moe_n_group, moe_routed_scaling, moe_bias_update_rate and moe_seq_aux_loss_coef belong to sigmoid "
+               "routing (DeepSeek-V3): set model.moe_score_func sigmoid";
+    if (!model_is_mla(cfg)) return NULL;
+    if (cfg->mtp_depth > 0) return "deepseek_v3 multi-token prediction is not implemented yet: set model.mtp_depth 0";
+    return NULL;
 }
 
 enum recompute recompute_mode(const char *name) {
@@ -203,22 +250,48 @@ static void bind_layers(struct transformer *m, float *buf, struct layer_weights 
     snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);       \
     y->field = P(name)
         LP(ln1_w, "input_layernorm.weight");
-        LP(wq, "self_attn.q_proj.weight");
-        LP(wk, "self_attn.k_proj.weight");
-        LP(wv, "self_attn.v_proj.weight");
+        if (m->mla) {
+            if (m->QR) {
+                LP(wq_a, "self_attn.q_a_proj.weight");
+                LP(q_a_ln, "self_attn.q_a_layernorm.weight");
+                LP(wq_b, "self_attn.q_b_proj.weight");
+            } else {
+                LP(wq, "self_attn.q_proj.weight");
+            }
+            LP(wkv_a, "self_attn.kv_a_proj_with_mqa.weight");
+            LP(kv_a_ln, "self_attn.kv_a_layernorm.weight");
+            LP(wkv_b, "self_attn.kv_b_proj.weight");
+        } else {
+            LP(wq, "self_attn.q_proj.weight");
+            LP(wk, "self_attn.k_proj.weight");
+            LP(wv, "self_attn.v_proj.weight");
+        }
         LP(wo, "self_attn.o_proj.weight");
         LP(ln2_w, "post_attention_layernorm.weight");
         y->moe = model_layer_is_moe(&m->cfg, l);
         if (y->moe) {
-            LP(router, "block_sparse_moe.gate.weight");
+            static const char *const mixtral[3] = {"w1", "w2", "w3"}, *const deepseek[3] = {"gate_proj", "down_proj", "up_proj"};
+            int ds = m->mla;
+            if (ds) {
+                LP(router, "mlp.gate.weight");
+            } else {
+                LP(router, "block_sparse_moe.gate.weight");
+            }
+            if (m->cfg.moe_bias_update_rate > 0) {
+                LP(bias, "mlp.gate.e_score_correction_bias");
+            }
             y->experts = xcalloc(3 * m->El, sizeof *y->experts);
             for (int e = 0; e < m->El; e++)
                 for (int k = 0; k < 3; k++) {
-                    static const char *const wn[3] = {"w1", "w2", "w3"};
-                    snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", l,
-                             m->part.expert_begin + e, wn[k]);
+                    snprintf(name, sizeof name, ds ? "model.layers.%d.mlp.experts.%d.%s.weight"
+                                                   : "model.layers.%d.block_sparse_moe.experts.%d.%s.weight",
+                             l, m->part.expert_begin + e, ds ? deepseek[k] : mixtral[k]);
                     y->experts[3 * e + k] = P(name);
                 }
+            if (!m->Fs) continue;
+            LP(wgate, "mlp.shared_experts.gate_proj.weight");
+            LP(wup, "mlp.shared_experts.up_proj.weight");
+            LP(wdown, "mlp.shared_experts.down_proj.weight");
             continue;
         }
         LP(wgate, "mlp.gate_proj.weight");
@@ -268,7 +341,7 @@ void transformer_create(struct transformer *m, const struct backend *be, const s
             if (m->layers[l].moe) alloc_plan(m, &m->slots[i].acts[l].plan);
     if (m->E) m->moe_load = xcalloc((size_t)m->L * m->E, sizeof(double));
     transformer_set_moe_sequences(m, B);
-    size_t half = (size_t)T * m->D / 2;
+    size_t half = (size_t)T * m->Dr / 2;
     float *cs = xmalloc(sizeof(float) * half * 2);
     rope_tables(cs, cs + half, cfg, T);
     be->from_host(m->rope_cos, cs, sizeof(float) * half);
@@ -297,7 +370,9 @@ void transformer_free(struct transformer *m) {
 void transformer_set_moe_sequences(struct transformer *m, int sequences) {
     int layers = model_moe_layer_count(&m->cfg);
     if (!layers) return;
-    m->moe_aux_scale = (float)(m->cfg.moe_aux_loss_coef / ((double)sequences * layers));
+    /* the balance loss: Switch form (softmax routing) or DeepSeek-V3's sequence-wise one (sigmoid) */
+    double balance = m->sigmoid ? m->cfg.moe_seq_aux_loss_coef : m->cfg.moe_aux_loss_coef;
+    m->moe_aux_scale = (float)(balance / ((double)sequences * layers));
     m->moe_z_scale = (float)(m->cfg.moe_z_loss_coef / ((double)sequences * layers));
 }
 
@@ -371,7 +446,7 @@ static const float *grad_full_rows(struct transformer *m) {
  * tokens, which under sequence parallelism are exactly its residual rows. */
 static void moe_residual(struct transformer *m, float *out, const float *residual) {
     const struct backend *be = m->be;
-    be->copy(out, residual, sizeof(float) * m->Ns * m->C);
+    if (out != residual) be->copy(out, residual, sizeof(float) * m->Ns * m->C);
     const float *moe = m->moe_out;
     if (!m->sp && m->tp > 1) {
         comm_all_gather(m->tp_comm, m->moe_out, m->tmp_full, (size_t)m->moe_n * m->C);
@@ -388,29 +463,41 @@ static struct layer_acts *acts_of(struct transformer *m, struct act_slot *s, int
     return &m->shared_acts;
 }
 
+/* out = xmid + SwiGLU(ln2) of width F on this rank (the dense FFN or the shared experts) */
+static void swiglu_block_forward(struct transformer *m, struct layer_acts *a, const struct layer_weights *w, int F,
+                                 float *out) {
+    const struct backend *be = m->be;
+    be->matmul_forward(a->gate, a->ln2, w->wgate, m->N, m->C, F, 0);
+    be->matmul_forward(a->up, a->ln2, w->wup, m->N, m->C, F, 0);
+    be->swiglu_forward(a->h, a->gate, a->up, (size_t)m->N * F);
+    row_parallel_residual(m, out, a->xmid, a->h, w->wdown, F);
+}
+
 static void block_forward(struct transformer *m, struct act_slot *s, int l, float *out) {
     const struct backend *be = m->be;
     const struct layer_weights *w = &m->layers[l];
     struct layer_acts *a = acts_of(m, s, l);
     int N = m->N, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, F = m->Fl;
     norm_for_linear(m, a->ln1, a->rstd1, a->x, w->ln1_w);
-    be->matmul_forward(a->q, a->ln1, w->wq, N, C, QD, 0);
-    be->matmul_forward(a->k, a->ln1, w->wk, N, C, KD, 0);
-    be->matmul_forward(a->v, a->ln1, w->wv, N, C, KD, 0);
-    be->rope(a->q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 0);
-    be->rope(a->k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 0);
-    be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D);
-    row_parallel_residual(m, a->xmid, a->x, a->attn_out, w->wo, QD);
+    if (m->mla) {
+        mla_forward(m, a, l);
+    } else {
+        be->matmul_forward(a->q, a->ln1, w->wq, N, C, QD, 0);
+        be->matmul_forward(a->k, a->ln1, w->wk, N, C, KD, 0);
+        be->matmul_forward(a->v, a->ln1, w->wv, N, C, KD, 0);
+        be->rope(a->q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 0);
+        be->rope(a->k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 0);
+    }
+    be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D, m->Dv);
+    row_parallel_residual(m, a->xmid, a->x, a->attn_out, w->wo, m->Hl * m->Dv);
     norm_for_linear(m, a->ln2, a->rstd2, a->xmid, w->ln2_w);
-    if (w->moe) {
-        moe_forward(m, a, l, a->ln2 + (size_t)m->moe_r0 * C, m->moe_out);
-        moe_residual(m, out, a->xmid);
+    if (!w->moe) {
+        swiglu_block_forward(m, a, w, F, out);
         return;
     }
-    be->matmul_forward(a->gate, a->ln2, w->wgate, N, C, F, 0);
-    be->matmul_forward(a->up, a->ln2, w->wup, N, C, F, 0);
-    be->swiglu_forward(a->h, a->gate, a->up, (size_t)N * F);
-    row_parallel_residual(m, out, a->xmid, a->h, w->wdown, F);
+    if (w->wgate) swiglu_block_forward(m, a, w, m->Fs, out); /* shared experts: out = xmid + shared */
+    moe_forward(m, a, l, a->ln2 + (size_t)m->moe_r0 * C, m->moe_out);
+    moe_residual(m, out, w->wgate ? out : a->xmid);
 }
 
 static void embed_forward(struct transformer *m, struct act_slot *s, float *x) {
@@ -455,12 +542,26 @@ double transformer_forward_chunk(struct transformer *m, int slot, int chunk, flo
 
 /* ---- backward: m->d_resid holds dL/d(layer output) on entry, dL/d(layer input) on exit ---- */
 
+/* Backward of swiglu_block_forward from the residual gradient: returns the
+ * gradient of ln2's rows (reduced over TP). */
+static float *swiglu_block_backward(struct transformer *m, struct layer_acts *a, const struct layer_weights *w,
+                                    struct layer_weights *dw, int F) {
+    const struct backend *be = m->be;
+    int N = m->N, C = m->C;
+    if (m->recompute == RECOMPUTE_SELECTIVE) be->swiglu_forward(a->h, a->gate, a->up, (size_t)N * F);
+    be->matmul_backward(m->d_h, dw->wdown, grad_full_rows(m), a->h, w->wdown, N, F, C, 0);
+    be->swiglu_backward(m->d_gate, m->d_up, m->d_h, a->gate, a->up, (size_t)N * F);
+    be->matmul_backward(m->d_ln_full, dw->wgate, m->d_gate, a->ln2, w->wgate, N, C, F, 0);
+    be->matmul_backward(m->d_ln_full, dw->wup, m->d_up, a->ln2, w->wup, N, C, F, 1);
+    return reduce_rows(m, m->d_ln_full, m->d_ln);
+}
+
 static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     const struct backend *be = m->be;
     const struct layer_weights *w = &m->layers[l];
     struct layer_weights *dw = &m->dlayers[l];
     struct layer_acts *a = acts_of(m, s, l);
-    int N = m->N, Ns = m->Ns, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, F = m->Fl;
+    int N = m->N, Ns = m->Ns, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, OD = m->Hl * m->Dv, F = m->Fl;
     int selective = m->recompute == RECOMPUTE_SELECTIVE;
     if (m->recompute == RECOMPUTE_FULL) { /* run the layer again from its kept input (statistics already counted) */
         int collect = m->moe_collect;
@@ -471,28 +572,38 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     float *d_ln;
     if (w->moe) { /* this rank's tokens' rows of the residual gradient; the input gradient of all rows */
         int own_rows = m->sp || m->tp == 1;
+        float *d_shared = w->wgate ? swiglu_block_backward(m, a, w, dw, m->Fs) : NULL;
         moe_backward(m, a, l, own_rows ? m->d_resid : m->d_resid + (size_t)m->moe_r0 * C, m->d_moe_in);
-        d_ln = m->d_moe_in;
-        if (!own_rows) comm_all_gather(m->tp_comm, m->d_moe_in, d_ln = m->d_ln_full, (size_t)m->moe_n * C);
-    } else { /* MLP branch */
-        if (selective) be->swiglu_forward(a->h, a->gate, a->up, (size_t)N * F);
-        be->matmul_backward(m->d_h, dw->wdown, grad_full_rows(m), a->h, w->wdown, N, F, C, 0);
-        be->swiglu_backward(m->d_gate, m->d_up, m->d_h, a->gate, a->up, (size_t)N * F);
-        be->matmul_backward(m->d_ln_full, dw->wgate, m->d_gate, a->ln2, w->wgate, N, C, F, 0);
-        be->matmul_backward(m->d_ln_full, dw->wup, m->d_up, a->ln2, w->wup, N, C, F, 1);
-        d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
+        if (d_shared && own_rows) { /* both on this rank's residual rows */
+            be->add(d_shared, m->d_moe_in, (size_t)m->moe_n * C);
+            d_ln = d_shared;
+        } else if (d_shared) { /* d_shared is all N rows (d_ln_full): add every rank's routed part */
+            comm_all_gather(m->tp_comm, m->d_moe_in, m->tmp_full, (size_t)m->moe_n * C);
+            be->add(d_shared, m->tmp_full, (size_t)N * C);
+            d_ln = d_shared;
+        } else {
+            d_ln = m->d_moe_in;
+            if (!own_rows) comm_all_gather(m->tp_comm, m->d_moe_in, d_ln = m->d_ln_full, (size_t)m->moe_n * C);
+        }
+    } else {
+        d_ln = swiglu_block_backward(m, a, w, dw, F);
     }
     be->rmsnorm_backward(m->d_resid, dw->ln2_w, d_ln, a->xmid, w->ln2_w, a->rstd2, Ns, C, 1);
     /* attention branch */
-    if (selective) be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D);
-    be->matmul_backward(m->d_attn, dw->wo, grad_full_rows(m), a->attn_out, w->wo, N, QD, C, 0);
+    if (selective)
+        be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D, m->Dv);
+    be->matmul_backward(m->d_attn, dw->wo, grad_full_rows(m), a->attn_out, w->wo, N, OD, C, 0);
     be->attention_backward(m->d_q, m->d_k, m->d_v, m->d_attn, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl,
-                           m->D);
-    be->rope(m->d_q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 1);
-    be->rope(m->d_k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 1);
-    be->matmul_backward(m->d_ln_full, dw->wq, m->d_q, a->ln1, w->wq, N, C, QD, 0);
-    be->matmul_backward(m->d_ln_full, dw->wk, m->d_k, a->ln1, w->wk, N, C, KD, 1);
-    be->matmul_backward(m->d_ln_full, dw->wv, m->d_v, a->ln1, w->wv, N, C, KD, 1);
+                           m->D, m->Dv);
+    if (m->mla) {
+        mla_backward(m, a, l);
+    } else {
+        be->rope(m->d_q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 1);
+        be->rope(m->d_k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 1);
+        be->matmul_backward(m->d_ln_full, dw->wq, m->d_q, a->ln1, w->wq, N, C, QD, 0);
+        be->matmul_backward(m->d_ln_full, dw->wk, m->d_k, a->ln1, w->wk, N, C, KD, 1);
+        be->matmul_backward(m->d_ln_full, dw->wv, m->d_v, a->ln1, w->wv, N, C, KD, 1);
+    }
     d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
     be->rmsnorm_backward(m->d_resid, dw->ln1_w, d_ln, a->x, w->ln1_w, a->rstd1, Ns, C, 1);
 }

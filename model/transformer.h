@@ -16,9 +16,14 @@
 #include "parallel/comm.h"
 
 struct layer_weights {
-    float *ln1_w, *wq, *wk, *wv, *wo, *ln2_w, *wgate, *wup, *wdown; /* wgate.. NULL in a MoE layer */
+    float *ln1_w, *wq, *wk, *wv, *wo, *ln2_w;
+    float *wgate, *wup, *wdown;  /* the dense SwiGLU; in a MoE layer the shared experts (NULL without) */
+    /* MLA (model/mla.h): wq is q_proj when q_lora_rank is 0; wkv_a holds the
+     * latent rows [KR, C] then the rotary key rows [DR, C] */
+    float *wq_a, *q_a_ln, *wq_b, *wkv_a, *kv_a_ln, *wkv_b;
     int moe;                     /* the FFN is a mixture of experts (model/moe.h) */
     float *router;               /* [E, C] */
+    float *bias;                 /* [E] expert bias of sigmoid routing (PARAM_STATE), NULL without */
     float **experts;             /* [3 * El]: w1 [Fm, C], w2 [C, Fm], w3 [Fm, C] of each local expert */
 };
 
@@ -36,12 +41,14 @@ struct moe_plan {
 struct layer_acts {
     float *x;            /* layer input (residual stream) [Ns, C] */
     float *ln1, *rstd1;  /* [N, C], [Ns] */
-    float *q, *k, *v;    /* [N, Hl*D], [N, KVl*D] after RoPE */
+    float *q, *k, *v;    /* [N, Hl*D], [N, KVl*D], [N, KVl*Dv] after RoPE */
+    float *qa, *qan, *rstdq;   /* MLA query latent [N, QR] before/after its norm, [N] */
+    float *ckv, *kvn, *rstdkv; /* MLA key/value latent [N, KR] before/after its norm, [N] */
     float *att;          /* [B, Hl, T, T] probabilities */
-    float *attn_out;     /* [N, Hl*D] */
+    float *attn_out;     /* [N, Hl*Dv] */
     float *xmid;         /* residual after attention [Ns, C] */
     float *ln2, *rstd2;  /* [N, C], [Ns] */
-    float *gate, *up, *h;/* [N, Fl] */
+    float *gate, *up, *h;/* [N, Fl] (MoE layers: the shared experts, [N, Fs]) */
     /* MoE layers: n = N/tp routed tokens, R = rows the local experts may receive */
     float *logits, *probs, *lse, *topw;   /* [n,E], [n,E], [n], [n,k] */
     int32_t *topi, *pos, *send_rows;      /* [n,k] experts, [n,k] row in the send order (-1 dropped), [n*k] token */
@@ -72,10 +79,15 @@ struct transformer {
     struct model_part part;
     int B, T, N, Ns;             /* micro batch shape; Ns rows of the residual stream */
     int C, H, KV, D, F, V, L;    /* global sizes */
+    int Dv, Dr;                  /* value head size, rotary size (GQA: both D) */
+    int mla, QR, KR, DN;         /* MLA (model/mla.h): q and kv latent ranks, the nope part of D */
+    float q_scale;               /* queries x this before attention: YaRN's softmax-scale correction (1 = none) */
     int tp, sp, Hl, KVl, Fl, Vl, vstart; /* tensor-parallel local sizes */
     /* mixture of experts: E experts, top K, expert FFN FM; El local of ep;
      * each TP rank routes tokens [moe_r0, moe_r0 + moe_n) of the micro batch */
     int E, K, FM, El, ep, moe_n, moe_r0, moe_R, n_moe_layers;
+    int Fs;                      /* shared experts' SwiGLU width on this TP rank (0: none) */
+    int sigmoid;                 /* DeepSeek-V3 sigmoid routing (kernels/ops.h moe_route_sigmoid_*) */
     struct comm *ep_comm;        /* expert-parallel group (NULL or size 1: none) */
     float moe_aux_scale, moe_z_scale; /* loss coefficients / (sequences per step * MoE layers) */
     int moe_collect;             /* forward of a training step: accumulate the statistics below */
@@ -105,6 +117,10 @@ struct transformer {
     float *moe_counts;           /* [2E] count exchange */
     void *moe_host;              /* host scratch for the plan (model/moe.c) */
     float *d_attn, *d_q, *d_k, *d_v, *d_gate, *d_up, *d_h;
+    /* MLA scratch: the kv up-projection [N, Hl*(DN+Dv)] and its gradient, the
+     * rotary key [N, Dr] and its gradient, the rotary query part [N*Hl, Dr],
+     * latent gradients [N, KR] x2, [N, QR] x2 */
+    float *mla_kvb, *mla_kpe, *mla_rope, *d_kvb, *d_kpe, *d_kvn, *d_ckv, *d_qan, *d_qa;
     float *arena;
     size_t arena_floats;
     /* called after each layer's backward when last_micro_batch is set, so
@@ -125,6 +141,10 @@ void transformer_init_params(struct transformer *m, uint64_t seed);
 /* Weights of the MoE auxiliary losses' gradients when a step has `sequences`
  * sequences (the losses are means over sequences and MoE layers). */
 void transformer_set_moe_sequences(struct transformer *m, int sequences);
+/* Aux-loss-free balancing after an optimizer step: each local MoE layer's
+ * expert bias moves by bias_update_rate * sign(mean load - load_e), load
+ * [MoE layers][E] being the step's tokens per expert over all ranks. */
+void transformer_update_expert_bias(struct transformer *m, const double *load);
 /* Zero the per-step MoE statistics. */
 void transformer_reset_moe_stats(struct transformer *m);
 /* Bytes of the activation arena transformer_create would allocate for this part
@@ -149,6 +169,10 @@ void transformer_backward_chunk(struct transformer *m, int slot, int chunk, cons
  * Returns the summed token loss. */
 double transformer_step(struct transformer *m, const int32_t *tokens, const int32_t *targets, float dscale);
 
-/* Fill [T, D/2] cos/sin tables, with Llama 3.1 frequency scaling when
- * cfg->rope_scaling_factor > 0 (host memory). */
+/* Fill [T, Dr/2] cos/sin tables (Dr = model_rope_dim), with Llama 3.1 or
+ * YaRN frequency scaling when cfg->rope_scaling_factor > 0 (host memory). */
 void rope_tables(float *cos_out, float *sin_out, const struct model_config *cfg, int T);
+/* YaRN's softmax-scale correction: (0.1 mscale_all_dim ln(factor) + 1)^2, 1 without YaRN. */
+float rope_softmax_scale(const struct model_config *cfg);
+/* NULL, or why this build cannot train the model yet (checked before anything is allocated). */
+const char *transformer_unsupported(const struct model_config *cfg);

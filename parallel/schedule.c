@@ -15,11 +15,17 @@ static struct sched_item nth(int k, enum sched_op op, int pp, int vpp) {
     return (struct sched_item){op, group * pp + within % pp, chunk};
 }
 
+/* Forwards a rank runs before its first backward (then one forward, one
+ * backward in turn; the same number of backwards end the step). */
+static int warmup_forwards(int pp, int vpp, int rank, int m) {
+    int warmup = vpp == 1 ? pp - rank - 1 : (pp - rank - 1) * 2 + (vpp - 1) * pp;
+    return warmup > m * vpp ? m * vpp : warmup;
+}
+
 int schedule_build(struct sched_item *out, int pp, int vpp, int rank, int m) {
     int total = m * vpp, n = 0;
     if (vpp > 1) CHECK(m % pp == 0);
-    int warmup = vpp == 1 ? pp - rank - 1 : (pp - rank - 1) * 2 + (vpp - 1) * pp;
-    if (warmup > total) warmup = total;
+    int warmup = warmup_forwards(pp, vpp, rank, m);
     int f = 0, b = 0;
     while (f < warmup) out[n++] = nth(f++, SCHED_FORWARD, pp, vpp);
     while (f < total) {
@@ -58,6 +64,27 @@ void schedule_print(FILE *out, int pp, int vpp, int m) {
         for (int i = 0; i < n; i++) fprintf(out, " %c%d.%d", s[i].op == SCHED_FORWARD ? 'F' : 'B', s[i].mb, s[i].chunk);
         fprintf(out, "\n");
     }
+    free(s);
+}
+
+void schedule_print_summary(FILE *out, int pp, int vpp, int m) {
+    struct sched_item *s = xmalloc(sizeof *s * 2 * m * vpp);
+    int total = m * vpp;
+    for (int r = 0; r < pp; r++) {
+        int warmup = warmup_forwards(pp, vpp, r, m);
+        int in_flight = schedule_max_in_flight(s, schedule_build(s, pp, vpp, r, m), vpp);
+        char what[64];
+        if (vpp > 1) snprintf(what, sizeof what, "%d micro batches x %d chunks", m, vpp);
+        else snprintf(what, sizeof what, "%d micro batches", m);
+        fprintf(out, "  stage %d: %s: warm-up %d forwards, steady %d forward+backward pairs, cool-down %d backwards; "
+                "up to %d micro batches in flight\n", r, what, warmup, total - warmup, warmup, in_flight);
+    }
+    double bubble = 0;
+    if (schedule_simulate(pp, vpp, m, 2.0, &bubble) == 0)
+        fprintf(out, "  bubble fraction %.1f%% (simulated: a backward costs 2 forwards, communication free; ideal "
+                "(pp-1)/(vpp*m+pp-1) = %.1f%%)\n", 100 * bubble, 100.0 * (pp - 1) / ((double)vpp * m + pp - 1));
+    else
+        fprintf(out, "  the schedule deadlocks in simulation (a bug: please report it)\n");
     free(s);
 }
 

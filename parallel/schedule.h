@@ -24,6 +24,9 @@ int schedule_build_forward(struct sched_item *out, int vpp, int m);
 int schedule_max_in_flight(const struct sched_item *s, int n, int vpp);
 /* Print every rank's schedule (for --dry-run), e.g. "rank 0: F0.0 F1.0 B0.0 ...". */
 void schedule_print(FILE *out, int pp, int vpp, int m);
+/* Print one line per pipeline stage (warm-up, steady and cool-down counts,
+ * micro batches in flight) and the simulated bubble fraction. */
+void schedule_print_summary(FILE *out, int pp, int vpp, int m);
 
 /* Run all ranks' schedules with unit-cost forwards and backwards of cost
  * `backward_cost` under the send/receive rules. Returns 0 and the bubble

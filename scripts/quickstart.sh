@@ -7,4 +7,6 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --build-only
 make -j"$(nproc)" mtrain
 [ -f data/tiny/index.mtd ] || ./mtrain data generate --out data/tiny
-./mtrain pretrain recipes/tiny-llama3.yaml "$@"
+# --force: running it again starts a new run; the previous run's metrics move
+# to runs/tiny-llama3/metrics.jsonl.N
+./mtrain pretrain recipes/tiny-llama3.yaml --force "$@"

@@ -30,8 +30,8 @@ static void causal_softmax(float *p, int T) {
 }
 
 void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
-                           int H, int KVH, int D) {
-    int group = H / KVH, ldq = H * D, ldk = KVH * D;
+                           int H, int KVH, int D, int Dv) {
+    int group = H / KVH, ldq = H * D, ldk = KVH * D, ldo = H * Dv, ldv = KVH * Dv;
     float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
@@ -39,12 +39,12 @@ void cpu_attention_forward(float *out, float *att, const float *q, const float *
             int kh = h / group;
             const float *qb = q + (size_t)b * T * ldq + h * D;
             const float *kb = k + (size_t)b * T * ldk + kh * D;
-            const float *vb = v + (size_t)b * T * ldk + kh * D;
+            const float *vb = v + (size_t)b * T * ldv + kh * Dv;
             float *p = att + ((size_t)b * H + h) * T * T;
-            float *ob = out + (size_t)b * T * ldq + h * D;
+            float *ob = out + (size_t)b * T * ldo + h * Dv;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, scale, qb, ldq, kb, ldk, 0.0f, p, T);
             causal_softmax(p, T);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, T, 1.0f, p, T, vb, ldk, 0.0f, ob, ldq);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, Dv, T, 1.0f, p, T, vb, ldv, 0.0f, ob, ldo);
         }
 }
 
@@ -53,8 +53,8 @@ void cpu_attention_forward(float *out, float *att, const float *q, const float *
  * thread owns the dk/dv rows it accumulates into: no atomics, and a fixed
  * summation order. */
 void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
-                            const float *k, const float *v, int B, int T, int H, int KVH, int D) {
-    int group = H / KVH, ldq = H * D, ldk = KVH * D;
+                            const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv) {
+    int group = H / KVH, ldq = H * D, ldk = KVH * D, ldo = H * Dv, ldv = KVH * Dv;
     float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel
     {
@@ -63,15 +63,15 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int kh = 0; kh < KVH; kh++) {
-                const float *kb = k + (size_t)b * T * ldk + kh * D, *vb = v + (size_t)b * T * ldk + kh * D;
-                float *dkb = dk + (size_t)b * T * ldk + kh * D, *dvb = dv + (size_t)b * T * ldk + kh * D;
+                const float *kb = k + (size_t)b * T * ldk + kh * D, *vb = v + (size_t)b * T * ldv + kh * Dv;
+                float *dkb = dk + (size_t)b * T * ldk + kh * D, *dvb = dv + (size_t)b * T * ldv + kh * Dv;
                 for (int h = kh * group; h < (kh + 1) * group; h++) {
                     const float *p = att + ((size_t)b * H + h) * T * T;
-                    const float *dob = dout + (size_t)b * T * ldq + h * D, *qb = q + (size_t)b * T * ldq + h * D;
+                    const float *dob = dout + (size_t)b * T * ldo + h * Dv, *qb = q + (size_t)b * T * ldq + h * D;
                     float *dqb = dq + (size_t)b * T * ldq + h * D;
                     float beta = h == kh * group ? 0.0f : 1.0f; /* first head of the group overwrites */
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, D, T, 1.0f, p, T, dob, ldq, beta, dvb, ldk);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, 1.0f, dob, ldq, vb, ldk, 0.0f, ds, T);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, Dv, T, 1.0f, p, T, dob, ldo, beta, dvb, ldv);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, Dv, 1.0f, dob, ldo, vb, ldv, 0.0f, ds, T);
                     for (int t = 0; t < T; t++) {
                         const float *pr = p + (size_t)t * T;
                         float *dr = ds + (size_t)t * T;

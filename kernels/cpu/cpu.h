@@ -17,10 +17,13 @@ void cpu_matmul_forward(float *out, const float *x, const float *w, int N, int K
 void cpu_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
                          int M, int accumulate_dx);
 void cpu_rope(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse);
+void cpu_copy_cols(float *dst, int ldd, const float *src, int lds, int rows, int cols, int accumulate);
 void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
-                           int H, int KVH, int D);
+                           int H, int KVH, int D, int Dv);
 void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
-                            const float *k, const float *v, int B, int T, int H, int KVH, int D);
+                            const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv);
+void cpu_attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,
+                          int D);
 void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
 void cpu_cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale);
@@ -38,6 +41,10 @@ void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, fl
 void cpu_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E, int k);
 void cpu_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
                             const float *w, const float *aux_coef, float z_scale, int n, int E, int k);
+void cpu_moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const float *logits, const float *bias, int n,
+                                   int E, int k, int n_group, int topk_group, float scaling);
+void cpu_moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
+                                    const float *w, const float *aux_coef, int n, int E, int k, float scaling);
 void cpu_gather_rows(float *out, const float *x, const int32_t *rows, int n, int C);
 void cpu_moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
                      int accumulate);

@@ -158,3 +158,15 @@ void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, fl
         param[i] = param[i] * decay - step_size * m[i] / denom;
     }
 }
+
+void cpu_copy_cols(float *dst, int ldd, const float *src, int lds, int rows, int cols, int accumulate) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float *d = dst + (size_t)r * ldd;
+        const float *s = src + (size_t)r * lds;
+        if (accumulate)
+            for (int c = 0; c < cols; c++) d[c] += s[c];
+        else
+            memcpy(d, s, sizeof(float) * cols);
+    }
+}

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/moe_sigmoid_route.h"
 
 void cpu_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E,
                            int k) {
@@ -95,4 +96,21 @@ void cpu_moe_combine_backward(float *dy, float *dw, const float *dout, const flo
             dw[(size_t)t * k + j] = (float)acc;
         }
     }
+}
+
+void cpu_moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const float *logits, const float *bias, int n,
+                                   int E, int k, int n_group, int topk_group, float scaling) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < n; t++)
+        route_sigmoid_token(scores + (size_t)t * E, idx + (size_t)t * k, w + (size_t)t * k, logits + (size_t)t * E, bias,
+                            E, k, n_group, topk_group, scaling);
+}
+
+void cpu_moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
+                                    const float *w, const float *aux_coef, int n, int E, int k, float scaling) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < n; t++)
+        route_sigmoid_token_backward(dlogits + (size_t)t * E, dw + (size_t)t * k, scores + (size_t)t * E,
+                                     idx + (size_t)t * k, w + (size_t)t * k, aux_coef ? aux_coef + (size_t)t * E : NULL,
+                                     E, k, scaling);
 }

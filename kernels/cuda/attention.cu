@@ -110,9 +110,10 @@ struct chunk {
     int first, n, T, H, group, D;
 };
 
+/* width: the head size of the tensor (D for q/k, Dv for v and the output) */
 static const float **fill(const float **out, const float *base, enum ptr_kind kind, long long block,
-                          const struct chunk *c) {
-    fill_ptrs_k<<<(c->n + 127) / 128, 128>>>(out, base, kind, block, c->first, c->n, c->T, c->H, c->group, c->D);
+                          const struct chunk *c, int width) {
+    fill_ptrs_k<<<(c->n + 127) / 128, 128>>>(out, base, kind, block, c->first, c->n, c->T, c->H, c->group, width);
     LAUNCH_CHECK();
     return out;
 }
@@ -131,8 +132,8 @@ static int chunk_pairs(int B, int H, int group, int T, int blocks) {
 size_t cuda_attention_state_floats(int B, int H, int T) { return (size_t)B * H * T; }
 
 void cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
-                            int H, int KVH, int D) {
-    int group = H / KVH, ldq = H * D, ldk = KVH * D, total = B * H;
+                            int H, int KVH, int D, int Dv) {
+    int group = H / KVH, ldq = H * D, ldk = KVH * D, ldo = H * Dv, ldv = KVH * Dv, total = B * H;
     float scale = 1.0f / sqrtf((float)D);
     int per = chunk_pairs(B, H, group, T, 1);
     long long tt = (long long)T * T;
@@ -140,13 +141,13 @@ void cuda_attention_forward(float *out, float *lse, const float *q, const float 
     const float **arr = ptr_arrays(5, per);
     for (int first = 0; first < total; first += per) {
         struct chunk c = {first, total - first < per ? total - first : per, T, H, group, D};
-        const float **Q = fill(arr, q, QUERY_ROWS, 0, &c), **K = fill(arr + per, k, KV_ROWS, 0, &c);
-        const float **V = fill(arr + 2 * per, v, KV_ROWS, 0, &c), **S = fill(arr + 3 * per, s, PAIR_BLOCK, tt, &c);
-        const float **O = fill(arr + 4 * per, out, QUERY_ROWS, 0, &c);
+        const float **Q = fill(arr, q, QUERY_ROWS, 0, &c, D), **K = fill(arr + per, k, KV_ROWS, 0, &c, D);
+        const float **V = fill(arr + 2 * per, v, KV_ROWS, 0, &c, Dv), **S = fill(arr + 3 * per, s, PAIR_BLOCK, tt, &c, D);
+        const float **O = fill(arr + 4 * per, out, QUERY_ROWS, 0, &c, Dv);
         gemm_ptrs(0, 1, T, T, D, scale, Q, ldq, K, ldk, (float **)S, T, c.n);
         causal_softmax_k<<<dim3(T, c.n), THREADS>>>(s, lse + (size_t)first * T, T);
         LAUNCH_CHECK();
-        gemm_ptrs(0, 0, T, D, T, 1.0f, S, T, V, ldk, (float **)O, ldq, c.n);
+        gemm_ptrs(0, 0, T, Dv, T, 1.0f, S, T, V, ldv, (float **)O, ldo, c.n);
     }
 }
 
@@ -154,35 +155,35 @@ void cuda_attention_forward(float *out, float *lse, const float *q, const float 
  * dS = softmax backward; dQ = dS K; dK_h = dS^T Q; then dk, dv = the sums of
  * dK_h, dV_h over each kv head's group. */
 void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *lse, const float *q,
-                             const float *k, const float *v, int B, int T, int H, int KVH, int D) {
-    int group = H / KVH, ldq = H * D, ldk = KVH * D, total = B * H;
+                             const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv) {
+    int group = H / KVH, ldq = H * D, ldk = KVH * D, ldo = H * Dv, ldv = KVH * Dv, total = B * H;
     float scale = 1.0f / sqrtf((float)D);
     int per = chunk_pairs(B, H, group, T, 2);
-    long long tt = (long long)T * T, td = (long long)T * D;
-    float *p = (float *)cuda_scratch(SCRATCH_WORK, sizeof(float) * (size_t)per * (2 * tt + 2 * td));
+    long long tt = (long long)T * T, td = (long long)T * D, tdv = (long long)T * Dv;
+    float *p = (float *)cuda_scratch(SCRATCH_WORK, sizeof(float) * (size_t)per * (2 * tt + td + tdv));
     float *ds = p + per * tt, *dkh = ds + per * tt, *dvh = dkh + per * td;
     const float **arr = ptr_arrays(9, per);
     for (int first = 0; first < total; first += per) {
         struct chunk c = {first, total - first < per ? total - first : per, T, H, group, D};
-        const float **Q = fill(arr, q, QUERY_ROWS, 0, &c), **K = fill(arr + per, k, KV_ROWS, 0, &c);
-        const float **V = fill(arr + 2 * per, v, KV_ROWS, 0, &c), **dO = fill(arr + 3 * per, dout, QUERY_ROWS, 0, &c);
-        const float **dQ = fill(arr + 4 * per, dq, QUERY_ROWS, 0, &c), **P = fill(arr + 5 * per, p, PAIR_BLOCK, tt, &c);
-        const float **dS = fill(arr + 6 * per, ds, PAIR_BLOCK, tt, &c);
-        const float **dKh = fill(arr + 7 * per, dkh, PAIR_BLOCK, td, &c);
-        const float **dVh = fill(arr + 8 * per, dvh, PAIR_BLOCK, td, &c);
+        const float **Q = fill(arr, q, QUERY_ROWS, 0, &c, D), **K = fill(arr + per, k, KV_ROWS, 0, &c, D);
+        const float **V = fill(arr + 2 * per, v, KV_ROWS, 0, &c, Dv), **dO = fill(arr + 3 * per, dout, QUERY_ROWS, 0, &c, Dv);
+        const float **dQ = fill(arr + 4 * per, dq, QUERY_ROWS, 0, &c, D), **P = fill(arr + 5 * per, p, PAIR_BLOCK, tt, &c, D);
+        const float **dS = fill(arr + 6 * per, ds, PAIR_BLOCK, tt, &c, D);
+        const float **dKh = fill(arr + 7 * per, dkh, PAIR_BLOCK, td, &c, D);
+        const float **dVh = fill(arr + 8 * per, dvh, PAIR_BLOCK, tdv, &c, Dv);
         gemm_ptrs(0, 1, T, T, D, scale, Q, ldq, K, ldk, (float **)P, T, c.n);
         probs_from_lse_k<<<dim3(T, c.n), THREADS>>>(p, lse + (size_t)first * T, T);
         LAUNCH_CHECK();
-        gemm_ptrs(0, 1, T, T, D, 1.0f, dO, ldq, V, ldk, (float **)dS, T, c.n);
-        gemm_ptrs(1, 0, T, D, T, 1.0f, P, T, dO, ldq, (float **)dVh, D, c.n);
+        gemm_ptrs(0, 1, T, T, Dv, 1.0f, dO, ldo, V, ldv, (float **)dS, T, c.n);
+        gemm_ptrs(1, 0, T, Dv, T, 1.0f, P, T, dO, ldo, (float **)dVh, Dv, c.n);
         softmax_backward_k<<<dim3(T, c.n), THREADS>>>(ds, p, T, scale);
         LAUNCH_CHECK();
         gemm_ptrs(0, 0, T, D, T, 1.0f, dS, T, K, ldk, (float **)dQ, ldq, c.n);
         gemm_ptrs(1, 0, T, D, T, 1.0f, dS, T, Q, ldq, (float **)dKh, D, c.n);
-        size_t units = (size_t)(c.n / group) * td;
+        size_t units = (size_t)(c.n / group) * td, vunits = (size_t)(c.n / group) * tdv;
         sum_group_k<<<blocks_for(units, THREADS), THREADS>>>(dk, dkh, first, c.n, T, H, group, D);
         LAUNCH_CHECK();
-        sum_group_k<<<blocks_for(units, THREADS), THREADS>>>(dv, dvh, first, c.n, T, H, group, D);
+        sum_group_k<<<blocks_for(vunits, THREADS), THREADS>>>(dv, dvh, first, c.n, T, H, group, Dv);
         LAUNCH_CHECK();
     }
 }

@@ -48,16 +48,23 @@ void cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *
 void cuda_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
                            int N, int C, int accumulate);
 void cuda_rope(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse);
+void cuda_copy_cols(float *dst, int ldd, const float *src, int lds, int rows, int cols, int accumulate);
 void cuda_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
-                            int H, int KVH, int D);
+                            int H, int KVH, int D, int Dv);
 size_t cuda_attention_state_floats(int B, int H, int T);
 void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
-                             const float *k, const float *v, int B, int T, int H, int KVH, int D);
+                             const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv);
+void cuda_attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,
+                           int D);
 void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
 void cuda_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E, int k);
 void cuda_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
                              const float *w, const float *aux_coef, float z_scale, int n, int E, int k);
+void cuda_moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const float *logits, const float *bias, int n,
+                                    int E, int k, int n_group, int topk_group, float scaling);
+void cuda_moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
+                                     const float *w, const float *aux_coef, int n, int E, int k, float scaling);
 void cuda_gather_rows(float *out, const float *x, const int32_t *rows, int n, int C);
 void cuda_moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
                       int accumulate);

@@ -217,3 +217,19 @@ void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, f
                                                  bc2_sqrt, grad_scale);
     LAUNCH_CHECK();
 }
+
+__global__ void copy_cols_k(float *dst, int ldd, const float *src, int lds, int rows, int cols, int accumulate) {
+    size_t n = (size_t)rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / cols, c = i % cols;
+        float v = src[r * lds + c];
+        dst[r * ldd + c] = accumulate ? dst[r * ldd + c] + v : v;
+    }
+}
+
+void cuda_copy_cols(float *dst, int ldd, const float *src, int lds, int rows, int cols, int accumulate) {
+    size_t n = (size_t)rows * cols;
+    if (!n) return;
+    copy_cols_k<<<blocks_for(n, 256), 256>>>(dst, ldd, src, lds, rows, cols, accumulate);
+    LAUNCH_CHECK();
+}

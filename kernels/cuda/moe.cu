@@ -3,6 +3,7 @@
 // thread per output element for the row moves; every output has one writer,
 // so results repeat bitwise. Simple first: speed comes with grouped GEMMs.
 #include "kernels/cuda/cuda.h"
+#include "kernels/moe_sigmoid_route.h"
 
 static const unsigned THREADS = 256;
 
@@ -50,6 +51,23 @@ __global__ void route_backward_k(float *dlogits, const float *dw, const float *p
     for (int e = 0; e < E; e++) pg += p[e] * g[e];
     float z = z_scale * 2.0f * lse[t];
     for (int e = 0; e < E; e++) g[e] = p[e] * (g[e] - pg) + z * p[e];
+}
+
+__global__ void route_sigmoid_forward_k(float *scores, int32_t *idx, float *w, const float *logits, const float *bias,
+                                        int n, int E, int k, int n_group, int topk_group, float scaling) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    route_sigmoid_token(scores + (size_t)t * E, idx + (size_t)t * k, w + (size_t)t * k, logits + (size_t)t * E, bias, E,
+                        k, n_group, topk_group, scaling);
+}
+
+__global__ void route_sigmoid_backward_k(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
+                                         const float *w, const float *aux_coef, int n, int E, int k, float scaling) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    route_sigmoid_token_backward(dlogits + (size_t)t * E, dw + (size_t)t * k, scores + (size_t)t * E,
+                                 idx + (size_t)t * k, w + (size_t)t * k, aux_coef ? aux_coef + (size_t)t * E : NULL, E,
+                                 k, scaling);
 }
 
 __global__ void gather_rows_k(float *out, const float *x, const int32_t *rows, int n, int C) {
@@ -104,6 +122,22 @@ void cuda_moe_route_backward(float *dlogits, const float *dw, const float *probs
     if (!n) return;
     route_backward_k<<<(n + THREADS - 1) / THREADS, THREADS>>>(dlogits, dw, probs, lse, idx, w, aux_coef, z_scale, n,
                                                                E, k);
+    LAUNCH_CHECK();
+}
+
+void cuda_moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const float *logits, const float *bias, int n,
+                                    int E, int k, int n_group, int topk_group, float scaling) {
+    if (!n) return;
+    route_sigmoid_forward_k<<<(n + THREADS - 1) / THREADS, THREADS>>>(scores, idx, w, logits, bias, n, E, k, n_group,
+                                                                      topk_group, scaling);
+    LAUNCH_CHECK();
+}
+
+void cuda_moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
+                                     const float *w, const float *aux_coef, int n, int E, int k, float scaling) {
+    if (!n) return;
+    route_sigmoid_backward_k<<<(n + THREADS - 1) / THREADS, THREADS>>>(dlogits, dw, scores, idx, w, aux_coef, n, E, k,
+                                                                       scaling);
     LAUNCH_CHECK();
 }
 

@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/rel}
+mkdir -p build/bench
 THREADS=${THREADS:-$(nproc)}
 STEPS=${STEPS:-3}
 SHAPE="12 768 12 4 2048 32768 4 256 $STEPS"

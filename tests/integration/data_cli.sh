@@ -68,6 +68,13 @@ expect_output data_inspect_shards "shards: +[0-9]+"
 expect_output data_inspect_frames "frames: +[0-9]+"
 expect_output data_inspect_ratio "ratio [0-9.]+x"
 expect_output data_inspect_first_tokens "first 64 tokens: 84 104 101 32 99 97 116 "
+expect_output data_inspect_format_version "format version 2"
+expect_output data_inspect_tokenizer_record "tokenizer: +bytes$"
+expect_output data_inspect_tokenizer_ids "ids: +vocab 257, bos none eos 256 eod 256"
+# a build that finds no document at all is an error naming the input
+expect_exit data_build_empty_input 1 "$MTRAIN" data build --tokenizer bytes --out "$D/none" "$D/empty.txt"
+expect_output data_build_empty_input_message "$D/empty.txt: no documents"
+if [ -e "$D/none" ]; then fail data_build_empty_input_no_output "$D/none was created"; else pass data_build_empty_input_no_output; fi
 expect_exit data_verify_good 0 "$MTRAIN" data verify "$D/ds"
 expect_output data_verify_good_text "ok, [0-9]+ frames"
 

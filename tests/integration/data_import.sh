@@ -69,6 +69,8 @@ done
 expect_exit import_verify 0 "$MTRAIN" data verify "$D/ds_int32"
 expect_exit import_vocab_option 0 "$MTRAIN" data import "$D/uint16" --vocab-size 32000 --eod 0 --out "$D/v"
 expect_exit import_vocab_inspect 0 "$MTRAIN" data inspect "$D/v"
+expect_output import_records_unknown_tokenizer "tokenizer: +unknown \(megatron:$D/uint16\)"
+expect_output import_records_vocab_eod "ids: +vocab 32000, bos none eos 0 eod 0"
 expect_output import_vocab_recorded "vocab 32000, eod 0"
 expect_exit import_vocab_too_small 1 "$MTRAIN" data import "$D/uint16" --vocab-size 100 --out "$D/small"
 expect_output import_vocab_too_small_message "uint16.bin: document 0: token [0-9]+ is outside --vocab-size 100"

@@ -24,6 +24,6 @@ printf 'data:\n  path: a\n  blend: [{path: b, weight: 1}]\n' >bad.yaml
 expect_exit blend_and_path 2 "$MTRAIN" pretrain bad.yaml --dry-run
 expect_output blend_and_path_message "data.blend.*not both"
 printf 'data:\n  blend: [{path: nowhere, weight: 1}]\n' >bad.yaml
-expect_exit blend_missing_dir 2 "$MTRAIN" pretrain bad.yaml --dry-run
+expect_exit blend_missing_dir 2 "$MTRAIN" pretrain bad.yaml # a training run: the dry run does not open the data
 expect_output blend_missing_dir_message "entry 0: dataset directory 'nowhere' does not exist"
 exit $FAILED

@@ -34,7 +34,7 @@ for spec in "dense tp2_pp2 4 parallel.tp=2 parallel.pp=2" "moe ep2_dp2 4 paralle
     model=$1 name=$2 np=$3; shift 3
     sets=()
     for kv in "$@"; do sets+=(--set "$kv"); done
-    "$MTRAIN" pretrain $model.yaml --set log.dir=$model-one >/dev/null 2>&1 || fail final_${model}_one "exit $?"
+    "$MTRAIN" pretrain $model.yaml --set log.dir=$model-one --force >/dev/null 2>&1 || fail final_${model}_one "exit $?"
     run_np $np pretrain $model.yaml "${sets[@]}" --set log.dir=$model-$name >"$TMP/out" 2>&1 ||
         { fail final_${model}_${name}_runs "exit $?: $(tail -2 "$TMP/out")"; continue; }
     same final_${model}_${name}_weights $model-$name/model.safetensors $model-one/model.safetensors

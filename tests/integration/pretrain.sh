@@ -24,11 +24,11 @@ else fail pretrain_metrics_jsonl "$(head -3 $m)"; fi
 
 # same recipe and seed -> bitwise the same losses
 cp $m first.jsonl
-"$MTRAIN" pretrain recipe.yaml >/dev/null 2>&1
+"$MTRAIN" pretrain recipe.yaml --force >/dev/null 2>&1
 if [ -n "$(losses first.jsonl)" ] && [ "$(losses first.jsonl)" = "$(losses $m)" ]; then pass pretrain_deterministic
 else fail pretrain_deterministic "loss sequences differ"; fi
 # ... and a different seed gives a different run
-"$MTRAIN" pretrain recipe.yaml --set train.seed=8 >/dev/null 2>&1
+"$MTRAIN" pretrain recipe.yaml --set train.seed=8 --force >/dev/null 2>&1
 [ "$(losses first.jsonl)" != "$(losses $m)" ] && pass pretrain_seed_matters || fail pretrain_seed_matters "same losses"
 
 # gradient accumulation: 8 sequences as 1x8 or 4x2 give the same step losses (fp32 tolerance)
@@ -87,13 +87,13 @@ PYEOF
 
 # corrupt data: exit 1 with the file named
 cp -r data bad1 && truncate -s -100 bad1/shard-00000.zst
-expect_exit pretrain_truncated_shard 1 "$MTRAIN" pretrain recipe.yaml --set data.path=bad1
+expect_exit pretrain_truncated_shard 1 "$MTRAIN" pretrain recipe.yaml --set data.path=bad1 --set log.dir=bad1_run
 expect_output pretrain_truncated_shard_names_file 'bad1/shard-00000.zst'
 cp -r data bad2
 printf '\xff' | dd of=bad2/shard-00000.zst bs=1 seek=2000 conv=notrunc status=none
-expect_exit pretrain_flipped_byte 1 "$MTRAIN" pretrain recipe.yaml --set data.path=bad2
+expect_exit pretrain_flipped_byte 1 "$MTRAIN" pretrain recipe.yaml --set data.path=bad2 --set log.dir=bad2_run
 expect_output pretrain_flipped_byte_names_frame 'bad2/shard-00000.zst.*frame'
-expect_exit pretrain_vocab_mismatch 1 "$MTRAIN" pretrain recipe.yaml --set model.vocab_size=100
+expect_exit pretrain_vocab_mismatch 1 "$MTRAIN" pretrain recipe.yaml --set model.vocab_size=100 --set log.dir=bad3_run
 expect_output pretrain_vocab_mismatch_message 'vocabulary mismatch'
 
 # CLI contract

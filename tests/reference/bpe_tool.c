@@ -3,7 +3,8 @@
  *   bpe_tool roundtrip SPEC FILE.jsonl        decode(encode(x)) == x for every text,
  *                                             every prefix cut, and random UTF-8/bytes
  *   bpe_tool speed SPEC FILE                  MB/s encoding FILE's bytes on one thread
- * SPEC is what `mtrain data build --tokenizer` takes. */
+ * SPEC is what `mtrain data build --tokenizer` takes; a last argument
+ * --tiktoken-specials=S chooses the tiktoken special-token set. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,7 +76,13 @@ static size_t random_text(uint64_t *s, char *out, int raw) {
 int main(int argc, char **argv) {
     if (argc < 4) die("usage: bpe_tool encode|roundtrip|speed SPEC FILE [match]");
     char err[256];
-    struct tokenizer *t = tokenizer_open(argv[2], NULL, err, sizeof err);
+    struct tokenizer_opts opts = {0};
+    const char *last = argv[argc - 1];
+    if (!strncmp(last, "--tiktoken-specials=", 20)) {
+        opts.tiktoken_specials = last + 20;
+        argc--;
+    }
+    struct tokenizer *t = tokenizer_open(argv[2], &opts, err, sizeof err);
     if (!t) die("%s", err);
     struct tokenizer_state *st = tokenizer_state_create(t);
     int match = argc > 4 && !strcmp(argv[4], "match");

@@ -6,7 +6,11 @@ download), then checks, token for token on held-out text:
   - mtrain (hf:tokenizer.json) == tokenizers' encoder, specials matched;
   - the same with the merges rewritten in the newer ["a", "b"] pair form;
   - a tiktoken rank file made from the same vocabulary == a direct Python
-    implementation of tiktoken's merge rule;
+    implementation of tiktoken's merge rule, with Llama 3.1's 256 special
+    names (the default) and Llama 3.0's (--tiktoken-specials llama3.0), both
+    taken from transformers' DEFAULT_LLAMA_SPECIAL_TOKENS;
+  - \s is Unicode White_Space as in the reference engines: U+180E is not
+    whitespace (PCRE2 alone would class it as \s);
   - decode(encode(x)) == x, and `mtrain data build` gives the same tokens.
 Prints PASS/FAIL lines. Usage: tokenizer_ref.py BPE_TOOL MTRAIN WORKDIR"""
 import base64, json, os, random, struct, subprocess, sys
@@ -61,6 +65,14 @@ held_texts += [
     "unseen: 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ∮ E⋅da = Q, ⠁⠃⠉ ᚠᛇᚻ Ꙭ 龘 𠜎𠜱 \u200b\ufeff",
     "<|end_of_text|><|end_of_text|>x<|begin_of_text|> <|eot_id|>\n",
     "partial <|end_of_tex and <|eot_id| not special", "It's 'S 'LL 'd 'x",
+    # U+180E is not White_Space (PCRE2's \s says it is); the others are
+    "a \u180eb", "a\u180e b", "\u180e\u180e x", "x \u180e\n", "  \u180e  y\u180e", "word\u180eword !\u180e?",
+    "a\u0085b \u2028c\u2029 d\u1680e\u205f f\u202fg\u000bh\u000ci \u200bj\u3000k",
+    "tail spaces\u180e   ", "\u00a0\u180e\u00a0x",
+    # Llama 3.1 names (python_tag, eom_id, ...) and ones only 3.0 has
+    "<|python_tag|>x = 1<|eom_id|><|finetune_right_pad_id|> <|reserved_special_token_2|>",
+    "<|reserved_special_token_247|><|reserved_special_token_250|> <|step_id|> <|reserved_special_token_5|>",
+    "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>",
 ]
 
 tok = Tokenizer(models.BPE())
@@ -85,8 +97,8 @@ with open(held_path, "w") as f:
 expected = [tok.encode(t, add_special_tokens=False).ids for t in held_texts]
 
 
-def mtrain_encode(spec, mode="match"):
-    p = subprocess.run([TOOL, "encode", spec, held_path, mode], capture_output=True, text=True)
+def mtrain_encode(spec, mode="match", *extra):
+    p = subprocess.run([TOOL, "encode", spec, held_path, mode, *extra], capture_output=True, text=True)
     if p.returncode:
         return None, p.stderr.strip()[:300]
     return [[int(x) for x in line.split()] for line in p.stdout.split("\n")[:-1]], ""
@@ -126,8 +138,8 @@ compare("tokenizer_hf_ignore_merges", got, err,
 
 # specials as plain text when not matched
 got, err = mtrain_encode("hf:" + tj, "text")
-specials_as_text = got is not None and got[-3] != expected[-3] and all(
-    x not in (0, 1, 2) for x in got[-3])
+k = held_texts.index("<|end_of_text|><|end_of_text|>x<|begin_of_text|> <|eot_id|>\n")
+specials_as_text = got is not None and got[k] != expected[k] and all(x not in (0, 1, 2) for x in got[k])
 result("tokenizer_specials_as_text", specials_as_text, err or "specials were matched in text mode")
 
 # tiktoken: ranks = the trained vocabulary's ids (bytes recovered from the byte alphabet)
@@ -168,12 +180,14 @@ def tiktoken_piece(piece):
 
 # the pieces come from tokenizers' own pre-tokenizer (the same regex)
 pre = pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False)
-llama3_specials = ["<|begin_of_text|>", "<|end_of_text|>"] + ["<|reserved_special_token_%d|>" % i for i in range(4)] + [
-    "<|start_header_id|>", "<|end_header_id|>", "<|reserved_special_token_4|>", "<|eot_id|>"]
-sp_id = {s: len(ranks) + i for i, s in enumerate(llama3_specials)}
+# Llama 3.0 and 3.1's 256 special names, numbered right after the ranks
+from transformers.models.llama.convert_llama_weights_to_hf import DEFAULT_LLAMA_SPECIAL_TOKENS as LLAMA_SPECIALS
+result("tokenizer_llama_specials_reference", all(len(LLAMA_SPECIALS[v]) == 256 for v in ("3", "3.1")),
+       "transformers' lists are not 256 long")
 
 
-def tiktoken_encode(text):
+def tiktoken_encode(text, version="3.1"):
+    sp_id = {s: len(ranks) + i for i, s in enumerate(LLAMA_SPECIALS[version])}
     out, i = [], 0
     import re
     pat = re.compile("|".join(re.escape(s) for s in sorted(sp_id, key=len, reverse=True)))
@@ -189,6 +203,16 @@ def tiktoken_encode(text):
 tk_want = [tiktoken_encode(t) for t in held_texts]
 got, err = mtrain_encode("tiktoken:" + tk_path)
 compare("tokenizer_tiktoken_matches_reference", got, err, tk_want)
+got, err = mtrain_encode("tiktoken:" + tk_path, "match", "--tiktoken-specials=llama3.0")
+compare("tokenizer_tiktoken_llama30_specials", got, err, [tiktoken_encode(t, "3") for t in held_texts])
+# the new cases really exercise both: U+180E pieces and names that differ
+# with U+180E as whitespace, "a \u180eb" would split as "a", " ", "\u180eb"
+pieces = [p for p, _ in pre.pre_tokenize_str("a \u180eb")]
+result("tokenizer_u180e_not_whitespace", pieces == ["a", " \u180e", "b"],
+       "the reference pre-tokenizer does not treat U+180E as White_Space says: %r" % pieces)
+v30 = [tiktoken_encode(t, "3") for t in held_texts]
+result("tokenizer_llama31_names_differ", sum(a != b for a, b in zip(tk_want, v30)) >= 2,
+       "3.0 and 3.1 specials encode the held-out texts the same")
 
 for spec in ("hf:" + tj, "tiktoken:" + tk_path):
     p = subprocess.run([TOOL, "roundtrip", spec, held_path], capture_output=True, text=True)

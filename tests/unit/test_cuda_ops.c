@@ -140,23 +140,24 @@ static void compare_norm(const char *name, const float *d_got, const float *want
 }
 
 /* fp32: forward 2e-5, gradients 5e-5 (see the top); tf32: norm-wise 2e-3 */
-static void test_attention(int B, int T, int H, int KVH, int D, const char *tag, int tf32) {
+static void test_attention(int B, int T, int H, int KVH, int D, int Dv, const char *tag, int tf32) {
     size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * KVH * D, na = cpu->attention_state_floats(B, H, T);
-    float *q = frand(nq), *k = frand(nk), *v = frand(nk), *dout = frand(nq);
-    float *out = malloc(4 * nq), *att = malloc(4 * na), *dq = malloc(4 * nq), *dk = malloc(4 * nk), *dv = malloc(4 * nk);
-    float *dQ = dev(q, 4 * nq), *dK = dev(k, 4 * nk), *dV = dev(v, 4 * nk), *dD = dev(dout, 4 * nq);
+    size_t no = (size_t)B * T * H * Dv, nv = (size_t)B * T * KVH * Dv;
+    float *q = frand(nq), *k = frand(nk), *v = frand(nv), *dout = frand(no);
+    float *out = malloc(4 * no), *att = malloc(4 * na), *dq = malloc(4 * nq), *dk = malloc(4 * nk), *dv = malloc(4 * nv);
+    float *dQ = dev(q, 4 * nq), *dK = dev(k, 4 * nk), *dV = dev(v, 4 * nv), *dD = dev(dout, 4 * no);
     /* the GPU keeps each row's log-sum-exp, not the probabilities: backward checks it */
-    float *dOut = gpu->alloc(4 * nq), *dAtt = gpu->alloc(4 * gpu->attention_state_floats(B, H, T));
-    float *gq = gpu->alloc(4 * nq), *gk = gpu->alloc(4 * nk), *gv = gpu->alloc(4 * nk);
-    cpu->attention_forward(out, att, q, k, v, B, T, H, KVH, D);
-    cpu->attention_backward(dq, dk, dv, dout, att, q, k, v, B, T, H, KVH, D);
+    float *dOut = gpu->alloc(4 * no), *dAtt = gpu->alloc(4 * gpu->attention_state_floats(B, H, T));
+    float *gq = gpu->alloc(4 * nq), *gk = gpu->alloc(4 * nk), *gv = gpu->alloc(4 * nv);
+    cpu->attention_forward(out, att, q, k, v, B, T, H, KVH, D, Dv);
+    cpu->attention_backward(dq, dk, dv, dout, att, q, k, v, B, T, H, KVH, D, Dv);
     cuda_set_tf32(tf32);
-    gpu->attention_forward(dOut, dAtt, dQ, dK, dV, B, T, H, KVH, D);
-    gpu->attention_backward(gq, gk, gv, dD, dAtt, dQ, dK, dV, B, T, H, KVH, D);
+    gpu->attention_forward(dOut, dAtt, dQ, dK, dV, B, T, H, KVH, D, Dv);
+    gpu->attention_backward(gq, gk, gv, dD, dAtt, dQ, dK, dV, B, T, H, KVH, D, Dv);
     cuda_set_tf32(0);
     const float *got[] = {dOut, gq, gk, gv}, *want[] = {out, dq, dk, dv};
     const char *what[] = {"forward", "backward_dq", "backward_dk", "backward_dv"};
-    size_t n[] = {nq, nq, nk, nk};
+    size_t n[] = {no, nq, nk, nv};
     for (int c = 0; c < 4; c++) {
         char name[96];
         snprintf(name, sizeof name, "cuda_attention%s_%s_%s", tf32 ? "_tf32" : "", what[c], tag);
@@ -166,6 +167,33 @@ static void test_attention(int B, int T, int H, int KVH, int D, const char *tag,
     free(q), free(k), free(v), free(dout), free(out), free(att), free(dq), free(dk), free(dv);
     gpu->free(dQ), gpu->free(dK), gpu->free(dV), gpu->free(dD), gpu->free(dOut), gpu->free(dAtt);
     gpu->free(gq), gpu->free(gk), gpu->free(gv);
+}
+
+/* KV-cache attention: the GPU op against the CPU op (n queries at the end of Tk). */
+/* copy_cols: the same block of columns copied, then accumulated, on both backends */
+static void test_copy_cols(int rows, int ld, int cols) {
+    size_t n = (size_t)rows * ld;
+    float *src = frand(n), *dst = frand(n), *want = malloc(4 * n);
+    float *dS = dev(src, 4 * n), *dDst = dev(dst, 4 * n);
+    memcpy(want, dst, 4 * n);
+    cpu->copy_cols(want + 3, ld, src + 1, ld, rows, cols, 0);
+    cpu->copy_cols(want + 3, ld, src + 1, ld, rows, cols, 1);
+    gpu->copy_cols(dDst + 3, ld, dS + 1, ld, rows, cols, 0);
+    gpu->copy_cols(dDst + 3, ld, dS + 1, ld, rows, cols, 1);
+    compare_tol("cuda_copy_cols", dDst, want, n, 0);
+    free(src), free(dst), free(want);
+    gpu->free(dS), gpu->free(dDst);
+}
+
+static void test_attention_decode(int n, int Tk, int H, int KVH, int D, const char *name) {
+    size_t nq = (size_t)n * H * D, nk = (size_t)Tk * KVH * D;
+    float *q = frand(nq), *k = frand(nk), *v = frand(nk), *out = malloc(sizeof(float) * nq);
+    float *dQ = dev(q, 4 * nq), *dK = dev(k, 4 * nk), *dV = dev(v, 4 * nk), *dOut = gpu->alloc(4 * nq);
+    cpu->attention_decode(out, q, k, v, n, Tk, H, KVH, D);
+    gpu->attention_decode(dOut, dQ, dK, dV, n, Tk, H, KVH, D);
+    compare(name, dOut, out, nq);
+    gpu->free(dQ), gpu->free(dK), gpu->free(dV), gpu->free(dOut);
+    free(q), free(k), free(v), free(out);
 }
 
 static void test_swiglu(size_t n) {
@@ -371,13 +399,18 @@ int main(void) {
     test_matmul(300, 520, 130);
     test_rmsnorm(300, 520);
     test_rope(2, 67, 6, 16);
-    test_attention(2, 67, 6, 2, 16, "gqa", 0);
-    test_attention(2, 67, 6, 6, 16, "mha", 0);
-    test_attention(1, 300, 4, 1, 32, "mqa_t300", 0);
-    test_attention(2, 300, 6, 2, 16, "gqa_t300_four_chunks", 0);
-    test_attention(2, 300, 6, 2, 64, "gqa_d64_t300", 1);
-    test_attention(1, 130, 4, 4, 128, "mha_d128_t130", 1);
-    test_attention(2, 67, 4, 1, 16, "mqa_d16_t67", 1);
+    test_attention(2, 67, 6, 2, 16, 16, "gqa", 0);
+    test_attention(2, 67, 6, 6, 16, 16, "mha", 0);
+    test_attention(1, 300, 4, 1, 32, 32, "mqa_t300", 0);
+    test_attention(2, 300, 6, 2, 16, 16, "gqa_t300_four_chunks", 0);
+    test_attention(2, 300, 6, 2, 64, 64, "gqa_d64_t300", 1);
+    test_attention(1, 130, 4, 4, 128, 128, "mha_d128_t130", 1);
+    test_attention(2, 67, 4, 1, 16, 16, "mqa_d16_t67", 1);
+    test_attention(2, 67, 4, 4, 24, 16, "mla_value_dim", 0); /* MLA: qk head 192, v head 128, here 24 / 16 */
+    test_copy_cols(37, 29, 13);
+    test_attention_decode(1, 300, 8, 2, 64, "cuda_attention_decode_one_query");
+    test_attention_decode(37, 37, 4, 1, 128, "cuda_attention_decode_prefill_d128");
+    test_attention_decode(5, 2000, 6, 6, 16, "cuda_attention_decode_chunk_t2000");
     test_swiglu(100003);
     test_cross_entropy(77, 1500);
     test_vocab_parallel_ce(77, 1500);

@@ -50,8 +50,11 @@ static void ref_rope(double *out, const double *x, const float *cs, const float 
                     out[base + i] = x[base + i] * c + rot * s;
                 }
 }
+/* the value head size when it differs from D (MLA); 0: D */
+static int gDv = 0;
 static void ref_attention(double *out, const double *q, const double *k, const double *v, int B, int T, int H,
                           int KVH, int D) {
+    int Dv = gDv ? gDv : D;
     int group = H / KVH;
     double *p = malloc(sizeof(double) * T);
     for (int b = 0; b < B; b++)
@@ -67,10 +70,10 @@ static void ref_attention(double *out, const double *q, const double *k, const d
                     mx = fmax(mx, p[s]);
                 }
                 for (int s = 0; s <= t; s++) sum += (p[s] = exp(p[s] - mx));
-                for (int i = 0; i < D; i++) {
+                for (int i = 0; i < Dv; i++) {
                     double o = 0;
-                    for (int s = 0; s <= t; s++) o += p[s] / sum * v[((b * T + s) * KVH + kh) * D + i];
-                    out[((b * T + t) * H + h) * D + i] = o;
+                    for (int s = 0; s <= t; s++) o += p[s] / sum * v[((b * T + s) * KVH + kh) * Dv + i];
+                    out[((b * T + t) * H + h) * Dv + i] = o;
                 }
             }
     free(p);
@@ -179,24 +182,55 @@ static void test_rope(void) {
 }
 
 static void ref_attn_fn(double *out, double **in) { ref_attention(out, in[0], in[1], in[2], gB, gT, gH, gKVH, gD); }
-static void test_attention(int H, int KVH, const char *fwd_name, const char *bwd_name) {
-    gH = H, gKVH = KVH;
-    int nq = gB * gT * H * gD, nk = gB * gT * KVH * gD;
-    float *q = frand(nq), *k = frand(nk), *v = frand(nk), *R = frand(nq);
-    float *out = calloc(nq, 4), *att = calloc(gB * H * gT * gT, 4);
-    float *dq = calloc(nq, 4), *dk = calloc(nk, 4), *dv = calloc(nk, 4);
-    double *qd = to_double(q, nq), *kd = to_double(k, nk), *vd = to_double(v, nk), *Rd = to_double(R, nq);
-    double *ref = malloc(8 * nq), *in[] = {qd, kd, vd};
-    be->attention_forward(out, att, q, k, v, gB, gT, H, KVH, gD);
+/* copy_cols against a naive loop: a block of columns, copied then accumulated */
+static void test_copy_cols(void) {
+    int rows = 5, lds = 9, ldd = 7, cols = 4;
+    float *src = frand(rows * lds), *dst = frand(rows * ldd);
+    double *want = to_double(dst, rows * ldd);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) want[r * ldd + 2 + c] = src[r * lds + 3 + c];
+    be->copy_cols(dst + 2, ldd, src + 3, lds, rows, cols, 0);
+    check_close("copy_cols", dst, want, rows * ldd, 0);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) want[r * ldd + 2 + c] += src[r * lds + 3 + c];
+    be->copy_cols(dst + 2, ldd, src + 3, lds, rows, cols, 1);
+    check_close("copy_cols_accumulate", dst, want, rows * ldd, 1e-7);
+    free(src), free(dst), free(want);
+}
+
+/* Dv != D: MLA's value heads (128) beside its query/key heads (192) */
+static void test_attention(int H, int KVH, int Dv, const char *fwd_name, const char *bwd_name) {
+    gH = H, gKVH = KVH, gDv = Dv;
+    int nq = gB * gT * H * gD, nk = gB * gT * KVH * gD, no = gB * gT * H * Dv, nv = gB * gT * KVH * Dv;
+    float *q = frand(nq), *k = frand(nk), *v = frand(nv), *R = frand(no);
+    float *out = calloc(no, 4), *att = calloc(gB * H * gT * gT, 4);
+    float *dq = calloc(nq, 4), *dk = calloc(nk, 4), *dv = calloc(nv, 4);
+    double *qd = to_double(q, nq), *kd = to_double(k, nk), *vd = to_double(v, nv), *Rd = to_double(R, no);
+    double *ref = malloc(8 * no), *in[] = {qd, kd, vd};
+    be->attention_forward(out, att, q, k, v, gB, gT, H, KVH, gD, Dv);
     ref_attention(ref, qd, kd, vd, gB, gT, H, KVH, gD);
-    check_close(fwd_name, out, ref, nq, 1e-5);
-    be->attention_backward(dq, dk, dv, R, att, q, k, v, gB, gT, H, KVH, gD);
-    double *gq = fd_grad(ref_attn_fn, in, 0, nq, Rd, nq), *gk = fd_grad(ref_attn_fn, in, 1, nk, Rd, nq);
-    double *gv = fd_grad(ref_attn_fn, in, 2, nk, Rd, nq);
-    double e = fmax(fmax(max_rel_err(dq, gq, nq, 1e-2), max_rel_err(dk, gk, nk, 1e-2)), max_rel_err(dv, gv, nk, 1e-2));
+    check_close(fwd_name, out, ref, no, 1e-5);
+    be->attention_backward(dq, dk, dv, R, att, q, k, v, gB, gT, H, KVH, gD, Dv);
+    double *gq = fd_grad(ref_attn_fn, in, 0, nq, Rd, no), *gk = fd_grad(ref_attn_fn, in, 1, nk, Rd, no);
+    double *gv = fd_grad(ref_attn_fn, in, 2, nv, Rd, no);
+    double e = fmax(fmax(max_rel_err(dq, gq, nq, 1e-2), max_rel_err(dk, gk, nk, 1e-2)), max_rel_err(dv, gv, nv, 1e-2));
     TEST_RESULT(bwd_name, e <= 1e-4, "max rel err %.3g", e);
+    gDv = 0;
     free(q), free(k), free(v), free(R), free(out), free(att), free(dq), free(dk), free(dv);
     free(qd), free(kd), free(vd), free(Rd), free(ref), free(gq), free(gk), free(gv);
+}
+
+/* The last n of Tk causal positions against the cached keys: the same rows
+ * as full causal attention over the whole sequence. */
+static void test_attention_decode(int n, int Tk, int H, int KVH, const char *name) {
+    int D = gD;
+    size_t nq = (size_t)Tk * H * D, nk = (size_t)Tk * KVH * D;
+    float *q = frand(nq), *k = frand(nk), *v = frand(nk), *out = malloc(sizeof(float) * n * H * D);
+    double *qd = to_double(q, nq), *kd = to_double(k, nk), *vd = to_double(v, nk), *ref = malloc(sizeof(double) * nq);
+    ref_attention(ref, qd, kd, vd, 1, Tk, H, KVH, D);
+    be->attention_decode(out, q + (size_t)(Tk - n) * H * D, k, v, n, Tk, H, KVH, D);
+    check_close(name, out, ref + (size_t)(Tk - n) * H * D, (size_t)n * H * D, 1e-5);
+    free(q), free(k), free(v), free(out), free(qd), free(kd), free(vd), free(ref);
 }
 
 static void ref_swiglu_fn(double *out, double **in) {
@@ -445,9 +479,14 @@ int main(void) {
     test_matmul();
     test_rmsnorm();
     test_rope();
-    test_attention(4, 2, "attention_forward_gqa", "attention_backward_gqa");
-    test_attention(4, 4, "attention_forward_mha", "attention_backward_mha");
-    test_attention(4, 1, "attention_forward_mqa", "attention_backward_mqa");
+    test_attention(4, 2, 8, "attention_forward_gqa", "attention_backward_gqa");
+    test_attention(4, 4, 8, "attention_forward_mha", "attention_backward_mha");
+    test_attention(4, 1, 8, "attention_forward_mqa", "attention_backward_mqa");
+    test_attention(4, 4, 6, "attention_forward_value_dim", "attention_backward_value_dim");
+    test_copy_cols();
+    test_attention_decode(1, 9, 4, 2, "attention_decode_one_query_gqa");
+    test_attention_decode(5, 5, 4, 1, "attention_decode_prefill_mqa");
+    test_attention_decode(3, 11, 4, 4, "attention_decode_chunk_mha");
     test_swiglu();
     test_cross_entropy();
     test_embedding();

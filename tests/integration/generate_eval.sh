@@ -1,0 +1,135 @@
+# mtrain generate / eval: sampling is reproducible, top-k 1 is greedy, every
+# kind of model source gives the same tokens and losses (checkpoint step and
+# root, LOG_DIR final weights, Hugging Face export, multi-rank tp 2 and ep 2
+# checkpoints), eval over the valid split equals the training run's eval,
+# long prompts (fed in pieces) match the full forward, and bad input gets a
+# clear message with exit 2 (usage) or 1 (damaged files).
+source "$(dirname "$0")/../lib.sh"
+cd "$TMP"
+export OMP_NUM_THREADS=1
+"$MTRAIN" data generate --out data --docs 300 >/dev/null || { fail gen_setup "data generate failed"; exit 1; }
+cat >dense.yaml <<'YAML'
+model: {vocab_size: 264, hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, intermediate_size: 64,
+        max_seq_len: 320}
+train: {seq_len: 32, micro_batch: 2, global_batch: 4, steps: 12, eval_interval: 12, eval_batches: 3}
+optimizer: {lr: 1e-2, warmup_steps: 2}
+data: {path: data, valid_fraction: 0.1}
+checkpoint: {dir: ck, interval: 6}
+log: {dir: run, interval: 100}
+YAML
+sed 's/model: {/model: {arch: mixtral, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 48, /' dense.yaml >moe.yaml
+"$MTRAIN" pretrain dense.yaml >out 2>&1 || { fail gen_train "exit $?: $(tail -2 out)"; exit 1; }
+P=72,101,108,108,111,32
+gen() { "$MTRAIN" generate "$@" 2>"$TMP/err"; }
+
+# one model, every way of naming it
+gen ck/step-000000012 --prompt-ids $P --max-tokens 20 >a.txt || fail gen_step_dir "$(cat err)"
+for src in ck run run/model.safetensors; do
+    gen $src --prompt-ids $P --max-tokens 20 >b.txt && cmp -s a.txt b.txt && pass "gen_same_tokens_from_${src//\//_}" ||
+        fail "gen_same_tokens_from_${src//\//_}" "$(cat b.txt err | head -3) vs $(cat a.txt)"
+done
+"$MTRAIN" convert ck --hf hf >/dev/null || fail gen_export "convert --hf failed"
+gen hf --prompt-ids $P --max-tokens 20 >b.txt && cmp -s a.txt b.txt && pass gen_same_tokens_from_hf_export ||
+    fail gen_same_tokens_from_hf_export "$(cat b.txt err | head -3)"
+# text prompts go through the tokenizer: the bytes of "Hello " are $P
+gen ck --prompt "Hello " --tokenizer bytes --max-tokens 20 --print-ids --stop-id -1 >b.txt &&
+    [ "$(tail -1 b.txt)" = "$(cat a.txt)" ] && pass gen_text_prompt_tokenized || fail gen_text_prompt_tokenized "$(cat b.txt err)"
+
+# sampling: a seed fixes the output; top-k 1 is greedy
+gen ck --prompt-ids $P --max-tokens 24 --temperature 1 --seed 7 >s1.txt
+gen ck --prompt-ids $P --max-tokens 24 --temperature 1 --seed 7 >s2.txt
+gen ck --prompt-ids $P --max-tokens 24 --temperature 1 --seed 8 >s3.txt
+cmp -s s1.txt s2.txt && pass gen_sampling_reproducible || fail gen_sampling_reproducible "$(cat s1.txt s2.txt)"
+cmp -s s1.txt s3.txt && fail gen_sampling_seed_matters "seeds 7 and 8 gave the same 24 tokens" || pass gen_sampling_seed_matters
+gen ck --prompt-ids $P --max-tokens 20 --temperature 0.7 --top-k 1 --seed 3 >b.txt && cmp -s a.txt b.txt &&
+    pass gen_top_k_1_is_greedy || fail gen_top_k_1_is_greedy "$(cat b.txt) vs $(cat a.txt)"
+gen ck --prompt-ids $P --max-tokens 20 --temperature 1 --top-p 1e-6 --seed 3 >b.txt && cmp -s a.txt b.txt &&
+    pass gen_tiny_top_p_is_greedy || fail gen_tiny_top_p_is_greedy "$(cat b.txt) vs $(cat a.txt)"
+
+# eval over the valid split = the training run's eval at step 12 (same samples, same forward)
+want=$("$PY" -c "import json,sys; print([json.loads(l)['val_loss'] for l in open('run/metrics.jsonl') if '\"eval\"' in l][-1])")
+"$MTRAIN" eval ck --data data --split valid --batches 3 --batch-size 4 --json >ev.json 2>err || fail gen_eval_runs "$(cat err)"
+"$PY" -c "import json,sys; g=json.load(open('ev.json'))['loss']; sys.exit(0 if abs(g-$want)<=2e-6*abs($want)+1e-6 else 1)" &&
+    pass eval_valid_equals_training_eval || fail eval_valid_equals_training_eval "eval $(cat ev.json), training $want"
+# batch size does not change the mean (padded last batch counts nothing)
+"$MTRAIN" eval ck --data data --split all --batches 3 --batch-size 4 --json >e1.json 2>/dev/null
+"$MTRAIN" eval ck --data data --split all --batches 4 --batch-size 3 --json >e2.json 2>/dev/null
+"$MTRAIN" eval ck --data data --split all --batches 2 --batch-size 5 --json >e3.json 2>/dev/null
+"$PY" - <<'PY' && pass eval_batch_size_invariant || fail eval_batch_size_invariant "$(cat e1.json e2.json e3.json)"
+import json, sys
+a, b, c = (json.load(open(f)) for f in ("e1.json", "e2.json", "e3.json"))
+# 12 samples each way, except 10 for the last: compare the first two, and that the third counts 10 samples
+sys.exit(0 if abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"]) and c["samples"] == 10 and a["tokens"] == 12 * 32 else 1)
+PY
+
+# a long prompt is fed to the cache in pieces of 256: its next-token logits equal the full forward's
+ids=$("$PY" -c "import random; random.seed(1); print(','.join(str(random.randrange(256)) for _ in range(300)))")
+gen ck --prompt-ids $ids --max-tokens 1 --json --json-top 5 >long.json || fail gen_long_prompt "$(cat err)"
+"$MTRAIN" eval ck --ids $ids --dump full.json >/dev/null 2>err || fail gen_long_prompt_eval "$(cat err)"
+"$PY" - <<'PY' && pass gen_long_prompt_chunks_match_full_forward || fail gen_long_prompt_chunks_match_full_forward "see above"
+import json, sys
+g = json.load(open("long.json"))["steps"][0]
+f = json.load(open("full.json"))["positions"][-1]
+full = dict(zip(f["top_ids"], f["top_logits"]))
+err = max(abs(l - full.get(i, 1e9)) for i, l in zip(g["top_ids"], g["top_logits"]))
+print(f"  long prompt: max |kv - full| {err:.3g}", file=sys.stderr)
+sys.exit(0 if err <= 1e-5 else 1)
+PY
+
+# multi-rank checkpoints (tp 2 dense, ep 2 MoE) give what their exports give
+for spec in "dense tp2 parallel.tp=2" "moe ep2 parallel.ep=2"; do
+    set -- $spec
+    run_np 2 pretrain $1.yaml --set $3 --set checkpoint.dir=ck-$2 --set log.dir=run-$2 >out 2>&1 ||
+        { fail gen_${2}_train "exit $?: $(tail -2 out)"; continue; }
+    "$MTRAIN" convert ck-$2 --hf hf-$2 >/dev/null || fail gen_${2}_export "convert failed"
+    gen ck-$2 --prompt-ids $P --max-tokens 20 >x.txt && gen hf-$2 --prompt-ids $P --max-tokens 20 >y.txt &&
+        [ -s x.txt ] && cmp -s x.txt y.txt && pass gen_${2}_checkpoint_tokens_equal_export ||
+        fail gen_${2}_checkpoint_tokens_equal_export "$(cat x.txt y.txt err)"
+    "$MTRAIN" eval ck-$2 --ids $P,1,2,3 --dump x.json >/dev/null 2>&1 && "$MTRAIN" eval hf-$2 --ids $P,1,2,3 --dump y.json >/dev/null 2>&1
+    "$PY" -c "
+import json, sys
+a, b = (json.load(open(f))['positions'][:-1] for f in ('x.json', 'y.json'))
+sys.exit(0 if len(a) == 8 and max(abs(p['loss'] - q['loss']) for p, q in zip(a, b)) <= 1e-6 else 1)" &&
+        pass eval_${2}_checkpoint_losses_equal_export || fail eval_${2}_checkpoint_losses_equal_export "$(head -c 300 x.json)"
+done
+
+# a damaged newest step: the checkpoint root falls back to the previous one, a named step fails
+cp -r ck ck2
+"$PY" - <<'PY'
+import json, struct
+path = "ck2/step-000000012/rank-00000.safetensors"
+with open(path, "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    begin = json.loads(f.read(n))["model.norm.weight"]["data_offsets"][0]
+    f.seek(8 + n + begin)
+    f.write(b"garbage!")
+PY
+gen ck/step-000000006 --prompt-ids $P --max-tokens 8 >a.txt
+gen ck2 --prompt-ids $P --max-tokens 8 >b.txt && cmp -s a.txt b.txt && grep -q "falling back" err &&
+    pass gen_root_falls_back_past_damage || fail gen_root_falls_back_past_damage "$(cat b.txt err)"
+expect_exit gen_damaged_step_exit_1 1 "$MTRAIN" generate ck2/step-000000012 --prompt-ids $P
+expect_output gen_damaged_step_names_file "rank-00000.safetensors"
+
+# bad input: exit 2 with a message that says what is wrong
+expect_exit gen_missing_model 2 "$MTRAIN" generate nowhere --prompt-ids 1
+expect_output gen_missing_model_message "nowhere: no such file"
+expect_exit gen_bad_id 2 "$MTRAIN" generate ck --prompt-ids 1,x,3
+expect_output gen_bad_id_message "item 2"
+expect_exit gen_id_outside_vocab 2 "$MTRAIN" generate ck --prompt-ids 1,264
+expect_output gen_id_outside_vocab_message "264.*vocabulary"
+long=$("$PY" -c "print(','.join(['5'] * 321))")
+expect_exit gen_prompt_too_long 2 "$MTRAIN" generate ck --prompt-ids $long
+expect_output gen_prompt_too_long_message "321 tokens, more than the model's 320 positions"
+expect_exit gen_prompt_needs_tokenizer 2 "$MTRAIN" generate ck --prompt hi
+expect_exit gen_bad_temperature 2 "$MTRAIN" generate ck --prompt-ids 1 --temperature -1
+expect_exit gen_weights_without_recipe 2 "$MTRAIN" generate hf/model.safetensors --recipe nothere.yaml --prompt-ids 1
+expect_exit eval_ids_too_long 2 "$MTRAIN" eval ck --ids $long
+expect_exit eval_empty_valid_split 2 "$MTRAIN" eval ck --data data --valid-fraction 0
+expect_exit eval_seq_len_too_long 2 "$MTRAIN" eval ck --data data --seq-len 400
+expect_exit eval_missing_data 1 "$MTRAIN" eval ck --data nodata
+mkdir -p ds && cp -r hf ds/hfx && sed -i 's/"llama"/"deepseek_v3"/' ds/hfx/config.json
+expect_exit gen_refuses_other_family 2 "$MTRAIN" generate ds/hfx --prompt-ids 1
+expect_output gen_refuses_other_family_message "deepseek_v3.*not supported"
+expect_exit gen_help 0 "$MTRAIN" help generate
+expect_exit eval_help 0 "$MTRAIN" eval --help
+exit $FAILED
