@@ -257,7 +257,7 @@ void transformer_update_expert_bias(struct transformer *m, const double *load) {
     float rate = (float)m->cfg.moe_bias_update_rate;
     if (!m->n_moe_layers || rate <= 0) return;
     float *bias = xmalloc(sizeof(float) * E);
-    for (int l = 0, j = 0; l < m->L; l++) {
+    for (int l = 0, j = 0; l < m->NL; l++) {
         if (!model_layer_is_moe(&m->cfg, l)) continue;
         const double *ld = load + (size_t)j++ * E;
         if (!m->layers[l].bias) continue; /* not on this pipeline stage */

@@ -46,6 +46,12 @@ int model_moe_layer_count(const struct model_config *m) {
     return n;
 }
 
+int model_moe_layer_count_all(const struct model_config *m) {
+    int n = 0;
+    for (int l = 0; l < m->num_layers + model_mtp_depth(m); l++) n += model_layer_is_moe(m, l);
+    return n;
+}
+
 int model_mtp_depth(const struct model_config *m) { return model_is_mla(m) ? m->mtp_depth : 0; }
 
 int model_head_dim(const struct model_config *m) {

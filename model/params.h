@@ -80,6 +80,8 @@ int model_v_head_dim(const struct model_config *m);
 int model_rope_dim(const struct model_config *m);
 int model_moe_ffn_size(const struct model_config *m);
 int model_moe_layer_count(const struct model_config *m);
+/* MoE layers including the MTP modules' blocks (layers num_layers ..). */
+int model_moe_layer_count_all(const struct model_config *m);
 
 /* The whole model on one rank. */
 void model_part_full(struct model_part *p, const struct model_config *m);

@@ -47,7 +47,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
                 tr->layer_last[l] = i;
             }
     }
-    int moe_layers = model_moe_layer_count(&r->model);
+    int moe_layers = model_moe_layer_count_all(&r->model);
     if (moe_layers) tr->moe_load = xcalloc((size_t)moe_layers * r->model.num_experts, sizeof(double));
     tr->model.layer_grads_done = layer_grads_done;
     tr->model.layer_grads_ctx = tr;
@@ -155,7 +155,7 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
 static void moe_step_stats(struct trainer *tr, struct step_stats *st) {
     const struct recipe *r = tr->recipe;
     struct transformer *m = &tr->model;
-    int E = m->E, L = r->model.num_layers, nm = model_moe_layer_count(&r->model);
+    int E = m->E, L = m->NL, nm = model_moe_layer_count_all(&r->model);
     size_t n = (size_t)nm * E + 3;
     double *v = tr->moe_load; /* [nm][E] then aux, z, dropped: one all-reduce */
     double *all = xcalloc(n, sizeof *all);
@@ -179,6 +179,19 @@ static void moe_step_stats(struct trainer *tr, struct step_stats *st) {
     free(all);
 }
 
+/* The MTP loss: mean over depths of each depth's mean token loss (the
+ * depths' sums live on TP rank 0 of the last stage; zeros elsewhere). */
+static void mtp_step_stats(struct trainer *tr, struct step_stats *st) {
+    const struct recipe *r = tr->recipe;
+    int D = model_mtp_depth(&r->model), T = r->train.seq_len;
+    double *sums = xcalloc(D, sizeof *sums);
+    if (tr->model.mtp_depth) memcpy(sums, tr->model.mtp_loss, sizeof(double) * D);
+    comm_all_reduce_sum_f64(&tr->grid->world, sums, D);
+    st->mtp_loss = 0;
+    for (int d = 0; d < D; d++) st->mtp_loss += sums[d] / ((double)r->train.global_batch * (T - d - 1)) / D;
+    free(sums);
+}
+
 struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, int n) {
     const struct recipe *r = tr->recipe;
     struct transformer *m = &tr->model;
@@ -194,6 +207,7 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
     comm_all_reduce_sum_f64(&tr->grid->world, &loss, 1);
     st.loss = loss / st.tokens;
     if (tr->moe_load) moe_step_stats(tr, &st);
+    if (model_mtp_depth(&r->model)) mtp_step_stats(tr, &st);
     optimizer_reduce_grads(&tr->opt, m->grads);
     st.grad_norm = optimizer_grad_norm(&tr->opt, m->grads, &tr->grid->world);
     return st;

@@ -38,7 +38,8 @@ struct step_stats {
     double z_loss;      /* router z-loss, likewise */
     double dropped;     /* routed selections dropped by the capacity, summed */
     double load_max;    /* max over MoE layers of (busiest expert's tokens / mean tokens per expert) */
-    const double *load; /* [MoE layers][E] tokens per expert (trainer-owned) */
+    const double *load; /* [MoE layers][E] tokens per expert (trainer-owned; MTP blocks' MoE layers last) */
+    double mtp_loss;    /* multi-token prediction: mean over depths of the mean token loss (before mtp_loss_weight) */
 };
 
 /* g describes the layout (grid_single for one process). */

@@ -19,7 +19,9 @@ static float *carve(struct carver *c, size_t n) {
     return p;
 }
 
-static int is_local_layer(const struct model_part *p, int l) {
+/* Layers L .. L+D-1 are the MTP modules' blocks, on the stage with the head. */
+static int is_local_layer(const struct model_part *p, int L, int l) {
+    if (l >= L) return p->has_head;
     for (int c = 0; c < p->nchunks; c++)
         if (l >= p->layer_begin[c] && l < p->layer_end[c]) return 1;
     return 0;
@@ -83,8 +85,8 @@ static void carve_layer(struct transformer *m, struct layer_acts *a, size_t F, i
 static void layout_slot(struct transformer *m, struct act_slot *s, struct carver *c) {
     size_t N = m->N, Ns = m->Ns, C = m->C;
     const struct layer_acts *shared = &m->shared_acts;
-    for (int l = 0; l < m->L; l++) {
-        if (!is_local_layer(&m->part, l)) continue;
+    for (int l = 0; l < m->NL; l++) {
+        if (!is_local_layer(&m->part, m->L, l)) continue;
         struct layer_acts *a = &s->acts[l];
         a->x = carve(c, Ns * C);
         if (m->recompute == RECOMPUTE_FULL) continue;
@@ -103,6 +105,16 @@ static void layout_slot(struct transformer *m, struct act_slot *s, struct carver
     }
     s->tokens = (int32_t *)carve(c, N);
     s->targets = (int32_t *)carve(c, N);
+    for (int d = 0; d < m->mtp_depth; d++) {
+        struct mtp_acts *t = &s->mtp[d];
+        t->emb = carve(c, Ns * C), t->rstde = carve(c, Ns), t->en = carve(c, N * C);
+        t->rstdh = carve(c, Ns), t->hn = carve(c, N * C);
+        t->cat = carve(c, N * 2 * C);
+        t->out = carve(c, Ns * C), t->lnf = carve(c, N * C), t->rstdf = carve(c, Ns);
+        t->logits = carve(c, N * m->Vl), t->losses = carve(c, N);
+        t->ce_max = carve(c, N), t->ce_sum = carve(c, N), t->ce_tgt = carve(c, N);
+        t->tokens = (int32_t *)carve(c, N), t->targets = (int32_t *)carve(c, N);
+    }
 }
 
 /* The widest SwiGLU of the local layers (dense FFN or shared experts). */
@@ -173,6 +185,11 @@ static void layout_arena(struct transformer *m, struct carver *c) {
         m->d_logits = carve(c, n * E);
         m->moe_counts = carve(c, 2 * E);
     }
+    if (m->mtp_depth) {
+        m->d_mtp_carry = carve(c, Ns * C);
+        m->d_mtp_rows = carve(c, Ns * C);
+        m->d_mtp_cat = carve(c, N * 2 * C);
+    }
     m->rope_cos = carve(c, (size_t)m->T * m->Dr / 2);
     m->rope_sin = carve(c, (size_t)m->T * m->Dr / 2);
 }
@@ -195,9 +212,11 @@ static void set_dims(struct transformer *m, const struct model_config *cfg, cons
     m->Hl = m->H / m->tp, m->KVl = m->KV >= m->tp ? m->KV / m->tp : 1, m->Fl = m->F / m->tp, m->Vl = m->V / m->tp;
     m->vstart = part->tp_rank * m->Vl;
     m->nslots = nslots;
-    for (int l = 0; l < m->L; l++) {
-        m->n_local_layers += is_local_layer(part, l);
-        m->n_moe_layers += model_layer_is_moe(cfg, l) && is_local_layer(part, l);
+    m->NL = m->L + model_mtp_depth(cfg);
+    m->mtp_depth = part->has_head ? model_mtp_depth(cfg) : 0;
+    for (int l = 0; l < m->NL; l++) {
+        m->n_local_layers += is_local_layer(part, m->L, l);
+        m->n_moe_layers += model_layer_is_moe(cfg, l) && is_local_layer(part, m->L, l);
     }
     if (cfg->num_experts > 0) {
         m->E = cfg->num_experts, m->K = cfg->experts_per_token, m->FM = model_moe_ffn_size(cfg);
@@ -216,7 +235,6 @@ const char *transformer_unsupported(const struct model_config *cfg) {
         return "moe_n_group, moe_routed_scaling, moe_bias_update_rate and moe_seq_aux_loss_coef belong to sigmoid "
                "routing (DeepSeek-V3): set model.moe_score_func sigmoid";
     if (!model_is_mla(cfg)) return NULL;
-    if (cfg->mtp_depth > 0) return "deepseek_v3 multi-token prediction is not implemented yet: set model.mtp_depth 0";
     return NULL;
 }
 
@@ -230,21 +248,24 @@ size_t transformer_arena_bytes(const struct backend *be, const struct model_conf
     m.be = be;
     set_dims(&m, cfg, part, sequence_parallel, B, T, nslots, rc);
     m.slots = xcalloc(nslots, sizeof *m.slots);
-    for (int i = 0; i < nslots; i++) m.slots[i].acts = xcalloc(m.L, sizeof(struct layer_acts));
+    for (int i = 0; i < nslots; i++) {
+        m.slots[i].acts = xcalloc(m.NL, sizeof(struct layer_acts));
+        m.slots[i].mtp = xcalloc(m.mtp_depth + 1, sizeof(struct mtp_acts));
+    }
     struct carver c = {0};
     layout_arena(&m, &c);
-    for (int i = 0; i < nslots; i++) free(m.slots[i].acts);
+    for (int i = 0; i < nslots; i++) free(m.slots[i].acts), free(m.slots[i].mtp);
     free(m.slots);
     return c.used * sizeof(float);
 }
 
 /* Point the per-layer weight structs into a buffer laid out by the table. */
-static void bind_layers(struct transformer *m, float *buf, struct layer_weights *layers, float **embed, float **norm_w,
-                        float **lm_head) {
+static void bind_layers(struct transformer *m, float *buf, struct layer_weights *layers, struct mtp_weights *mtp,
+                        float **embed, float **norm_w, float **lm_head) {
     char name[PARAM_NAME_MAX];
 #define P(nm) (buf + param_find(&m->table, nm)->offset)
-    for (int l = 0; l < m->L; l++) {
-        if (!is_local_layer(&m->part, l)) continue;
+    for (int l = 0; l < m->NL; l++) {
+        if (!is_local_layer(&m->part, m->L, l)) continue;
         struct layer_weights *y = &layers[l];
 #define LP(field, suffix)                                               \
     snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);       \
@@ -299,6 +320,18 @@ static void bind_layers(struct transformer *m, float *buf, struct layer_weights 
         LP(wdown, "mlp.down_proj.weight");
 #undef LP
     }
+    for (int d = 0; m->part.has_head && d < m->mtp_depth; d++) {
+        struct mtp_weights *t = &mtp[d];
+        int l = m->L + d;
+#define MP(field, suffix)                                               \
+    snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);       \
+    t->field = P(name)
+        MP(enorm, "enorm.weight");
+        MP(hnorm, "hnorm.weight");
+        MP(eh_proj, "eh_proj.weight");
+        MP(head_norm, "shared_head.norm.weight");
+#undef MP
+    }
     *embed = m->part.has_embed ? P("model.embed_tokens.weight") : NULL;
     *norm_w = m->part.has_head ? P("model.norm.weight") : NULL;
     *lm_head = !m->part.has_head ? NULL : m->cfg.tie_embeddings ? *embed : P("lm_head.weight");
@@ -323,12 +356,19 @@ void transformer_create(struct transformer *m, const struct backend *be, const s
     param_table_build(&m->table, cfg, part);
     m->params = be->alloc(sizeof(float) * m->table.total);
     m->grads = be->alloc(sizeof(float) * m->table.total);
-    m->layers = xcalloc(m->L, sizeof *m->layers);
-    m->dlayers = xcalloc(m->L, sizeof *m->dlayers);
-    bind_layers(m, m->params, m->layers, &m->embed, &m->norm_w, &m->lm_head);
-    bind_layers(m, m->grads, m->dlayers, &m->dembed, &m->dnorm_w, &m->dlm_head);
+    m->layers = xcalloc(m->NL, sizeof *m->layers);
+    m->dlayers = xcalloc(m->NL, sizeof *m->dlayers);
+    m->mtp = xcalloc(m->mtp_depth + 1, sizeof *m->mtp);
+    m->dmtp = xcalloc(m->mtp_depth + 1, sizeof *m->dmtp);
+    m->mtp_loss = xcalloc(m->mtp_depth + 1, sizeof *m->mtp_loss);
+    m->mtp_host = xmalloc(sizeof(int32_t) * 2 * m->N);
+    bind_layers(m, m->params, m->layers, m->mtp, &m->embed, &m->norm_w, &m->lm_head);
+    bind_layers(m, m->grads, m->dlayers, m->dmtp, &m->dembed, &m->dnorm_w, &m->dlm_head);
     m->slots = xcalloc(nslots, sizeof *m->slots);
-    for (int i = 0; i < nslots; i++) m->slots[i].acts = xcalloc(m->L, sizeof(struct layer_acts));
+    for (int i = 0; i < nslots; i++) {
+        m->slots[i].acts = xcalloc(m->NL, sizeof(struct layer_acts));
+        m->slots[i].mtp = xcalloc(m->mtp_depth + 1, sizeof(struct mtp_acts));
+    }
     struct carver c = {0};
     layout_arena(m, &c);
     m->arena_floats = c.used;
@@ -337,9 +377,9 @@ void transformer_create(struct transformer *m, const struct backend *be, const s
     layout_arena(m, &c);
     if (m->recompute == RECOMPUTE_FULL && m->n_moe_layers) alloc_plan(m, &m->shared_acts.plan);
     for (int i = 0; i < nslots && m->recompute != RECOMPUTE_FULL; i++)
-        for (int l = 0; l < m->L; l++)
+        for (int l = 0; l < m->NL; l++)
             if (m->layers[l].moe) alloc_plan(m, &m->slots[i].acts[l].plan);
-    if (m->E) m->moe_load = xcalloc((size_t)m->L * m->E, sizeof(double));
+    if (m->E) m->moe_load = xcalloc((size_t)m->NL * m->E, sizeof(double));
     transformer_set_moe_sequences(m, B);
     size_t half = (size_t)T * m->Dr / 2;
     float *cs = xmalloc(sizeof(float) * half * 2);
@@ -354,21 +394,24 @@ void transformer_free(struct transformer *m) {
     m->be->free(m->grads);
     m->be->free(m->arena);
     for (int i = 0; i < m->nslots; i++) {
-        for (int l = 0; l < m->L; l++) free(m->slots[i].acts[l].plan.send_counts);
+        for (int l = 0; l < m->NL; l++) free(m->slots[i].acts[l].plan.send_counts);
         free(m->slots[i].acts);
+        free(m->slots[i].mtp);
     }
     free(m->shared_acts.plan.send_counts);
     free(m->slots);
-    for (int l = 0; l < m->L; l++) free(m->layers[l].experts), free(m->dlayers[l].experts);
+    for (int l = 0; l < m->NL; l++) free(m->layers[l].experts), free(m->dlayers[l].experts);
     free(m->layers);
     free(m->dlayers);
     free(m->moe_load);
+    free(m->mtp), free(m->dmtp), free(m->mtp_loss), free(m->mtp_host);
     moe_host_free(m);
     param_table_free(&m->table);
 }
 
 void transformer_set_moe_sequences(struct transformer *m, int sequences) {
-    int layers = model_moe_layer_count(&m->cfg);
+    m->sequences = sequences;
+    int layers = model_moe_layer_count_all(&m->cfg);
     if (!layers) return;
     /* the balance loss: Switch form (softmax routing) or DeepSeek-V3's sequence-wise one (sigmoid) */
     double balance = m->sigmoid ? m->cfg.moe_seq_aux_loss_coef : m->cfg.moe_aux_loss_coef;
@@ -377,8 +420,9 @@ void transformer_set_moe_sequences(struct transformer *m, int sequences) {
 }
 
 void transformer_reset_moe_stats(struct transformer *m) {
-    if (m->moe_load) memset(m->moe_load, 0, sizeof(double) * m->L * m->E);
+    if (m->moe_load) memset(m->moe_load, 0, sizeof(double) * m->NL * m->E);
     m->moe_aux_sum = m->moe_z_sum = m->moe_dropped = 0;
+    if (m->mtp_loss) memset(m->mtp_loss, 0, sizeof(double) * m->mtp_depth);
 }
 
 void transformer_init_params(struct transformer *m, uint64_t seed) {
@@ -388,6 +432,18 @@ void transformer_init_params(struct transformer *m, uint64_t seed) {
 void transformer_stage(struct transformer *m, int slot, const int32_t *tokens, const int32_t *targets) {
     m->be->from_host(m->slots[slot].tokens, tokens, sizeof(int32_t) * m->N);
     m->be->from_host(m->slots[slot].targets, targets, sizeof(int32_t) * m->N);
+    /* MTP depth d at position i embeds token i+d (= targets[i+d-1]) and predicts token i+d+1 (= targets[i+d]) */
+    for (int d = 1; d <= m->mtp_depth; d++) {
+        int32_t *tok = m->mtp_host, *tgt = m->mtp_host + m->N;
+        for (int b = 0; b < m->B; b++)
+            for (int i = 0; i < m->T; i++) {
+                size_t r = (size_t)b * m->T;
+                tok[r + i] = i + d - 1 < m->T ? targets[r + i + d - 1] : 0;
+                tgt[r + i] = i + d < m->T ? targets[r + i + d] : -1;
+            }
+        m->be->from_host(m->slots[slot].mtp[d - 1].tokens, tok, sizeof(int32_t) * m->N);
+        m->be->from_host(m->slots[slot].mtp[d - 1].targets, tgt, sizeof(int32_t) * m->N);
+    }
 }
 
 float *transformer_chunk_input(struct transformer *m, int slot, int chunk) {
@@ -500,44 +556,101 @@ static void block_forward(struct transformer *m, struct act_slot *s, int l, floa
     moe_residual(m, out, w->wgate ? out : a->xmid);
 }
 
-static void embed_forward(struct transformer *m, struct act_slot *s, float *x) {
+static void embed_forward(struct transformer *m, const int32_t *tokens, float *x) {
     const struct backend *be = m->be;
     if (m->tp == 1) {
-        be->embedding_forward(x, s->tokens, m->embed, m->N, m->C, 0, m->V);
+        be->embedding_forward(x, tokens, m->embed, m->N, m->C, 0, m->V);
         return;
     }
     /* vocab-parallel: each rank fills the rows of its vocabulary slice */
-    be->embedding_forward(m->tmp_full, s->tokens, m->embed, m->N, m->C, m->vstart, m->Vl);
+    be->embedding_forward(m->tmp_full, tokens, m->embed, m->N, m->C, m->vstart, m->Vl);
     be->copy(x, reduce_rows(m, m->tmp_full, m->tmp_shard), sizeof(float) * m->Ns * m->C);
 }
 
-/* Final norm, output head and cross-entropy; returns the summed token loss. */
-static double head_forward(struct transformer *m, struct act_slot *s, float dscale) {
+/* The buffers of one output head: the main model's, or an MTP depth's (shared output weights, own norm). */
+struct head_io {
+    const float *x, *norm_w;
+    float *dnorm_w, *lnf, *rstdf, *logits, *losses, *ce_max, *ce_sum, *ce_tgt;
+    const int32_t *targets;
+};
+
+static struct head_io main_head(struct transformer *m, struct act_slot *s) {
+    return (struct head_io){s->x_final, m->norm_w, m->dnorm_w, s->lnf, s->rstdf, s->logits, s->losses, s->ce_max,
+                            s->ce_sum, s->ce_tgt, s->targets};
+}
+
+static struct head_io mtp_head(struct transformer *m, struct act_slot *s, int d) {
+    struct mtp_acts *t = &s->mtp[d];
+    return (struct head_io){t->out, m->mtp[d].head_norm, m->dmtp[d].head_norm, t->lnf, t->rstdf, t->logits, t->losses,
+                            t->ce_max, t->ce_sum, t->ce_tgt, t->targets};
+}
+
+/* Norm, output head and cross-entropy; returns the summed token loss. */
+static double head_forward(struct transformer *m, const struct head_io *h, float dscale) {
     const struct backend *be = m->be;
     int N = m->N, C = m->C, V = m->Vl;
-    norm_for_linear(m, s->lnf, s->rstdf, s->x_final, m->norm_w);
-    be->matmul_forward(s->logits, s->lnf, m->lm_head, N, C, V, 0);
+    norm_for_linear(m, h->lnf, h->rstdf, h->x, h->norm_w);
+    be->matmul_forward(h->logits, h->lnf, m->lm_head, N, C, V, 0);
     if (m->tp == 1) {
-        be->cross_entropy(s->losses, s->logits, s->targets, N, V, dscale);
+        be->cross_entropy(h->losses, h->logits, h->targets, N, V, dscale);
     } else { /* vocab-parallel: no rank ever holds the full logits */
-        be->ce_row_max(s->ce_max, s->logits, N, V);
-        comm_all_reduce_max(m->tp_comm, s->ce_max, N);
-        be->ce_row_sumexp(s->ce_sum, s->ce_tgt, s->logits, s->targets, s->ce_max, N, V, m->vstart);
-        comm_all_reduce_sum(m->tp_comm, s->ce_sum, N);
-        comm_all_reduce_sum(m->tp_comm, s->ce_tgt, N);
-        be->ce_finish(s->losses, s->logits, s->targets, s->ce_max, s->ce_sum, s->ce_tgt, N, V, m->vstart, dscale);
+        be->ce_row_max(h->ce_max, h->logits, N, V);
+        comm_all_reduce_max(m->tp_comm, h->ce_max, N);
+        be->ce_row_sumexp(h->ce_sum, h->ce_tgt, h->logits, h->targets, h->ce_max, N, V, m->vstart);
+        comm_all_reduce_sum(m->tp_comm, h->ce_sum, N);
+        comm_all_reduce_sum(m->tp_comm, h->ce_tgt, N);
+        be->ce_finish(h->losses, h->logits, h->targets, h->ce_max, h->ce_sum, h->ce_tgt, N, V, m->vstart, dscale);
     }
-    return be->sum(s->losses, N);
+    return be->sum(h->losses, N);
+}
+
+/* MTP depth d+1's loss weight: mtp_loss_weight x the mean over depths of each
+ * depth's mean token loss (T-d-1 predicted tokens per sequence). */
+static float mtp_dscale(struct transformer *m, int d, float dscale) {
+    if (dscale == 0.0f) return 0.0f;
+    return (float)(m->cfg.mtp_loss_weight / m->mtp_depth / ((double)m->sequences * (m->T - d - 1)));
+}
+
+/* The MTP modules after the main head: depth d combines the previous depth's
+ * hidden state (depth 0: the main model's last, before its final norm) with
+ * the embedding of the token d+1 ahead. */
+static void mtp_forward(struct transformer *m, struct act_slot *s, float dscale) {
+    const struct backend *be = m->be;
+    int N = m->N, C = m->C;
+    const float *h_prev = s->x_final;
+    for (int d = 0; d < m->mtp_depth; d++) {
+        struct mtp_acts *t = &s->mtp[d];
+        const struct mtp_weights *w = &m->mtp[d];
+        int l = m->L + d;
+        embed_forward(m, t->tokens, t->emb);
+        norm_for_linear(m, t->en, t->rstde, t->emb, w->enorm);
+        norm_for_linear(m, t->hn, t->rstdh, h_prev, w->hnorm);
+        be->copy_cols(t->cat, 2 * C, t->en, C, N, C, 0);
+        be->copy_cols(t->cat + C, 2 * C, t->hn, C, N, C, 0);
+        /* eh_proj is replicated: every rank projects all rows and keeps its residual rows */
+        be->matmul_forward(m->tmp_full, t->cat, w->eh_proj, N, 2 * C, C, 0);
+        be->copy(s->acts[l].x, m->tmp_full + (m->sp ? (size_t)m->part.tp_rank * m->Ns * C : 0),
+                 sizeof(float) * m->Ns * C);
+        block_forward(m, s, l, t->out);
+        struct head_io h = mtp_head(m, s, d);
+        double loss = head_forward(m, &h, mtp_dscale(m, d, dscale));
+        if (dscale != 0.0f && m->part.tp_rank == 0) m->mtp_loss[d] += loss;
+        h_prev = t->out;
+    }
 }
 
 double transformer_forward_chunk(struct transformer *m, int slot, int chunk, float *out, float dscale) {
     struct act_slot *s = &m->slots[slot];
     int l0 = m->part.layer_begin[chunk], l1 = m->part.layer_end[chunk];
     int head = m->part.has_head && chunk == m->part.nchunks - 1;
-    if (m->part.has_embed && chunk == 0) embed_forward(m, s, s->acts[l0].x);
+    if (m->part.has_embed && chunk == 0) embed_forward(m, s->tokens, s->acts[l0].x);
     m->moe_collect = dscale != 0.0f;
     for (int l = l0; l < l1; l++) block_forward(m, s, l, l + 1 < l1 ? s->acts[l + 1].x : head ? s->x_final : out);
-    return head ? head_forward(m, s, dscale) : 0.0;
+    if (!head) return 0.0;
+    struct head_io h = main_head(m, s);
+    double loss = head_forward(m, &h, dscale);
+    if (m->mtp_depth && dscale != 0.0f) mtp_forward(m, s, dscale); /* training only: evaluation reports the main loss */
+    return loss;
 }
 
 /* ---- backward: m->d_resid holds dL/d(layer output) on entry, dL/d(layer input) on exit ---- */
@@ -608,28 +721,62 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     be->rmsnorm_backward(m->d_resid, dw->ln1_w, d_ln, a->x, w->ln1_w, a->rstd1, Ns, C, 1);
 }
 
-static void head_backward(struct transformer *m, struct act_slot *s) {
+/* d_resid = the gradient of the head's input */
+static void head_backward(struct transformer *m, const struct head_io *h) {
     const struct backend *be = m->be;
     /* logits hold dL/dlogits (written by the cross-entropy) */
-    be->matmul_backward(m->d_ln_full, m->dlm_head, s->logits, s->lnf, m->lm_head, m->N, m->C, m->Vl, 0);
+    be->matmul_backward(m->d_ln_full, m->dlm_head, h->logits, h->lnf, m->lm_head, m->N, m->C, m->Vl, 0);
     float *d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
-    be->rmsnorm_backward(m->d_resid, m->dnorm_w, d_ln, s->x_final, m->norm_w, s->rstdf, m->Ns, m->C, 0);
+    be->rmsnorm_backward(m->d_resid, h->dnorm_w, d_ln, h->x, h->norm_w, h->rstdf, m->Ns, m->C, 0);
 }
 
-static void embed_backward(struct transformer *m, struct act_slot *s) {
-    m->be->embedding_backward(m->dembed, s->tokens, grad_full_rows(m), m->N, m->C, m->vstart, m->Vl);
+static void embed_backward(struct transformer *m, const int32_t *tokens) {
+    m->be->embedding_backward(m->dembed, tokens, grad_full_rows(m), m->N, m->C, m->vstart, m->Vl);
+}
+
+/* Backward of mtp_forward, deepest first; leaves in d_mtp_carry the gradient
+ * of the main model's last hidden state through depth 1. */
+static void mtp_backward(struct transformer *m, struct act_slot *s) {
+    const struct backend *be = m->be;
+    int N = m->N, Ns = m->Ns, C = m->C;
+    size_t own = m->sp ? (size_t)m->part.tp_rank * Ns * C : 0;
+    for (int d = m->mtp_depth - 1; d >= 0; d--) {
+        struct mtp_acts *t = &s->mtp[d];
+        const struct mtp_weights *w = &m->mtp[d];
+        struct mtp_weights *dw = &m->dmtp[d];
+        int l = m->L + d;
+        struct head_io h = mtp_head(m, s, d);
+        head_backward(m, &h);
+        if (d + 1 < m->mtp_depth) be->add(m->d_resid, m->d_mtp_carry, (size_t)Ns * C); /* through depth d+2's hnorm */
+        block_backward(m, s, l);
+        /* the projection saw all rows on every rank: its input gradient is complete, each rank keeps its rows */
+        be->matmul_backward(m->d_mtp_cat, dw->eh_proj, grad_full_rows(m), t->cat, w->eh_proj, N, 2 * C, C, 0);
+        be->copy_cols(m->d_ln_full, C, m->d_mtp_cat, 2 * C, N, C, 0);
+        be->rmsnorm_backward(m->d_mtp_rows, dw->enorm, m->d_ln_full + own, t->emb, w->enorm, t->rstde, Ns, C, 0);
+        be->copy_cols(m->d_ln_full, C, m->d_mtp_cat + C, 2 * C, N, C, 0);
+        be->rmsnorm_backward(m->d_mtp_carry, dw->hnorm, m->d_ln_full + own, d ? s->mtp[d - 1].out : s->x_final,
+                             w->hnorm, t->rstdh, Ns, C, 0);
+        be->copy(m->d_resid, m->d_mtp_rows, sizeof(float) * Ns * C);
+        embed_backward(m, t->tokens);
+    }
 }
 
 void transformer_backward_chunk(struct transformer *m, int slot, int chunk, const float *d_out) {
     struct act_slot *s = &m->slots[slot];
     int l0 = m->part.layer_begin[chunk], l1 = m->part.layer_end[chunk];
-    if (m->part.has_head && chunk == m->part.nchunks - 1) head_backward(m, s);
-    else m->be->copy(m->d_resid, d_out, sizeof(float) * m->Ns * m->C);
+    if (m->part.has_head && chunk == m->part.nchunks - 1) {
+        if (m->mtp_depth) mtp_backward(m, s);
+        struct head_io h = main_head(m, s);
+        head_backward(m, &h);
+        if (m->mtp_depth) m->be->add(m->d_resid, m->d_mtp_carry, (size_t)m->Ns * m->C);
+    } else {
+        m->be->copy(m->d_resid, d_out, sizeof(float) * m->Ns * m->C);
+    }
     for (int l = l1 - 1; l >= l0; l--) {
         block_backward(m, s, l);
         if (m->last_micro_batch && m->layer_grads_done) m->layer_grads_done(m->layer_grads_ctx, l);
     }
-    if (m->part.has_embed && chunk == 0) embed_backward(m, s);
+    if (m->part.has_embed && chunk == 0) embed_backward(m, s->tokens);
 }
 
 double transformer_step(struct transformer *m, const int32_t *tokens, const int32_t *targets, float dscale) {

@@ -59,6 +59,24 @@ struct layer_acts {
     struct moe_plan plan;
 };
 
+/* Multi-token prediction module d (1-based depth): its block is layer L+d-1
+ * (layer_weights/layer_acts); these are its own norms and projection. */
+struct mtp_weights {
+    float *enorm, *hnorm, *eh_proj, *head_norm; /* [C], [C], [C, 2C] (embedding | hidden columns), [C] */
+};
+
+/* What depth d keeps for backward: the next-token embedding and both norms
+ * (full rows [N] like every linear's input), their concatenation, the
+ * block's output and its head. Tokens/targets are shifted by d. */
+struct mtp_acts {
+    float *emb, *rstde, *en;      /* [Ns, C], [Ns], [N, C] */
+    float *rstdh, *hn;            /* [Ns], [N, C] */
+    float *cat;                   /* [N, 2C] */
+    float *out, *lnf, *rstdf;     /* block output [Ns, C], its head norm [N, C], [Ns] */
+    float *logits, *losses, *ce_max, *ce_sum, *ce_tgt; /* [N, Vl], [N] x4 */
+    int32_t *tokens, *targets;    /* [N]: token t+d (embedded), t+d+1 (predicted; -1 past the sequence) */
+};
+
 /* train.recompute */
 enum recompute { RECOMPUTE_NONE = 0, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL };
 enum recompute recompute_mode(const char *name);
@@ -70,6 +88,7 @@ struct act_slot {
     float *logits, *losses;       /* [N, Vl], [N] */
     float *ce_max, *ce_sum, *ce_tgt; /* vocab-parallel cross-entropy stats [N] */
     int32_t *tokens, *targets;    /* [N] */
+    struct mtp_acts *mtp;         /* [mtp_depth] */
 };
 
 struct transformer {
@@ -79,6 +98,11 @@ struct transformer {
     struct model_part part;
     int B, T, N, Ns;             /* micro batch shape; Ns rows of the residual stream */
     int C, H, KV, D, F, V, L;    /* global sizes */
+    int NL;                      /* layer slots: L main layers + the MTP modules' blocks */
+    int mtp_depth;               /* MTP modules on this rank (the head's stage), 0: none */
+    int sequences;               /* sequences per optimizer step (the MTP losses are means over them) */
+    double *mtp_loss;            /* [mtp_depth] summed token losses of each depth this step (TP rank 0) */
+    struct mtp_weights *mtp, *dmtp; /* [mtp_depth] params, grads */
     int Dv, Dr;                  /* value head size, rotary size (GQA: both D) */
     int mla, QR, KR, DN;         /* MLA (model/mla.h): q and kv latent ranks, the nope part of D */
     float q_scale;               /* queries x this before attention: YaRN's softmax-scale correction (1 = none) */
@@ -121,6 +145,9 @@ struct transformer {
      * rotary key [N, Dr] and its gradient, the rotary query part [N*Hl, Dr],
      * latent gradients [N, KR] x2, [N, QR] x2 */
     float *mla_kvb, *mla_kpe, *mla_rope, *d_kvb, *d_kpe, *d_kvn, *d_ckv, *d_qan, *d_qa;
+    float *d_mtp_carry, *d_mtp_rows; /* [Ns, C]: gradient into the previous depth's hidden state; scratch */
+    float *d_mtp_cat;            /* [N, 2C] */
+    int32_t *mtp_host;           /* [2 N] host scratch for the shifted tokens */
     float *arena;
     size_t arena_floats;
     /* called after each layer's backward when last_micro_batch is set, so

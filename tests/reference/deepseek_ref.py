@@ -5,17 +5,28 @@ transformers 4.44 has no DeepseekV3ForCausalLM, so the reference model is
 written here; checking it once against a recent transformers'
 DeepseekV3ForCausalLM is left to a machine with a recent PyTorch (docs/model.md).
 
-A tiny dense-only DeepSeek-V3 (MoE routing and MTP are not implemented yet):
-2 layers of MLA with both low-rank paths (q_lora_rank > 0; a second model
-checks the full-rank q_proj) and a dense SwiGLU, YaRN RoPE with factor 4 over
+A tiny DeepSeek-V3: 4 layers of MLA with both low-rank paths (q_lora_rank >
+0; a second model checks the full-rank q_proj), YaRN RoPE with factor 4 over
 8 original positions (both the kept and the interpolated frequencies occur),
 mscale != mscale_all_dim so both YaRN corrections (cos/sin amplitude and
-softmax scale) are exercised.
+softmax scale) are exercised. Layers 0-1 are dense SwiGLU (intermediate_size),
+layers 2-3 MoE: 8 routed experts in 4 groups, sigmoid scores, a random
+initial expert bias used only for the choice, the best 2 groups (scored by
+the sum of their top-2 biased scores), top 2 experts, gate weights = unbiased
+scores normalised over the chosen x routed_scaling_factor, one shared expert,
+the sequence-wise balance loss, and the aux-loss-free bias update after each
+optimizer step. One MTP module (depth 1, weight 0.3): RMSNorm of the next
+token's embedding and of the main model's last hidden state (before its final
+norm), concatenated [embedding | hidden], projected by eh_proj, one more MLA +
+MoE block, its own norm and the shared output head, predicting two tokens
+ahead; its loss is the mean over the predictable positions.
 
-1. Same weights and batch (2 micro batches of 2 sequences): logits and loss
-   within 1e-5, every gradient within 1e-4 (max|diff| / max|torch| per tensor).
+1. Same weights and batch (2 micro batches of 2 sequences): the same expert
+   choices, logits and loss within 1e-5, the balance loss and the MTP loss
+   within 1e-5, every gradient (of main + balance + weighted MTP loss) within
+   1e-4 (max|diff| / max|torch| per tensor).
 2. 50 AdamW steps from the same weights on the same batches: every step's
-   loss within 1e-4 relative.
+   loss and MTP loss within 1e-4 relative, the final expert bias equal (1e-6).
 
 RoPE layout: mtrain stores the rotary rows in rotate_half order (pairs i,
 i + d/2). Hugging Face's DeepSeek-V3 checkpoints store them interleaved
@@ -35,12 +46,15 @@ import ref_common
 from ref_common import adamw, optimizer_yaml, rel_err, report
 
 DRIVER, WORK = sys.argv[1], sys.argv[2]
-V, C, L, H, FF, T = 256, 64, 2, 4, 96, 16
+V, C, L, H, FF, T = 256, 64, 4, 4, 96, 16
+DENSE, E, K, FM, GROUPS, TOPK_GROUPS, SHARED = 2, 8, 2, 32, 4, 2, 1
+SCALING, BIAS_RATE, SEQ_AUX = 2.5, 1e-3, 1e-2
+MTP_D, MTP_W = 1, 0.3
 QR, KR, DN, DR, DV = 24, 16, 8, 4, 12
 THETA, FACTOR, ORIG, BETA_FAST, BETA_SLOW, MSCALE, MSCALE_ALL = 10000.0, 4.0, 8, 32.0, 1.0, 1.0, 0.8
 EPS = 1e-6
 GLOBAL_BATCH, MICRO_BATCH, STEPS = 4, 2, 50
-OPT = dict(lr=1e-3, min_lr=1e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=1.0, warmup_steps=5)
+OPT = dict(lr=1e-3, min_lr=1e-4, beta1=0.9, beta2=0.95, eps=1e-6, weight_decay=0.1, grad_clip=1.0, warmup_steps=5)
 
 
 def rms_norm(x, w):
@@ -75,15 +89,39 @@ def rotate_half(x):
     return torch.cat((-b, a), dim=-1)
 
 
+def swiglu(x, w, prefix):
+    return (F.silu(x @ w[prefix + "gate_proj.weight"].t()) * (x @ w[prefix + "up_proj.weight"].t())) @ \
+        w[prefix + "down_proj.weight"].t()
+
+
+def route(logits, bias):
+    """DeepSeek-V3 routing of tokens [n, E]: (scores, chosen experts [n, K], gate weights [n, K])."""
+    s = logits.sigmoid()
+    biased = (s + bias).detach()
+    per = E // GROUPS
+    group_score = biased.view(-1, GROUPS, per).topk(2, dim=-1).values.sum(-1)
+    best_groups = group_score.topk(TOPK_GROUPS, dim=-1).indices
+    eligible = torch.zeros_like(group_score, dtype=torch.bool).scatter(1, best_groups, True)
+    choice = biased.masked_fill(~eligible.repeat_interleave(per, dim=1), float("-inf"))
+    idx = choice.topk(K, dim=-1).indices
+    chosen = s.gather(1, idx)
+    return s, idx, chosen / chosen.sum(-1, keepdim=True) * SCALING
+
+
 class Model(torch.nn.Module):
-    """Embedding, L x (RMSNorm, MLA, RMSNorm, SwiGLU), RMSNorm, output head; Hugging Face tensor names."""
+    """Embedding, L x (RMSNorm, MLA, RMSNorm, SwiGLU or MoE), RMSNorm, output head; Hugging Face tensor names."""
 
     def __init__(self, q_lora):
         super().__init__()
         self.q_lora = q_lora
         p = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,), "lm_head.weight": (V, C)}
-        for l in range(L):
+        for l in range(L + MTP_D):
             a = f"model.layers.{l}."
+            if l >= L:  # MTP module l - L + 1
+                p[a + "enorm.weight"] = (C,)
+                p[a + "hnorm.weight"] = (C,)
+                p[a + "eh_proj.weight"] = (C, 2 * C)
+                p[a + "shared_head.norm.weight"] = (C,)
             p[a + "input_layernorm.weight"] = (C,)
             if q_lora:
                 p[a + "self_attn.q_a_proj.weight"] = (QR, C)
@@ -96,20 +134,48 @@ class Model(torch.nn.Module):
             p[a + "self_attn.kv_b_proj.weight"] = (H * (DN + DV), KR)
             p[a + "self_attn.o_proj.weight"] = (C, H * DV)
             p[a + "post_attention_layernorm.weight"] = (C,)
-            p[a + "mlp.gate_proj.weight"] = (FF, C)
-            p[a + "mlp.up_proj.weight"] = (FF, C)
-            p[a + "mlp.down_proj.weight"] = (C, FF)
+            if l < DENSE:
+                mlps = [("mlp.", FF)]
+            else:
+                p[a + "mlp.gate.weight"] = (E, C)
+                mlps = [(f"mlp.experts.{e}.", FM) for e in range(E)] + [("mlp.shared_experts.", FM * SHARED)]
+            for prefix, width in mlps:
+                p[a + prefix + "gate_proj.weight"] = (width, C)
+                p[a + prefix + "up_proj.weight"] = (width, C)
+                p[a + prefix + "down_proj.weight"] = (C, width)
         torch.manual_seed(0)
         self.names = list(p)
         self.params = torch.nn.ParameterList()
         for n, shape in p.items():
             w = 1.0 + 0.1 * torch.randn(shape) if "norm" in n else 0.08 * torch.randn(shape)
             self.params.append(torch.nn.Parameter(w))
+        # the expert bias: state, not a parameter; random so that it visibly changes the choices
+        self.bias = {l: 0.05 * torch.randn(E) for l in range(DENSE, L + MTP_D)}
         self.cos, self.sin = yarn_cos_sin()
         self.scale = (DN + DR) ** -0.5 * yarn_get_mscale(FACTOR, MSCALE_ALL) ** 2
 
     def named(self):
         return dict(zip(self.names, self.params))
+
+    def state(self):
+        return {f"model.layers.{l}.mlp.gate.e_score_correction_bias": b for l, b in self.bias.items()}
+
+    def moe(self, x, w, a, l):
+        """Routed experts + shared expert of layer l; records the choices, loads and balance loss."""
+        B = x.shape[0]
+        xf = x.reshape(-1, C)
+        s, idx, gate = route(xf @ w[a + "mlp.gate.weight"].t(), self.bias[l])
+        out = swiglu(xf, w, a + "mlp.shared_experts.")
+        for e in range(E):
+            rows, slot = (idx == e).nonzero(as_tuple=True)
+            if len(rows):
+                out = out.index_add(0, rows, gate[rows, slot, None] * swiglu(xf[rows], w, a + f"mlp.experts.{e}."))
+        counts = F.one_hot(idx, E).sum(1).view(B, T, E).sum(1).double()   # [B, E] selections per sequence
+        share = (s / s.sum(-1, keepdim=True)).view(B, T, E).mean(1)        # P_e per sequence
+        self.balance.append(((counts * E / (K * T)).float() * share).sum(-1))  # [B]
+        self.choices.append(idx.view(B, T, K))
+        self.loads[l] = self.loads.get(l, 0) + counts.sum(0)
+        return out.view(B, T, C)
 
     def attention(self, x, w, a):
         B = x.shape[0]
@@ -133,16 +199,41 @@ class Model(torch.nn.Module):
         o = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, H * DV)
         return o @ w[a + "o_proj.weight"].t()
 
-    def forward(self, tokens):
+    def block(self, h, w, l):
+        a = f"model.layers.{l}."
+        h = h + self.attention(rms_norm(h, w[a + "input_layernorm.weight"]), w, a + "self_attn.")
+        x = rms_norm(h, w[a + "post_attention_layernorm.weight"])
+        return h + (swiglu(x, w, a + "mlp.") if l < DENSE else self.moe(x, w, a, l))
+
+    def forward(self, seq):
+        """seq [B, T+1]: main logits [B, T, V] and the MTP depths' logits (targets: mtp_targets)."""
         w = self.named()
-        h = w["model.embed_tokens.weight"][tokens]
+        self.balance, self.choices = [], []
+        emb = w["model.embed_tokens.weight"]
+        h = emb[seq[:, :T]]
         for l in range(L):
-            a = f"model.layers.{l}."
-            h = h + self.attention(rms_norm(h, w[a + "input_layernorm.weight"]), w, a + "self_attn.")
-            x = rms_norm(h, w[a + "post_attention_layernorm.weight"])
-            h = h + (F.silu(x @ w[a + "mlp.gate_proj.weight"].t()) * (x @ w[a + "mlp.up_proj.weight"].t())) @ \
-                w[a + "mlp.down_proj.weight"].t()
-        return rms_norm(h, w["model.norm.weight"]) @ w["lm_head.weight"].t()
+            h = self.block(h, w, l)
+        logits = rms_norm(h, w["model.norm.weight"]) @ w["lm_head.weight"].t()
+        mtp_logits = []
+        for d in range(1, MTP_D + 1):
+            a = f"model.layers.{L + d - 1}."
+            ahead = torch.zeros_like(seq[:, :T])
+            ahead[:, :T + 1 - d] = seq[:, d:]  # token i + d (0 past the sequence: never predicted from)
+            x = torch.cat((rms_norm(emb[ahead], w[a + "enorm.weight"]), rms_norm(h, w[a + "hnorm.weight"])), -1)
+            h = self.block(x @ w[a + "eh_proj.weight"].t(), w, L + d - 1)
+            mtp_logits.append(rms_norm(h, w[a + "shared_head.norm.weight"]) @ w["lm_head.weight"].t())
+        return logits, mtp_logits
+
+    def balance_loss(self):
+        """The sequence-wise balance loss, mean over sequences and MoE layers (before its coefficient)."""
+        return torch.cat(self.balance).mean()
+
+    def update_bias(self):
+        """Aux-loss-free balancing after an optimizer step, from the step's loads."""
+        for l, load in self.loads.items():
+            step = torch.sign(load.mean() - load).to(torch.float32) * torch.tensor(BIAS_RATE, dtype=torch.float32)
+            self.bias[l] += step
+        self.loads = {}
 
     def named_parameters(self, *args, **kw):  # ref_common.adamw groups by name
         return iter(self.named().items())
@@ -172,6 +263,20 @@ def write_recipe(path, q_lora):
   yarn_mscale: {MSCALE}
   yarn_mscale_all_dim: {MSCALE_ALL}
   norm_eps: {EPS}
+  first_k_dense: {DENSE}
+  num_experts: {E}
+  experts_per_token: {K}
+  moe_intermediate_size: {FM}
+  moe_shared_experts: {SHARED}
+  moe_score_func: sigmoid
+  moe_n_group: {GROUPS}
+  moe_topk_group: {TOPK_GROUPS}
+  moe_routed_scaling: {SCALING}
+  moe_bias_update_rate: {BIAS_RATE}
+  moe_seq_aux_loss_coef: {SEQ_AUX}
+  moe_aux_loss_coef: 0
+  mtp_depth: {MTP_D}
+  mtp_loss_weight: {MTP_W}
 train:
   seq_len: {T}
   micro_batch: {MICRO_BATCH}
@@ -184,23 +289,46 @@ def setup(work, q_lora):
     model = Model(q_lora)
     os.makedirs(work, exist_ok=True)
     write_recipe(os.path.join(work, "recipe.yaml"), q_lora)
-    save_file({n: p.detach().contiguous() for n, p in model.named().items()}, os.path.join(work, "init.safetensors"))
+    tensors = {n: p.detach().contiguous() for n, p in model.named().items()}
+    tensors.update({n: b.clone() for n, b in model.state().items()})
+    save_file(tensors, os.path.join(work, "init.safetensors"))
     return model
 
 
 def ce_of(model, batch):
-    x, y = torch.from_numpy(batch[:, :T]).long(), torch.from_numpy(batch[:, 1:]).long()
-    logits = model(x)
-    return logits, F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+    """logits, the main loss, the MTP loss, and what backward differentiates (main + balance + weighted MTP)."""
+    seq = torch.from_numpy(batch).long()
+    model.loads = {}
+    logits, mtp_logits = model(seq)
+    ce = F.cross_entropy(logits.reshape(-1, V), seq[:, 1:].reshape(-1))
+    mtp = 0
+    for d, lg in enumerate(mtp_logits, 1):
+        target = torch.full_like(seq[:, :T], -100)
+        target[:, :T - d] = seq[:, d + 1:]  # token i + d + 1
+        mtp = mtp + F.cross_entropy(lg.reshape(-1, V), target.reshape(-1), ignore_index=-100) / MTP_D
+    return logits, ce, mtp, ce + SEQ_AUX * model.balance_loss() + MTP_W * mtp
 
 
 def check_forward_backward(model, work, tag):
     batch = ref_common.make_batches(1, 1, GLOBAL_BATCH, T, V)
     ref_common.run_driver(DRIVER, work, "grad", batch, os.path.join(work, "grad"))
-    logits, ce = ce_of(model, batch[0])
+    logits, ce, mtp, total = ce_of(model, batch[0])
     for p in model.params:
         p.grad = None
-    ce.backward()
+    total.backward()
+    # expert choices per MoE layer [layer, sequence, t, k], compared as sets (the order within k is free)
+    want = torch.stack(model.choices[:L - DENSE]).sort(-1).values  # the main model's MoE layers
+    got = load_file(os.path.join(work, "grad", "experts.safetensors"))["experts"].long().sort(-1).values
+    same = got.shape == want.shape and bool((got == want).all())
+    report(f"deepseek_{tag}_expert_choices", same, f"{int((got != want).sum()) if got.shape == want.shape else got.shape}"
+           f" of {want.numel()} choices differ")
+    balance = model.balance_loss().item()
+    got_balance = float(open(os.path.join(work, "grad", "aux.txt")).read().split()[0])
+    e = abs(got_balance - balance) / abs(balance)
+    report(f"deepseek_{tag}_balance_loss", e <= 1e-5, f"mtrain {got_balance:.8g} torch {balance:.8g} rel err {e:.3g}")
+    got_mtp = float(open(os.path.join(work, "grad", "mtp_loss.txt")).read())
+    e = abs(got_mtp - mtp.item()) / abs(mtp.item())
+    report(f"deepseek_{tag}_mtp_loss", e <= 1e-5, f"mtrain {got_mtp:.8f} torch {mtp.item():.8f} rel err {e:.3g}")
     got_logits = load_file(os.path.join(work, "grad", "logits.safetensors"))["logits"]
     got_loss = float(open(os.path.join(work, "grad", "loss.txt")).read())
     e = rel_err(got_logits, logits.detach())
@@ -215,8 +343,11 @@ def check_forward_backward(model, work, tag):
             continue
         e = rel_err(grads[name], p.grad)
         worst, worst_name = max((worst, worst_name), (e, name))
-    report(f"deepseek_{tag}_grads_present", not missing and len(grads) == len(model.names),
+    state = [n for n in grads if n.endswith("e_score_correction_bias")]
+    report(f"deepseek_{tag}_grads_present", not missing and len(grads) == len(model.names) + len(state),
            f"missing {missing}, {len(grads)} tensors")
+    report(f"deepseek_{tag}_bias_untrained", len(state) == L + MTP_D - DENSE and all(float(grads[n].abs().max()) == 0 for n in state),
+           f"expert bias gradients {state}: must exist per MoE layer and stay zero")
     report(f"deepseek_{tag}_grads", worst <= 1e-4, f"worst {worst_name} max rel err {worst:.3g} (tol 1e-4)")
 
 
@@ -224,24 +355,33 @@ def check_training(model, work, tag):
     batches = ref_common.make_batches(STEPS, 2, GLOBAL_BATCH, T, V)
     ref_common.run_driver(DRIVER, work, "train", batches, os.path.join(work, "train"))
     opt = adamw(model, OPT)
+    model.initial_bias = {n: b.clone() for n, b in model.state().items()}
     ours = [list(map(float, line.split())) for line in open(os.path.join(work, "train", "losses.txt"))]
     worst, worst_step = 0.0, -1
     for step in range(STEPS):
         for g in opt.param_groups:
             g["lr"] = ref_common.lr_at(OPT, STEPS, step)
         opt.zero_grad()
-        _, ce = ce_of(model, batches[step])
-        ce.backward()
+        _, ce, mtp, total = ce_of(model, batches[step])
+        total.backward()
         torch.nn.utils.clip_grad_norm_(list(model.params), OPT["grad_clip"])
         opt.step()
+        model.update_bias()
         if step < len(ours):
-            e = abs(ours[step][0] - ce.item()) / abs(ce.item())
+            e = max(abs(ours[step][0] - ce.item()) / abs(ce.item()), abs(ours[step][3] - mtp.item()) / abs(mtp.item()))
             if e > worst:
                 worst, worst_step = e, step
     report(f"deepseek_{tag}_training_steps", len(ours) == STEPS, f"{len(ours)} loss lines, want {STEPS}")
     report(f"deepseek_{tag}_training_50_steps", worst <= 1e-4,
            f"worst step {worst_step} rel err {worst:.3g} (tol 1e-4); loss {ours[0][0]:.4f} -> {ours[-1][0]:.4f}")
     report(f"deepseek_{tag}_training_loss_falls", ours[-1][0] < ours[0][0] - 0.2, f"{ours[0][0]:.4f} -> {ours[-1][0]:.4f}")
+    final = load_file(os.path.join(work, "train", "params.safetensors"))
+    worst, moved = 0.0, 0.0
+    for name, b in model.state().items():
+        worst = max(worst, float((final[name] - b).abs().max()))
+        moved = max(moved, float((b - model.initial_bias[name]).abs().max()))
+    report(f"deepseek_{tag}_final_bias", worst <= 1e-6 and moved > 0,
+           f"max |mtrain - torch| {worst:.3g} (tol 1e-6); the bias moved up to {moved:.3g}")
 
 
 def main():

@@ -4,10 +4,11 @@
  *       one global batch: writes OUTDIR/logits.safetensors, OUTDIR/grads.safetensors
  *       (gradients of the mean token loss) and OUTDIR/loss.txt; for a MoE model also
  *       OUTDIR/experts.safetensors (each MoE layer's top-k experts per token, as floats)
- *       and OUTDIR/aux.txt (load-balancing and z-loss, means over sequences and layers)
+ *       and OUTDIR/aux.txt (load-balancing and z-loss, means over sequences and layers); with MTP
+ *       modules OUTDIR/mtp_loss.txt (mean over depths of each depth's mean token loss)
  *   ref_driver train RECIPE WEIGHTS BATCHES OUTDIR
  *       train.steps optimizer steps through trainer_step (the code path of
- *       `mtrain pretrain`): OUTDIR/losses.txt (loss grad_norm lr per line) and
+ *       `mtrain pretrain`): OUTDIR/losses.txt (loss grad_norm lr mtp_loss per line) and
  *       OUTDIR/params.safetensors
  *
  * BATCHES is raw little-endian int32: [steps][global_batch][seq_len+1]. */
@@ -85,8 +86,17 @@ static void grad_mode(struct trainer *tr, const int32_t *samples, const char *ou
         safetensors_save(path, &e, 1, NULL, NULL, 0);
         snprintf(path, sizeof path, "%s/aux.txt", outdir);
         f = xfopen(path, "w");
-        double per = (double)n * nm;
+        double per = (double)n * model_moe_layer_count_all(&r->model);
         fprintf(f, "%.9g %.9g\n", m->moe_aux_sum / per, m->moe_z_sum / per);
+        xfclose(f, path);
+    }
+    int D = model_mtp_depth(&r->model);
+    if (D) {
+        double mtp = 0;
+        for (int d = 0; d < D; d++) mtp += m->mtp_loss[d] / ((double)n * (T - d - 1)) / D;
+        snprintf(path, sizeof path, "%s/mtp_loss.txt", outdir);
+        f = xfopen(path, "w");
+        fprintf(f, "%.9g\n", mtp);
         xfclose(f, path);
     }
     free(experts);
@@ -101,7 +111,7 @@ static void train_mode(struct trainer *tr, const int32_t *samples, const char *o
     FILE *f = xfopen(path, "w");
     for (int s = 0; s < r->train.steps; s++) {
         struct step_stats st = trainer_step(tr, samples + s * per_step, r->train.global_batch);
-        fprintf(f, "%.9g %.9g %.9g\n", st.loss, st.grad_norm, st.lr);
+        fprintf(f, "%.9g %.9g %.9g %.9g\n", st.loss, st.grad_norm, st.lr, st.mtp_loss);
     }
     xfclose(f, path);
     snprintf(path, sizeof path, "%s/params.safetensors", outdir);

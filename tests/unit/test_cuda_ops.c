@@ -333,6 +333,24 @@ static void test_moe(int n, int E, int k, int C) {
     float *dR = dev(R, 4ul * n * k), *dA = dev(A, 4ul * n * E), *dDL = gpu->alloc(4ul * n * E);
     gpu->moe_route_backward(dDL, dR, dP, dL, dI, dW, dA, 0.3f, n, E, k);
     compare("cuda_moe_route_backward", dDL, dl, (size_t)n * E);
+    /* DeepSeek-V3 sigmoid routing: 8 groups, best 4, a bias that reorders choices */
+    int G = E >= 16 ? 8 : 4; /* groups of at least 2 experts (validated) */
+    float *bias = frand(E), *ss = malloc(4ul * n * E), *sw = malloc(4ul * n * k), *sdl = malloc(4ul * n * E);
+    int32_t *sidx = malloc(4ul * n * k), *sgi = malloc(4ul * n * k);
+    for (int e = 0; e < E; e++) bias[e] *= 0.3f;
+    cpu->moe_route_sigmoid_forward(ss, sidx, sw, x, bias, n, E, k, G, G / 2, 2.5f);
+    float *dB = dev(bias, 4ul * E), *dS = gpu->alloc(4ul * n * E), *dSW = gpu->alloc(4ul * n * k);
+    int32_t *dSI = gpu->alloc(4ul * n * k);
+    gpu->moe_route_sigmoid_forward(dS, dSI, dSW, dX, dB, n, E, k, G, G / 2, 2.5f);
+    compare("cuda_moe_route_sigmoid_scores", dS, ss, (size_t)n * E);
+    compare("cuda_moe_route_sigmoid_weights", dSW, sw, (size_t)n * k);
+    gpu->to_host(sgi, dSI, 4ul * n * k);
+    TEST_RESULT("cuda_moe_route_sigmoid_experts", !memcmp(sgi, sidx, 4ul * n * k), "choices differ from the CPU's");
+    cpu->moe_route_sigmoid_backward(sdl, R, ss, sidx, sw, A, n, E, k, 2.5f);
+    gpu->moe_route_sigmoid_backward(dDL, dR, dS, dSI, dSW, dA, n, E, k, 2.5f);
+    compare("cuda_moe_route_sigmoid_backward", dDL, sdl, (size_t)n * E);
+    free(bias), free(ss), free(sw), free(sdl), free(sidx), free(sgi);
+    gpu->free(dB), gpu->free(dS), gpu->free(dSW), gpu->free(dSI);
     /* a permutation with every 5th selection dropped */
     int32_t *pos = malloc(4ul * n * k), *src = malloc(4ul * n * k);
     int rows = 0;

@@ -474,6 +474,94 @@ static void test_moe(void) {
     free(dout), free(dy), free(dw), free(dyd), free(dwd);
 }
 
+/* DeepSeek-V3 sigmoid routing, naive: sort groups by the sum of their two
+ * best biased scores, keep the best topk_group, sort their experts by biased
+ * score and take the first k. */
+static const double *g_sort_key;
+static int by_key_desc(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    return g_sort_key[i] > g_sort_key[j] ? -1 : g_sort_key[i] < g_sort_key[j] ? 1 : i - j;
+}
+static void ref_sigmoid_choice(int32_t *idx, const float *x, const float *bias, int E, int k, int G, int TG) {
+    double biased[64], gscore[64], pair[64];
+    int order[64], gorder[64], eligible[64] = {0};
+    for (int e = 0; e < E; e++) biased[e] = (float)(1 / (1 + exp(-(double)x[e]))) + bias[e];
+    int per = E / G;
+    for (int g = 0; g < G; g++) { /* the two best of the group by sorting it */
+        for (int i = 0; i < per; i++) pair[i] = biased[g * per + i], order[i] = i;
+        g_sort_key = pair;
+        qsort(order, per, sizeof(int), by_key_desc);
+        gscore[g] = G > 1 ? pair[order[0]] + pair[order[1]] : 0, gorder[g] = g;
+    }
+    g_sort_key = gscore;
+    qsort(gorder, G, sizeof(int), by_key_desc);
+    for (int j = 0; j < (G > 1 ? TG : G); j++)
+        for (int i = 0; i < per; i++) eligible[gorder[j] * per + i] = 1;
+    int n = 0;
+    for (int e = 0; e < E; e++)
+        if (eligible[e]) order[n++] = e;
+    g_sort_key = biased;
+    qsort(order, n, sizeof(int), by_key_desc);
+    for (int j = 0; j < k; j++) idx[j] = order[j];
+}
+/* With the choice fixed: J = sum R*w + sum A * s / sum(s), w the scaled normalised chosen scores. */
+static double ref_sigmoid_objective(const double *x, const int32_t *idx, const double *R, const double *A, int n,
+                                    int E, int k, double scaling, double *w) {
+    double J = 0;
+    for (int t = 0; t < n; t++) {
+        double s[64], total = 0, chosen = 0;
+        for (int e = 0; e < E; e++) s[e] = 1 / (1 + exp(-x[t * E + e])), total += s[e];
+        for (int e = 0; e < E; e++) J += A[t * E + e] * s[e] / total;
+        for (int j = 0; j < k; j++) chosen += s[idx[t * k + j]];
+        for (int j = 0; j < k; j++) w[t * k + j] = s[idx[t * k + j]] / chosen * scaling, J += R[t * k + j] * w[t * k + j];
+    }
+    return J;
+}
+
+static void test_moe_sigmoid(int E, int k, int G, int TG, const char *tag) {
+    int n = 11;
+    double scaling = 2.5;
+    char name[96];
+    float *x = frand((size_t)n * E), *bias = frand(E);
+    for (int i = 0; i < n * E; i++) x[i] *= 3;
+    for (int e = 0; e < E; e++) bias[e] *= 0.3f; /* large enough to reorder some choices */
+    float *s = malloc(4ul * n * E), *w = malloc(4ul * n * k);
+    int32_t *idx = malloc(4ul * n * k), want[64];
+    be->moe_route_sigmoid_forward(s, idx, w, x, bias, n, E, k, G, TG, (float)scaling);
+    int same = 1;
+    for (int t = 0; t < n; t++) {
+        ref_sigmoid_choice(want, x + (size_t)t * E, bias, E, k, G, TG);
+        same &= !memcmp(want, idx + (size_t)t * k, sizeof(int32_t) * k);
+    }
+    snprintf(name, sizeof name, "moe_route_sigmoid_choice_%s", tag);
+    TEST_RESULT(name, same, "chosen experts differ from the sorted reference");
+    double *xd = to_double(x, (size_t)n * E), *sd = malloc(8ul * n * E), *wd = malloc(8ul * n * k);
+    for (int i = 0; i < n * E; i++) sd[i] = 1 / (1 + exp(-xd[i]));
+    snprintf(name, sizeof name, "moe_route_sigmoid_scores_%s", tag);
+    check_close(name, s, sd, (size_t)n * E, 1e-6);
+    float *R = frand((size_t)n * k), *A = frand((size_t)n * E);
+    double *Rd = to_double(R, (size_t)n * k), *Ad = to_double(A, (size_t)n * E);
+    ref_sigmoid_objective(xd, idx, Rd, Ad, n, E, k, scaling, wd);
+    snprintf(name, sizeof name, "moe_route_sigmoid_weights_%s", tag);
+    check_close(name, w, wd, (size_t)n * k, 1e-6);
+    float *dl = malloc(4ul * n * E);
+    double *fd = malloc(8ul * n * E);
+    be->moe_route_sigmoid_backward(dl, R, s, idx, w, A, n, E, k, (float)scaling);
+    for (int i = 0; i < n * E; i++) {
+        double h = 1e-6, keep = xd[i];
+        xd[i] = keep + h;
+        double jp = ref_sigmoid_objective(xd, idx, Rd, Ad, n, E, k, scaling, wd);
+        xd[i] = keep - h;
+        double jm = ref_sigmoid_objective(xd, idx, Rd, Ad, n, E, k, scaling, wd);
+        xd[i] = keep;
+        fd[i] = (jp - jm) / (2 * h);
+    }
+    snprintf(name, sizeof name, "moe_route_sigmoid_backward_%s", tag);
+    check_close(name, dl, fd, (size_t)n * E, 1e-4);
+    free(x), free(bias), free(s), free(w), free(idx), free(xd), free(sd), free(wd), free(R), free(A), free(Rd), free(Ad);
+    free(dl), free(fd);
+}
+
 int main(void) {
     be = backend_get("cpu");
     test_matmul();
@@ -494,5 +582,7 @@ int main(void) {
     test_adamw();
     test_reductions();
     test_moe();
+    test_moe_sigmoid(16, 3, 4, 2, "groups");
+    test_moe_sigmoid(8, 2, 1, 1, "no_groups");
     TEST_EXIT();
 }
