@@ -90,19 +90,25 @@ static int info(const char *step_dir) {
     return 0;
 }
 
+/* The recipe stored in a checkpoint step's manifest. */
+static int step_recipe(const char *step_dir, struct recipe *r, char *err, size_t errlen) {
+    int rc;
+    struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, errlen, &rc);
+    if (!rd) return -1;
+    int ok = ckpt_reader_load_recipe(rd, r, err, errlen) == 0;
+    ckpt_reader_close(rd);
+    return ok ? 0 : -1;
+}
+
 /* The layout checks of the reshard, said in the user's terms (the recipe
  * inside the checkpoint has no file a message could point at). */
 static int check_layout(const char *step_dir, int tp, int pp, int vpp, int ep) {
     char err[4400];
-    int rc;
-    struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, sizeof err, &rc);
     static struct recipe r;
-    if (!rd || ckpt_reader_load_recipe(rd, &r, err, sizeof err) != 0) {
-        if (rd) ckpt_reader_close(rd);
+    if (step_recipe(step_dir, &r, err, sizeof err) != 0) {
         fprintf(stderr, "mtrain: error: %s\n", err);
         return 1;
     }
-    ckpt_reader_close(rd);
     const struct model_config *m = &r.model;
     const char *why = NULL, *flag = "--tp";
     long long a = 0, b = tp;
@@ -134,21 +140,17 @@ struct tokenizer_choice {
  * had (the model is still exported). */
 static struct tokenizer *recorded_tokenizer(const char *step_dir, int lookup, int *model_vocab, int *max_len) {
     char err[4400];
-    int rc;
-    struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, sizeof err, &rc);
     static struct recipe r;
-    if (!rd || ckpt_reader_load_recipe(rd, &r, err, sizeof err) != 0) {
-        if (rd) ckpt_reader_close(rd);
+    if (step_recipe(step_dir, &r, err, sizeof err) != 0) {
         warn("%s: no tokenizer files written: %s", step_dir, err);
         return NULL;
     }
-    ckpt_reader_close(rd);
     *model_vocab = r.model.vocab_size;
     *max_len = r.model.max_seq_len ? r.model.max_seq_len : 8192;
     if (!lookup) return NULL;
     const char *dir = r.data.blend.n ? r.data.blend.e[0].path : r.data.path;
     struct tokenizer_record rec;
-    rc = tokenizer_record_load(dir, &rec, err, sizeof err);
+    int rc = tokenizer_record_load(dir, &rec, err, sizeof err);
     struct tokenizer *t = NULL;
     if (rc < 0)
         warn("no tokenizer files written: the training data's tokenizer is unknown (%s); pass --tokenizer SPEC", err);

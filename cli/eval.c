@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/options.h"
 #include "cli/model_source.h"
 #include "config/common.h"
 #include "data/dataset.h"
@@ -49,39 +50,27 @@ static int parse(int argc, char **argv, struct eval_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
-#define STR(flag, field) else if (!strcmp(a, flag) && v) o->field = v, i++
-#define NUM(flag, field, conv, ok)                                                                      \
-    else if (!strcmp(a, flag) && v) {                                                                   \
-        o->field = conv;                                                                                \
-        if (end == v || *end || !(ok)) {                                                                \
-            fprintf(stderr, "mtrain eval: %s '%s' is not valid (see mtrain help eval)\n", a, v);        \
-            return EXIT_USAGE;                                                                          \
-        }                                                                                               \
-        i++;                                                                                            \
-    }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), -1;
-        STR("--data", data);
-        STR("--split", split);
-        STR("--ids", ids);
-        STR("--ids-file", ids_file);
-        STR("--dump", dump);
-        STR("--device", device);
-        STR("--recipe", recipe);
-        NUM("--valid-fraction", valid_fraction, strtod(v, &end), o->valid_fraction >= 0 && o->valid_fraction < 1)
-        NUM("--seed", seed, strtoll(v, &end, 10), o->seed >= 0)
-        NUM("--seq-len", seq_len, (int)strtol(v, &end, 10), o->seq_len > 0)
-        NUM("--batch-size", batch, (int)strtol(v, &end, 10), o->batch > 0)
-        NUM("--batches", batches, (int)strtol(v, &end, 10), o->batches > 0)
-        NUM("--top", top, (int)strtol(v, &end, 10), o->top >= 0)
+        OPT_STR("--data", data);
+        OPT_STR("--split", split);
+        OPT_STR("--ids", ids);
+        OPT_STR("--ids-file", ids_file);
+        OPT_STR("--dump", dump);
+        OPT_STR("--device", device);
+        OPT_STR("--recipe", recipe);
+        OPT_NUM("eval", "--valid-fraction", valid_fraction, strtod(v, &end), o->valid_fraction >= 0 && o->valid_fraction < 1)
+        OPT_NUM("eval", "--seed", seed, strtoll(v, &end, 10), o->seed >= 0)
+        OPT_NUM("eval", "--seq-len", seq_len, (int)strtol(v, &end, 10), o->seq_len > 0)
+        OPT_NUM("eval", "--batch-size", batch, (int)strtol(v, &end, 10), o->batch > 0)
+        OPT_NUM("eval", "--batches", batches, (int)strtol(v, &end, 10), o->batches > 0)
+        OPT_NUM("eval", "--top", top, (int)strtol(v, &end, 10), o->top >= 0)
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (a[0] != '-' && !o->model) o->model = a;
         else {
-            fprintf(stderr, "mtrain eval: unexpected argument '%s'%s\n\n", a, v || a[0] != '-' ? "" : " (needs a value)");
+            opt_unexpected("eval", a, v);
             usage(stderr);
             return EXIT_USAGE;
         }
-#undef STR
-#undef NUM
     }
     int given = !!o->data + !!o->ids + !!o->ids_file;
     const char *why = !o->model ? "no MODEL given"
@@ -91,7 +80,7 @@ static int parse(int argc, char **argv, struct eval_opts *o) {
                           ? "--split must be valid, train or all"
                           : NULL;
     if (why) {
-        fprintf(stderr, "mtrain eval: %s\n\n", why);
+        fprintf(stderr, "mtrain: error: eval: %s\n\n", why);
         usage(stderr);
         return EXIT_USAGE;
     }
@@ -201,7 +190,7 @@ static int eval_data(const struct eval_opts *o, const struct model_source *src) 
     int B = o->batch ? o->batch : src->has_run_recipe ? r->train.micro_batch : 1;
     double vf = o->valid_fraction >= 0 ? o->valid_fraction : r->data.valid_fraction;
     uint64_t seed = o->seed >= 0 ? (uint64_t)o->seed : r->train.seed;
-    if (!T) return fprintf(stderr, "mtrain eval: this model has no training recipe: give --seq-len\n"), EXIT_USAGE;
+    if (!T) return fprintf(stderr, "mtrain: error: eval: this model has no training recipe: give --seq-len\n"), EXIT_USAGE;
     if (T > src->max_positions) {
         fprintf(stderr, "mtrain: error: --seq-len %d is longer than the model's %d positions\n", T, src->max_positions);
         return EXIT_USAGE;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/options.h"
 #include "cli/model_source.h"
 #include "config/common.h"
 #include "data/tokenizer.h"
@@ -129,47 +130,35 @@ static int parse(int argc, char **argv, struct gen_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
-#define STR(flag, field) else if (!strcmp(a, flag) && v) o->field = v, i++
-#define NUM(flag, field, conv, ok)                                                                        \
-    else if (!strcmp(a, flag) && v) {                                                                     \
-        o->field = conv;                                                                                  \
-        if (end == v || *end || !(ok)) {                                                                  \
-            fprintf(stderr, "mtrain generate: %s '%s' is not valid (see mtrain help generate)\n", a, v);  \
-            return EXIT_USAGE;                                                                            \
-        }                                                                                                 \
-        i++;                                                                                              \
-    }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), -1;
-        STR("--tokenizer", tokenizer);
-        STR("--prompt", prompt);
-        STR("--prompt-ids", prompt_ids);
-        STR("--device", device);
-        STR("--recipe", recipe);
-        NUM("--max-tokens", max_tokens, (int)strtol(v, &end, 10), o->max_tokens > 0)
-        NUM("--top-k", top_k, (int)strtol(v, &end, 10), o->top_k >= 0)
-        NUM("--json-top", json_top, (int)strtol(v, &end, 10), o->json_top >= 0)
-        NUM("--temperature", temperature, strtod(v, &end), o->temperature >= 0 && isfinite(o->temperature))
-        NUM("--top-p", top_p, strtod(v, &end), o->top_p > 0 && o->top_p <= 1)
-        NUM("--seed", seed, strtoull(v, &end, 10), v[0] != '-')
-        NUM("--stop-id", stop_id, strtoll(v, &end, 10), o->stop_id >= -1)
+        OPT_STR("--tokenizer", tokenizer);
+        OPT_STR("--prompt", prompt);
+        OPT_STR("--prompt-ids", prompt_ids);
+        OPT_STR("--device", device);
+        OPT_STR("--recipe", recipe);
+        OPT_NUM("generate", "--max-tokens", max_tokens, (int)strtol(v, &end, 10), o->max_tokens > 0)
+        OPT_NUM("generate", "--top-k", top_k, (int)strtol(v, &end, 10), o->top_k >= 0)
+        OPT_NUM("generate", "--json-top", json_top, (int)strtol(v, &end, 10), o->json_top >= 0)
+        OPT_NUM("generate", "--temperature", temperature, strtod(v, &end), o->temperature >= 0 && isfinite(o->temperature))
+        OPT_NUM("generate", "--top-p", top_p, strtod(v, &end), o->top_p > 0 && o->top_p <= 1)
+        OPT_NUM("generate", "--seed", seed, strtoull(v, &end, 10), v[0] != '-')
+        OPT_NUM("generate", "--stop-id", stop_id, strtoll(v, &end, 10), o->stop_id >= -1)
         else if (!strcmp(a, "--print-ids")) o->print_ids = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (a[0] != '-' && !o->model) o->model = a;
         else {
-            fprintf(stderr, "mtrain generate: unexpected argument '%s'%s\n\n", a, v || a[0] != '-' ? "" : " (needs a value)");
+            opt_unexpected("generate", a, v);
             usage(stderr);
             return EXIT_USAGE;
         }
         if (!strcmp(a, "--stop-id")) o->stop_set = 1;
-#undef STR
-#undef NUM
     }
     const char *why = !o->model ? "no MODEL given"
                       : !o->prompt == !o->prompt_ids ? "give exactly one of --prompt and --prompt-ids"
                       : o->prompt && !o->tokenizer ? "--prompt needs --tokenizer"
                                                   : NULL;
     if (why) {
-        fprintf(stderr, "mtrain generate: %s\n\n", why);
+        fprintf(stderr, "mtrain: error: generate: %s\n\n", why);
         usage(stderr);
         return EXIT_USAGE;
     }
@@ -246,7 +235,7 @@ int cmd_generate(int argc, char **argv) {
     char err[8448];
     struct tokenizer *tok = NULL;
     if (o.tokenizer && !(tok = tokenizer_open(o.tokenizer, &(struct tokenizer_opts){0}, err, sizeof err))) {
-        fprintf(stderr, "mtrain generate: --tokenizer: %s\n", err);
+        fprintf(stderr, "mtrain: error: generate: --tokenizer: %s\n", err);
         return EXIT_USAGE;
     }
     static struct model_source src;
