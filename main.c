@@ -32,7 +32,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "--version")) return cmd_version(argc - 1, argv + 1);
     const struct command *c = find_command(argv[1]);
     if (!c) {
-        fprintf(stderr, "mtrain: unknown command '%s'\n\n", argv[1]);
+        fprintf(stderr, "mtrain: error: unknown command '%s'\n\n", argv[1]);
         print_usage(stderr);
         return 2;
     }

@@ -243,7 +243,7 @@ static void dry_run(const struct recipe *r, int verbose) {
               (!strcmp(r->train.device, "cuda") || (!strcmp(r->train.device, "auto") && cuda_backend_available()));
     const struct backend *be = gpu ? &cuda_backend : &cpu_backend;
     struct memory_estimate e = model_memory_estimate(r, dp, be);
-    printf("\n# plan (%s)\n", world ? "for the launcher's world size" : "world size unknown: dp 1 assumed");
+    printf("\n# plan (%s)\n", world ? "for the launcher's world size" : "world size unknown: dp 1 assumed; SLURM_NTASKS=N plans for N ranks");
     print_data_note(r);
     model_print_param_counts(stdout, &r->model); /* total and active; main model and MTP */
     printf("flops_per_token:  %.4g\n", model_flops_per_token(&r->model, r->train.seq_len));

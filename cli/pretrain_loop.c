@@ -111,6 +111,12 @@ static void log_step(struct run *run, int step, const struct step_stats *st, dou
                  st->dropped > 0 ? " | dropped" : "");
         if (st->dropped > 0) snprintf(moe_text + strlen(moe_text), sizeof moe_text - strlen(moe_text), " %.0f", st->dropped);
     }
+    if (model_mtp_depth(&r->model)) { /* multi-token prediction: its mean loss (before mtp_loss_weight) */
+        size_t len = strlen(moe);
+        snprintf(moe + len, sizeof moe - len, ",\"mtp_loss\":%.6f", st->mtp_loss);
+        len = strlen(moe_text);
+        snprintf(moe_text + len, sizeof moe_text - len, " | mtp %.4f", st->mtp_loss);
+    }
     event(run,
           "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"tflops\":%.6f,"
           "\"mfu\":%.6f,\"mem_mib\":%.1f,\"step_ms\":%.2f,\"consumed_samples\":%lld%s}",
@@ -383,7 +389,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     static struct run run;
     memset(&run, 0, sizeof run);
     run.r = r, run.o = o;
-    const char *unsupported = transformer_unsupported(&r->model);
+    const char *unsupported = transformer_unsupported(&r->model, r->parallel.pp);
     if (unsupported) {
         fprintf(stderr, "mtrain: error: %s: %s\n", r->source, unsupported);
         return EXIT_USAGE;

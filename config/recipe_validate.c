@@ -203,9 +203,6 @@ static int check_parallel(const struct recipe *r, int world_size) {
                                                                                  : m->intermediate_size)) % p->tp)
         return verr(r, "parallel.tp", "tp %d does not divide the shared experts' width (moe_shared_experts x "
                     "moe_intermediate_size)", p->tp);
-    if (!strcmp(m->arch, "deepseek_v3") && m->mtp_depth > 0 && p->pp > 1)
-        return verr(r, "model.mtp_depth", "multi-token prediction with pipeline parallelism (pp %d) is not supported "
-                    "yet (the last stage would need a copy of the embedding)", p->pp);
     if (m->tie_embeddings && p->pp > 1)
         return verr(r, "model.tie_embeddings", "tied embeddings with pipeline parallelism (pp %d) are not supported",
                     p->pp);

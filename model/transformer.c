@@ -228,13 +228,15 @@ static void set_dims(struct transformer *m, const struct model_config *cfg, cons
     }
 }
 
-const char *transformer_unsupported(const struct model_config *cfg) {
+const char *transformer_unsupported(const struct model_config *cfg, int pp) {
     if (cfg->num_experts > 0 && !strcmp(cfg->moe_score_func, "softmax") &&
         (cfg->moe_n_group > 1 || cfg->moe_routed_scaling != 1 || cfg->moe_bias_update_rate > 0 ||
          cfg->moe_seq_aux_loss_coef > 0))
         return "moe_n_group, moe_routed_scaling, moe_bias_update_rate and moe_seq_aux_loss_coef belong to sigmoid "
                "routing (DeepSeek-V3): set model.moe_score_func sigmoid";
-    if (!model_is_mla(cfg)) return NULL;
+    if (model_mtp_depth(cfg) > 0 && pp > 1)
+        return "multi-token prediction with pipeline parallelism is not implemented yet (the last stage needs a copy "
+               "of the embedding): set model.mtp_depth 0 or parallel.pp 1";
     return NULL;
 }
 

@@ -4,7 +4,7 @@
 # fraction), the MTP module as Hugging Face stores it (with its copies of the
 # embedding and output head) 14B within the rounding of 685B - 671B. The tiny
 # recipe's counts are checked against an independent count from its shapes;
-# its dense-MLA variant trains on the CPU.
+# it trains on the CPU (loss and MTP loss fall).
 source "$(dirname "$0")/../lib.sh"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$TMP"
@@ -45,17 +45,17 @@ read want_main want_active want_mtp < <(count 7168 129280 61 128 1536 512 128 64
 got="$(sed -n 's/^main_parameters: *\([0-9]*\).*/\1/p' out) $(sed -n 's/^active_parameters: *\([0-9]*\).*/\1/p' out) $(sed -n 's/^mtp_parameters: *\([0-9]*\).*/\1/p' out)"
 want=$(count 96 264 4 4 48 32 16 8 16 192 48 8 2 1 2 1)
 [ "$got" = "$want" ] && pass deepseek_tiny_counts_match_shapes || fail deepseek_tiny_counts_match_shapes "mtrain $got, want $want"
-# MoE routing and MTP are not implemented yet: a clear refusal, exit 2, nothing allocated
+# the tiny recipe trains on the CPU: MLA, sigmoid group-limited routing with the expert bias, shared expert, MTP
 "$MTRAIN" data generate --out data >/dev/null || { fail deepseek_tiny_setup "data generate failed"; exit 1; }
-"$MTRAIN" pretrain "$ROOT/recipes/tiny-deepseek-v3.yaml" --set data.path=data --set log.dir=run0 >out 2>&1
-rc=$?
-[ $rc = 2 ] && grep -q "not implemented yet" out && pass deepseek_tiny_refuses_unimplemented ||
-    fail deepseek_tiny_refuses_unimplemented "exit $rc: $(tail -2 out)"
-OMP_NUM_THREADS=2 "$MTRAIN" pretrain "$ROOT/recipes/tiny-deepseek-v3.yaml" --set data.path=data --set model.num_experts=0 \
-    --set model.mtp_depth=0 --set train.steps=40 --set train.eval_interval=0 --set log.dir=run >out 2>&1 ||
-    fail deepseek_tiny_mla_trains "exit $?: $(tail -2 out)"
+OMP_NUM_THREADS=2 "$MTRAIN" pretrain "$ROOT/recipes/tiny-deepseek-v3.yaml" --set data.path=data --set train.steps=40 \
+    --set train.eval_interval=0 --set log.dir=run >out 2>&1 || fail deepseek_tiny_trains "exit $?: $(tail -2 out)"
 first=$(grep '"loss"' run/metrics.jsonl | head -1 | sed 's/.*"loss":\([^,]*\),.*/\1/')
 last=$(grep '"loss"' run/metrics.jsonl | tail -1 | sed 's/.*"loss":\([^,]*\),.*/\1/')
-awk -v a="$first" -v b="$last" 'BEGIN {exit b < a - 1 ? 0 : 1}' && pass deepseek_tiny_mla_loss_falls ||
-    fail deepseek_tiny_mla_loss_falls "$first -> $last"
-exit $FAILED
+awk -v a="$first" -v b="$last" 'BEGIN {exit b < a - 1 ? 0 : 1}' && pass deepseek_tiny_loss_falls ||
+    fail deepseek_tiny_loss_falls "$first -> $last"
+# the MTP loss is recorded every step and falls too (it predicts one token further)
+mfirst=$(grep '"mtp_loss"' run/metrics.jsonl | head -1 | sed 's/.*"mtp_loss":\([^,}]*\).*/\1/')
+mlast=$(grep '"mtp_loss"' run/metrics.jsonl | tail -1 | sed 's/.*"mtp_loss":\([^,}]*\).*/\1/')
+[ "$(grep -c '"mtp_loss"' run/metrics.jsonl)" = 40 ] && awk -v a="$mfirst" -v b="$mlast" 'BEGIN {exit b < a - 1 ? 0 : 1}' &&
+    pass deepseek_tiny_mtp_loss_recorded || fail deepseek_tiny_mtp_loss_recorded "mtp_loss $mfirst -> $mlast"
+grep -q "| mtp " out && pass deepseek_tiny_mtp_loss_printed || fail deepseek_tiny_mtp_loss_printed "$(grep step out | tail -1)"

@@ -27,6 +27,9 @@ ahead; its loss is the mean over the predictable positions.
    1e-4 (max|diff| / max|torch| per tensor).
 2. 50 AdamW steps from the same weights on the same batches: every step's
    loss and MTP loss within 1e-4 relative, the final expert bias equal (1e-6).
+   AdamW's eps is 1e-6 here: with 1e-8 the first steps' update of elements
+   whose gradient is ~1e-8 is the sign of float rounding noise, which sends
+   two correct implementations apart; routing near-ties then amplify it.
 
 RoPE layout: mtrain stores the rotary rows in rotate_half order (pairs i,
 i + d/2). Hugging Face's DeepSeek-V3 checkpoints store them interleaved
