@@ -101,25 +101,35 @@ int checkpoint_export_weights(const char *step_dir, const char *path, char *err,
     return rc;
 }
 
+int checkpoint_hf_check_model(const struct model_config *m, const char *what, char *err, size_t errlen) {
+    if (m->num_experts > 0 && model_moe_layer_count(m) != m->num_layers) {
+        snprintf(err, errlen, "%s: model.moe_layer_freq %d mixes dense and MoE layers, which Hugging Face "
+                 "MixtralForCausalLM cannot hold (every layer is MoE there)", what, m->moe_layer_freq);
+        return -2;
+    }
+    return 0;
+}
+
+void checkpoint_hf_write_config(const struct model_config *m, const char *out_dir) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    write_config(m, path);
+}
+
 int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, size_t errlen) {
     int rc;
     static struct recipe r;
     struct ckpt_reader *rd = open_with_recipe(step_dir, &r, err, errlen, &rc);
     if (!rd) return rc;
-    if (r.model.num_experts > 0 && model_moe_layer_count(&r.model) != r.model.num_layers) {
-        snprintf(err, errlen, "%s: model.moe_layer_freq %d mixes dense and MoE layers, which Hugging Face "
-                 "MixtralForCausalLM cannot hold (every layer is MoE there)", step_dir, r.model.moe_layer_freq);
+    if ((rc = checkpoint_hf_check_model(&r.model, step_dir, err, errlen)) != 0) {
         ckpt_reader_close(rd);
-        return -2;
+        return rc;
     }
     if (mkdir_p(out_dir) != 0) die("cannot create %s: %s", out_dir, strerror(errno));
     char path[4400];
     snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
     rc = write_weights(rd, &r, path, err, errlen);
-    if (rc == 0) {
-        snprintf(path, sizeof path, "%s/config.json", out_dir);
-        write_config(&r.model, path);
-    }
+    if (rc == 0) checkpoint_hf_write_config(&r.model, out_dir);
     ckpt_reader_close(rd);
     return rc;
 }

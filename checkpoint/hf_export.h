@@ -5,6 +5,11 @@
 #include <stddef.h>
 
 int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, size_t errlen);
+struct model_config;
+/* -2 with a message naming `what` when transformers has no class for m. */
+int checkpoint_hf_check_model(const struct model_config *m, const char *what, char *err, size_t errlen);
+/* OUT_DIR/config.json for m (the directory exists). */
+void checkpoint_hf_write_config(const struct model_config *m, const char *out_dir);
 /* Set bos_token_id / eos_token_id (-1: null) in OUT_DIR/config.json, which
  * generate() reads; the tokenizer's ids come from the dataset's record. */
 int checkpoint_hf_set_token_ids(const char *out_dir, long long bos, long long eos, char *err, size_t errlen);

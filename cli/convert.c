@@ -1,11 +1,13 @@
 /* mtrain convert: reshard a checkpoint for another layout, print its
  * manifest, or export it as a Hugging Face model. */
+#include <errno.h>
 #include <jansson.h>
 #include <string.h>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_export.h"
 #include "cli/cli.h"
+#include "cli/model_source.h"
 #include "config/common.h"
 #include "config/recipe.h"
 #include "data/tokenizer.h"
@@ -17,7 +19,8 @@ static void usage(FILE *out) {
             "usage: mtrain convert SRC DST --tp N --pp N [--vpp N] [--dp N] [--ep N]\n"
             "       mtrain convert --info SRC\n"
             "       mtrain convert SRC --hf OUT_DIR [--tokenizer SPEC]\n\n"
-            "SRC is a checkpoint directory (its `latest` step is used) or one step directory.\n"
+            "SRC is a checkpoint directory (its `latest` step is used) or one step directory;\n"
+            "with --hf it may also be a run's LOG_DIR (its final weights, model.safetensors).\n"
             "  reshard   write SRC's step for the layout tp x pp (x vpp chunks) with dp data-parallel\n"
             "            ranks (ep of them splitting a MoE model's experts) into checkpoint directory\n"
             "            DST, tensor by tensor (memory near the\n"
@@ -135,16 +138,13 @@ struct tokenizer_choice {
     struct tokenizer_opts opts;
 };
 
-/* The tokenizer that made the checkpoint's training data, from the record
- * of the dataset its recipe names; NULL with a warning when that cannot be
- * had (the model is still exported). */
-static struct tokenizer *recorded_tokenizer(const char *step_dir, int lookup, int *model_vocab, int *max_len) {
+/* The tokenizer that made the training data of the run whose recipe is r
+ * (NULL: unknown), from the record of the dataset it names; NULL with a
+ * warning when that cannot be had (the model is still exported). */
+static struct tokenizer *recorded_tokenizer(const struct recipe *rp, int lookup, int *model_vocab, int *max_len) {
     char err[4400];
-    static struct recipe r;
-    if (step_recipe(step_dir, &r, err, sizeof err) != 0) {
-        warn("%s: no tokenizer files written: %s", step_dir, err);
-        return NULL;
-    }
+    if (!rp) return NULL;
+    const struct recipe r = *rp;
     *model_vocab = r.model.vocab_size;
     *max_len = r.model.max_seq_len ? r.model.max_seq_len : 8192;
     if (!lookup) return NULL;
@@ -165,10 +165,10 @@ static struct tokenizer *recorded_tokenizer(const char *step_dir, int lookup, in
 
 /* After the model: tokenizer.json, tokenizer_config.json and the BOS/EOS
  * ids in config.json. Returns an exit code. */
-static int export_tokenizer(const char *step_dir, const char *out, const struct tokenizer_choice *c) {
+static int export_tokenizer(const struct recipe *r, const char *out, const struct tokenizer_choice *c) {
     char err[4400];
     int model_vocab = 0, max_len = 8192;
-    struct tokenizer *t = recorded_tokenizer(step_dir, !c->spec, &model_vocab, &max_len);
+    struct tokenizer *t = recorded_tokenizer(r, !c->spec, &model_vocab, &max_len);
     if (c->spec) {
         if (!(t = tokenizer_open(c->spec, &c->opts, err, sizeof err))) {
             fprintf(stderr, "mtrain: error: convert: --tokenizer: %s\n", err);
@@ -191,6 +191,37 @@ static int export_tokenizer(const char *step_dir, const char *out, const struct 
     }
     tokenizer_close(t);
     return rc;
+}
+
+/* A run's final weights (LOG_DIR or LOG_DIR/model.safetensors) rather than
+ * a checkpoint: what a run without checkpoint.interval leaves. */
+static int is_final_weights(const char *src) {
+    char probe[4400];
+    snprintf(probe, sizeof probe, "%s/manifest.json", src);
+    if (path_exists(probe) || checkpoint_latest(src) >= 0) return 0;
+    size_t n = strlen(src);
+    snprintf(probe, sizeof probe, "%s/model.safetensors", src);
+    return path_exists(probe) || (n > 12 && !strcmp(src + n - 12, ".safetensors"));
+}
+
+/* --hf from final weights: the tensors already carry Hugging Face names, so
+ * the file is copied as it is; the model comes from model.recipe.yaml. */
+static int export_final_weights(const char *src, const char *out, const struct tokenizer_choice *c) {
+    char err[4400];
+    static struct model_source s;
+    int rc = model_source_open(&s, src, NULL, err, sizeof err);
+    if (rc == 0) rc = checkpoint_hf_check_model(&s.recipe.model, src, err, sizeof err) ? EXIT_USAGE : 0;
+    if (rc) {
+        fprintf(stderr, "mtrain: error: convert: %s\n", err);
+        return rc;
+    }
+    if (mkdir_p(out) != 0) die("cannot create %s: %s", out, strerror(errno));
+    char dst[4400];
+    snprintf(dst, sizeof dst, "%s/model.safetensors", out);
+    copy_file(s.path, dst);
+    checkpoint_hf_write_config(&s.recipe.model, out);
+    printf("wrote %s/model.safetensors and %s/config.json from %s\n", out, out, s.path);
+    return export_tokenizer(s.has_run_recipe ? &s.recipe : NULL, out, c);
 }
 
 int cmd_convert(int argc, char **argv) {
@@ -235,13 +266,21 @@ int cmd_convert(int argc, char **argv) {
         return 2;
     }
     char step_dir[4096], err[4096];
+    if (hf && !show && is_final_weights(src)) return export_final_weights(src, hf, &tc);
     if (resolve(src, step_dir, sizeof step_dir) != 0) return 1;
     if (show) return info(step_dir);
     int rc;
     if (hf) {
         rc = checkpoint_export_hf(step_dir, hf, err, sizeof err);
         if (rc == 0) printf("wrote %s/model.safetensors and %s/config.json from %s\n", hf, hf, step_dir);
-        if (rc == 0) return export_tokenizer(step_dir, hf, &tc);
+        if (rc == 0) {
+            static struct recipe r;
+            if (step_recipe(step_dir, &r, err, sizeof err) != 0) {
+                warn("%s: no tokenizer files written: %s", step_dir, err);
+                return export_tokenizer(NULL, hf, &tc);
+            }
+            return export_tokenizer(&r, hf, &tc);
+        }
     } else {
         int bad = check_layout(step_dir, tp, pp, vpp, ep);
         if (bad) return bad;

@@ -90,6 +90,21 @@ void write_file_atomic(const char *path, const void *buf, size_t size) {
     if (rename(tmp, path) != 0) die("cannot rename %s to %s: %s", tmp, path, strerror(errno));
 }
 
+void copy_file(const char *src, const char *dst) {
+    FILE *in = xfopen(src, "rb");
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", dst, (int)getpid());
+    FILE *out = xfopen(tmp, "wb");
+    char *buf = xmalloc(1 << 20);
+    size_t got;
+    while ((got = fread(buf, 1, 1 << 20, in)) > 0) xfwrite(buf, got, out, tmp);
+    if (ferror(in)) die("cannot read %s: %s", src, strerror(errno));
+    free(buf);
+    fclose(in);
+    xfclose(out, tmp);
+    if (rename(tmp, dst) != 0) die("cannot rename %s to %s: %s", tmp, dst, strerror(errno));
+}
+
 char *read_file(const char *path, size_t *size_out) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;

@@ -35,6 +35,8 @@ void xfwrite(const void *buf, size_t size, FILE *f, const char *path);
 void xfclose(FILE *f, const char *path);
 /* Write the whole buffer to path atomically (tmp file, fsync, rename). */
 void write_file_atomic(const char *path, const void *buf, size_t size);
+/* Copy src to dst atomically, 1 MiB at a time (dies naming the file on error). */
+void copy_file(const char *src, const char *dst);
 /* Read a whole file; returns NULL and sets *err (static string) on failure. */
 char *read_file(const char *path, size_t *size_out);
 int mkdir_p(const char *path);

@@ -43,4 +43,28 @@ for spec in "dense tp2_pp2 4 parallel.tp=2 parallel.pp=2" "moe ep2_dp2 4 paralle
     grep -q "weights in $model-$name/model.safetensors" "$TMP/out" && pass final_${model}_${name}_says_where ||
         fail final_${model}_${name}_says_where "$(tail -1 "$TMP/out")"
 done
+# A run without checkpoints is exported from its final weights: convert LOG_DIR
+# --hf gives a directory transformers loads with exactly those tensors, with
+# the dataset's tokenizer, and mtrain generates the same tokens from both.
+for run in dense-tp2_pp2 moe-ep2_dp2; do
+    "$MTRAIN" convert $run --hf hf-$run >"$TMP/out" 2>&1 || { fail final_${run}_convert_hf "exit $?: $(tail -2 "$TMP/out")"; continue; }
+    "$PY" - hf-$run $run/model.safetensors >"$TMP/cmp" 2>&1 <<'PY'
+import sys, torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+out, final = sys.argv[1], load_file(sys.argv[2])
+model = AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32)
+sd = model.state_dict()
+assert set(sd) == set(final), f"names differ: {sorted(set(sd) ^ set(final))[:4]}"
+assert all(torch.equal(sd[k], final[k]) for k in final), "a tensor differs"
+tok = AutoTokenizer.from_pretrained(out)
+assert tok("hello")["input_ids"] == list(b"hello"), tok("hello")
+print(type(model).__name__, len(sd), "tensors equal; tokenizer ok")
+PY
+    [ $? = 0 ] && pass final_${run}_convert_hf_loads || fail final_${run}_convert_hf_loads "$(tail -3 "$TMP/cmp")"
+    a=$("$MTRAIN" generate $run --prompt-ids 1,2,3 --max-tokens 8 --print-ids 2>/dev/null | tail -1)
+    b=$("$MTRAIN" generate hf-$run --prompt-ids 1,2,3 --max-tokens 8 --print-ids 2>/dev/null | tail -1)
+    [ -n "$a" ] && [ "$a" = "$b" ] && pass final_${run}_convert_hf_generates ||
+        fail final_${run}_convert_hf_generates "'$a' vs '$b'"
+done
 exit $FAILED
