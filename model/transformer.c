@@ -740,8 +740,8 @@ static void embed_backward(struct transformer *m, const int32_t *tokens) {
  * of the main model's last hidden state through depth 1. */
 static void mtp_backward(struct transformer *m, struct act_slot *s) {
     const struct backend *be = m->be;
-    int N = m->N, Ns = m->Ns, C = m->C;
-    size_t own = m->sp ? (size_t)m->part.tp_rank * Ns * C : 0;
+    int Ns = m->Ns, C = m->C;
+    size_t own = m->sp ? (size_t)m->part.tp_rank * Ns * C : 0; /* this rank's first residual row, in floats of C */
     for (int d = m->mtp_depth - 1; d >= 0; d--) {
         struct mtp_acts *t = &s->mtp[d];
         const struct mtp_weights *w = &m->mtp[d];
@@ -751,13 +751,14 @@ static void mtp_backward(struct transformer *m, struct act_slot *s) {
         head_backward(m, &h);
         if (d + 1 < m->mtp_depth) be->add(m->d_resid, m->d_mtp_carry, (size_t)Ns * C); /* through depth d+2's hnorm */
         block_backward(m, s, l);
-        /* the projection saw all rows on every rank: its input gradient is complete, each rank keeps its rows */
-        be->matmul_backward(m->d_mtp_cat, dw->eh_proj, grad_full_rows(m), t->cat, w->eh_proj, N, 2 * C, C, 0);
-        be->copy_cols(m->d_ln_full, C, m->d_mtp_cat, 2 * C, N, C, 0);
-        be->rmsnorm_backward(m->d_mtp_rows, dw->enorm, m->d_ln_full + own, t->emb, w->enorm, t->rstde, Ns, C, 0);
-        be->copy_cols(m->d_ln_full, C, m->d_mtp_cat + C, 2 * C, N, C, 0);
-        be->rmsnorm_backward(m->d_mtp_carry, dw->hnorm, m->d_ln_full + own, d ? s->mtp[d - 1].out : s->x_final,
-                             w->hnorm, t->rstdh, Ns, C, 0);
+        /* each rank back-propagates the projection of its own residual rows: under sequence parallelism
+         * eh_proj's gradient is then partial and summed over TP like the norms' (optimizer.c) */
+        be->matmul_backward(m->d_mtp_cat, dw->eh_proj, m->d_resid, t->cat + own * 2, w->eh_proj, Ns, 2 * C, C, 0);
+        be->copy_cols(m->d_ln_full, C, m->d_mtp_cat, 2 * C, Ns, C, 0);
+        be->rmsnorm_backward(m->d_mtp_rows, dw->enorm, m->d_ln_full, t->emb, w->enorm, t->rstde, Ns, C, 0);
+        be->copy_cols(m->d_ln_full, C, m->d_mtp_cat + C, 2 * C, Ns, C, 0);
+        be->rmsnorm_backward(m->d_mtp_carry, dw->hnorm, m->d_ln_full, d ? s->mtp[d - 1].out : s->x_final, w->hnorm,
+                             t->rstdh, Ns, C, 0);
         be->copy(m->d_resid, m->d_mtp_rows, sizeof(float) * Ns * C);
         embed_backward(m, t->tokens);
     }

@@ -25,7 +25,7 @@ data: {path: data}
 checkpoint: {dir: ck_ref, interval: 20}
 log: {dir: ref, interval: 100}
 YAML
-field() { grep '"loss"' "$1" | sed "s/.*\"$2\":\([^,}]*\).*/\1/"; }
+field() { grep '"loss"' "$1" | grep -o "\"$2\":[^,}]*" | cut -d: -f2; }
 close() { # A B: 20 steps, each loss (and MTP loss where recorded) within 1e-5 relative
     for f in loss mtp_loss; do
         paste <(field "$1" $f) <(field "$2" $f) |
@@ -60,14 +60,18 @@ from safetensors.numpy import load_file
 t = {}
 for f in glob.glob(sys.argv[1] + "/*.safetensors"):
     t.update(load_file(f))
-b = [v for n, v in t.items() if n.endswith("e_score_correction_bias")]
+b = [v for n, v in t.items() if n.startswith("model.") and n.endswith("e_score_correction_bias")]
 sys.exit(0 if len(b) == 3 and all(abs(v).max() > 0 for v in b) else 1)
 PY
 # a checkpoint of the ep 4 / ZeRO layout resumes on one rank and ends where the single-rank run ends
 "$MTRAIN" pretrain r.yaml --set train.steps=30 --set checkpoint.dir=long --set log.dir=long >/dev/null 2>&1
 run_np 4 pretrain r.yaml --set train.steps=30 --set parallel.ep=4 --set optimizer.distributed=true \
     --set checkpoint.dir=s_ep4 --set log.dir=s_ep4 --stop-after 20 >/dev/null 2>&1 || fail deepseek_save_ep4 "exit $?"
-"$MTRAIN" pretrain r.yaml --set train.steps=30 --set checkpoint.dir=s_ep4 --set log.dir=r_ep1 --resume s_ep4 \
-    >"$TMP/out" 2>&1 || fail deepseek_resume_ep1 "exit $?: $(tail -2 "$TMP/out")"
-"$PY" "$COMPARE" long/step-000000030 s_ep4/step-000000030 1e-5 >"$TMP/cmp" 2>&1 &&
+cp -r s_ep4 r_ep1
+"$MTRAIN" pretrain r.yaml --set train.steps=30 --set checkpoint.dir=r_ep1 --set log.dir=r_ep1 >"$TMP/out" 2>&1 ||
+    fail deepseek_resume_ep1 "exit $?: $(tail -2 "$TMP/out")"
+grep -q "resumed from r_ep1/step-000000020" "$TMP/out" && pass deepseek_resume_ep1 ||
+    fail deepseek_resume_ep1 "$(grep -E 'resumed|error' "$TMP/out" | head -2)"
+"$PY" "$COMPARE" long/step-000000030 r_ep1/step-000000030 1e-5 >"$TMP/cmp" 2>&1 &&
     pass deepseek_checkpoint_ep4_to_ep1 || fail deepseek_checkpoint_ep4_to_ep1 "$(cat "$TMP/cmp")"
+exit $FAILED
