@@ -107,7 +107,7 @@ static json_t *bpe_model(const struct bpe *b, const uint8_t *is_special, const i
     }
     struct bpe_pair *pairs = NULL;
     size_t np = b ? bpe_pairs(b, &pairs) : 0;
-    qsort(pairs, np, sizeof *pairs, cmp_pair);
+    if (np) qsort(pairs, np, sizeof *pairs, cmp_pair); /* qsort(NULL, 0) is undefined */
     for (size_t i = 0; i < np; i++) {
         const uint8_t *lp, *rp;
         size_t ll, rl;
