@@ -1,9 +1,11 @@
 #include <errno.h>
 #include <jansson.h>
+#include <libgen.h>
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "checkpoint/hf_rope_layout.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
 #include "config/common.h"
@@ -74,10 +76,45 @@ static const char *shape_str(char *buf, size_t len, const int64_t *shape, int n)
     return buf;
 }
 
+/* Whether the weights at path keep DeepSeek-V3's rotary rows interleaved, as
+ * Hugging Face DeepseekV3 checkpoints do: a config.json in the directory (or
+ * beside the file) with model_type deepseek_v3 and rope_interleave not false.
+ * A bare file (mtrain's final weights, checkpoint_export_weights) is in
+ * mtrain's rotate_half order. Dies when config.json disagrees with the table's
+ * head layout, which the permutation depends on. */
+static int hf_interleaved(const char *path, const struct weight_files *w, const struct mla_dims *d) {
+    if (!d->rope_dim) return 0;
+    char copy[4096], config[4200];
+    snprintf(copy, sizeof copy, "%s", path);
+    snprintf(config, sizeof config, "%s/config.json", w->dir[0] ? w->dir : dirname(copy));
+    if (!path_exists(config)) return 0;
+    json_error_t jerr;
+    json_t *c = json_load_file(config, 0, &jerr);
+    if (!c) die("%s:%d: %s", config, jerr.line, jerr.text);
+    const char *type = json_string_value(json_object_get(c, "model_type"));
+    json_t *interleave = json_object_get(c, "rope_interleave");
+    int yes = type && !strcmp(type, "deepseek_v3") && !json_is_false(interleave);
+    if (yes) {
+        json_t *rope = json_object_get(c, "qk_rope_head_dim"), *heads = json_object_get(c, "num_attention_heads"),
+               *nope = json_object_get(c, "qk_nope_head_dim");
+        if (json_integer_value(rope) != d->rope_dim || json_integer_value(heads) != d->heads ||
+            json_integer_value(nope) + d->rope_dim != d->qk_head_dim)
+            die("%s: qk_rope_head_dim %lld, num_attention_heads %lld, qk_nope_head_dim %lld differ from the recipe's "
+                "%d, %d, %d; the interleaved rotary rows cannot be placed", config, json_integer_value(rope),
+                json_integer_value(heads), json_integer_value(nope), d->rope_dim, d->heads,
+                d->qk_head_dim - d->rope_dim);
+    }
+    json_decref(c);
+    return yes;
+}
+
 void weights_load(const struct backend *be, float *buf, const struct param_table *t, const char *path) {
     struct weight_files w;
+    struct mla_dims dims;
     char err[1024];
     open_weights(&w, path);
+    mla_dims_from_table(t, &dims);
+    int interleaved = hf_interleaved(path, &w, &dims);
     for (int i = 0; i < t->count; i++) {
         const struct param_info *p = &t->items[i];
         struct st_file *f = file_for(&w, p->name);
@@ -101,6 +138,7 @@ void weights_load(const struct backend *be, float *buf, const struct param_table
             if (!isfinite(whole[k]))
                 die("%s: tensor %s has a non-finite value (%g) at element %lld; init_from weights must be finite",
                     f->path, p->name, (double)whole[k], (long long)k);
+        if (interleaved) hf_rope_permute(&dims, p->name, whole, rows, cols, 0);
         for (int64_t r = 0; r < lr; r++) memcpy(local + r * lc, whole + (r0 + r) * cols + c0, sizeof(float) * lc);
         be->from_host(buf + p->offset, local, sizeof(float) * p->numel);
         free(whole);

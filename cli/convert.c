@@ -27,8 +27,9 @@ static void usage(FILE *out) {
             "            largest tensor); `mtrain pretrain` with that layout resumes from DST\n"
             "  --info    print the manifest summary: step, data position, layout, files, tensors\n"
             "  --hf      write OUT_DIR/model.safetensors and config.json for transformers'\n"
-            "            LlamaForCausalLM or MixtralForCausalLM (fp32), and the tokenizer the training\n"
-            "            data recorded (tokenizer.json, tokenizer_config.json; BOS/EOS ids in config.json)\n"
+            "            LlamaForCausalLM, MixtralForCausalLM or DeepseekV3ForCausalLM (fp32), and the\n"
+            "            tokenizer the training data recorded (tokenizer.json, tokenizer_config.json;\n"
+            "            BOS/EOS ids in config.json)\n"
             "  --tokenizer SPEC   with --hf: ship this tokenizer instead (bytes | hf:FILE | tiktoken:FILE;\n"
             "            --tiktoken-specials S and --tiktoken-regex RE as for `mtrain data build`)\n"
             "Any layout can also load any other directly; convert is for offline moves.\n");
@@ -205,11 +206,12 @@ static int is_final_weights(const char *src) {
 }
 
 /* --hf from final weights: the tensors already carry Hugging Face names, so
- * the file is copied as it is; the model comes from model.recipe.yaml. */
+ * the file is copied as it is (DeepSeek-V3: rewritten with its rotary rows
+ * interleaved); the model comes from model.recipe.yaml. */
 static int export_final_weights(const char *src, const char *out, const struct tokenizer_choice *c) {
     char err[4400];
     static struct model_source s;
-    int rc = model_source_open(&s, src, NULL, err, sizeof err);
+    int rc = model_source_resolve(&s, src, NULL, err, sizeof err);
     if (rc == 0) rc = checkpoint_hf_check_model(&s.recipe.model, src, err, sizeof err) ? EXIT_USAGE : 0;
     if (rc) {
         fprintf(stderr, "mtrain: error: convert: %s\n", err);
@@ -218,7 +220,10 @@ static int export_final_weights(const char *src, const char *out, const struct t
     if (mkdir_p(out) != 0) die("cannot create %s: %s", out, strerror(errno));
     char dst[4400];
     snprintf(dst, sizeof dst, "%s/model.safetensors", out);
-    copy_file(s.path, dst);
+    if (checkpoint_hf_weights_from_file(&s.recipe.model, s.path, dst, err, sizeof err) != 0) {
+        fprintf(stderr, "mtrain: error: convert: %s\n", err);
+        return EXIT_RUNTIME;
+    }
     checkpoint_hf_write_config(&s.recipe.model, out);
     printf("wrote %s/model.safetensors and %s/config.json from %s\n", out, out, s.path);
     return export_tokenizer(s.has_run_recipe ? &s.recipe : NULL, out, c);
