@@ -263,14 +263,23 @@ static const float *snapshot_source(void *ctx, int sec, const struct param_info 
 }
 
 /* write_shard for the tensors this writer stores: all of t, or only its
- * routed experts when L->expert_only. */
+ * routed experts when L->expert_only; never a stage copy (the last stage's
+ * embedding: the first stage stores it, and a load reads it by name). */
 static int write_own_shard(const char *tmp, const struct param_table *t, const struct ckpt_layout *L, int step,
                            shard_source get, void *ctx, int crash, char *err, size_t errlen) {
-    if (!L->expert_only) return write_shard(tmp, t, L, step, get, ctx, crash, err, errlen);
-    struct param_table experts = *t;
-    int first = param_table_first_expert(t);
-    experts.items = t->items + first, experts.count = t->count - first;
-    return write_shard(tmp, &experts, L, step, get, ctx, crash, err, errlen);
+    struct param_table own = *t;
+    if (L->expert_only) {
+        int first = param_table_first_expert(t);
+        own.items = t->items + first, own.count = t->count - first;
+    }
+    struct param_info *kept = xcalloc(own.count ? own.count : 1, sizeof *kept);
+    int n = 0;
+    for (int i = 0; i < own.count; i++)
+        if (!own.items[i].stage_copy) kept[n++] = own.items[i];
+    own.items = kept, own.count = n;
+    int rc = write_shard(tmp, &own, L, step, get, ctx, crash, err, errlen);
+    free(kept);
+    return rc;
 }
 
 int checkpoint_write_rank_checked(const struct ckpt_snapshot *s, const char *dir, int crash, char *err,

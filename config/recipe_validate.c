@@ -203,9 +203,6 @@ static int check_parallel(const struct recipe *r, int world_size) {
                                                                                  : m->intermediate_size)) % p->tp)
         return verr(r, "parallel.tp", "tp %d does not divide the shared experts' width (moe_shared_experts x "
                     "moe_intermediate_size)", p->tp);
-    if (m->tie_embeddings && p->pp > 1)
-        return verr(r, "model.tie_embeddings", "tied embeddings with pipeline parallelism (pp %d) are not supported",
-                    p->pp);
     if (p->sequence_parallel && ((long)r->train.micro_batch * r->train.seq_len) % p->tp)
         return verr(r, "parallel.sequence_parallel", "sequence parallel needs micro_batch * seq_len (%ld) divisible "
                     "by tp %d", (long)r->train.micro_batch * r->train.seq_len, p->tp);

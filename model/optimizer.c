@@ -143,6 +143,7 @@ static double group_sum_squares(struct optimizer *o, struct opt_group *gr, const
     size_t run_off = 0, run_len = 0;
     for (int i = gr->first; i < gr->first + gr->count; i++) {
         const struct param_info *p = &t->items[i];
+        if (p->stage_copy) continue; /* the first stage counts the embedding */
         if (p->shard == SHARD_REPLICATED && t->tp_rank != 0) continue; /* the same on every TP rank */
         if (p->shard != SHARD_REPLICATED && t->tp_rank % (t->tp / p->parts)) continue; /* a shared block: once */
         size_t off, n;

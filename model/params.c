@@ -54,6 +54,8 @@ int model_moe_layer_count_all(const struct model_config *m) {
 
 int model_mtp_depth(const struct model_config *m) { return model_is_mla(m) ? m->mtp_depth : 0; }
 
+int model_head_uses_embed(const struct model_config *m) { return m->tie_embeddings || model_mtp_depth(m) > 0; }
+
 int model_head_dim(const struct model_config *m) {
     return model_is_mla(m) ? m->qk_nope_head_dim + m->qk_rope_head_dim : m->hidden_size / m->num_heads;
 }
@@ -97,6 +99,7 @@ void model_part_for(struct model_part *p, const struct model_config *m, const st
     }
     p->has_embed = pp_rank == 0;
     p->has_head = pp_rank == pp - 1;
+    p->embed_copy = p->has_head && !p->has_embed && model_head_uses_embed(m);
     p->ep = par->ep > 0 ? par->ep : 1, p->ep_rank = ep_rank;
     int per = m->num_experts / p->ep;
     p->expert_begin = ep_rank * per, p->expert_end = (ep_rank + 1) * per;
@@ -223,7 +226,11 @@ void param_table_build(struct param_table *t, const struct model_config *m, cons
     memset(t, 0, sizeof *t);
     t->tp = tp, t->tp_rank = part->tp_rank;
     t->items = xcalloc(b.cap, sizeof *t->items);
-    if (part->has_embed) add(t, b.cap, "model.embed_tokens.weight", V, C, SHARD_TP_ROWS, PARAM_MATRIX, b.std, tp, b.tp_rank);
+    if (part->has_embed || part->embed_copy) {
+        /* the copy has the owner's name, so init (seeded by name) and loads give it the same values */
+        add(t, b.cap, "model.embed_tokens.weight", V, C, SHARD_TP_ROWS, PARAM_MATRIX, b.std, tp, b.tp_rank);
+        t->items[t->count - 1].stage_copy = !part->has_embed;
+    }
     for (int c = 0; c < part->nchunks; c++)
         for (int l = part->layer_begin[c]; l < part->layer_end[c]; l++) add_block(&b, l);
     if (part->has_head) {
@@ -257,7 +264,8 @@ const struct param_info *param_find(const struct param_table *t, const char *nam
 
 int64_t param_table_global_count(const struct param_table *t) {
     int64_t n = 0;
-    for (int i = 0; i < t->count; i++) n += t->items[i].shape[0] * (t->items[i].ndim == 2 ? t->items[i].shape[1] : 1);
+    for (int i = 0; i < t->count; i++)
+        if (!t->items[i].stage_copy) n += t->items[i].shape[0] * (t->items[i].ndim == 2 ? t->items[i].shape[1] : 1);
     return n;
 }
 

@@ -38,6 +38,10 @@ struct param_info {
                              * reduced over the expert-data-parallel group (model/moe.h) */
     int tp_partial;         /* replicated over TP, but each TP rank's gradient covers only its share of the
                              * tokens (MoE router and experts): summed over TP before the update */
+    int stage_copy;         /* a copy of a tensor that pipeline stage 0 owns (the embedding on the last stage,
+                             * for tied embeddings and MTP): its gradient is summed with the owner's over the
+                             * embedding group, so both update identically; not counted in the grad norm and
+                             * not saved in checkpoints (loads read the owner's) */
     size_t offset;          /* in floats, into the local parameter buffer */
     size_t numel;           /* local element count */
 };
@@ -59,6 +63,7 @@ struct model_part {
     int pp, pp_rank, nchunks;
     int layer_begin[MAX_CHUNKS], layer_end[MAX_CHUNKS];
     int has_embed, has_head;    /* chunk 0 has the embedding / chunk nchunks-1 the head */
+    int embed_copy;             /* the last of pp > 1 stages also holds the embedding (model_head_uses_embed) */
     int ep, ep_rank;            /* expert parallelism: this rank owns experts [expert_begin, expert_end) */
     int expert_begin, expert_end;
 };
@@ -82,6 +87,10 @@ int model_moe_ffn_size(const struct model_config *m);
 int model_moe_layer_count(const struct model_config *m);
 /* MoE layers including the MTP modules' blocks (layers num_layers ..). */
 int model_moe_layer_count_all(const struct model_config *m);
+
+/* The head's stage uses the embedding too: the output head is the embedding
+ * (tie_embeddings) or the MTP modules embed the next tokens (mtp_depth). */
+int model_head_uses_embed(const struct model_config *m);
 
 /* The whole model on one rank. */
 void model_part_full(struct model_part *p, const struct model_config *m);

@@ -57,6 +57,10 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
         tr->send_bwd = be->alloc(sizeof(float) * act * m * vpp);
         tr->recv_grad = be->alloc(sizeof(float) * act);
     }
+    if (g->embed_comm.size > 1 && model_head_uses_embed(&r->model)) {
+        tr->embed_shared = param_find(t, "model.embed_tokens.weight");
+        CHECK(tr->embed_shared);
+    }
     tr->inputs = xmalloc(sizeof(int32_t) * B * T);
     tr->targets = xmalloc(sizeof(int32_t) * B * T);
 }
@@ -149,6 +153,23 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
     return loss;
 }
 
+/* The first stage's embedding and the last stage's copy get the sum of both
+ * gradients, so both take the same update. Without ZeRO this runs after the
+ * data-parallel reduction: a sum of two is the same bits on both ends. */
+static void embed_grads_sum(struct trainer *tr) {
+    const struct param_info *p = tr->embed_shared;
+    if (p) comm_all_reduce_sum(&tr->grid->embed_comm, tr->model.grads + p->offset, p->numel);
+}
+
+/* Under ZeRO-1 the two ends' shards split the embedding at different places,
+ * so their reduce-scatters may add the data-parallel ranks' gradients in
+ * different orders: the first stage's updated embedding is sent to the copy. */
+static void embed_params_sync(struct trainer *tr) {
+    const struct param_info *p = tr->embed_shared;
+    if (p && tr->opt.group[0].distributed)
+        comm_broadcast(&tr->grid->embed_comm, tr->model.params + p->offset, sizeof(float) * p->numel, 0);
+}
+
 /* The MoE statistics of this step over every rank: each (micro batch,
  * layer) was counted once, on TP rank 0 of the rank that ran it; the
  * losses are sums over sequences. */
@@ -208,7 +229,10 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
     st.loss = loss / st.tokens;
     if (tr->moe_load) moe_step_stats(tr, &st);
     if (model_mtp_depth(&r->model)) mtp_step_stats(tr, &st);
+    int zero = tr->opt.group[0].distributed; /* ZeRO reduce-scatters the gradients away from m->grads */
+    if (zero) embed_grads_sum(tr);
     optimizer_reduce_grads(&tr->opt, m->grads);
+    if (!zero) embed_grads_sum(tr);
     st.grad_norm = optimizer_grad_norm(&tr->opt, m->grads, &tr->grid->world);
     return st;
 }
@@ -216,6 +240,7 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
 void trainer_update(struct trainer *tr, struct step_stats *st, double lr_scale) {
     st->lr = lr_at(&tr->recipe->optimizer, tr->recipe->train.steps, tr->opt.step) * lr_scale;
     optimizer_step(&tr->opt, tr->model.params, tr->model.grads, st->lr, st->grad_norm);
+    embed_params_sync(tr);
     if (tr->moe_load) transformer_update_expert_bias(&tr->model, tr->moe_load);
 }
 

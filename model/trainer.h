@@ -26,6 +26,8 @@ struct trainer {
     float *send_fwd, *send_bwd;  /* pipeline send buffers, [micro batch][chunk][Ns*C] */
     float *recv_grad;            /* [Ns*C] */
     int32_t *inputs, *targets;   /* host staging for one micro batch */
+    const struct param_info *embed_shared; /* the embedding (or its copy) when the first and last stage both
+                                           * hold it (grid embed_comm): NULL elsewhere */
 };
 
 struct step_stats {

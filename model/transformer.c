@@ -234,9 +234,7 @@ const char *transformer_unsupported(const struct model_config *cfg, int pp) {
          cfg->moe_seq_aux_loss_coef > 0))
         return "moe_n_group, moe_routed_scaling, moe_bias_update_rate and moe_seq_aux_loss_coef belong to sigmoid "
                "routing (DeepSeek-V3): set model.moe_score_func sigmoid";
-    if (model_mtp_depth(cfg) > 0 && pp > 1)
-        return "multi-token prediction with pipeline parallelism is not implemented yet (the last stage needs a copy "
-               "of the embedding): set model.mtp_depth 0 or parallel.pp 1";
+    (void)pp; /* nothing is refused for pp any more: with MTP the last stage keeps a copy of the embedding */
     return NULL;
 }
 
@@ -334,7 +332,8 @@ static void bind_layers(struct transformer *m, float *buf, struct layer_weights 
         MP(head_norm, "shared_head.norm.weight");
 #undef MP
     }
-    *embed = m->part.has_embed ? P("model.embed_tokens.weight") : NULL;
+    /* the first stage's embedding, or the last stage's copy of it (tied head, MTP) */
+    *embed = m->part.has_embed || m->part.embed_copy ? P("model.embed_tokens.weight") : NULL;
     *norm_w = m->part.has_head ? P("model.norm.weight") : NULL;
     *lm_head = !m->part.has_head ? NULL : m->cfg.tie_embeddings ? *embed : P("lm_head.weight");
 #undef P

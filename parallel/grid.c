@@ -100,23 +100,28 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
     int outer = (pp * g->cp + cp) * g->tp + tp; /* the coordinates both expert groups share */
     make_comm(&g->ep_comm, "ep", outer * g->edp + g->edp_rank, g->ep_rank);
     make_comm(&g->edp_comm, "edp", outer * g->ep + g->ep_rank, g->edp_rank);
+    /* the ends of each pipeline pair up; a middle stage gets a group of its own */
+    int end = g->pp > 1 && (pp == 0 || pp == g->pp - 1);
+    int position = (dp * g->cp + cp) * g->tp + tp;
+    make_comm(&g->embed_comm, "embed", end ? position : g->world_size + g->world_rank, pp);
 }
 
 void grid_single(struct grid *g) {
     memset(g, 0, sizeof *g);
     g->world_size = g->local_size = g->tp = g->cp = g->ep = g->dp = g->pp = g->vpp = g->edp = 1;
-    struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm};
-    const char *names[] = {"world", "tp", "dp", "pp", "ep", "edp"};
-    for (int i = 0; i < 6; i++) cs[i]->size = 1, cs[i]->name = names[i];
+    struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
+    const char *names[] = {"world", "tp", "dp", "pp", "ep", "edp", "embed"};
+    for (int i = 0; i < 7; i++) cs[i]->size = 1, cs[i]->name = names[i];
 }
 
 void grid_stage_device(struct grid *g, const struct backend *be) {
     g->tp_comm.stage = g->dp_comm.stage = g->pp_comm.stage = g->ep_comm.stage = g->edp_comm.stage = be;
+    g->embed_comm.stage = be;
 }
 
 void grid_free(struct grid *g) {
-    struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm};
-    for (int i = 0; i < 6; i++) {
+    struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
+    for (int i = 0; i < 7; i++) {
         comm_free_staging(cs[i]);
         if (!cs[i]->handle) continue;
         MPI_Comm_free((MPI_Comm *)cs[i]->handle);

@@ -15,6 +15,11 @@ struct grid {
      * hold the same experts (their gradients' reduction). */
     int edp, edp_rank;
     struct comm world, tp_comm, dp_comm, pp_comm, ep_comm, edp_comm;
+    /* The embedding group: the first and the last pipeline stage of each
+     * (tp, cp, dp) position, which both hold the embedding when the head
+     * uses it (tied embeddings, MTP); their gradients are summed over it.
+     * Size 1 (no calls) on middle stages and without pipeline parallelism. */
+    struct comm embed_comm;
 };
 
 /* MPI_Init (a singleton run works without mpirun). Safe to call once. */

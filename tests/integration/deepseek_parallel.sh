@@ -3,9 +3,11 @@
 # expert, sequence-wise balance loss) and one MTP module trains the same
 # under tp, ep, dp, sequence parallel and ZeRO-1 as on one rank: every step's
 # loss within 1e-5 relative and the final parameters, expert biases included,
-# within 1e-5. Pipeline layouts run without the MTP module (MTP with pp is
-# not implemented yet) against their own single-rank run. A checkpoint saved
-# at one layout resumes at another.
+# within 1e-5. Pipeline layouts run with the MTP module too: the last stage
+# keeps a copy of the embedding (MTP embeds the next tokens) whose gradient is
+# summed with the first stage's. One pipeline layout also runs without MTP
+# against its own single-rank run. A checkpoint saved at one layout resumes
+# at another, a pipeline one included.
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
 export OMP_NUM_THREADS=1
@@ -39,7 +41,8 @@ close() { # A B: 20 steps, each loss (and MTP loss where recorded) within 1e-5 r
 layouts=(
     "tp2 2 1 1 1" "ep2 1 1 2 2" "ep4_zero 1 1 4 4 optimizer.distributed=true"
     "tp2_sp_ep2 2 1 2 2 parallel.sequence_parallel=true" "dp2_ep2_zero 1 1 2 2 optimizer.distributed=true"
-    "pp2_ep2 1 2 2 2 model.mtp_depth=0" "tp2_pp2_zero 2 2 2 1 model.mtp_depth=0 optimizer.distributed=true"
+    "pp2_ep2 1 2 2 2" "tp2_pp2 2 2 1 1" "tp2_pp2_zero 2 2 2 1 optimizer.distributed=true"
+    "pp2_ep2_no_mtp 1 2 2 2 model.mtp_depth=0"
 )
 for spec in "${layouts[@]}"; do
     set -- $spec
@@ -74,4 +77,14 @@ grep -q "resumed from r_ep1/step-000000020" "$TMP/out" && pass deepseek_resume_e
     fail deepseek_resume_ep1 "$(grep -E 'resumed|error' "$TMP/out" | head -2)"
 "$PY" "$COMPARE" long/step-000000030 r_ep1/step-000000030 1e-5 >"$TMP/cmp" 2>&1 &&
     pass deepseek_checkpoint_ep4_to_ep1 || fail deepseek_checkpoint_ep4_to_ep1 "$(cat "$TMP/cmp")"
+# a pipeline checkpoint with MTP (the last stage's embedding copy is not saved) resumes on one rank
+run_np 4 pretrain r.yaml --set train.steps=30 --set parallel.pp=2 --set parallel.ep=2 \
+    --set checkpoint.dir=s_pp2 --set log.dir=s_pp2 --stop-after 20 >/dev/null 2>&1 || fail deepseek_save_pp2_mtp "exit $?"
+cp -r s_pp2 r_pp1
+"$MTRAIN" pretrain r.yaml --set train.steps=30 --set checkpoint.dir=r_pp1 --set log.dir=r_pp1 >"$TMP/out" 2>&1 ||
+    fail deepseek_resume_pp1_mtp "exit $?: $(tail -2 "$TMP/out")"
+grep -q "resumed from r_pp1/step-000000020" "$TMP/out" && pass deepseek_resume_pp1_mtp ||
+    fail deepseek_resume_pp1_mtp "$(grep -E 'resumed|error' "$TMP/out" | head -2)"
+"$PY" "$COMPARE" long/step-000000030 r_pp1/step-000000030 1e-5 >"$TMP/cmp" 2>&1 &&
+    pass deepseek_checkpoint_pp2_mtp_to_pp1 || fail deepseek_checkpoint_pp2_mtp_to_pp1 "$(cat "$TMP/cmp")"
 exit $FAILED
