@@ -2,8 +2,8 @@
 PyTorch reference written from the published architecture (DeepSeek-V3
 technical report; Hugging Face DeepseekV3 config keys). The CI machine's
 transformers 4.44 has no DeepseekV3ForCausalLM, so the reference model is
-written here; checking it once against a recent transformers'
-DeepseekV3ForCausalLM is left to a machine with a recent PyTorch (docs/model.md).
+written here; it was checked once against transformers 5.23 / 4.57
+DeepseekV3ForCausalLM by tests/reference/deepseek_hf_check.py (docs/model.md).
 
 A tiny DeepSeek-V3: 4 layers of MLA with both low-rank paths (q_lora_rank >
 0; a second model checks the full-rank q_proj), YaRN RoPE with factor 4 over
