@@ -82,7 +82,10 @@ static json_t *deepseek_config(const struct model_config *m) {
     set(c, "seq_aux", json_true());
     set(c, "num_nextn_predict_layers", json_integer(D));
     set(c, "hidden_act", json_string("silu"));
-    set(c, "max_position_embeddings", json_integer(m->max_seq_len ? m->max_seq_len : 8192));
+    /* YaRN extends the original context by its factor (DeepSeek-V3: 40 x 4096);
+     * transformers warns when the two disagree */
+    long long yarn_ctx = m->rope_scaling_factor > 0 ? (long long)(m->rope_scaling_factor * m->rope_original_max_pos) : 0;
+    set(c, "max_position_embeddings", json_integer(m->max_seq_len ? m->max_seq_len : yarn_ctx ? yarn_ctx : 8192));
     set(c, "initializer_range", json_real(m->init_std));
     set(c, "rms_norm_eps", json_real(m->norm_eps));
     set(c, "tie_word_embeddings", json_boolean(m->tie_embeddings));
