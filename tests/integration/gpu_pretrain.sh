@@ -5,7 +5,9 @@ source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
 CHECKS="gpu_pretrain_runs gpu_pretrain_device_line gpu_mfu_and_memory gpu_matches_cpu gpu_eval_matches_cpu gpu_deterministic
 gpu_resume_bitwise gpu_checkpoint_resumes_on_cpu gpu_tf32_close gpu_zero_single_rank gpu_layout_tp2_sp gpu_layout_pp2
-gpu_layout_dp2_zero gpu_layout_tp2_pp2 gpu_mixtral_matches_cpu gpu_mixtral_deterministic gpu_mixtral_layout_ep2_tp2"
+gpu_layout_dp2_zero gpu_layout_tp2_pp2 gpu_mixtral_matches_cpu gpu_mixtral_deterministic gpu_mixtral_layout_ep2_tp2
+gpu_deepseek_matches_cpu gpu_deepseek_mtp_matches_cpu gpu_deepseek_deterministic gpu_deepseek_layout_tp2_ep2
+gpu_generate_matches_cpu gpu_eval_split_matches_cpu"
 "$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail gpu_setup "data generate failed"; exit 1; }
 cat >r.yaml <<'YAML'
 model: {vocab_size: 264, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2, intermediate_size: 160}
@@ -118,4 +120,47 @@ if command -v mpiexec >/dev/null; then
     losses mep/metrics.jsonl >mep.loss; losses mg20/metrics.jsonl >mg20.loss
     close gpu_mixtral_layout_ep2_tp2 mep.loss mg20.loss 1e-5 20
 else skip gpu_mixtral_layout_ep2_tp2 "no mpiexec on this machine"; fi
+
+# a tiny DeepSeek-V3 (MLA with both low-rank paths and YaRN, 2 dense + 2 MoE
+# layers with group-limited sigmoid routing, the expert bias and its updates,
+# a shared expert, one MTP module): 40 GPU steps within 1e-4 of the CPU (loss
+# and MTP loss), bitwise repeatable, and tp 2 x ep 2 on GPU ranks
+cat >d.yaml <<'YAML'
+model: {arch: deepseek_v3, vocab_size: 264, hidden_size: 64, num_layers: 4, num_heads: 4, num_kv_heads: 4,
+        intermediate_size: 128, q_lora_rank: 32, kv_lora_rank: 32, qk_nope_head_dim: 16, qk_rope_head_dim: 8,
+        v_head_dim: 16, rope_scaling_type: yarn, rope_scaling_factor: 4, rope_original_max_pos: 16,
+        first_k_dense: 2, num_experts: 8, experts_per_token: 2, moe_intermediate_size: 32, moe_shared_experts: 1,
+        moe_score_func: sigmoid, moe_n_group: 4, moe_topk_group: 2, moe_routed_scaling: 2.5,
+        moe_bias_update_rate: 1e-3, moe_seq_aux_loss_coef: 1e-3, moe_aux_loss_coef: 0, mtp_depth: 1,
+        mtp_loss_weight: 0.3}
+train: {seq_len: 64, micro_batch: 4, global_batch: 8, steps: 40, seed: 7, device: cuda}
+optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 3, eps: 1e-4}
+data: {path: data}
+log: {dir: dg, interval: 10}
+YAML
+mtp() { grep '"loss"' "$1" | sed 's/.*"mtp_loss":\([^,}]*\).*/\1/'; }
+"$MTRAIN" pretrain d.yaml >/dev/null 2>&1 || fail gpu_deepseek_matches_cpu "GPU run failed"
+"$MTRAIN" pretrain d.yaml --set train.device=cpu --set log.dir=dc >/dev/null 2>&1 || fail gpu_deepseek_matches_cpu "CPU run failed"
+losses dg/metrics.jsonl >dg.loss; losses dc/metrics.jsonl >dc.loss
+close gpu_deepseek_matches_cpu dg.loss dc.loss 1e-4 40
+mtp dg/metrics.jsonl >dg.mtp; mtp dc/metrics.jsonl >dc.mtp
+close gpu_deepseek_mtp_matches_cpu dg.mtp dc.mtp 1e-4 40
+"$MTRAIN" pretrain d.yaml --set log.dir=dg2 >/dev/null 2>&1
+[ "$(losses dg2/metrics.jsonl)" = "$(cat dg.loss)" ] && pass gpu_deepseek_deterministic ||
+    fail gpu_deepseek_deterministic "loss sequences differ"
+if command -v mpiexec >/dev/null; then
+    OMP_NUM_THREADS=1 mpiexec -n 4 "$MTRAIN" pretrain d.yaml --set parallel.tp=2 --set parallel.ep=2 --set train.steps=20 \
+        --set log.dir=dep >"$TMP/out" 2>&1 || fail gpu_deepseek_layout_tp2_ep2 "exit $?: $(tail -2 "$TMP/out")"
+    "$MTRAIN" pretrain d.yaml --set train.steps=20 --set log.dir=dg20 >/dev/null 2>&1
+    losses dep/metrics.jsonl >dep.loss; losses dg20/metrics.jsonl >dg20.loss
+    close gpu_deepseek_layout_tp2_ep2 dep.loss dg20.loss 1e-5 20
+else skip gpu_deepseek_layout_tp2_ep2 "no mpiexec on this machine"; fi
+
+# generate and eval on the GPU (KV-cache decode op, training forward) equal the CPU
+a=$("$MTRAIN" generate g --prompt-ids 1,2,3,4 --max-tokens 24 --device cuda --print-ids 2>/dev/null | tail -1)
+b=$("$MTRAIN" generate g --prompt-ids 1,2,3,4 --max-tokens 24 --device cpu --print-ids 2>/dev/null | tail -1)
+[ -n "$a" ] && [ "$a" = "$b" ] && pass gpu_generate_matches_cpu || fail gpu_generate_matches_cpu "'$a' vs '$b'"
+"$MTRAIN" eval g --data data --split all --batches 2 --device cuda --json 2>/dev/null | grep -o '"loss":[^,}]*' | cut -d: -f2 >eg.loss
+"$MTRAIN" eval g --data data --split all --batches 2 --device cpu --json 2>/dev/null | grep -o '"loss":[^,}]*' | cut -d: -f2 >ec.loss
+close gpu_eval_split_matches_cpu eg.loss ec.loss 1e-5 1
 exit $FAILED
