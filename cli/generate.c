@@ -239,7 +239,7 @@ int cmd_generate(int argc, char **argv) {
         return EXIT_USAGE;
     }
     static struct model_source src;
-    if ((rc = model_source_open(&src, o.model, o.recipe, err, sizeof err))) {
+    if ((rc = model_source_open(&src, o.model, o.recipe, 1, err, sizeof err))) {
         fprintf(stderr, "mtrain: error: %s\n", err);
         tokenizer_close(tok);
         return rc;

@@ -152,8 +152,8 @@ int hf_config_read(const char *path, struct model_config *cfg, char *err, size_t
         rc = deepseek_config_read(c, path, cfg, err, errlen);
         if (rc) { /* generate/eval reach this too: say that fixing the file would not be enough for them */
             size_t n = strlen(err);
-            snprintf(err + n, errlen - n, "; note: model_type deepseek_v3 is not supported by generate/eval yet "
-                     "(convert reads it)");
+            snprintf(err + n, errlen - n, "; note: model_type deepseek_v3 is not supported by generate yet "
+                     "(eval and convert read it)");
         }
         goto out;
     }
@@ -232,7 +232,8 @@ out:
 
 static int family_ok(const struct model_config *m, const char *what, char *err, size_t errlen) {
     if (!strcmp(m->arch, "llama") || !strcmp(m->arch, "mixtral")) return 0;
-    snprintf(err, errlen, "%s: model.arch \"%s\" is not supported by generate/eval yet (llama and mixtral are)", what,
+    snprintf(err, errlen, "%s: model.arch \"%s\" is not supported by generate yet (llama and mixtral are; eval "
+             "takes it)", what,
              m->arch);
     return EXIT_USAGE;
 }
@@ -306,11 +307,12 @@ int model_source_resolve(struct model_source *s, const char *path, const char *r
     return resolve(s, path, recipe_path, err, errlen);
 }
 
-int model_source_open(struct model_source *s, const char *path, const char *recipe_path, char *err, size_t errlen) {
+int model_source_open(struct model_source *s, const char *path, const char *recipe_path, int decoding, char *err,
+                      size_t errlen) {
     int rc = model_source_resolve(s, path, recipe_path, err, errlen);
     if (rc) return rc;
     const struct model_config *m = &s->recipe.model;
-    if ((rc = family_ok(m, s->path, err, errlen))) return rc;
+    if (decoding && (rc = family_ok(m, s->path, err, errlen))) return rc;
     s->max_positions = m->max_seq_len ? m->max_seq_len : s->recipe.train.seq_len;
     return 0;
 }

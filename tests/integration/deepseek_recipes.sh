@@ -48,7 +48,7 @@ want=$(count 96 264 4 4 48 32 16 8 16 192 48 8 2 1 2 1)
 # the tiny recipe trains on the CPU: MLA, sigmoid group-limited routing with the expert bias, shared expert, MTP
 "$MTRAIN" data generate --out data >/dev/null || { fail deepseek_tiny_setup "data generate failed"; exit 1; }
 OMP_NUM_THREADS=2 "$MTRAIN" pretrain "$ROOT/recipes/tiny-deepseek-v3.yaml" --set data.path=data --set train.steps=40 \
-    --set train.eval_interval=0 --set log.dir=run >out 2>&1 || fail deepseek_tiny_trains "exit $?: $(tail -2 out)"
+    --set train.eval_interval=40 --set log.dir=run >out 2>&1 || fail deepseek_tiny_trains "exit $?: $(tail -2 out)"
 first=$(grep '"loss"' run/metrics.jsonl | head -1 | sed 's/.*"loss":\([^,]*\),.*/\1/')
 last=$(grep '"loss"' run/metrics.jsonl | tail -1 | sed 's/.*"loss":\([^,]*\),.*/\1/')
 awk -v a="$first" -v b="$last" 'BEGIN {exit b < a - 1 ? 0 : 1}' && pass deepseek_tiny_loss_falls ||
@@ -59,3 +59,14 @@ mlast=$(grep '"mtp_loss"' run/metrics.jsonl | tail -1 | sed 's/.*"mtp_loss":\([^
 [ "$(grep -c '"mtp_loss"' run/metrics.jsonl)" = 40 ] && awk -v a="$mfirst" -v b="$mlast" 'BEGIN {exit b < a - 1 ? 0 : 1}' &&
     pass deepseek_tiny_mtp_loss_recorded || fail deepseek_tiny_mtp_loss_recorded "mtp_loss $mfirst -> $mlast"
 grep -q "| mtp " out && pass deepseek_tiny_mtp_loss_printed || fail deepseek_tiny_mtp_loss_printed "$(grep step out | tail -1)"
+# mtrain eval runs DeepSeek-V3 through the training forward: its valid split
+# equals the run's own validation at step 40 (same samples, same forward);
+# generate refuses it (its KV-cache decoder has no MLA)
+want=$("$PY" -c "import json; print([json.loads(l)['val_loss'] for l in open('run/metrics.jsonl') if '\"eval\"' in l][-1])")
+OMP_NUM_THREADS=2 "$MTRAIN" eval run --data data --split valid --batches 4 --batch-size 8 --json >ev.json 2>err ||
+    fail deepseek_eval_runs "$(tail -2 err)"
+"$PY" -c "import json,sys; g=json.load(open('ev.json'))['loss']; sys.exit(0 if abs(g-$want)<=2e-6*abs($want)+1e-6 else 1)" &&
+    pass deepseek_eval_equals_training_eval || fail deepseek_eval_equals_training_eval "eval $(cat ev.json), training $want"
+expect_exit deepseek_generate_refused 2 "$MTRAIN" generate run --prompt-ids 1,2
+expect_output deepseek_generate_refused_message "not supported by generate"
+exit $FAILED
