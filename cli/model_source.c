@@ -72,21 +72,29 @@ static int get_count(json_t *c, const char *key, int def, int *out, const char *
     return 0;
 }
 
+/* The keys every family's config.json has (transformers' defaults where
+ * they may be absent; each family's own defaults for positions and eps). */
+static int common_keys(json_t *c, const char *path, struct model_config *cfg, int max_pos, double eps, char *err,
+                       size_t errlen) {
+    return get_int(c, "vocab_size", -1, &cfg->vocab_size, path, err, errlen) ||
+           get_int(c, "hidden_size", -1, &cfg->hidden_size, path, err, errlen) ||
+           get_int(c, "intermediate_size", -1, &cfg->intermediate_size, path, err, errlen) ||
+           get_int(c, "num_hidden_layers", -1, &cfg->num_layers, path, err, errlen) ||
+           get_int(c, "num_attention_heads", -1, &cfg->num_heads, path, err, errlen) ||
+           get_int(c, "num_key_value_heads", cfg->num_heads, &cfg->num_kv_heads, path, err, errlen) ||
+           get_int(c, "max_position_embeddings", max_pos, &cfg->max_seq_len, path, err, errlen) ||
+           get_num(c, "rope_theta", 10000, &cfg->rope_theta, path, err, errlen) ||
+           get_num(c, "rms_norm_eps", eps, &cfg->norm_eps, path, err, errlen)
+               ? -1 : 0;
+}
+
 /* transformers' DeepseekV3Config (and DeepSeek's hub config keys) into cfg:
  * MLA, YaRN, sigmoid group-limited routing with the expert bias, shared
  * experts, first_k_dense_replace, num_nextn_predict_layers MTP modules. */
 static int deepseek_config_read(json_t *c, const char *path, struct model_config *cfg, char *err, size_t errlen) {
     snprintf(cfg->arch, sizeof cfg->arch, "deepseek_v3");
     int experts = 0;
-    if (get_int(c, "vocab_size", -1, &cfg->vocab_size, path, err, errlen) ||
-        get_int(c, "hidden_size", -1, &cfg->hidden_size, path, err, errlen) ||
-        get_int(c, "intermediate_size", -1, &cfg->intermediate_size, path, err, errlen) ||
-        get_int(c, "num_hidden_layers", -1, &cfg->num_layers, path, err, errlen) ||
-        get_int(c, "num_attention_heads", -1, &cfg->num_heads, path, err, errlen) ||
-        get_int(c, "num_key_value_heads", cfg->num_heads, &cfg->num_kv_heads, path, err, errlen) ||
-        get_int(c, "max_position_embeddings", 4096, &cfg->max_seq_len, path, err, errlen) ||
-        get_num(c, "rope_theta", 10000, &cfg->rope_theta, path, err, errlen) ||
-        get_num(c, "rms_norm_eps", 1e-6, &cfg->norm_eps, path, err, errlen) ||
+    if (common_keys(c, path, cfg, 4096, 1e-6, err, errlen) ||
         get_count(c, "q_lora_rank", 0, &cfg->q_lora_rank, path, err, errlen) ||
         get_int(c, "kv_lora_rank", -1, &cfg->kv_lora_rank, path, err, errlen) ||
         get_int(c, "qk_nope_head_dim", -1, &cfg->qk_nope_head_dim, path, err, errlen) ||
@@ -163,15 +171,7 @@ int hf_config_read(const char *path, struct model_config *cfg, char *err, size_t
         goto out;
     }
     snprintf(cfg->arch, sizeof cfg->arch, "%s", type);
-    if (get_int(c, "vocab_size", -1, &cfg->vocab_size, path, err, errlen) ||
-        get_int(c, "hidden_size", -1, &cfg->hidden_size, path, err, errlen) ||
-        get_int(c, "intermediate_size", -1, &cfg->intermediate_size, path, err, errlen) ||
-        get_int(c, "num_hidden_layers", -1, &cfg->num_layers, path, err, errlen) ||
-        get_int(c, "num_attention_heads", -1, &cfg->num_heads, path, err, errlen) ||
-        get_int(c, "num_key_value_heads", cfg->num_heads, &cfg->num_kv_heads, path, err, errlen) ||
-        get_int(c, "max_position_embeddings", 2048, &cfg->max_seq_len, path, err, errlen) ||
-        get_num(c, "rope_theta", 10000, &cfg->rope_theta, path, err, errlen) ||
-        get_num(c, "rms_norm_eps", moe ? 1e-5 : 1e-6, &cfg->norm_eps, path, err, errlen) ||
+    if (common_keys(c, path, cfg, 2048, moe ? 1e-5 : 1e-6, err, errlen) ||
         must_be_off(c, "attention_bias", path, err, errlen) || must_be_off(c, "mlp_bias", path, err, errlen))
         goto out;
     if (cfg->hidden_size % cfg->num_heads || cfg->num_heads % cfg->num_kv_heads) {
