@@ -37,3 +37,20 @@ build_path() { echo "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/${BUILD:-b
 # on N ranks with a time limit; COMPARE checks two checkpoints' parameters.
 COMPARE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/integration/compare_ckpt.py"
 run_np() { local n=$1; shift; timeout 300 mpiexec -n "$n" "$MTRAIN" "$@"; }
+# Loss curves of metrics.jsonl files (the parallel-layout tests):
+# metric FILE KEY: KEY's value on every step line, in order
+metric() { grep '"loss"' "$1" | grep -o "\"$2\":[^,}]*" | cut -d: -f2; }
+# step_metric FILE FROM [KEY]: "step value" of steps >= FROM (the last line of a
+# step wins, as after a resume), KEY default loss
+step_metric() {
+    grep '"loss"' "$1" | sed -n "s/{\"step\":\([0-9]*\),.*\"${3:-loss}\":\([^,}]*\).*/\1 \2/p" |
+        awk -v from="$2" '$1 >= from {v[$1] = $2} END {for (s in v) print s, v[s]}' | sort -n
+}
+# close_metrics A B FROM MIN [KEY]: at least MIN steps from FROM in both, each
+# value within 1e-5 relative; a KEY other than loss that neither run records
+# (e.g. mtp_loss without MTP) has nothing to compare and passes
+close_metrics() {
+    join <(step_metric "$1" "$3" "${5:-loss}") <(step_metric "$2" "$3" "${5:-loss}") 2>/dev/null |
+        awk -v min="$4" -v empty_ok="$([ "${5:-loss}" = loss ] && echo 0 || echo 1)" \
+            '{n++; d=$2-$3; if (d<0) d=-d; if (d/$2 > 1e-5) bad=1} END{exit (n >= min && !bad) || (n == 0 && empty_ok) ? 0 : 1}'
+}

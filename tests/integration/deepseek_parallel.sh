@@ -27,13 +27,8 @@ data: {path: data}
 checkpoint: {dir: ck_ref, interval: 20}
 log: {dir: ref, interval: 100}
 YAML
-field() { grep '"loss"' "$1" | grep -o "\"$2\":[^,}]*" | cut -d: -f2; }
-close() { # A B: 20 steps, each loss (and MTP loss where recorded) within 1e-5 relative
-    for f in loss mtp_loss; do
-        paste <(field "$1" $f) <(field "$2" $f) |
-            awk '{n++; d=$1-$2; if (d<0) d=-d; if (d/$1 > 1e-5) bad=1} END{exit (n >= 20 && !bad) || (n == 0) ? 0 : 1}' || return 1
-    done
-}
+# close A B: 20 steps, each loss (and MTP loss where recorded) within 1e-5 relative
+close() { close_metrics "$1" "$2" 1 20 && close_metrics "$1" "$2" 1 20 mtp_loss; }
 "$MTRAIN" pretrain r.yaml >/dev/null 2>&1 || fail deepseek_par_reference_run "exit $?"
 "$MTRAIN" pretrain r.yaml --set model.mtp_depth=0 --set log.dir=ref0 --set checkpoint.dir=ck_ref0 >/dev/null 2>&1 ||
     fail deepseek_par_reference_run_no_mtp "exit $?"
@@ -52,7 +47,7 @@ for spec in "${layouts[@]}"; do
     for kv in "$@"; do sets+=(--set "$kv"); [ "$kv" = model.mtp_depth=0 ] && ref=ref0 ck=ck_ref0; done
     run_np $((tp * pp * dp)) pretrain r.yaml "${sets[@]}" >"$TMP/out" 2>&1 || { fail "deepseek_${name}_runs" "exit $?: $(tail -3 "$TMP/out")"; continue; }
     close $ref/metrics.jsonl $name/metrics.jsonl && pass "deepseek_${name}_losses" ||
-        fail "deepseek_${name}_losses" "$(paste <(field $ref/metrics.jsonl loss) <(field $name/metrics.jsonl loss) | head -4 | tr '\n' ' ')"
+        fail "deepseek_${name}_losses" "$(paste <(metric $ref/metrics.jsonl loss) <(metric $name/metrics.jsonl loss) | head -4 | tr '\n' ' ')"
     "$PY" "$COMPARE" $ck/step-000000020 ck_$name/step-000000020 1e-5 >"$TMP/cmp" 2>&1 &&
         pass "deepseek_${name}_params" || fail "deepseek_${name}_params" "$(cat "$TMP/cmp")"
 done

@@ -18,12 +18,6 @@ data: {path: data}
 checkpoint: {dir: ck_ref, interval: 20}
 log: {dir: ref, interval: 100}
 YAML
-field() { grep '"loss"' "$1" | sed "s/.*\"$2\":\([^,}]*\).*/\1/"; }
-# close A B: 20 steps, each loss within 1e-5 relative
-close() {
-    paste <(field "$1" loss) <(field "$2" loss) |
-        awk '{n++; d=$1-$2; if (d<0) d=-d; if (d/$1 > 1e-5) bad=1} END{exit (n >= 20 && !bad) ? 0 : 1}'
-}
 "$MTRAIN" pretrain r.yaml >/dev/null 2>&1 || fail moe_reference_run "exit $?"
 "$MTRAIN" pretrain r.yaml --set model.moe_capacity_factor=1.0 --set log.dir=cap_ref --set checkpoint.dir=ck_cap_ref \
     >/dev/null 2>&1 || fail moe_capacity_reference_run "exit $?"
@@ -42,8 +36,8 @@ for spec in "${layouts[@]}"; do
     sets=(--set parallel.tp=$tp --set parallel.pp=$pp --set parallel.ep=$ep --set log.dir=$name --set checkpoint.dir=ck_$name)
     for kv in "$@"; do sets+=(--set "$kv"); done
     run_np $((tp * pp * dp)) pretrain r.yaml "${sets[@]}" >"$TMP/out" 2>&1 || { fail "moe_${name}_runs" "exit $?: $(tail -3 "$TMP/out")"; continue; }
-    close ref/metrics.jsonl $name/metrics.jsonl && pass "moe_${name}_losses" ||
-        fail "moe_${name}_losses" "$(paste <(field ref/metrics.jsonl loss) <(field $name/metrics.jsonl loss) | head -4 | tr '\n' ' ')"
+    close_metrics ref/metrics.jsonl $name/metrics.jsonl 1 20 && pass "moe_${name}_losses" ||
+        fail "moe_${name}_losses" "$(paste <(metric ref/metrics.jsonl loss) <(metric $name/metrics.jsonl loss) | head -4 | tr '\n' ' ')"
     "$PY" "$COMPARE" ck_ref/step-000000020 ck_$name/step-000000020 1e-5 >"$TMP/cmp" 2>&1 &&
         pass "moe_${name}_params" || fail "moe_${name}_params" "$(cat "$TMP/cmp")"
 done
@@ -54,9 +48,9 @@ for spec in "cap_ep2_tp2 2 1 2 2" "cap_ep4 1 1 4 4"; do
     name=$1 tp=$2 pp=$3 dp=$4 ep=$5
     run_np $((tp * pp * dp)) pretrain r.yaml --set model.moe_capacity_factor=1.0 --set parallel.tp=$tp --set parallel.ep=$ep \
         --set log.dir=$name --set checkpoint.dir=ck_$name >"$TMP/out" 2>&1 || { fail "moe_${name}_runs" "exit $?"; continue; }
-    if [ "$(field cap_ref/metrics.jsonl dropped)" = "$(field $name/metrics.jsonl dropped)" ] && close cap_ref/metrics.jsonl $name/metrics.jsonl; then
+    if [ "$(metric cap_ref/metrics.jsonl dropped)" = "$(metric $name/metrics.jsonl dropped)" ] && close_metrics cap_ref/metrics.jsonl $name/metrics.jsonl 1 20; then
         pass "moe_${name}_dropped"
-    else fail "moe_${name}_dropped" "$(paste <(field cap_ref/metrics.jsonl dropped) <(field $name/metrics.jsonl dropped) | head -4 | tr '\n' ' ')"; fi
+    else fail "moe_${name}_dropped" "$(paste <(metric cap_ref/metrics.jsonl dropped) <(metric $name/metrics.jsonl dropped) | head -4 | tr '\n' ' ')"; fi
 done
 
 # all-to-all payload per step over the EP group: each rank sends every routed
@@ -81,7 +75,7 @@ for target in direct_ep1 direct_ep2 convert_ep1 convert_ep2; do
     fi
     run_np $np pretrain r.yaml --set train.steps=40 --set parallel.ep=$ep --set checkpoint.dir=$target --set log.dir=$target >"$TMP/out" 2>&1
     if grep -q "resumed from $target/step-000000020" "$TMP/out" &&
-        paste <(field long/metrics.jsonl loss | tail -20) <(field $target/metrics.jsonl loss | tail -20) |
+        paste <(metric long/metrics.jsonl loss | tail -20) <(metric $target/metrics.jsonl loss | tail -20) |
         awk '{n++; d=$1-$2; if (d<0) d=-d; if (d/$1 > 1e-5) bad=1} END{exit (n == 20 && !bad) ? 0 : 1}'; then
         pass moe_resume_$target
     else fail moe_resume_$target "$(grep -E 'resumed|error' "$TMP/out" | head -2)"; fi

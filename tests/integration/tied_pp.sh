@@ -21,16 +21,6 @@ data: {path: data}
 checkpoint: {dir: ck_ref, interval: 20}
 log: {dir: ref, interval: 100}
 YAML
-# step_losses FILE FROM: "step loss" of steps >= FROM (the last line for a step wins)
-step_losses() {
-    grep '"loss"' "$1" | sed 's/{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/' |
-        awk -v from="$2" '$1 >= from {v[$1] = $2} END {for (s in v) print s, v[s]}' | sort -n
-}
-# close_losses A B FROM MIN: at least MIN common steps from FROM, each loss within 1e-5 relative
-close_losses() {
-    join <(step_losses "$1" "$3") <(step_losses "$2" "$3") |
-        awk -v min="$4" '{n++; d=$2-$3; if (d<0) d=-d; if (d/$2 > 1e-5) bad=1} END{exit (n >= min && !bad) ? 0 : 1}'
-}
 "$MTRAIN" pretrain r.yaml >"$TMP/out" 2>&1 || fail tied_reference_run "exit $?: $(tail -2 "$TMP/out")"
 # the reference really is tied: no separate output head in its checkpoint
 grep -q '"lm_head.weight"' ck_ref/step-000000020/manifest.json && fail tied_reference_has_no_head "lm_head.weight saved" ||
@@ -47,8 +37,8 @@ for spec in "${layouts[@]}"; do
     sets=(--set parallel.tp=$tp --set parallel.pp=$pp --set log.dir=$name --set checkpoint.dir=ck_$name)
     for kv in "$@"; do sets+=(--set "$kv"); done
     run_np $((tp * pp * dp)) pretrain r.yaml "${sets[@]}" >"$TMP/out" 2>&1 || { fail "tied_${name}_runs" "exit $?: $(tail -3 "$TMP/out")"; continue; }
-    close_losses ref/metrics.jsonl $name/metrics.jsonl 1 20 && pass "tied_${name}_losses" ||
-        fail "tied_${name}_losses" "$(paste <(step_losses ref/metrics.jsonl 1) <(step_losses $name/metrics.jsonl 1) | head -4 | tr '\n' ' ')"
+    close_metrics ref/metrics.jsonl $name/metrics.jsonl 1 20 && pass "tied_${name}_losses" ||
+        fail "tied_${name}_losses" "$(paste <(step_metric ref/metrics.jsonl 1) <(step_metric $name/metrics.jsonl 1) | head -4 | tr '\n' ' ')"
     # the same tensor set as one rank: the last stage's copy of the embedding is not saved
     "$PY" "$COMPARE" ck_ref/step-000000020 ck_$name/step-000000020 1e-5 >"$TMP/cmp" 2>&1 &&
         pass "tied_${name}_params" || fail "tied_${name}_params" "$(cat "$TMP/cmp")"
@@ -69,7 +59,7 @@ for target in direct_pp1 convert_pp1 direct_pp2; do
     [ $target = direct_pp2 ] && np=2 pp=2
     run_np $np pretrain r.yaml --set train.steps=30 --set parallel.pp=$pp --set checkpoint.dir=$target \
         --set log.dir=$target >"$TMP/out" 2>&1
-    if grep -q "resumed from $target/step-000000020" "$TMP/out" && close_losses long/metrics.jsonl $target/metrics.jsonl 21 10; then
+    if grep -q "resumed from $target/step-000000020" "$TMP/out" && close_metrics long/metrics.jsonl $target/metrics.jsonl 21 10; then
         pass tied_resume_$target
     else fail tied_resume_$target "$(grep -E 'resumed|error' "$TMP/out" | head -2)"; fi
     "$PY" "$COMPARE" long/step-000000030 $target/step-000000030 1e-5 >"$TMP/cmp" 2>&1 &&
