@@ -241,21 +241,23 @@ static void rewind_to_checkpoint(struct run *run, int bad_step, enum rewind_reas
 }
 
 /* Communication payload per step of every rank and group (tp, dp, pp, ep,
- * edp), as one event: rank r's numbers are at [5r .. 5r+4]. Eval and
+ * edp, embed), as one event: rank r's numbers are at [6r .. 6r+5]. Eval and
  * checkpoint traffic is included, so benchmarks run without them. */
 static void log_comm(struct run *run, int steps) {
     struct grid *g = &run->grid;
     int n = g->world_size;
-    enum { NG = 5 };
+    enum { NG = 6 };
     double *v = xcalloc(NG * n, sizeof *v);
-    struct comm *groups[NG] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm};
+    struct comm *groups[NG] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
     for (int k = 0; k < NG; k++) v[NG * g->world_rank + k] = (double)groups[k]->bytes / (steps > 0 ? steps : 1);
     comm_all_reduce_sum_f64(&g->world, v, NG * n);
     if (run->rank0 && run->metrics) {
         fprintf(run->metrics, "{\"event\":\"comm\",\"steps\":%d,\"bytes_per_step\":[", steps);
         for (int r = 0; r < n; r++)
-            fprintf(run->metrics, "%s{\"rank\":%d,\"tp\":%.0f,\"dp\":%.0f,\"pp\":%.0f,\"ep\":%.0f,\"edp\":%.0f}",
-                    r ? "," : "", r, v[NG * r], v[NG * r + 1], v[NG * r + 2], v[NG * r + 3], v[NG * r + 4]);
+            fprintf(run->metrics,
+                    "%s{\"rank\":%d,\"tp\":%.0f,\"dp\":%.0f,\"pp\":%.0f,\"ep\":%.0f,\"edp\":%.0f,\"embed\":%.0f}",
+                    r ? "," : "", r, v[NG * r], v[NG * r + 1], v[NG * r + 2], v[NG * r + 3], v[NG * r + 4],
+                    v[NG * r + 5]);
         fprintf(run->metrics, "]}\n");
     }
     free(v);

@@ -65,4 +65,12 @@ for target in direct_pp1 convert_pp1 direct_pp2; do
     "$PY" "$COMPARE" long/step-000000030 $target/step-000000030 1e-5 >"$TMP/cmp" 2>&1 &&
         pass tied_resume_${target}_params || fail tied_resume_${target}_params "$(cat "$TMP/cmp")"
 done
+# the embedding group's traffic is counted: each step both ends all-reduce the
+# embedding's gradient, 4 x vocab x hidden bytes (r.yaml: 264 x 32)
+"$PY" - pp2/metrics.jsonl <<'PY' >"$TMP/cmp" 2>&1 && pass tied_pp2_embed_comm_counted || fail tied_pp2_embed_comm_counted "$(cat "$TMP/cmp")"
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1]) if '"comm"' in l][-1]
+got = [e["embed"] for e in ev["bytes_per_step"]]
+assert got == [4 * 264 * 32] * 2, got
+PY
 exit $FAILED
