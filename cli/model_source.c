@@ -373,9 +373,7 @@ int model_source_build(const struct model_source *s, const char *device, int B, 
     const struct backend *be = backend_get(device);
     if (!be) return EXIT_USAGE;
     if (be != &cpu_backend) cuda_use_device(0);
-    struct model_part part;
-    model_part_full(&part, &s->recipe.model);
-    transformer_create(m, be, &s->recipe.model, &part, NULL, 0, B, T, 1, RECOMPUTE_NONE);
+    transformer_create_forward_only(m, be, &s->recipe.model, B, T);
     int rc = model_source_load(s, m, err, errlen);
     if (rc) transformer_free(m);
     return rc;

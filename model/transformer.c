@@ -346,9 +346,9 @@ static void alloc_plan(struct transformer *m, struct moe_plan *p) {
     p->expert_rows = p->recv_counts + m->ep;
 }
 
-void transformer_create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
-                  const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
-                  int nslots, enum recompute rc) {
+static void create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
+                   const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
+                   int nslots, enum recompute rc, int with_grads) {
     memset(m, 0, sizeof *m);
     m->be = be;
     m->tp_comm = tp_comm;
@@ -356,7 +356,7 @@ void transformer_create(struct transformer *m, const struct backend *be, const s
     CHECK(m->tp == 1 || (tp_comm && tp_comm->size == m->tp));
     param_table_build(&m->table, cfg, part);
     m->params = be->alloc(sizeof(float) * m->table.total);
-    m->grads = be->alloc(sizeof(float) * m->table.total);
+    m->grads = with_grads ? be->alloc(sizeof(float) * m->table.total) : NULL;
     m->layers = xcalloc(m->NL, sizeof *m->layers);
     m->dlayers = xcalloc(m->NL, sizeof *m->dlayers);
     m->mtp = xcalloc(m->mtp_depth + 1, sizeof *m->mtp);
@@ -364,7 +364,7 @@ void transformer_create(struct transformer *m, const struct backend *be, const s
     m->mtp_loss = xcalloc(m->mtp_depth + 1, sizeof *m->mtp_loss);
     m->mtp_host = xmalloc(sizeof(int32_t) * 2 * m->N);
     bind_layers(m, m->params, m->layers, m->mtp, &m->embed, &m->norm_w, &m->lm_head);
-    bind_layers(m, m->grads, m->dlayers, m->dmtp, &m->dembed, &m->dnorm_w, &m->dlm_head);
+    if (with_grads) bind_layers(m, m->grads, m->dlayers, m->dmtp, &m->dembed, &m->dnorm_w, &m->dlm_head);
     m->slots = xcalloc(nslots, sizeof *m->slots);
     for (int i = 0; i < nslots; i++) {
         m->slots[i].acts = xcalloc(m->NL, sizeof(struct layer_acts));
@@ -388,6 +388,19 @@ void transformer_create(struct transformer *m, const struct backend *be, const s
     be->from_host(m->rope_cos, cs, sizeof(float) * half);
     be->from_host(m->rope_sin, cs + half, sizeof(float) * half);
     free(cs);
+}
+
+void transformer_create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
+                  const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
+                  int nslots, enum recompute rc) {
+    create(m, be, cfg, part, tp_comm, sequence_parallel, B, T, nslots, rc, 1);
+}
+
+void transformer_create_forward_only(struct transformer *m, const struct backend *be, const struct model_config *cfg,
+                                     int B, int T) {
+    struct model_part part;
+    model_part_full(&part, cfg);
+    create(m, be, cfg, &part, NULL, 0, B, T, 1, RECOMPUTE_NONE, 0);
 }
 
 void transformer_free(struct transformer *m) {

@@ -163,6 +163,10 @@ struct transformer {
 void transformer_create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                   const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
                   int nslots, enum recompute rc);
+/* The whole model on one rank for forward passes only (generate, eval): no
+ * gradient buffer (half the parameter memory); backward must not be called. */
+void transformer_create_forward_only(struct transformer *m, const struct backend *be, const struct model_config *cfg,
+                                     int B, int T);
 void transformer_free(struct transformer *m);
 void transformer_init_params(struct transformer *m, uint64_t seed);
 /* Weights of the MoE auxiliary losses' gradients when a step has `sequences`
