@@ -19,7 +19,7 @@ trains a tiny model with `model.vocab_size: auto`, exports it with
 Then the soft failures: a dataset that is gone (model written, a warning, no
 tokenizer files) and `--tokenizer SPEC` as the override.
 Prints PASS/FAIL lines. Usage: hf_tokenizer_export.py MTRAIN WORKDIR"""
-import base64, json, os, random, shutil, struct, subprocess, sys, warnings
+import json, os, random, shutil, struct, subprocess, sys, warnings
 
 warnings.filterwarnings("ignore")
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -27,16 +27,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 MTRAIN, WORK = sys.argv[1:3]
 os.makedirs(WORK, exist_ok=True)
 os.chdir(WORK)
-LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-          r"\s*[\r\n]+|\s+(?!\S)|\s+")
-SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
-failed = 0
-
-
-def result(name, ok, why=""):
-    global failed
-    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, why)), flush=True)
-    failed += not ok
+import tok_common
+from tok_common import LLAMA3, SPECIALS, result, write_rank_file
 
 
 def run(*args):
@@ -71,19 +63,7 @@ tok.save("tokenizer.json")
 doc = json.load(open("tokenizer.json"))
 
 # the rank file: the trained vocabulary's bytes (GPT-2 alphabet undone), specials dropped
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b)
-        cs.append(256 + n)
-        n += 1
-char_to_byte = {chr(c): b for b, c in zip(bs, cs)}
-ranks = {bytes(char_to_byte[c] for c in k): v - len(SPECIALS) for k, v in doc["model"]["vocab"].items()
-         if k not in SPECIALS}
-with open("ranks.tiktoken", "w") as f:
-    for b, r in sorted(ranks.items(), key=lambda x: x[1]):
-        f.write("%s %d\n" % (base64.b64encode(b).decode(), r))
+ranks = write_rank_file(doc, "ranks.tiktoken")
 with open("texts.jsonl", "w") as f:
     for t in texts:
         f.write(json.dumps({"text": t}) + "\n")
@@ -197,4 +177,4 @@ if ck:
     # a tokenizer larger than the model is refused (the hf one has 3 ids fewer)
     rc, log = run("convert", "ck_hf", "--hf", "hf_gone", "--tokenizer", "tiktoken:ranks.tiktoken")
     result("hf_tokenizer_override_too_large", rc == 1 and "ids but the model only" in log, log[-300:])
-sys.exit(1 if failed else 0)
+sys.exit(1 if tok_common.failed else 0)

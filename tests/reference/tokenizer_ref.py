@@ -13,22 +13,14 @@ download), then checks, token for token on held-out text:
     whitespace (PCRE2 alone would class it as \s);
   - decode(encode(x)) == x, and `mtrain data build` gives the same tokens.
 Prints PASS/FAIL lines. Usage: tokenizer_ref.py BPE_TOOL MTRAIN WORKDIR"""
-import base64, json, os, random, struct, subprocess, sys
+import json, os, random, struct, subprocess, sys
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 TOOL, MTRAIN, WORK = sys.argv[1:4]
 os.makedirs(WORK, exist_ok=True)
-LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-          r"\s*[\r\n]+|\s+(?!\S)|\s+")
-SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
-failed = 0
-
-
-def result(name, ok, why=""):
-    global failed
-    print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, why)), flush=True)
-    failed += not ok
+import tok_common
+from tok_common import LLAMA3, SPECIALS, result, write_rank_file
 
 
 WORDS = [
@@ -143,21 +135,8 @@ specials_as_text = got is not None and got[k] != expected[k] and all(x not in (0
 result("tokenizer_specials_as_text", specials_as_text, err or "specials were matched in text mode")
 
 # tiktoken: ranks = the trained vocabulary's ids (bytes recovered from the byte alphabet)
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b)
-        cs.append(256 + n)
-        n += 1
-char_to_byte = {chr(c): b for b, c in zip(bs, cs)}
-vocab = {k: v for k, v in doc["model"]["vocab"].items() if k not in SPECIALS}
-base = len(SPECIALS)  # trained specials take ids 0..2: shift the ranks down
-ranks = {bytes(char_to_byte[c] for c in k): v - base for k, v in vocab.items()}
 tk_path = os.path.join(WORK, "ranks.tiktoken")
-with open(tk_path, "w") as f:
-    for b, r in sorted(ranks.items(), key=lambda x: x[1]):
-        f.write("%s %d\n" % (base64.b64encode(b).decode(), r))
+ranks = write_rank_file(doc, tk_path)
 
 
 def tiktoken_piece(piece):
@@ -267,4 +246,4 @@ else:
     result("tokenizer_long_document_streams", stream[:len(want)] == want and len(stream) - len(want) <= 1,
            "%d bytes: %d tokens vs %d whole, first difference at %s" % (len(long_text.encode()), len(stream), len(want),
                                                                       first_bad))
-sys.exit(1 if failed else 0)
+sys.exit(1 if tok_common.failed else 0)
