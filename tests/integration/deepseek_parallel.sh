@@ -61,25 +61,28 @@ for f in glob.glob(sys.argv[1] + "/*.safetensors"):
 b = [v for n, v in t.items() if n.startswith("model.") and n.endswith("e_score_correction_bias")]
 sys.exit(0 if len(b) == 3 and all(abs(v).max() > 0 for v in b) else 1)
 PY
-# a checkpoint of the ep 4 / ZeRO layout resumes on one rank and ends where the single-rank run ends
+# a checkpoint saved at step 20 by a 4-rank layout resumes on one rank and
+# ends where the single-rank 30-step run ends
 "$MTRAIN" pretrain r.yaml --set train.steps=30 --set checkpoint.dir=long --set log.dir=long >/dev/null 2>&1
-run_np 4 pretrain r.yaml --set train.steps=30 --set parallel.ep=4 --set optimizer.distributed=true \
-    --set checkpoint.dir=s_ep4 --set log.dir=s_ep4 --stop-after 20 >/dev/null 2>&1 || fail deepseek_save_ep4 "exit $?"
-cp -r s_ep4 r_ep1
-"$MTRAIN" pretrain r.yaml --set train.steps=30 --set checkpoint.dir=r_ep1 --set log.dir=r_ep1 >"$TMP/out" 2>&1 ||
-    fail deepseek_resume_ep1 "exit $?: $(tail -2 "$TMP/out")"
-grep -q "resumed from r_ep1/step-000000020" "$TMP/out" && pass deepseek_resume_ep1 ||
-    fail deepseek_resume_ep1 "$(grep -E 'resumed|error' "$TMP/out" | head -2)"
-"$PY" "$COMPARE" long/step-000000030 r_ep1/step-000000030 1e-5 >"$TMP/cmp" 2>&1 &&
-    pass deepseek_checkpoint_ep4_to_ep1 || fail deepseek_checkpoint_ep4_to_ep1 "$(cat "$TMP/cmp")"
-# a pipeline checkpoint with MTP (the last stage's embedding copy is not saved) resumes on one rank
-run_np 4 pretrain r.yaml --set train.steps=30 --set parallel.pp=2 --set parallel.ep=2 \
-    --set checkpoint.dir=s_pp2 --set log.dir=s_pp2 --stop-after 20 >/dev/null 2>&1 || fail deepseek_save_pp2_mtp "exit $?"
-cp -r s_pp2 r_pp1
-"$MTRAIN" pretrain r.yaml --set train.steps=30 --set checkpoint.dir=r_pp1 --set log.dir=r_pp1 >"$TMP/out" 2>&1 ||
-    fail deepseek_resume_pp1_mtp "exit $?: $(tail -2 "$TMP/out")"
-grep -q "resumed from r_pp1/step-000000020" "$TMP/out" && pass deepseek_resume_pp1_mtp ||
-    fail deepseek_resume_pp1_mtp "$(grep -E 'resumed|error' "$TMP/out" | head -2)"
-"$PY" "$COMPARE" long/step-000000030 r_pp1/step-000000030 1e-5 >"$TMP/cmp" 2>&1 &&
-    pass deepseek_checkpoint_pp2_mtp_to_pp1 || fail deepseek_checkpoint_pp2_mtp_to_pp1 "$(cat "$TMP/cmp")"
+# resume_on_one SAVE_CHECK RESUME_CHECK COMPARE_CHECK DIR SETTINGS...
+resume_on_one() {
+    local save=$1 resume=$2 cmp=$3 dir=$4; shift 4
+    local sets=()
+    for kv in "$@"; do sets+=(--set "$kv"); done
+    run_np 4 pretrain r.yaml --set train.steps=30 "${sets[@]}" --set checkpoint.dir=s_$dir --set log.dir=s_$dir \
+        --stop-after 20 >/dev/null 2>&1 || fail $save "exit $?"
+    cp -r s_$dir r_$dir
+    "$MTRAIN" pretrain r.yaml --set train.steps=30 --set checkpoint.dir=r_$dir --set log.dir=r_$dir >"$TMP/out" 2>&1 ||
+        fail $resume "exit $?: $(tail -2 "$TMP/out")"
+    grep -q "resumed from r_$dir/step-000000020" "$TMP/out" && pass $resume ||
+        fail $resume "$(grep -E 'resumed|error' "$TMP/out" | head -2)"
+    "$PY" "$COMPARE" long/step-000000030 r_$dir/step-000000030 1e-5 >"$TMP/cmp" 2>&1 && pass $cmp ||
+        fail $cmp "$(cat "$TMP/cmp")"
+}
+# the ep 4 / ZeRO layout
+resume_on_one deepseek_save_ep4 deepseek_resume_ep1 deepseek_checkpoint_ep4_to_ep1 ep4 parallel.ep=4 \
+    optimizer.distributed=true
+# a pipeline layout with MTP (the last stage's embedding copy is not saved)
+resume_on_one deepseek_save_pp2_mtp deepseek_resume_pp1_mtp deepseek_checkpoint_pp2_mtp_to_pp1 pp2 parallel.pp=2 \
+    parallel.ep=2
 exit $FAILED
