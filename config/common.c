@@ -42,6 +42,14 @@ void warn(const char *fmt, ...) {
     va_end(ap);
 }
 
+int set_error(char *err, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
 void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) die("out of memory allocating %zu bytes", n);

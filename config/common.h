@@ -17,6 +17,8 @@ void verror_message(const char *fmt, va_list ap);
 void die_code(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
 #define die(...) die_code(EXIT_RUNTIME, __VA_ARGS__)
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Format a message into err[n] for the caller to report; returns -1. */
+int set_error(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Report an internal failure of a library call with the call site. */
 #define CHECK(cond, ...)                                                    \

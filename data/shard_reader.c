@@ -7,7 +7,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -275,23 +274,15 @@ void dataset_get_info(const struct dataset *ds, struct dataset_info *info) {
 
 /* --- frames -------------------------------------------------------------- */
 
-static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t n, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static int read_compressed(struct dataset *ds, const struct frame_info *f, char *err, size_t n) {
     uint64_t done = 0;
     while (done < f->csize) {
         ssize_t got = pread(ds->fds[f->shard], ds->cbuf + done, f->csize - done, (off_t)(f->offset + done));
         if (got < 0 && errno == EINTR) continue;
-        if (got < 0) return fail(err, n, "read error: %s", strerror(errno));
+        if (got < 0) return set_error(err, n, "read error: %s", strerror(errno));
         if (got == 0)
-            return fail(err, n, "truncated: read %llu of %llu bytes", (unsigned long long)done,
+            return set_error(err, n, "truncated: read %llu of %llu bytes", (unsigned long long)done,
                         (unsigned long long)f->csize);
         done += (uint64_t)got;
     }
@@ -319,23 +310,23 @@ static int decode_frame(struct dataset *ds, int64_t fi, int32_t *out, char *err,
     if (read_compressed(ds, f, err, n)) return -1;
     size_t want = (size_t)f->ntok * ds->dtype;
     unsigned long long content = ZSTD_getFrameContentSize(ds->cbuf, f->csize);
-    if (content == ZSTD_CONTENTSIZE_ERROR) return fail(err, n, "not a zstd frame (bad frame header)");
-    if (content == ZSTD_CONTENTSIZE_UNKNOWN) return fail(err, n, "zstd frame header lacks its content size");
+    if (content == ZSTD_CONTENTSIZE_ERROR) return set_error(err, n, "not a zstd frame (bad frame header)");
+    if (content == ZSTD_CONTENTSIZE_UNKNOWN) return set_error(err, n, "zstd frame header lacks its content size");
     if (content != want)
-        return fail(err, n, "frame header says %llu bytes, index says %zu", content, want);
+        return set_error(err, n, "frame header says %llu bytes, index says %zu", content, want);
     size_t fsize = ZSTD_findFrameCompressedSize(ds->cbuf, f->csize);
-    if (ZSTD_isError(fsize)) return fail(err, n, "zstd: %s", ZSTD_getErrorName(fsize));
+    if (ZSTD_isError(fsize)) return set_error(err, n, "zstd: %s", ZSTD_getErrorName(fsize));
     if (fsize != f->csize)
-        return fail(err, n, "zstd frame is %zu bytes, index says %llu", fsize, (unsigned long long)f->csize);
+        return set_error(err, n, "zstd frame is %zu bytes, index says %llu", fsize, (unsigned long long)f->csize);
     size_t got = ZSTD_decompressDCtx(ds->dctx, ds->raw, want, ds->cbuf, f->csize);
-    if (ZSTD_isError(got)) return fail(err, n, "zstd: %s", ZSTD_getErrorName(got));
-    if (got != want) return fail(err, n, "decoded %zu bytes, expected %zu", got, want);
-    if (XXH3_64bits(ds->raw, want) != f->hash) return fail(err, n, "checksum mismatch");
+    if (ZSTD_isError(got)) return set_error(err, n, "zstd: %s", ZSTD_getErrorName(got));
+    if (got != want) return set_error(err, n, "decoded %zu bytes, expected %zu", got, want);
+    if (XXH3_64bits(ds->raw, want) != f->hash) return set_error(err, n, "checksum mismatch");
     uint32_t top = widen_tokens(ds->raw, ds->dtype, f->ntok, out);
     if (top >= (uint32_t)ds->vocab) {
         uint32_t i = 0;
         while ((uint32_t)out[i] < (uint32_t)ds->vocab) i++;
-        return fail(err, n, "token %u at %u outside vocab of %d", (uint32_t)out[i], i, ds->vocab);
+        return set_error(err, n, "token %u at %u outside vocab of %d", (uint32_t)out[i], i, ds->vocab);
     }
     return 0;
 }

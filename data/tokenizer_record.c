@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -118,14 +117,6 @@ char *tokenizer_record_unknown_json(const char *source, int vocab_size, int64_t 
 
 /* ---- reading ---------------------------------------------------------------- */
 
-static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t n, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* Hash every byte of fd before the trailer, in bounded memory. */
 static int index_checksum_ok(int fd, uint64_t body, uint64_t want) {
@@ -150,32 +141,32 @@ int tokenizer_record_read(const char *dir, char **json, int *version_out, char *
     snprintf(path, sizeof path, "%s/%s", dir, DATASET_INDEX_NAME);
     *json = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(err, errsz, "%s: cannot read: %s", path, strerror(errno));
+    if (fd < 0) return set_error(err, errsz, "%s: cannot read: %s", path, strerror(errno));
     struct stat st;
     uint8_t h[INDEX_HEADER_BYTES], tr[INDEX_TRAILER_BYTES];
     int rc = -1;
     if (fstat(fd, &st) != 0 || st.st_size < INDEX_HEADER_BYTES + INDEX_TRAILER_BYTES ||
         pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h + IDX_MAGIC, DATASET_MAGIC, 8)) {
-        fail(err, errsz, "%s: not a dataset index", path);
+        set_error(err, errsz, "%s: not a dataset index", path);
         goto out;
     }
     uint32_t version = get_u32(h + IDX_VERSION);
     if (version < 1 || version > DATASET_VERSION) {
-        fail(err, errsz, "%s: unsupported format version %u", path, version);
+        set_error(err, errsz, "%s: unsupported format version %u", path, version);
         goto out;
     }
     if (version_out) *version_out = (int)version;
     uint64_t size = (uint64_t)st.st_size, len = version >= 2 ? get_u64(h + IDX_RECORD_BYTES) : 0;
     uint64_t frames = get_u64(h + IDX_FRAMES), docs = get_u64(h + IDX_DOCS);
     if (frames > (1ull << 40) || docs > (1ull << 40) || len > DATASET_RECORD_MAX) {
-        fail(err, errsz, "%s: implausible counts in the header", path);
+        set_error(err, errsz, "%s: implausible counts in the header", path);
         goto out;
     }
     uint64_t at = INDEX_HEADER_BYTES + frames * INDEX_FRAME_BYTES + (docs + 1) * 8;
     if (at + len + INDEX_TRAILER_BYTES != size ||
         pread(fd, tr, sizeof tr, (off_t)(size - INDEX_TRAILER_BYTES)) != (ssize_t)sizeof tr ||
         !index_checksum_ok(fd, size - INDEX_TRAILER_BYTES, get_u64(tr))) {
-        fail(err, errsz, "%s: damaged index (size or checksum)", path);
+        set_error(err, errsz, "%s: damaged index (size or checksum)", path);
         goto out;
     }
     rc = 0;
@@ -184,7 +175,7 @@ int tokenizer_record_read(const char *dir, char **json, int *version_out, char *
         if (pread(fd, *json, len, (off_t)at) != (ssize_t)len) {
             free(*json);
             *json = NULL;
-            fail(err, errsz, "%s: cannot read the tokenizer record: %s", path, strerror(errno));
+            set_error(err, errsz, "%s: cannot read the tokenizer record: %s", path, strerror(errno));
             rc = -1;
             goto out;
         }
@@ -212,7 +203,7 @@ int tokenizer_record_parse(const char *json, struct tokenizer_record *rec, char 
     json_t *o = json_loads(json, 0, &jerr);
     if (!json_is_object(o)) {
         json_decref(o);
-        return fail(err, errsz, "tokenizer record is not a JSON object (%s)", jerr.text);
+        return set_error(err, errsz, "tokenizer record is not a JSON object (%s)", jerr.text);
     }
     copy_str(rec->kind, sizeof rec->kind, o, "tokenizer");
     copy_str(rec->spec, sizeof rec->spec, o, "spec");
@@ -234,7 +225,7 @@ int tokenizer_record_parse(const char *json, struct tokenizer_record *rec, char 
                 !strcmp(rec->kind, "unknown");
     if (!known || !rec->vocab_size || (strcmp(rec->kind, "bytes") && strcmp(rec->kind, "unknown") && !rec->file[0])) {
         tokenizer_record_free(rec);
-        return fail(err, errsz, "tokenizer record lacks a known tokenizer kind, a file or vocab_size");
+        return set_error(err, errsz, "tokenizer record lacks a known tokenizer kind, a file or vocab_size");
     }
     return 0;
 }
@@ -250,7 +241,7 @@ int tokenizer_record_load(const char *dir, struct tokenizer_record *rec, char *e
     if (rc == 1) {
         char why[256];
         if (tokenizer_record_parse(json, rec, why, sizeof why) != 0)
-            rc = fail(err, errsz, "%s/%s: %s", dir, DATASET_INDEX_NAME, why);
+            rc = set_error(err, errsz, "%s/%s: %s", dir, DATASET_INDEX_NAME, why);
     }
     free(json);
     return rc;
