@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "checkpoint/safetensors.h"
+#include "kernels/bf16.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -251,12 +252,7 @@ int safetensors_read_f32(const struct st_file *f, const struct st_entry *e, floa
     int rc = safetensors_read(f, e, raw, err, errlen);
     int bf16 = !strcmp(e->dtype, "BF16");
     for (size_t i = 0; rc == 0 && i < n; i++) {
-        if (bf16) {
-            uint32_t bits = (uint32_t)raw[i] << 16;
-            memcpy(&dst[i], &bits, 4);
-        } else {
-            dst[i] = half_to_float(raw[i]);
-        }
+        dst[i] = bf16 ? bf16_to_float(raw[i]) : half_to_float(raw[i]);
     }
     free(raw);
     return rc;

@@ -370,7 +370,7 @@ int model_source_load(const struct model_source *s, struct transformer *m, char 
 int model_source_build(const struct model_source *s, const char *device, int B, int T, struct transformer *m,
                        char *err, size_t errlen) {
     err[0] = 0;
-    const struct backend *be = backend_get(device);
+    const struct backend *be = backend_get(device, "fp32"); /* inference reads the fp32 master weights */
     if (!be) return EXIT_USAGE;
     if (be != &cpu_backend) cuda_use_device(0);
     transformer_create_forward_only(m, be, &s->recipe.model, B, T);

@@ -396,7 +396,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         fprintf(stderr, "mtrain: error: %s: %s\n", r->source, unsupported);
         return EXIT_USAGE;
     }
-    run.be = backend_get(r->train.device);
+    run.be = backend_get(r->train.device, r->train.precision);
     if (!run.be) return EXIT_RUNTIME;
     install_signals(); /* before the (possibly long) load, so a signal then is not fatal */
     setup(&run);

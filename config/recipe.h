@@ -76,6 +76,7 @@ struct train_config {
     int eval_interval;              /* 0 disables validation */
     int eval_batches;
     char device[RECIPE_STR_MAX];    /* auto | cpu | cuda */
+    char precision[RECIPE_STR_MAX]; /* fp32 | bf16: how the step computes (master weights stay fp32) */
     double peak_tflops;             /* per device, for MFU */
     int tf32;                       /* bool: CUDA matmuls on TF32 tensor cores */
     int threads;                    /* 0: OMP default */

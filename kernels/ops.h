@@ -8,7 +8,19 @@
  *   stored as [out_features, in_features] like torch.nn.Linear / Hugging Face.
  *   Backward ops ACCUMULATE (+=) into parameter gradients (so gradient
  *   accumulation over micro batches is free) and OVERWRITE activation
- *   gradients unless stated otherwise. */
+ *   gradients unless stated otherwise.
+ *
+ * Precision is a mode of the table, not a type in the signatures: the same
+ * ops, the same model code, one table per (device, precision). In a bf16
+ * table every tensor an op writes is *activation storage* (bf16; the CPU
+ * keeps bf16 values in fp32 containers, kernels/bf16.h) EXCEPT parameter
+ * gradients (dw, dtable: fp32, accumulated straight from the fp32 sums),
+ * statistics (rstd, the attention state, lse, router probabilities/scores,
+ * gate weights and their gradient, losses, cross-entropy row stats) and the
+ * optimizer's buffers, which stay fp32. Every op computes in fp32 and
+ * rounds once where it stores. Weight matrices an op reads are the model's
+ * working copy (model/transformer.h `weights`: bf16 values of the fp32
+ * master); norm gains are read from the fp32 master. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -17,8 +29,11 @@
 extern "C" {
 #endif
 
+enum precision { PRECISION_FP32 = 0, PRECISION_BF16 };
+
 struct backend {
     const char *name;
+    enum precision precision; /* how this table stores activations and the working weights */
 
     /* memory */
     void *(*alloc)(size_t bytes);               /* zero-initialised */
@@ -139,6 +154,11 @@ struct backend {
     void (*ce_finish)(float *losses, float *logits, const int32_t *targets, const float *rowmax,
                       const float *sumexp, const float *target_logit, int N, int V, int vstart, float dscale);
 
+    /* dst = src in this table's storage precision (bf16: rounded to
+     * nearest even; fp32: a copy); dst may be src. The model's working copy
+     * of the weights, and activations summed by a communicator in fp32. */
+    void (*to_storage)(float *dst, const float *src, size_t n);
+
     /* dst += src */
     void (*add)(float *dst, const float *src, size_t n);
     /* x *= s */
@@ -160,9 +180,10 @@ struct backend {
     double (*peak_tflops)(int tf32);
 };
 
-/* "cpu", "cuda" or "auto"; returns NULL with a message if unavailable. */
-const struct backend *backend_get(const char *name);
-extern const struct backend cpu_backend;
+/* "cpu", "cuda" or "auto" at precision "fp32" or "bf16"; returns NULL with
+ * a message if unavailable. */
+const struct backend *backend_get(const char *name, const char *precision);
+extern const struct backend cpu_backend, cpu_bf16_backend;
 extern const struct backend cuda_backend; /* kernels/cuda; an empty table in builds without it */
 /* This build has the CUDA backend and a GPU is visible. */
 int cuda_backend_available(void);

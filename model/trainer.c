@@ -223,6 +223,7 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
      * micro batch's gradient is scaled by 1 / (all tokens) */
     float dscale = 1.0f / (float)st.tokens;
     m->be->zero(m->grads, sizeof(float) * m->table.total);
+    transformer_sync_weights(m);
     transformer_reset_moe_stats(m);
     double loss = run_schedule(tr, samples, tr->schedule, tr->schedule_len, dscale, 0);
     comm_all_reduce_sum_f64(&tr->grid->world, &loss, 1);
@@ -253,6 +254,7 @@ struct step_stats trainer_step(struct trainer *tr, const int32_t *samples, int n
 double trainer_eval(struct trainer *tr, const int32_t *samples, int n) {
     const struct recipe *r = tr->recipe;
     CHECK(n == tr->micro_batches * r->train.micro_batch);
+    transformer_sync_weights(&tr->model);
     double loss = run_schedule(tr, samples, tr->eval_schedule, tr->eval_len, 0.0f, 1);
     comm_all_reduce_sum_f64(&tr->grid->world, &loss, 1);
     return loss / ((double)r->train.global_batch * r->train.seq_len);

@@ -259,11 +259,18 @@ size_t transformer_arena_bytes(const struct backend *be, const struct model_conf
     return c.used * sizeof(float);
 }
 
+/* Where the ops read tensor p from when binding buf: matrices from the
+ * working copy; norm gains and state always from the fp32 master (a gain
+ * near 1 moves by less than bf16's step there, 2^-7, for many updates). */
+static float *bound(const struct transformer *m, float *buf, const struct param_info *p) {
+    return (buf == m->weights && p->kind != PARAM_MATRIX ? m->params : buf) + p->offset;
+}
+
 /* Point the per-layer weight structs into a buffer laid out by the table. */
 static void bind_layers(struct transformer *m, float *buf, struct layer_weights *layers, struct mtp_weights *mtp,
                         float **embed, float **norm_w, float **lm_head) {
     char name[PARAM_NAME_MAX];
-#define P(nm) (buf + param_find(&m->table, nm)->offset)
+#define P(nm) bound(m, buf, param_find(&m->table, nm))
     for (int l = 0; l < m->NL; l++) {
         if (!is_local_layer(&m->part, m->L, l)) continue;
         struct layer_weights *y = &layers[l];
@@ -357,13 +364,14 @@ static void create(struct transformer *m, const struct backend *be, const struct
     param_table_build(&m->table, cfg, part);
     m->params = be->alloc(sizeof(float) * m->table.total);
     m->grads = with_grads ? be->alloc(sizeof(float) * m->table.total) : NULL;
+    m->weights = be->precision == PRECISION_FP32 ? m->params : be->alloc(sizeof(float) * m->table.total);
     m->layers = xcalloc(m->NL, sizeof *m->layers);
     m->dlayers = xcalloc(m->NL, sizeof *m->dlayers);
     m->mtp = xcalloc(m->mtp_depth + 1, sizeof *m->mtp);
     m->dmtp = xcalloc(m->mtp_depth + 1, sizeof *m->dmtp);
     m->mtp_loss = xcalloc(m->mtp_depth + 1, sizeof *m->mtp_loss);
     m->mtp_host = xmalloc(sizeof(int32_t) * 2 * m->N);
-    bind_layers(m, m->params, m->layers, m->mtp, &m->embed, &m->norm_w, &m->lm_head);
+    bind_layers(m, m->weights, m->layers, m->mtp, &m->embed, &m->norm_w, &m->lm_head);
     if (with_grads) bind_layers(m, m->grads, m->dlayers, m->dmtp, &m->dembed, &m->dnorm_w, &m->dlm_head);
     m->slots = xcalloc(nslots, sizeof *m->slots);
     for (int i = 0; i < nslots; i++) {
@@ -404,6 +412,7 @@ void transformer_create_forward_only(struct transformer *m, const struct backend
 }
 
 void transformer_free(struct transformer *m) {
+    if (m->weights != m->params) m->be->free(m->weights);
     m->be->free(m->params);
     m->be->free(m->grads);
     m->be->free(m->arena);
@@ -443,6 +452,10 @@ void transformer_init_params(struct transformer *m, uint64_t seed) {
     params_init(m->be, m->params, &m->table, seed, m->part.tp_rank);
 }
 
+void transformer_sync_weights(struct transformer *m) {
+    if (m->weights != m->params) m->be->to_storage(m->weights, m->params, m->table.total);
+}
+
 void transformer_stage(struct transformer *m, int slot, const int32_t *tokens, const int32_t *targets) {
     m->be->from_host(m->slots[slot].tokens, tokens, sizeof(int32_t) * m->N);
     m->be->from_host(m->slots[slot].targets, targets, sizeof(int32_t) * m->N);
@@ -475,11 +488,16 @@ static void gather_rows(struct transformer *m, const float *shard, float *full) 
  * column-parallel ones) -> reduced rows: [Ns] under sequence parallelism
  * (reduce-scatter into shard), else [N] in place (all-reduce). */
 static float *reduce_rows(struct transformer *m, float *partial, float *shard) {
+    /* the communicator sums in fp32; the sum is stored like any activation */
     if (m->sp) {
         comm_reduce_scatter_sum(m->tp_comm, partial, shard, (size_t)m->Ns * m->C);
+        m->be->to_storage(shard, shard, (size_t)m->Ns * m->C);
         return shard;
     }
-    if (m->tp > 1) comm_all_reduce_sum(m->tp_comm, partial, (size_t)m->N * m->C);
+    if (m->tp > 1) {
+        comm_all_reduce_sum(m->tp_comm, partial, (size_t)m->N * m->C);
+        m->be->to_storage(partial, partial, (size_t)m->N * m->C);
+    }
     return partial;
 }
 

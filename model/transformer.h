@@ -118,7 +118,9 @@ struct transformer {
     double *moe_load;            /* [L][E] tokens routed per expert (before drops), this step */
     double moe_aux_sum, moe_z_sum, moe_dropped; /* summed over sequences and MoE layers */
     struct param_table table;
-    float *params, *grads;       /* one buffer each, table offsets */
+    float *params, *grads;       /* one buffer each, table offsets: fp32 master weights and gradients */
+    float *weights;              /* what the ops read (layers, embed, ...): params itself at fp32; at bf16 a
+                                  * working copy in the backend's storage precision (transformer_sync_weights) */
     struct layer_weights *layers;  /* by global layer: pointers into params (local layers only) */
     struct layer_weights *dlayers; /* ... into grads */
     float *embed, *norm_w, *lm_head, *dembed, *dnorm_w, *dlm_head; /* NULL where not local */
@@ -169,6 +171,11 @@ void transformer_create_forward_only(struct transformer *m, const struct backend
                                      int B, int T);
 void transformer_free(struct transformer *m);
 void transformer_init_params(struct transformer *m, uint64_t seed);
+/* Refresh the working copy of the weights from the fp32 master (nothing at
+ * fp32). The trainer calls it before every forward pass, so every writer of
+ * the master (init, loads, the optimizer, ZeRO's gather, a rewind) is
+ * covered by one rule. */
+void transformer_sync_weights(struct transformer *m);
 /* Weights of the MoE auxiliary losses' gradients when a step has `sequences`
  * sequences (the losses are means over sequences and MoE layers). */
 void transformer_set_moe_sequences(struct transformer *m, int sequences);

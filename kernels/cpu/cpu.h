@@ -6,6 +6,7 @@ void *cpu_alloc(size_t bytes);
 void cpu_free(void *p);
 void cpu_zero(void *p, size_t bytes);
 void cpu_copy(void *dst, const void *src, size_t bytes);
+size_t cpu_attention_state_floats(int B, int H, int T);
 
 void cpu_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V);
 void cpu_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,

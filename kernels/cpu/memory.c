@@ -20,7 +20,10 @@ void cpu_copy(void *dst, const void *src, size_t bytes) {
 }
 
 /* the softmax probabilities [B,H,T,T] */
-static size_t attention_state_floats(int B, int H, int T) { return (size_t)B * H * T * T; }
+size_t cpu_attention_state_floats(int B, int H, int T) { return (size_t)B * H * T * T; }
+
+/* fp32 storage: a copy */
+static void to_storage(float *dst, const float *src, size_t n) { cpu_copy(dst, src, sizeof(float) * n); }
 
 const struct backend cpu_backend = {
     .name = "cpu",
@@ -38,7 +41,7 @@ const struct backend cpu_backend = {
     .matmul_backward = cpu_matmul_backward,
     .rope = cpu_rope,
     .attention_forward = cpu_attention_forward,
-    .attention_state_floats = attention_state_floats,
+    .attention_state_floats = cpu_attention_state_floats,
     .attention_backward = cpu_attention_backward,
     .attention_decode = cpu_attention_decode,
     .copy_cols = cpu_copy_cols,
@@ -55,6 +58,7 @@ const struct backend cpu_backend = {
     .ce_row_max = cpu_ce_row_max,
     .ce_row_sumexp = cpu_ce_row_sumexp,
     .ce_finish = cpu_ce_finish,
+    .to_storage = to_storage,
     .add = cpu_add,
     .scale = cpu_scale,
     .sum = cpu_sum,

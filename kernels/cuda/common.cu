@@ -121,6 +121,11 @@ static double peak(int tf32) {
     return 0;
 }
 
+/* fp32 storage: a copy */
+static void to_storage(float *dst, const float *src, size_t n) {
+    if (dst != src) d_copy(dst, src, sizeof(float) * n);
+}
+
 extern "C" const struct backend cuda_backend = {
     .name = "cuda",
     .alloc = d_alloc,
@@ -154,6 +159,7 @@ extern "C" const struct backend cuda_backend = {
     .ce_row_max = cuda_ce_row_max,
     .ce_row_sumexp = cuda_ce_row_sumexp,
     .ce_finish = cuda_ce_finish,
+    .to_storage = to_storage,
     .add = cuda_add,
     .scale = cuda_scale,
     .sum = cuda_sum,

@@ -20,7 +20,7 @@ int main(int argc, char **argv) {
     r.model.intermediate_size = 2048, r.model.vocab_size = 8192;
     snprintf(r.checkpoint.dir, sizeof r.checkpoint.dir, "%s", argv[1]);
     r.checkpoint.keep_last = 1;
-    const struct backend *be = backend_get("cpu");
+    const struct backend *be = backend_get("cpu", "fp32");
     struct param_table t;
     struct model_part part;
     model_part_full(&part, &r.model);

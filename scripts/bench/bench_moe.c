@@ -21,7 +21,7 @@ int main(int argc, char **argv) {
     if (argc < 7 || argc > 8) die("usage: bench_moe HIDDEN MOE_FFN EXPERTS TOP_K TOKENS STEPS [DEVICE]");
     int C = atoi(argv[1]), FM = atoi(argv[2]), E = atoi(argv[3]), K = atoi(argv[4]), N = atoi(argv[5]);
     int steps = atoi(argv[6]);
-    const struct backend *be = backend_get(argc > 7 ? argv[7] : "cpu");
+    const struct backend *be = backend_get(argc > 7 ? argv[7] : "cpu", "fp32");
     if (!be || C < 16 || FM < 1 || E < K || K < 1 || N < 1 || steps < 1) die("bad arguments");
     static struct recipe r;
     recipe_defaults(&r);

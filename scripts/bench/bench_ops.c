@@ -49,7 +49,7 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     if (argc != 10) die("usage: bench_ops DEVICE TF32 HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ");
-    be = backend_get(argv[1]);
+    be = backend_get(argv[1], "fp32");
     if (!be) return 1;
     if (be == &cuda_backend) cuda_set_tf32(atoi(argv[2]));
     int C = atoi(argv[3]), H = atoi(argv[4]), KVH = atoi(argv[5]), F = atoi(argv[6]), V = atoi(argv[7]);

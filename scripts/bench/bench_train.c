@@ -55,7 +55,7 @@ static double sgemm_gflops(const struct backend *be, int N, int K, int M) {
 int main(int argc, char **argv) {
     if (argc < 10 || argc > 12)
         die("usage: bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32]]");
-    const struct backend *be = backend_get(argc > 10 ? argv[10] : "cpu");
+    const struct backend *be = backend_get(argc > 10 ? argv[10] : "cpu", "fp32");
     if (!be) return 1;
     int tf32 = argc > 11 && atoi(argv[11]);
     if (be == &cuda_backend) cuda_set_tf32(tf32);

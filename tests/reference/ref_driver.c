@@ -126,7 +126,7 @@ int main(int argc, char **argv) {
     struct trainer tr;
     struct grid g;
     grid_single(&g);
-    trainer_create(&tr, backend_get("cpu"), &r, &g);
+    trainer_create(&tr, backend_get("cpu", "fp32"), &r, &g);
     weights_load(tr.model.be, tr.model.params, &tr.model.table, argv[3]);
     int train = !strcmp(argv[1], "train");
     size_t steps = train ? r.train.steps : 1;

@@ -403,7 +403,7 @@ static void test_memory(void) {
 }
 
 int main(void) {
-    cpu = backend_get("cpu");
+    cpu = backend_get("cpu", "fp32");
     if (!cuda_backend_available()) {
         printf("SKIP cuda_ops: no CUDA device (this build %s the CUDA backend)\n",
                cuda_backend.alloc ? "has" : "lacks");
@@ -412,7 +412,7 @@ int main(void) {
     /* a 1 MiB budget for attention's score blocks: T=300 runs in chunks of
      * one kv group, T=67 fits every group in one chunk; both paths run */
     setenv("MTRAIN_ATTN_CHUNK_MB", "1", 1);
-    gpu = backend_get("cuda");
+    gpu = backend_get("cuda", "fp32");
     test_memory();
     test_matmul(300, 520, 130);
     test_rmsnorm(300, 520);

@@ -563,7 +563,7 @@ static void test_moe_sigmoid(int E, int k, int G, int TG, const char *tag) {
 }
 
 int main(void) {
-    be = backend_get("cpu");
+    be = backend_get("cpu", "fp32");
     test_matmul();
     test_rmsnorm();
     test_rope();
