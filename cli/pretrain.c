@@ -250,10 +250,12 @@ static void dry_run(const struct recipe *r, int verbose) {
     printf("flops_per_step:   %.4g\n",
            model_flops_per_token(&r->model, r->train.seq_len) * r->train.global_batch * r->train.seq_len);
     if (r->parallel.pp > 1) print_schedule(r, dp, verbose);
-    printf("memory_per_rank:  %.3f GiB (params %.3f, grads %.3f, adam %.3f, activations %.3f, buffers %.3f; "
-           "fp32, %s backend, pipeline stage 0, dp %d, recompute %s)\n",
-           e.total / GIB, e.params / GIB, e.grads / GIB, e.optimizer / GIB, e.activations / GIB, e.buffers / GIB,
-           be->name, dp, r->train.recompute);
+    char working[64] = "";
+    if (e.weights) snprintf(working, sizeof working, ", bf16 working weights %.3f", e.weights / GIB);
+    printf("memory_per_rank:  %.3f GiB (params %.3f%s, grads %.3f, adam %.3f, activations %.3f, buffers %.3f; "
+           "%s, %s backend, pipeline stage 0, dp %d, recompute %s)\n",
+           e.total / GIB, e.params / GIB, working, e.grads / GIB, e.optimizer / GIB, e.activations / GIB,
+           e.buffers / GIB, r->train.precision, be->name, dp, r->train.recompute);
     print_largest(r, &e, be);
     printf("host_per_rank:    %.3f GiB (batches and final weights %.3f, checkpoint/final snapshot %.3f, process runtime %.3f)%s\n",
            (e.host + e.runtime) / GIB, (e.host - e.snapshot) / GIB, e.snapshot / GIB, e.runtime / GIB,

@@ -417,7 +417,9 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     struct blas_info blas;
     memset(&blas, 0, sizeof blas);
     char blas_json[1024] = "";
-    if (run.be == &cpu_backend) {
+    int on_cpu = !strcmp(run.be->name, "cpu"); /* either precision */
+    const char *precision = run.be->precision == PRECISION_BF16 ? "bf16" : "fp32";
+    if (on_cpu) {
         blas_info_get(&blas);
         snprintf(blas_json, sizeof blas_json, ",\"blas_core\":\"%s\",\"blas_config\":\"%s\"%s%s%s", blas.core,
                  blas.config, blas.note[0] ? ",\"blas_note\":\"" : "", blas.note, blas.note[0] ? "\"" : "");
@@ -426,19 +428,19 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     if (run.rank0) {
         const struct grid *g = &run.grid;
         struct dataset *ds = prefetcher_dataset(run.train);
-        printf("mtrain %s | %s | %s %lld params | device %s | threads %d | ranks %d (tp %d pp %d dp %d ep %d) | data %s: "
-               "%lld tokens, %lld docs\n",
-               MTRAIN_VERSION, r->source, r->model.arch, (long long)model_param_count(&r->model), run.be->name,
+        printf("mtrain %s | %s | %s %lld params | device %s %s | threads %d | ranks %d (tp %d pp %d dp %d ep %d) | "
+               "data %s: %lld tokens, %lld docs\n",
+               MTRAIN_VERSION, r->source, r->model.arch, (long long)model_param_count(&r->model), run.be->name, precision,
                omp_get_max_threads(), g->world_size, g->tp, g->pp, g->dp, g->ep, dataset_dir(ds),
                (long long)dataset_num_tokens(ds),
                (long long)dataset_num_docs(ds));
-        if (run.be == &cpu_backend)
+        if (on_cpu)
             printf("blas: OpenBLAS %s kernels (%s)%s%s\n", blas.core, blas.config, blas.note[0] ? "; " : "", blas.note);
     }
     event(&run,
           "{\"event\":\"start\",\"step\":%d,\"params\":%lld,\"flops_per_token\":%.6g,\"steps\":%d,"
-          "\"device\":\"%s\",\"peak_tflops\":%g,\"hang_timeout_s\":%g%s}",
-          run.st.step, (long long)model_param_count(&r->model), run.flops_per_token, r->train.steps, run.be->name,
+          "\"device\":\"%s\",\"precision\":\"%s\",\"peak_tflops\":%g,\"hang_timeout_s\":%g%s}",
+          run.st.step, (long long)model_param_count(&r->model), run.flops_per_token, r->train.steps, run.be->name, precision,
           run.peak_tflops, r->train.hang_timeout_s, blas_json);
     double t_start = now_seconds();
     int first = run.st.step + 1;

@@ -104,6 +104,7 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     param_table_build(&t, &r->model, &part);
     e.params = t.total * sizeof(float);
     e.grads = e.params;
+    if (!strcmp(r->train.precision, "bf16")) e.weights = t.total * (strcmp(be->name, "cpu") ? 2 : sizeof(float));
     /* ZeRO-1 shards the dense tensors' moments over dp, the experts' over dp / ep */
     int fe = param_table_first_expert(&t);
     size_t experts = fe < t.count ? (t.total - t.items[fe].offset) * sizeof(float) : 0;
@@ -140,6 +141,7 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     e.host += e.snapshot + (one_rank ? e.params : 0);
     int cpu = !strcmp(be->name, "cpu");
     e.runtime = cpu ? MTRAIN_RUNTIME_BYTES : 0;
-    e.total = e.params + e.grads + e.optimizer + e.activations + e.buffers + (cpu ? e.host + e.runtime : 0);
+    e.total = e.params + e.weights + e.grads + e.optimizer + e.activations + e.buffers +
+              (cpu ? e.host + e.runtime : 0);
     return e;
 }

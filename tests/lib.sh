@@ -46,11 +46,16 @@ step_metric() {
     grep '"loss"' "$1" | sed -n "s/{\"step\":\([0-9]*\),.*\"${3:-loss}\":\([^,}]*\).*/\1 \2/p" |
         awk -v from="$2" '$1 >= from {v[$1] = $2} END {for (s in v) print s, v[s]}' | sort -n
 }
-# close_metrics A B FROM MIN [KEY]: at least MIN steps from FROM in both, each
-# value within 1e-5 relative; a KEY other than loss that neither run records
-# (e.g. mtp_loss without MTP) has nothing to compare and passes
+# close_metrics A B FROM MIN [KEY] [TOL]: at least MIN steps from FROM in both,
+# each value within TOL (default 1e-5) relative; a KEY other than loss that
+# neither run records (e.g. mtp_loss without MTP) has nothing to compare and passes
 close_metrics() {
     join <(step_metric "$1" "$3" "${5:-loss}") <(step_metric "$2" "$3" "${5:-loss}") 2>/dev/null |
-        awk -v min="$4" -v empty_ok="$([ "${5:-loss}" = loss ] && echo 0 || echo 1)" \
-            '{n++; d=$2-$3; if (d<0) d=-d; if (d/$2 > 1e-5) bad=1} END{exit (n >= min && !bad) || (n == 0 && empty_ok) ? 0 : 1}'
+        awk -v min="$4" -v tol="${6:-1e-5}" -v empty_ok="$([ "${5:-loss}" = loss ] && echo 0 || echo 1)" \
+            '{n++; d=$2-$3; if (d<0) d=-d; if (d/$2 > tol) bad=1} END{exit (n >= min && !bad) || (n == 0 && empty_ok) ? 0 : 1}'
+}
+# worst_metric A B FROM [KEY]: the largest relative difference of KEY (default loss) and its step
+worst_metric() {
+    join <(step_metric "$1" "$3" "${4:-loss}") <(step_metric "$2" "$3" "${4:-loss}") 2>/dev/null |
+        awk '{d=($2-$3)/$2; if (d<0) d=-d; if (d>=w) {w=d; s=$1}} END{printf "%.3g at step %d", w, s}'
 }
