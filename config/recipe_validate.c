@@ -261,6 +261,9 @@ static int check_train(const struct recipe *r, int world_size) {
     if (t->eval_interval > 0 && r->data.valid_fraction == 0)
         return verr(r, "train.eval_interval", "validation every %d steps needs data.valid_fraction > 0%s",
                     t->eval_interval, other(r, "data.valid_fraction", o, sizeof o));
+    if (!strcmp(t->precision, "bf16") && r->model.hidden_size % 2)
+        return verr(r, "train.precision", "bf16 stores rows of hidden_size 2-byte values and moves them as 4-byte "
+                    "words: hidden_size %d must be even", r->model.hidden_size);
     if (!strcmp(t->precision, "bf16") && !strcmp(t->device, "cuda"))
         return verr(r, "train.precision", "train.precision bf16 runs on the CPU backend only so far (the CUDA backend "
                     "computes in fp32/TF32): set train.device cpu, or train.precision fp32%s",

@@ -1,9 +1,9 @@
-/* bfloat16 storage on the host: the fp32 value nearest to x that bf16 can
- * hold (round to nearest, ties to even, as PyTorch's .to(torch.bfloat16) and
- * CUDA's __float2bfloat16_rn). The CPU backend's bf16 mode keeps activations
- * as such values in fp32 containers, so its numbers are the ones a GPU's
- * 2-byte buffers hold. NaN stays NaN (quiet), infinities stay, and finite
- * values beyond bf16's largest round to infinity, as in IEEE. */
+/* bfloat16 storage on the host: the bf16 value nearest to x (round to
+ * nearest, ties to even, as PyTorch's .to(torch.bfloat16) and CUDA's
+ * __float2bfloat16_rn), its bits, and back. The CPU backend's bf16 table
+ * stores activations as these 2-byte values, so its numbers are the ones a
+ * GPU's bf16 buffers hold. NaN stays NaN (quiet), infinities stay, and
+ * finite values beyond bf16's largest round to infinity, as in IEEE. */
 #pragma once
 #include <stdint.h>
 #include <string.h>

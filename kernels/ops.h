@@ -11,16 +11,18 @@
  *   gradients unless stated otherwise.
  *
  * Precision is a mode of the table, not a type in the signatures: the same
- * ops, the same model code, one table per (device, precision). In a bf16
- * table every tensor an op writes is *activation storage* (bf16; the CPU
- * keeps bf16 values in fp32 containers, kernels/bf16.h) EXCEPT parameter
- * gradients (dw, dtable: fp32, accumulated straight from the fp32 sums),
- * statistics (rstd, the attention state, lse, router probabilities/scores,
- * gate weights and their gradient, losses, cross-entropy row stats) and the
- * optimizer's buffers, which stay fp32. Every op computes in fp32 and
- * rounds once where it stores. Weight matrices an op reads are the model's
- * working copy (model/transformer.h `weights`: bf16 values of the fp32
- * master); norm gains are read from the fp32 master. */
+ * ops, the same model code, one table per (device, precision). Every tensor
+ * an op writes or reads is *activation storage*, elements of act_bytes
+ * bytes (4: fp32; 2: bf16, kernels/bf16.h), EXCEPT parameter gradients (dw,
+ * dtable: fp32, accumulated straight from the fp32 sums), statistics (rstd,
+ * the attention state, lse, router probabilities/scores, gate weights and
+ * their gradient, losses, cross-entropy row stats, rope tables), norm gains
+ * and the expert bias (read from the fp32 master) and the optimizer's
+ * buffers, which are fp32. Weight matrices an op reads are the model's
+ * working copy (model/transformer.h `weights`), activation storage too.
+ * Every op computes in fp32 and rounds once where it stores. Pointers to
+ * activation storage are typed float * as handles: offsets into them are
+ * in elements of act_bytes (model/transformer.h act_at). */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -34,6 +36,7 @@ enum precision { PRECISION_FP32 = 0, PRECISION_BF16 };
 struct backend {
     const char *name;
     enum precision precision; /* how this table stores activations and the working weights */
+    size_t act_bytes;         /* bytes of one stored element: 4 (fp32) or 2 (bf16) */
 
     /* memory */
     void *(*alloc)(size_t bytes);               /* zero-initialised */
@@ -154,10 +157,12 @@ struct backend {
     void (*ce_finish)(float *losses, float *logits, const int32_t *targets, const float *rowmax,
                       const float *sumexp, const float *target_logit, int N, int V, int vstart, float dscale);
 
-    /* dst = src in this table's storage precision (bf16: rounded to
-     * nearest even; fp32: a copy); dst may be src. The model's working copy
-     * of the weights, and activations summed by a communicator in fp32. */
+    /* dst (storage, n elements) = src (fp32) in this table's precision
+     * (bf16: rounded to nearest even; fp32: a copy): the model's working
+     * copy of the weights, and activations a communicator summed in fp32. */
     void (*to_storage)(float *dst, const float *src, size_t n);
+    /* dst (fp32) = src (storage), exact. */
+    void (*from_storage)(float *dst, const float *src, size_t n);
 
     /* dst += src */
     void (*add)(float *dst, const float *src, size_t n);

@@ -9,6 +9,7 @@
 
 void decoder_create(struct decoder *d, const struct transformer *m, int max_T) {
     CHECK(m->tp == 1 && m->ep <= 1 && m->part.nchunks == 1 && m->part.has_embed && m->part.has_head);
+    CHECK(m->be->precision == PRECISION_FP32); /* inference reads the fp32 master weights (cli/model_source.c) */
     memset(d, 0, sizeof *d);
     const struct backend *be = m->be;
     d->m = m, d->be = be, d->max_T = max_T;

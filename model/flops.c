@@ -104,7 +104,7 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     param_table_build(&t, &r->model, &part);
     e.params = t.total * sizeof(float);
     e.grads = e.params;
-    if (!strcmp(r->train.precision, "bf16")) e.weights = t.total * (strcmp(be->name, "cpu") ? 2 : sizeof(float));
+    if (!strcmp(r->train.precision, "bf16")) e.weights = t.total * 2; /* the working copy */
     /* ZeRO-1 shards the dense tensors' moments over dp, the experts' over dp / ep */
     int fe = param_table_first_expert(&t);
     size_t experts = fe < t.count ? (t.total - t.items[fe].offset) * sizeof(float) : 0;

@@ -5,9 +5,9 @@
 static void rope_cols(struct transformer *m, float *x, int inverse) {
     const struct backend *be = m->be;
     int rows = m->N * m->Hl;
-    be->copy_cols(m->mla_rope, m->Dr, x + m->DN, m->D, rows, m->Dr, 0);
+    be->copy_cols(m->mla_rope, m->Dr, act_at(m, x, m->DN), m->D, rows, m->Dr, 0);
     be->rope(m->mla_rope, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->Dr, inverse);
-    be->copy_cols(x + m->DN, m->D, m->mla_rope, m->Dr, rows, m->Dr, 0);
+    be->copy_cols(act_at(m, x, m->DN), m->D, m->mla_rope, m->Dr, rows, m->Dr, 0);
 }
 
 void mla_forward(struct transformer *m, struct layer_acts *a, int l) {
@@ -23,7 +23,7 @@ void mla_forward(struct transformer *m, struct layer_acts *a, int l) {
         be->matmul_forward(a->q, a->ln1, w->wq, N, C, Hl * D, 0);
     }
     be->matmul_forward(a->ckv, a->ln1, w->wkv_a, N, C, KR, 0);
-    be->matmul_forward(m->mla_kpe, a->ln1, w->wkv_a + (size_t)KR * C, N, C, Dr, 0);
+    be->matmul_forward(m->mla_kpe, a->ln1, act_at(m, w->wkv_a, (size_t)KR * C), N, C, Dr, 0);
     be->rmsnorm_forward(a->kvn, a->rstdkv, a->ckv, w->kv_a_ln, N, KR, eps);
     be->matmul_forward(m->mla_kvb, a->kvn, w->wkv_b, N, KR, Hl * (DN + Dv), 0);
     rope_cols(m, a->q, 0);
@@ -31,8 +31,8 @@ void mla_forward(struct transformer *m, struct layer_acts *a, int l) {
     be->rope(m->mla_kpe, m->rope_cos, m->rope_sin, m->B, m->T, 1, Dr, 0);
     /* k = [k_nope of the head | the shared rotary key], v = the rest of the up projection */
     be->copy_cols(a->k, D, m->mla_kvb, DN + Dv, N * Hl, DN, 0);
-    for (int h = 0; h < Hl; h++) be->copy_cols(a->k + (size_t)h * D + DN, Hl * D, m->mla_kpe, Dr, N, Dr, 0);
-    be->copy_cols(a->v, Dv, m->mla_kvb + DN, DN + Dv, N * Hl, Dv, 0);
+    for (int h = 0; h < Hl; h++) be->copy_cols(act_at(m, a->k, (size_t)h * D + DN), Hl * D, m->mla_kpe, Dr, N, Dr, 0);
+    be->copy_cols(a->v, Dv, act_at(m, m->mla_kvb, DN), DN + Dv, N * Hl, Dv, 0);
 }
 
 void mla_backward(struct transformer *m, struct layer_acts *a, int l) {
@@ -43,15 +43,16 @@ void mla_backward(struct transformer *m, struct layer_acts *a, int l) {
     if (m->q_scale != 1.0f) be->scale(m->d_q, m->q_scale, (size_t)N * Hl * D);
     rope_cols(m, m->d_q, 1);
     /* the shared rotary key: its gradient is the sum over heads, in head order */
-    for (int h = 0; h < Hl; h++) be->copy_cols(m->d_kpe, Dr, m->d_k + (size_t)h * D + DN, Hl * D, N, Dr, h > 0);
+    for (int h = 0; h < Hl; h++) be->copy_cols(m->d_kpe, Dr, act_at(m, m->d_k, (size_t)h * D + DN), Hl * D, N, Dr, h > 0);
     be->rope(m->d_kpe, m->rope_cos, m->rope_sin, m->B, m->T, 1, Dr, 1);
     be->copy_cols(m->d_kvb, DN + Dv, m->d_k, D, N * Hl, DN, 0);
-    be->copy_cols(m->d_kvb + DN, DN + Dv, m->d_v, Dv, N * Hl, Dv, 0);
+    be->copy_cols(act_at(m, m->d_kvb, DN), DN + Dv, m->d_v, Dv, N * Hl, Dv, 0);
     be->matmul_backward(m->d_kvn, dw->wkv_b, m->d_kvb, a->kvn, w->wkv_b, N, KR, Hl * (DN + Dv), 0);
     be->rmsnorm_backward(m->d_ckv, dw->kv_a_ln, m->d_kvn, a->ckv, w->kv_a_ln, a->rstdkv, N, KR, 0);
     be->matmul_backward(m->d_ln_full, dw->wkv_a, m->d_ckv, a->ln1, w->wkv_a, N, C, KR, 0);
-    be->matmul_backward(m->d_ln_full, dw->wkv_a + (size_t)KR * C, m->d_kpe, a->ln1, w->wkv_a + (size_t)KR * C, N, C,
-                        Dr, 1);
+    /* the rotary rows of the projection: the gradient is fp32, the working weights are storage */
+    be->matmul_backward(m->d_ln_full, dw->wkv_a + (size_t)KR * C, m->d_kpe, a->ln1, act_at(m, w->wkv_a, (size_t)KR * C),
+                        N, C, Dr, 1);
     if (QR) {
         be->matmul_backward(m->d_qan, dw->wq_b, m->d_q, a->qan, w->wq_b, N, QR, Hl * D, 0);
         be->rmsnorm_backward(m->d_qa, dw->q_a_ln, m->d_qan, a->qa, w->q_a_ln, a->rstdq, N, QR, 0);

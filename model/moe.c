@@ -179,8 +179,20 @@ static void plan_dispatch(struct transformer *m, struct layer_acts *a, struct mo
 
 /* rows source-major (as sent) <-> the EP group; counts are per peer */
 static void exchange(struct transformer *m, const float *in, const int *send, float *out, const int *recv) {
-    if (m->ep > 1) comm_all_to_all_v(m->ep_comm, in, send, out, recv);
-    else if (out != in) m->be->copy(out, in, sizeof(float) * send[0]);
+    if (m->ep == 1) {
+        if (out != in) m->be->copy(out, in, act_size(m, (size_t)send[0]));
+        return;
+    }
+    if (m->be->act_bytes == sizeof(float)) {
+        comm_all_to_all_v(m->ep_comm, in, send, out, recv);
+        return;
+    }
+    /* the communicator counts floats: rows of C 2-byte elements are C/2 of them (C even) */
+    int *counts = xmalloc(sizeof(int) * 2 * m->ep);
+    for (int r = 0; r < m->ep; r++)
+        counts[r] = (int)act_floats(m, (size_t)send[r]), counts[m->ep + r] = (int)act_floats(m, (size_t)recv[r]);
+    comm_all_to_all_v(m->ep_comm, in, counts, out, counts + m->ep);
+    free(counts);
 }
 
 void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float *x, float *out) {
@@ -206,10 +218,12 @@ void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float
         if (!rows) continue;
         float *const *ew = w->experts + 3 * e;
         size_t of = (size_t)o * FM;
-        be->matmul_forward(a->eg + of, a->xe + (size_t)o * C, ew[0], rows, C, FM, 0);
-        be->matmul_forward(a->eu + of, a->xe + (size_t)o * C, ew[2], rows, C, FM, 0);
-        be->swiglu_forward(a->eh + of, a->eg + of, a->eu + of, (size_t)rows * FM);
-        be->matmul_forward(m->moe_rb + (size_t)o * C, a->eh + of, ew[1], rows, FM, C, 0);
+        float *xe = act_at(m, a->xe, (size_t)o * C), *eg = act_at(m, a->eg, of), *eu = act_at(m, a->eu, of);
+        float *eh = act_at(m, a->eh, of);
+        be->matmul_forward(eg, xe, ew[0], rows, C, FM, 0);
+        be->matmul_forward(eu, xe, ew[2], rows, C, FM, 0);
+        be->swiglu_forward(eh, eg, eu, (size_t)rows * FM);
+        be->matmul_forward(act_at(m, m->moe_rb, (size_t)o * C), eh, ew[1], rows, FM, C, 0);
     }
     /* outputs back to the source ranks, in the order they were sent */
     be->gather_rows(m->moe_ra, m->moe_rb, a->recv_inverse, p->nrecv, C);
@@ -233,10 +247,11 @@ void moe_backward(struct transformer *m, struct layer_acts *a, int l, const floa
         if (!rows) continue;
         float *const *ew = w->experts + 3 * e, *const *dew = dw->experts + 3 * e;
         size_t of = (size_t)o * FM, oc = (size_t)o * C;
-        be->matmul_backward(m->d_eh, dew[1], m->moe_rb + oc, a->eh + of, ew[1], rows, FM, C, 0);
-        be->swiglu_backward(m->d_eg, m->d_eu, m->d_eh, a->eg + of, a->eu + of, (size_t)rows * FM);
-        be->matmul_backward(m->moe_ra + oc, dew[0], m->d_eg, a->xe + oc, ew[0], rows, C, FM, 0);
-        be->matmul_backward(m->moe_ra + oc, dew[2], m->d_eu, a->xe + oc, ew[2], rows, C, FM, 1);
+        float *xe = act_at(m, a->xe, oc), *ra = act_at(m, m->moe_ra, oc);
+        be->matmul_backward(m->d_eh, dew[1], act_at(m, m->moe_rb, oc), act_at(m, a->eh, of), ew[1], rows, FM, C, 0);
+        be->swiglu_backward(m->d_eg, m->d_eu, m->d_eh, act_at(m, a->eg, of), act_at(m, a->eu, of), (size_t)rows * FM);
+        be->matmul_backward(ra, dew[0], m->d_eg, xe, ew[0], rows, C, FM, 0);
+        be->matmul_backward(ra, dew[2], m->d_eu, xe, ew[2], rows, C, FM, 1);
     }
     /* input gradients back to the source ranks, then summed per token */
     be->gather_rows(m->moe_rb, m->moe_ra, a->recv_inverse, p->nrecv, C);
@@ -249,7 +264,7 @@ void moe_backward(struct transformer *m, struct layer_acts *a, int l, const floa
     else
         be->moe_route_backward(m->d_logits, m->d_topw, a->probs, a->lse, a->topi, a->topw, a->aux_coef, p->z_scale, n,
                                E, k);
-    be->matmul_backward(d_x, dw->router, m->d_logits, a->ln2 + (size_t)m->moe_r0 * C, w->router, n, C, E, 1);
+    be->matmul_backward(d_x, dw->router, m->d_logits, act_at(m, a->ln2, (size_t)m->moe_r0 * C), w->router, n, C, E, 1);
 }
 
 void transformer_update_expert_bias(struct transformer *m, const double *load) {

@@ -52,10 +52,10 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     tr->model.layer_grads_done = layer_grads_done;
     tr->model.layer_grads_ctx = tr;
     if (g->pp > 1) {
-        size_t act = (size_t)tr->model.Ns * tr->model.C;
-        tr->send_fwd = be->alloc(sizeof(float) * act * m * vpp);
-        tr->send_bwd = be->alloc(sizeof(float) * act * m * vpp);
-        tr->recv_grad = be->alloc(sizeof(float) * act);
+        size_t act = act_size(&tr->model, (size_t)tr->model.Ns * tr->model.C);
+        tr->send_fwd = be->alloc(act * m * vpp);
+        tr->send_bwd = be->alloc(act * m * vpp);
+        tr->recv_grad = be->alloc(act);
     }
     if (g->embed_comm.size > 1 && model_head_uses_embed(&r->model)) {
         tr->embed_shared = param_find(t, "model.embed_tokens.weight");
@@ -103,7 +103,7 @@ static int tag(struct trainer *tr, int mb, int vs, int backward) {
 }
 
 static float *send_buf(struct trainer *tr, float *base, int mb, int chunk) {
-    return base + ((size_t)mb * tr->model.part.nchunks + chunk) * tr->model.Ns * tr->model.C;
+    return act_at(&tr->model, base, ((size_t)mb * tr->model.part.nchunks + chunk) * tr->model.Ns * tr->model.C);
 }
 
 /* Run a list of forwards/backwards; returns this rank's summed token loss
@@ -113,7 +113,7 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
     struct transformer *m = &tr->model;
     struct grid *g = tr->grid;
     int pp = g->pp, last_vs = pp * m->part.nchunks - 1;
-    size_t act_bytes = sizeof(float) * m->Ns * m->C;
+    size_t act_bytes = act_size(m, (size_t)m->Ns * m->C);
     int next_slot = 0, free_slots[64], nfree = 0;
     double loss = 0;
     for (int i = 0; i < n; i++) {

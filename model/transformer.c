@@ -9,15 +9,21 @@
 /* ---- arena layout: one pass computes sizes, a second carves ---- */
 
 struct carver {
-    float *base;
-    size_t used;
+    char *base;
+    size_t used;  /* bytes */
+    size_t act;   /* bytes of one stored activation element (kernels/ops.h act_bytes) */
 };
 
-static float *carve(struct carver *c, size_t n) {
-    float *p = c->base ? c->base + c->used : NULL;
-    c->used += (n + 15) / 16 * 16;
+/* n elements of size bytes, 64-byte aligned */
+static float *carve_n(struct carver *c, size_t n, size_t size) {
+    float *p = c->base ? (float *)(c->base + c->used) : NULL;
+    c->used += (n * size + 63) / 64 * 64;
     return p;
 }
+/* fp32 statistics and int32 indices */
+static float *carve(struct carver *c, size_t n) { return carve_n(c, n, sizeof(float)); }
+/* activation storage: the table's precision */
+static float *carve_act(struct carver *c, size_t n) { return carve_n(c, n, c->act); }
 
 /* Layers L .. L+D-1 are the MTP modules' blocks, on the stage with the head. */
 static int is_local_layer(const struct model_part *p, int L, int l) {
@@ -35,32 +41,32 @@ static void carve_layer(struct transformer *m, struct layer_acts *a, size_t F, i
                         const struct layer_acts *shared, struct carver *c) {
     size_t N = m->N, Ns = m->Ns, C = m->C, QD = (size_t)m->Hl * m->D, KD = (size_t)m->KVl * m->D;
     size_t VD = (size_t)m->KVl * m->Dv, OD = (size_t)m->Hl * m->Dv;
-    a->ln1 = carve(c, N * C);
+    a->ln1 = carve_act(c, N * C);
     a->rstd1 = carve(c, Ns);
     if (m->mla) {
-        a->qa = carve(c, N * m->QR);
-        a->qan = carve(c, N * m->QR);
+        a->qa = carve_act(c, N * m->QR);
+        a->qan = carve_act(c, N * m->QR);
         a->rstdq = carve(c, N);
-        a->ckv = carve(c, N * m->KR);
-        a->kvn = carve(c, N * m->KR);
+        a->ckv = carve_act(c, N * m->KR);
+        a->kvn = carve_act(c, N * m->KR);
         a->rstdkv = carve(c, N);
     }
-    a->q = carve(c, N * QD);
-    a->k = carve(c, N * KD);
-    a->v = carve(c, N * VD);
+    a->q = carve_act(c, N * QD);
+    a->k = carve_act(c, N * KD);
+    a->v = carve_act(c, N * VD);
     a->att = shared ? shared->att : carve(c, m->be->attention_state_floats(m->B, m->Hl, m->T));
-    a->attn_out = shared ? shared->attn_out : carve(c, N * OD);
-    a->xmid = carve(c, Ns * C);
-    a->ln2 = carve(c, N * C);
+    a->attn_out = shared ? shared->attn_out : carve_act(c, N * OD);
+    a->xmid = carve_act(c, Ns * C);
+    a->ln2 = carve_act(c, N * C);
     a->rstd2 = carve(c, Ns);
     if (F) {
-        a->gate = carve(c, N * F);
-        a->up = carve(c, N * F);
-        a->h = shared ? shared->h : carve(c, N * F);
+        a->gate = carve_act(c, N * F);
+        a->up = carve_act(c, N * F);
+        a->h = shared ? shared->h : carve_act(c, N * F);
     }
     if (!moe) return;
     size_t n = m->moe_n, k = m->K, E = m->E, R = m->moe_R, FM = m->FM;
-    a->logits = carve(c, n * E);
+    a->logits = carve_act(c, n * E);
     a->probs = carve(c, n * E);
     a->lse = carve(c, n);
     a->topw = carve(c, n * k);
@@ -69,11 +75,11 @@ static void carve_layer(struct transformer *m, struct layer_acts *a, size_t F, i
     a->send_rows = (int32_t *)carve(c, n * k);
     a->recv_order = (int32_t *)carve(c, R);
     a->recv_inverse = (int32_t *)carve(c, R);
-    a->xe = carve(c, R * C);
-    a->eg = carve(c, R * FM);
-    a->eu = carve(c, R * FM);
-    a->eh = shared ? shared->eh : carve(c, R * FM);
-    a->y = carve(c, n * k * C);
+    a->xe = carve_act(c, R * C);
+    a->eg = carve_act(c, R * FM);
+    a->eu = carve_act(c, R * FM);
+    a->eh = shared ? shared->eh : carve_act(c, R * FM);
+    a->y = carve_act(c, n * k * C);
     a->aux_coef = carve(c, n * E);
 }
 
@@ -88,16 +94,16 @@ static void layout_slot(struct transformer *m, struct act_slot *s, struct carver
     for (int l = 0; l < m->NL; l++) {
         if (!is_local_layer(&m->part, m->L, l)) continue;
         struct layer_acts *a = &s->acts[l];
-        a->x = carve(c, Ns * C);
+        a->x = carve_act(c, Ns * C);
         if (m->recompute == RECOMPUTE_FULL) continue;
         int moe = model_layer_is_moe(&m->cfg, l);
         carve_layer(m, a, moe ? m->Fs : m->Fl, moe, m->recompute == RECOMPUTE_SELECTIVE ? shared : NULL, c);
     }
     if (m->part.has_head) {
-        s->x_final = carve(c, Ns * C);
-        s->lnf = carve(c, N * C);
+        s->x_final = carve_act(c, Ns * C);
+        s->lnf = carve_act(c, N * C);
         s->rstdf = carve(c, Ns);
-        s->logits = carve(c, N * m->Vl);
+        s->logits = carve_act(c, N * m->Vl);
         s->losses = carve(c, N);
         s->ce_max = carve(c, N);
         s->ce_sum = carve(c, N);
@@ -107,11 +113,11 @@ static void layout_slot(struct transformer *m, struct act_slot *s, struct carver
     s->targets = (int32_t *)carve(c, N);
     for (int d = 0; d < m->mtp_depth; d++) {
         struct mtp_acts *t = &s->mtp[d];
-        t->emb = carve(c, Ns * C), t->rstde = carve(c, Ns), t->en = carve(c, N * C);
-        t->rstdh = carve(c, Ns), t->hn = carve(c, N * C);
-        t->cat = carve(c, N * 2 * C);
-        t->out = carve(c, Ns * C), t->lnf = carve(c, N * C), t->rstdf = carve(c, Ns);
-        t->logits = carve(c, N * m->Vl), t->losses = carve(c, N);
+        t->emb = carve_act(c, Ns * C), t->rstde = carve(c, Ns), t->en = carve_act(c, N * C);
+        t->rstdh = carve(c, Ns), t->hn = carve_act(c, N * C);
+        t->cat = carve_act(c, N * 2 * C);
+        t->out = carve_act(c, Ns * C), t->lnf = carve_act(c, N * C), t->rstdf = carve(c, Ns);
+        t->logits = carve_act(c, N * m->Vl), t->losses = carve(c, N);
         t->ce_max = carve(c, N), t->ce_sum = carve(c, N), t->ce_tgt = carve(c, N);
         t->tokens = (int32_t *)carve(c, N), t->targets = (int32_t *)carve(c, N);
     }
@@ -132,12 +138,12 @@ static void layout_shared(struct transformer *m, struct carver *c) {
     memset(a, 0, offsetof(struct layer_acts, plan));
     if (m->recompute == RECOMPUTE_FULL) {
         carve_layer(m, a, F, moe, NULL, c);
-        m->recompute_out = carve(c, (size_t)m->Ns * m->C);
+        m->recompute_out = carve_act(c, (size_t)m->Ns * m->C);
     } else if (m->recompute == RECOMPUTE_SELECTIVE) {
         a->att = carve(c, m->be->attention_state_floats(m->B, m->Hl, m->T));
-        a->attn_out = carve(c, N * OD);
-        if (F) a->h = carve(c, N * F);
-        if (moe) a->eh = carve(c, R * FM);
+        a->attn_out = carve_act(c, N * OD);
+        if (F) a->h = carve_act(c, N * F);
+        if (moe) a->eh = carve_act(c, R * FM);
     }
 }
 
@@ -146,52 +152,53 @@ static void layout_arena(struct transformer *m, struct carver *c) {
     size_t VD = (size_t)m->KVl * m->Dv, OD = (size_t)m->Hl * m->Dv;
     layout_shared(m, c);
     for (int i = 0; i < m->nslots; i++) layout_slot(m, &m->slots[i], c);
-    m->d_resid = carve(c, Ns * C);
-    m->d_full = carve(c, N * C);
-    m->d_ln_full = carve(c, N * C);
-    m->d_ln = m->sp ? carve(c, Ns * C) : m->d_ln_full;
-    m->tmp_full = carve(c, N * C);
-    m->tmp_shard = carve(c, Ns * C);
-    m->d_attn = carve(c, N * OD);
-    m->d_q = carve(c, N * QD);
-    m->d_k = carve(c, N * KD);
-    m->d_v = carve(c, N * VD);
+    m->d_resid = carve_act(c, Ns * C);
+    m->d_full = carve_act(c, N * C);
+    m->d_ln_full = carve_act(c, N * C);
+    m->d_ln = m->sp ? carve_act(c, Ns * C) : m->d_ln_full;
+    m->tmp_full = carve_act(c, N * C);
+    m->tmp_shard = carve_act(c, Ns * C);
+    m->d_attn = carve_act(c, N * OD);
+    m->d_q = carve_act(c, N * QD);
+    m->d_k = carve_act(c, N * KD);
+    m->d_v = carve_act(c, N * VD);
     if (m->mla) {
         size_t kvb = (size_t)m->Hl * (m->DN + m->Dv);
-        m->mla_kvb = carve(c, N * kvb);
-        m->d_kvb = carve(c, N * kvb);
-        m->mla_kpe = carve(c, N * m->Dr);
-        m->d_kpe = carve(c, N * m->Dr);
-        m->mla_rope = carve(c, N * m->Hl * m->Dr);
-        m->d_kvn = carve(c, N * m->KR);
-        m->d_ckv = carve(c, N * m->KR);
-        m->d_qan = carve(c, N * m->QR);
-        m->d_qa = carve(c, N * m->QR);
+        m->mla_kvb = carve_act(c, N * kvb);
+        m->d_kvb = carve_act(c, N * kvb);
+        m->mla_kpe = carve_act(c, N * m->Dr);
+        m->d_kpe = carve_act(c, N * m->Dr);
+        m->mla_rope = carve_act(c, N * m->Hl * m->Dr);
+        m->d_kvn = carve_act(c, N * m->KR);
+        m->d_ckv = carve_act(c, N * m->KR);
+        m->d_qan = carve_act(c, N * m->QR);
+        m->d_qa = carve_act(c, N * m->QR);
     }
-    m->d_gate = carve(c, N * F);
-    m->d_up = carve(c, N * F);
-    m->d_h = carve(c, N * F);
+    m->d_gate = carve_act(c, N * F);
+    m->d_up = carve_act(c, N * F);
+    m->d_h = carve_act(c, N * F);
     if (m->n_moe_layers) {
         size_t n = m->moe_n, k = m->K, E = m->E, R = m->moe_R, FM = m->FM;
-        m->moe_out = carve(c, n * C);
-        m->d_moe_in = carve(c, n * C);
-        m->moe_send = carve(c, n * k * C);
-        m->moe_ra = carve(c, R * C);
-        m->moe_rb = carve(c, R * C);
-        m->d_eg = carve(c, R * FM);
-        m->d_eu = carve(c, R * FM);
-        m->d_eh = carve(c, R * FM);
+        m->moe_out = carve_act(c, n * C);
+        m->d_moe_in = carve_act(c, n * C);
+        m->moe_send = carve_act(c, n * k * C);
+        m->moe_ra = carve_act(c, R * C);
+        m->moe_rb = carve_act(c, R * C);
+        m->d_eg = carve_act(c, R * FM);
+        m->d_eu = carve_act(c, R * FM);
+        m->d_eh = carve_act(c, R * FM);
         m->d_topw = carve(c, n * k);
-        m->d_logits = carve(c, n * E);
+        m->d_logits = carve_act(c, n * E);
         m->moe_counts = carve(c, 2 * E);
     }
     if (m->mtp_depth) {
-        m->d_mtp_carry = carve(c, Ns * C);
-        m->d_mtp_rows = carve(c, Ns * C);
-        m->d_mtp_cat = carve(c, N * 2 * C);
+        m->d_mtp_carry = carve_act(c, Ns * C);
+        m->d_mtp_rows = carve_act(c, Ns * C);
+        m->d_mtp_cat = carve_act(c, N * 2 * C);
     }
     m->rope_cos = carve(c, (size_t)m->T * m->Dr / 2);
     m->rope_sin = carve(c, (size_t)m->T * m->Dr / 2);
+    if (c->act != sizeof(float)) m->comm_f32 = carve(c, (N + Ns) * C); /* fp32 sums of stored activations */
 }
 
 static void set_dims(struct transformer *m, const struct model_config *cfg, const struct model_part *part, int sp, int B,
@@ -252,18 +259,19 @@ size_t transformer_arena_bytes(const struct backend *be, const struct model_conf
         m.slots[i].acts = xcalloc(m.NL, sizeof(struct layer_acts));
         m.slots[i].mtp = xcalloc(m.mtp_depth + 1, sizeof(struct mtp_acts));
     }
-    struct carver c = {0};
+    struct carver c = {.act = be->act_bytes};
     layout_arena(&m, &c);
     for (int i = 0; i < nslots; i++) free(m.slots[i].acts), free(m.slots[i].mtp);
     free(m.slots);
-    return c.used * sizeof(float);
+    return c.used;
 }
 
 /* Where the ops read tensor p from when binding buf: matrices from the
  * working copy; norm gains and state always from the fp32 master (a gain
  * near 1 moves by less than bf16's step there, 2^-7, for many updates). */
 static float *bound(const struct transformer *m, float *buf, const struct param_info *p) {
-    return (buf == m->weights && p->kind != PARAM_MATRIX ? m->params : buf) + p->offset;
+    if (buf != m->weights) return buf + p->offset;
+    return p->kind == PARAM_MATRIX ? act_at(m, buf, p->offset) : m->params + p->offset;
 }
 
 /* Point the per-layer weight structs into a buffer laid out by the table. */
@@ -364,7 +372,7 @@ static void create(struct transformer *m, const struct backend *be, const struct
     param_table_build(&m->table, cfg, part);
     m->params = be->alloc(sizeof(float) * m->table.total);
     m->grads = with_grads ? be->alloc(sizeof(float) * m->table.total) : NULL;
-    m->weights = be->precision == PRECISION_FP32 ? m->params : be->alloc(sizeof(float) * m->table.total);
+    m->weights = be->precision == PRECISION_FP32 ? m->params : be->alloc(be->act_bytes * m->table.total);
     m->layers = xcalloc(m->NL, sizeof *m->layers);
     m->dlayers = xcalloc(m->NL, sizeof *m->dlayers);
     m->mtp = xcalloc(m->mtp_depth + 1, sizeof *m->mtp);
@@ -378,11 +386,11 @@ static void create(struct transformer *m, const struct backend *be, const struct
         m->slots[i].acts = xcalloc(m->NL, sizeof(struct layer_acts));
         m->slots[i].mtp = xcalloc(m->mtp_depth + 1, sizeof(struct mtp_acts));
     }
-    struct carver c = {0};
+    struct carver c = {.act = be->act_bytes};
     layout_arena(m, &c);
-    m->arena_floats = c.used;
-    m->arena = be->alloc(sizeof(float) * c.used);
-    c = (struct carver){m->arena, 0};
+    m->arena_bytes = c.used;
+    m->arena = be->alloc(c.used);
+    c = (struct carver){(char *)m->arena, 0, be->act_bytes};
     layout_arena(m, &c);
     if (m->recompute == RECOMPUTE_FULL && m->n_moe_layers) alloc_plan(m, &m->shared_acts.plan);
     for (int i = 0; i < nslots && m->recompute != RECOMPUTE_FULL; i++)
@@ -481,31 +489,30 @@ float *transformer_chunk_input(struct transformer *m, int slot, int chunk) {
 
 /* Normalised residual rows [Ns] -> the full [N] input of column-parallel linears. */
 static void gather_rows(struct transformer *m, const float *shard, float *full) {
-    if (m->sp) comm_all_gather(m->tp_comm, shard, full, (size_t)m->Ns * m->C);
+    if (m->sp) comm_all_gather(m->tp_comm, shard, full, act_floats(m, (size_t)m->Ns * m->C));
 }
 
 /* Partial sums [N] of a row-parallel linear (or of the input gradient of
  * column-parallel ones) -> reduced rows: [Ns] under sequence parallelism
  * (reduce-scatter into shard), else [N] in place (all-reduce). */
 static float *reduce_rows(struct transformer *m, float *partial, float *shard) {
-    /* the communicator sums in fp32; the sum is stored like any activation */
-    if (m->sp) {
-        comm_reduce_scatter_sum(m->tp_comm, partial, shard, (size_t)m->Ns * m->C);
-        m->be->to_storage(shard, shard, (size_t)m->Ns * m->C);
-        return shard;
-    }
-    if (m->tp > 1) {
-        comm_all_reduce_sum(m->tp_comm, partial, (size_t)m->N * m->C);
-        m->be->to_storage(partial, partial, (size_t)m->N * m->C);
-    }
-    return partial;
+    size_t n = (size_t)m->N * m->C, ns = (size_t)m->Ns * m->C;
+    if (m->tp == 1) return partial;
+    float *out = m->sp ? shard : partial;
+    /* bf16 storage: the communicator sums fp32 copies, the sum is stored like any activation */
+    float *in32 = m->comm_f32 ? m->comm_f32 : partial, *out32 = m->comm_f32 ? m->comm_f32 + n : out;
+    if (m->comm_f32) m->be->from_storage(in32, partial, n);
+    if (m->sp) comm_reduce_scatter_sum(m->tp_comm, in32, out32, ns);
+    else comm_all_reduce_sum(m->tp_comm, out32 = in32, n);
+    if (m->comm_f32) m->be->to_storage(out, out32, m->sp ? ns : n);
+    return out;
 }
 
 /* out[Ns] = residual + in @ W^T (a row-parallel linear added to the stream) */
 static void row_parallel_residual(struct transformer *m, float *out, const float *residual, const float *in,
                                   const float *w, int K) {
     const struct backend *be = m->be;
-    be->copy(out, residual, sizeof(float) * m->Ns * m->C);
+    be->copy(out, residual, act_size(m, (size_t)m->Ns * m->C));
     if (m->tp == 1) {
         be->matmul_forward(out, in, w, m->N, K, m->C, 1);
         return;
@@ -524,7 +531,7 @@ static void norm_for_linear(struct transformer *m, float *full_out, float *rstd,
 /* The residual-stream gradient [Ns] as full rows [N] for a row-parallel backward. */
 static const float *grad_full_rows(struct transformer *m) {
     if (!m->sp) return m->d_resid;
-    comm_all_gather(m->tp_comm, m->d_resid, m->d_full, (size_t)m->Ns * m->C);
+    comm_all_gather(m->tp_comm, m->d_resid, m->d_full, act_floats(m, (size_t)m->Ns * m->C));
     return m->d_full;
 }
 
@@ -534,10 +541,10 @@ static const float *grad_full_rows(struct transformer *m) {
  * tokens, which under sequence parallelism are exactly its residual rows. */
 static void moe_residual(struct transformer *m, float *out, const float *residual) {
     const struct backend *be = m->be;
-    if (out != residual) be->copy(out, residual, sizeof(float) * m->Ns * m->C);
+    if (out != residual) be->copy(out, residual, act_size(m, (size_t)m->Ns * m->C));
     const float *moe = m->moe_out;
     if (!m->sp && m->tp > 1) {
-        comm_all_gather(m->tp_comm, m->moe_out, m->tmp_full, (size_t)m->moe_n * m->C);
+        comm_all_gather(m->tp_comm, m->moe_out, m->tmp_full, act_floats(m, (size_t)m->moe_n * m->C));
         moe = m->tmp_full;
     }
     be->add(out, moe, (size_t)m->Ns * m->C);
@@ -584,7 +591,7 @@ static void block_forward(struct transformer *m, struct act_slot *s, int l, floa
         return;
     }
     if (w->wgate) swiglu_block_forward(m, a, w, m->Fs, out); /* shared experts: out = xmid + shared */
-    moe_forward(m, a, l, a->ln2 + (size_t)m->moe_r0 * C, m->moe_out);
+    moe_forward(m, a, l, act_at(m, a->ln2, (size_t)m->moe_r0 * C), m->moe_out);
     moe_residual(m, out, w->wgate ? out : a->xmid);
 }
 
@@ -596,7 +603,7 @@ static void embed_forward(struct transformer *m, const int32_t *tokens, float *x
     }
     /* vocab-parallel: each rank fills the rows of its vocabulary slice */
     be->embedding_forward(m->tmp_full, tokens, m->embed, m->N, m->C, m->vstart, m->Vl);
-    be->copy(x, reduce_rows(m, m->tmp_full, m->tmp_shard), sizeof(float) * m->Ns * m->C);
+    be->copy(x, reduce_rows(m, m->tmp_full, m->tmp_shard), act_size(m, (size_t)m->Ns * m->C));
 }
 
 /* The buffers of one output head: the main model's, or an MTP depth's (shared output weights, own norm). */
@@ -658,11 +665,11 @@ static void mtp_forward(struct transformer *m, struct act_slot *s, float dscale)
         norm_for_linear(m, t->en, t->rstde, t->emb, w->enorm);
         norm_for_linear(m, t->hn, t->rstdh, h_prev, w->hnorm);
         be->copy_cols(t->cat, 2 * C, t->en, C, N, C, 0);
-        be->copy_cols(t->cat + C, 2 * C, t->hn, C, N, C, 0);
+        be->copy_cols(act_at(m, t->cat, C), 2 * C, t->hn, C, N, C, 0);
         /* eh_proj is replicated: every rank projects all rows and keeps its residual rows */
         be->matmul_forward(m->tmp_full, t->cat, w->eh_proj, N, 2 * C, C, 0);
-        be->copy(s->acts[l].x, m->tmp_full + (m->sp ? (size_t)m->part.tp_rank * m->Ns * C : 0),
-                 sizeof(float) * m->Ns * C);
+        be->copy(s->acts[l].x, act_at(m, m->tmp_full, m->sp ? (size_t)m->part.tp_rank * m->Ns * C : 0),
+                 act_size(m, (size_t)m->Ns * C));
         block_forward(m, s, l, t->out);
         struct head_io h = mtp_head(m, s, d);
         double loss = head_forward(m, &h, mtp_dscale(m, d, dscale));
@@ -718,17 +725,17 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     if (w->moe) { /* this rank's tokens' rows of the residual gradient; the input gradient of all rows */
         int own_rows = m->sp || m->tp == 1;
         float *d_shared = w->wgate ? swiglu_block_backward(m, a, w, dw, m->Fs) : NULL;
-        moe_backward(m, a, l, own_rows ? m->d_resid : m->d_resid + (size_t)m->moe_r0 * C, m->d_moe_in);
+        moe_backward(m, a, l, own_rows ? m->d_resid : act_at(m, m->d_resid, (size_t)m->moe_r0 * C), m->d_moe_in);
         if (d_shared && own_rows) { /* both on this rank's residual rows */
             be->add(d_shared, m->d_moe_in, (size_t)m->moe_n * C);
             d_ln = d_shared;
         } else if (d_shared) { /* d_shared is all N rows (d_ln_full): add every rank's routed part */
-            comm_all_gather(m->tp_comm, m->d_moe_in, m->tmp_full, (size_t)m->moe_n * C);
+            comm_all_gather(m->tp_comm, m->d_moe_in, m->tmp_full, act_floats(m, (size_t)m->moe_n * C));
             be->add(d_shared, m->tmp_full, (size_t)N * C);
             d_ln = d_shared;
         } else {
             d_ln = m->d_moe_in;
-            if (!own_rows) comm_all_gather(m->tp_comm, m->d_moe_in, d_ln = m->d_ln_full, (size_t)m->moe_n * C);
+            if (!own_rows) comm_all_gather(m->tp_comm, m->d_moe_in, d_ln = m->d_ln_full, act_floats(m, (size_t)m->moe_n * C));
         }
     } else {
         d_ln = swiglu_block_backward(m, a, w, dw, F);
@@ -783,13 +790,13 @@ static void mtp_backward(struct transformer *m, struct act_slot *s) {
         block_backward(m, s, l);
         /* each rank back-propagates the projection of its own residual rows: under sequence parallelism
          * eh_proj's gradient is then partial and summed over TP like the norms' (optimizer.c) */
-        be->matmul_backward(m->d_mtp_cat, dw->eh_proj, m->d_resid, t->cat + own * 2, w->eh_proj, Ns, 2 * C, C, 0);
+        be->matmul_backward(m->d_mtp_cat, dw->eh_proj, m->d_resid, act_at(m, t->cat, own * 2), w->eh_proj, Ns, 2 * C, C, 0);
         be->copy_cols(m->d_ln_full, C, m->d_mtp_cat, 2 * C, Ns, C, 0);
         be->rmsnorm_backward(m->d_mtp_rows, dw->enorm, m->d_ln_full, t->emb, w->enorm, t->rstde, Ns, C, 0);
-        be->copy_cols(m->d_ln_full, C, m->d_mtp_cat + C, 2 * C, Ns, C, 0);
+        be->copy_cols(m->d_ln_full, C, act_at(m, m->d_mtp_cat, C), 2 * C, Ns, C, 0);
         be->rmsnorm_backward(m->d_mtp_carry, dw->hnorm, m->d_ln_full, d ? s->mtp[d - 1].out : s->x_final, w->hnorm,
                              t->rstdh, Ns, C, 0);
-        be->copy(m->d_resid, m->d_mtp_rows, sizeof(float) * Ns * C);
+        be->copy(m->d_resid, m->d_mtp_rows, act_size(m, (size_t)Ns * C));
         embed_backward(m, t->tokens);
     }
 }
@@ -803,7 +810,7 @@ void transformer_backward_chunk(struct transformer *m, int slot, int chunk, cons
         head_backward(m, &h);
         if (m->mtp_depth) m->be->add(m->d_resid, m->d_mtp_carry, (size_t)m->Ns * m->C);
     } else {
-        m->be->copy(m->d_resid, d_out, sizeof(float) * m->Ns * m->C);
+        m->be->copy(m->d_resid, d_out, act_size(m, (size_t)m->Ns * m->C));
     }
     for (int l = l1 - 1; l >= l0; l--) {
         block_backward(m, s, l);

@@ -150,14 +150,25 @@ struct transformer {
     float *d_mtp_carry, *d_mtp_rows; /* [Ns, C]: gradient into the previous depth's hidden state; scratch */
     float *d_mtp_cat;            /* [N, 2C] */
     int32_t *mtp_host;           /* [2 N] host scratch for the shifted tokens */
+    float *comm_f32;             /* [N + Ns, C] fp32: where the TP communicator sums activations stored in bf16 */
     float *arena;
-    size_t arena_floats;
+    size_t arena_bytes;
     /* called after each layer's backward when last_micro_batch is set, so
      * its gradient buckets can be reduced while backward goes on */
     void (*layer_grads_done)(void *ctx, int layer);
     void *layer_grads_ctx;
     int last_micro_batch;
 };
+
+/* Activation storage holds elements of be->act_bytes bytes (kernels/ops.h,
+ * Precision): element n of buffer p, and n elements as a byte size or as the
+ * float count the communicator moves (act_bytes * n a multiple of 4: the
+ * recipe's hidden size is even at bf16). */
+static inline float *act_at(const struct transformer *m, const float *p, size_t n) {
+    return (float *)((const char *)p + n * m->be->act_bytes);
+}
+static inline size_t act_size(const struct transformer *m, size_t n) { return n * m->be->act_bytes; }
+static inline size_t act_floats(const struct transformer *m, size_t n) { return n * m->be->act_bytes / sizeof(float); }
 
 /* Allocate this rank's part for micro batches of B x T with nslots
  * activation slots. tp_comm may be NULL for a single rank. Parameters are

@@ -23,10 +23,11 @@ void cpu_copy(void *dst, const void *src, size_t bytes) {
 size_t cpu_attention_state_floats(int B, int H, int T) { return (size_t)B * H * T * T; }
 
 /* fp32 storage: a copy */
-static void to_storage(float *dst, const float *src, size_t n) { cpu_copy(dst, src, sizeof(float) * n); }
+static void fp32_storage(float *dst, const float *src, size_t n) { cpu_copy(dst, src, sizeof(float) * n); }
 
 const struct backend cpu_backend = {
     .name = "cpu",
+    .act_bytes = sizeof(float),
     .alloc = cpu_alloc,
     .free = cpu_free,
     .zero = cpu_zero,
@@ -58,7 +59,8 @@ const struct backend cpu_backend = {
     .ce_row_max = cpu_ce_row_max,
     .ce_row_sumexp = cpu_ce_row_sumexp,
     .ce_finish = cpu_ce_finish,
-    .to_storage = to_storage,
+    .to_storage = fp32_storage,
+    .from_storage = fp32_storage,
     .add = cpu_add,
     .scale = cpu_scale,
     .sum = cpu_sum,

@@ -122,12 +122,13 @@ static double peak(int tf32) {
 }
 
 /* fp32 storage: a copy */
-static void to_storage(float *dst, const float *src, size_t n) {
+static void fp32_storage(float *dst, const float *src, size_t n) {
     if (dst != src) d_copy(dst, src, sizeof(float) * n);
 }
 
 extern "C" const struct backend cuda_backend = {
     .name = "cuda",
+    .act_bytes = sizeof(float),
     .alloc = d_alloc,
     .free = d_free,
     .zero = d_zero,
@@ -159,7 +160,8 @@ extern "C" const struct backend cuda_backend = {
     .ce_row_max = cuda_ce_row_max,
     .ce_row_sumexp = cuda_ce_row_sumexp,
     .ce_finish = cuda_ce_finish,
-    .to_storage = to_storage,
+    .to_storage = fp32_storage,
+    .from_storage = fp32_storage,
     .add = cuda_add,
     .scale = cuda_scale,
     .sum = cuda_sum,

@@ -41,10 +41,34 @@ log: {dir: ref, interval: 100}
 YAML
 sed 's/vocab_size: 264/arch: mixtral, vocab_size: 264/; s/intermediate_size: 64}/intermediate_size: 64, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 48}/' \
     r.yaml >moe.yaml
+# DeepSeek-V3: MLA (row offsets into the latent and rotary parts), sigmoid
+# routing with the fp32 expert bias, shared expert, MTP (embedding copy under pp)
+cat >deepseek.yaml <<'YAML'
+model: {arch: deepseek_v3, vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 4,
+        intermediate_size: 64, q_lora_rank: 16, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 4,
+        v_head_dim: 8, first_k_dense: 2, num_experts: 8, experts_per_token: 2, moe_intermediate_size: 16,
+        moe_shared_experts: 1, moe_score_func: sigmoid, moe_n_group: 4, moe_topk_group: 2, moe_routed_scaling: 2.5,
+        moe_bias_update_rate: 1e-3, moe_seq_aux_loss_coef: 1e-3, moe_aux_loss_coef: 0, mtp_depth: 1}
+train: {seq_len: 16, micro_batch: 2, global_batch: 8, steps: 20, seed: 7, precision: bf16}
+optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 3, eps: 1e-4}
+data: {path: data}
+checkpoint: {dir: ck_ds_ref, interval: 20}
+log: {dir: ds_ref, interval: 100}
+YAML
 export OMP_NUM_THREADS=1
 "$MTRAIN" pretrain r.yaml >"$TMP/out" 2>&1 || fail bf16_reference_run "$(tail -2 "$TMP/out")"
 "$MTRAIN" pretrain moe.yaml --set log.dir=moe_ref --set checkpoint.dir=ck_moe_ref >"$TMP/out" 2>&1 ||
     fail bf16_moe_reference_run "$(tail -2 "$TMP/out")"
+"$MTRAIN" pretrain deepseek.yaml >"$TMP/out" 2>&1 || fail bf16_deepseek_reference_run "$(tail -2 "$TMP/out")"
+# each family's bf16 run against its fp32 run (2% per step over 20 steps): a
+# wrong offset into 2-byte storage would agree across layouts but not with fp32
+for fam in r:ref moe:moe_ref deepseek:ds_ref; do
+    recipe=${fam%%:*}.yaml ref=${fam#*:}
+    "$MTRAIN" pretrain $recipe --set train.precision=fp32 --set log.dir=${ref}32 --set checkpoint.dir=ck_${ref}32 >"$TMP/out" 2>&1 ||
+        fail bf16_${fam%%:*}_fp32_run "$(tail -2 "$TMP/out")"
+    close_metrics ${ref}32/metrics.jsonl $ref/metrics.jsonl 1 20 loss 0.02 && pass bf16_${fam%%:*}_tracks_fp32 ||
+        fail bf16_${fam%%:*}_tracks_fp32 "worst $(worst_metric ${ref}32/metrics.jsonl $ref/metrics.jsonl 1)"
+done
 # name recipe reference ranks extra-args...
 layouts=(
     "tp2_sp r.yaml ref 2 parallel.tp=2 parallel.sequence_parallel=true"
@@ -52,6 +76,8 @@ layouts=(
     "dp2_zero r.yaml ref 2 optimizer.distributed=true"
     "tp2_pp2_dp2_zero r.yaml ref 8 parallel.tp=2 parallel.pp=2 optimizer.distributed=true"
     "moe_ep2_tp2 moe.yaml moe_ref 4 parallel.ep=2 parallel.tp=2"
+    "deepseek_tp2_sp_ep2 deepseek.yaml ds_ref 4 parallel.tp=2 parallel.sequence_parallel=true parallel.ep=2"
+    "deepseek_pp2_mtp deepseek.yaml ds_ref 2 parallel.pp=2"
 )
 for spec in "${layouts[@]}"; do
     set -- $spec

@@ -1,16 +1,17 @@
-/* The bf16 CPU table (kernels/cpu/bf16.c) against the fp32 ops, and the
- * rounding (kernels/bf16.h) against a naive nearest-value search.
+/* The bf16 CPU table (kernels/cpu/bf16.c: 2-byte storage) against the fp32
+ * ops, and the rounding (kernels/bf16.h) against a naive nearest-value
+ * search.
  *
  * For every op: the fp32 op runs on fp32 random inputs, the bf16 op on the
- * same inputs rounded to bf16 (what bf16 storage holds), and
- *  - what the bf16 op stores as activations is within 1e-2 of the fp32
+ * same inputs stored as bf16 (rounded to nearest even), and
+ *  - what the bf16 op stores (2-byte activations) is within 1e-2 of the fp32
  *    result norm-wise (||got - want|| / ||want||; bf16 keeps 8 significant
  *    bits, a relative rounding of at most 2^-9 per stored value, so 1e-2
- *    leaves room for the input rounding that flows through the op) and
- *    every such value is exactly representable in bf16;
+ *    leaves room for the input rounding that flows through the op) and is
+ *    bitwise the fp32 op's result on the widened inputs, rounded once;
  *  - what stays fp32 (parameter gradients accumulated onto existing fp32
  *    values, statistics) is bitwise what the fp32 op computes from the same
- *    rounded inputs: nothing rounds it. */
+ *    (widened) inputs: nothing rounds it. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,30 +31,48 @@ static float *copy_of(const float *x, size_t n) {
     memcpy(y, x, sizeof(float) * n);
     return y;
 }
-/* a copy rounded to bf16 (what a bf16 buffer holds) */
+/* x stored as bf16: n 2-byte values behind a float * handle, as the tables take them */
+static float *pack(const float *x, size_t n) {
+    uint16_t *b = malloc(sizeof(uint16_t) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) b[i] = bf16_bits(x[i]);
+    return (float *)b;
+}
+/* the fp32 values of n stored bf16 values */
+static float *unpack(const float *p, size_t n) {
+    float *y = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) y[i] = bf16_to_float(((const uint16_t *)p)[i]);
+    return y;
+}
+/* x rounded to bf16, as fp32 (what the fp32 op sees of the stored inputs) */
 static float *r16(const float *x, size_t n) {
     float *y = copy_of(x, n);
     for (size_t i = 0; i < n; i++) y[i] = bf16_round(y[i]);
     return y;
 }
 
-/* within TOL of the fp32 result norm-wise, and (stored) every value a bf16 one */
-static void check_normwise(const char *name, const float *got, const float *want, size_t n, int stored) {
+static double normwise(const float *got, const float *want, size_t n) {
     double num = 0, den = 0;
-    size_t off = n;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]), den += (double)want[i] * want[i];
-        if (stored && off == n && got[i] != bf16_round(got[i])) off = i;
-    }
-    double e = sqrt(num / (den > 0 ? den : 1));
-    if (off < n) TEST_FAIL(name, "element %zu = %.9g is not a bf16 value", off, got[off]);
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* stored (bf16) output got against the fp32 op's want on fp32 inputs, and
+ * against same: the fp32 op's result on the stored inputs (NULL: skip) */
+static void check_act(const char *name, const float *got, const float *want, size_t n, const float *same) {
+    float *g = unpack(got, n);
+    double e = normwise(g, want, n);
+    size_t off = n;
+    for (size_t i = 0; same && i < n && off == n; i++)
+        if (((const uint16_t *)got)[i] != bf16_bits(same[i])) off = i;
+    if (off < n) TEST_FAIL(name, "element %zu = %.9g is not the fp32 result %.9g rounded once", off, g[off], same[off]);
     else TEST_RESULT(name, e <= TOL, "norm-wise relative error %.3g > %.0e", e, TOL);
+    free(g);
 }
-static void check_act(const char *name, const float *got, const float *want, size_t n) {
-    check_normwise(name, got, want, n, 1);
-}
+/* an fp32 output close to the fp32 op's on fp32 inputs */
 static void check_close(const char *name, const float *got, const float *want, size_t n) {
-    check_normwise(name, got, want, n, 0);
+    double e = normwise(got, want, n);
+    TEST_RESULT(name, e <= TOL, "norm-wise relative error %.3g > %.0e", e, TOL);
 }
 
 static void check_exact(const char *name, const float *got, const float *want, size_t n) {
@@ -109,54 +128,67 @@ static void test_rounding(void) {
 
 /* ---- ops ---- */
 
+/* An op's fp32 operand in three forms: x (fp32 random), X (stored bf16), xr
+ * (the stored values as fp32, what the fp32 op sees for "same"). */
+struct operand {
+    float *x, *X, *xr;
+    size_t n;
+};
+static struct operand operand(size_t n) {
+    struct operand o = {rnd(n), NULL, NULL, n};
+    o.X = pack(o.x, n), o.xr = r16(o.x, n);
+    return o;
+}
+static void operand_free(struct operand *o) { free(o->x), free(o->X), free(o->xr); }
+
 static void test_matmul(void) {
     int N = 37, K = 70, M = 29;
-    float *x = rnd((size_t)N * K), *w = rnd((size_t)M * K), *o = rnd((size_t)N * M), *dout = rnd((size_t)N * M);
-    float *x16 = r16(x, (size_t)N * K), *w16 = r16(w, (size_t)M * K), *o16 = r16(o, (size_t)N * M);
-    float *d16 = r16(dout, (size_t)N * M);
-    float *want = copy_of(o, (size_t)N * M), *got = copy_of(o16, (size_t)N * M);
-    f32->matmul_forward(want, x, w, N, K, M, 0);
-    b16->matmul_forward(got, x16, w16, N, K, M, 0);
-    check_act("bf16_matmul_forward", got, want, (size_t)N * M);
-    memcpy(want, o, sizeof(float) * N * M), memcpy(got, o16, sizeof(float) * N * M);
-    f32->matmul_forward(want, x, w, N, K, M, 1);
-    b16->matmul_forward(got, x16, w16, N, K, M, 1);
-    check_act("bf16_matmul_forward_accumulate", got, want, (size_t)N * M);
-    /* dx like an activation; dw accumulates onto fp32 gradients unrounded */
-    float *dw0 = rnd((size_t)M * K), *dx = malloc(4ul * N * K), *dx16 = malloc(4ul * N * K);
-    float *dw = copy_of(dw0, (size_t)M * K), *dw16 = copy_of(dw0, (size_t)M * K), *dw_same = copy_of(dw0, (size_t)M * K);
-    float *dx_same = malloc(4ul * N * K);
-    f32->matmul_backward(dx, dw, dout, x, w, N, K, M, 0);
-    b16->matmul_backward(dx16, dw16, d16, x16, w16, N, K, M, 0);
-    check_act("bf16_matmul_backward_dx", dx16, dx, (size_t)N * K);
-    check_close("bf16_matmul_backward_dw_close", dw16, dw, (size_t)M * K);
-    f32->matmul_backward(dx_same, dw_same, d16, x16, w16, N, K, M, 0);
-    check_exact("bf16_matmul_backward_dw_fp32_accumulate", dw16, dw_same, (size_t)M * K);
-    free(x), free(w), free(o), free(dout), free(x16), free(w16), free(o16), free(d16), free(want), free(got);
-    free(dw0), free(dx), free(dx16), free(dw), free(dw16), free(dw_same), free(dx_same);
+    size_t nx = (size_t)N * K, nw = (size_t)M * K, no = (size_t)N * M;
+    struct operand x = operand(nx), w = operand(nw), o = operand(no), d = operand(no), dx = operand(nx);
+    float *want = copy_of(o.x, no), *same = copy_of(o.xr, no);
+    f32->matmul_forward(want, x.x, w.x, N, K, M, 1);
+    f32->matmul_forward(same, x.xr, w.xr, N, K, M, 1);
+    b16->matmul_forward(o.X, x.X, w.X, N, K, M, 1);
+    check_act("bf16_matmul_forward_accumulate", o.X, want, no, same);
+    f32->matmul_forward(want, x.x, w.x, N, K, M, 0);
+    f32->matmul_forward(same, x.xr, w.xr, N, K, M, 0);
+    b16->matmul_forward(o.X, x.X, w.X, N, K, M, 0);
+    check_act("bf16_matmul_forward", o.X, want, no, same);
+    /* dx is stored; dw accumulates onto fp32 gradients unrounded */
+    float *dw0 = rnd(nw), *gx = copy_of(dx.x, nx), *gx_same = copy_of(dx.xr, nx);
+    float *dw = copy_of(dw0, nw), *dw16 = copy_of(dw0, nw), *dw_same = copy_of(dw0, nw);
+    f32->matmul_backward(gx, dw, d.x, x.x, w.x, N, K, M, 1);
+    f32->matmul_backward(gx_same, dw_same, d.xr, x.xr, w.xr, N, K, M, 1);
+    b16->matmul_backward(dx.X, dw16, d.X, x.X, w.X, N, K, M, 1);
+    check_act("bf16_matmul_backward_dx_accumulate", dx.X, gx, nx, gx_same);
+    check_close("bf16_matmul_backward_dw_close", dw16, dw, nw);
+    check_exact("bf16_matmul_backward_dw_fp32_accumulate", dw16, dw_same, nw);
+    operand_free(&x), operand_free(&w), operand_free(&o), operand_free(&d), operand_free(&dx);
+    free(want), free(same), free(dw0), free(gx), free(gx_same), free(dw), free(dw16), free(dw_same);
 }
 
 static void test_rmsnorm(void) {
     int N = 21, C = 96;
-    float *x = rnd((size_t)N * C), *w = rnd(C), *dout = rnd((size_t)N * C), *dx0 = rnd((size_t)N * C);
-    float *x16 = r16(x, (size_t)N * C), *d16 = r16(dout, (size_t)N * C), *dx016 = r16(dx0, (size_t)N * C);
-    float *out = malloc(4ul * N * C), *out16 = malloc(4ul * N * C), *rs = malloc(4ul * N), *rs16 = malloc(4ul * N);
-    float *rs_same = malloc(4ul * N), *out_same = malloc(4ul * N * C);
-    f32->rmsnorm_forward(out, rs, x, w, N, C, 1e-5f);
-    b16->rmsnorm_forward(out16, rs16, x16, w, N, C, 1e-5f); /* norm gains are fp32 (the master) */
-    check_act("bf16_rmsnorm_forward", out16, out, (size_t)N * C);
-    f32->rmsnorm_forward(out_same, rs_same, x16, w, N, C, 1e-5f);
+    size_t n = (size_t)N * C;
+    struct operand x = operand(n), d = operand(n), dx = operand(n), out = operand(n);
+    float *w = rnd(C); /* norm gains: the fp32 master */
+    float *o = malloc(4 * n), *o_same = malloc(4 * n), *rs = malloc(4ul * N), *rs16 = malloc(4ul * N);
+    float *rs_same = malloc(4ul * N);
+    f32->rmsnorm_forward(o, rs, x.x, w, N, C, 1e-5f);
+    f32->rmsnorm_forward(o_same, rs_same, x.xr, w, N, C, 1e-5f);
+    b16->rmsnorm_forward(out.X, rs16, x.X, w, N, C, 1e-5f);
+    check_act("bf16_rmsnorm_forward", out.X, o, n, o_same);
     check_exact("bf16_rmsnorm_forward_rstd_fp32", rs16, rs_same, N);
     float *dw0 = rnd(C), *dw = copy_of(dw0, C), *dw16 = copy_of(dw0, C), *dw_same = copy_of(dw0, C);
-    float *dx = copy_of(dx0, (size_t)N * C), *dx16 = copy_of(dx016, (size_t)N * C), *dx_same = copy_of(dx016, (size_t)N * C);
-    f32->rmsnorm_backward(dx, dw, dout, x, w, rs, N, C, 1);
-    b16->rmsnorm_backward(dx16, dw16, d16, x16, w, rs16, N, C, 1);
-    check_act("bf16_rmsnorm_backward_dx_accumulate", dx16, dx, (size_t)N * C);
-    f32->rmsnorm_backward(dx_same, dw_same, d16, x16, w, rs16, N, C, 1);
+    float *g = copy_of(dx.x, n), *g_same = copy_of(dx.xr, n);
+    f32->rmsnorm_backward(g, dw, d.x, x.x, w, rs, N, C, 1);
+    f32->rmsnorm_backward(g_same, dw_same, d.xr, x.xr, w, rs16, N, C, 1);
+    b16->rmsnorm_backward(dx.X, dw16, d.X, x.X, w, rs16, N, C, 1);
+    check_act("bf16_rmsnorm_backward_dx_accumulate", dx.X, g, n, g_same);
     check_exact("bf16_rmsnorm_backward_dw_fp32", dw16, dw_same, C);
-    free(x), free(w), free(dout), free(dx0), free(x16), free(d16), free(dx016), free(out), free(out16), free(rs);
-    free(rs16), free(rs_same), free(out_same), free(dw0), free(dw), free(dw16), free(dw_same), free(dx), free(dx16);
-    free(dx_same);
+    operand_free(&x), operand_free(&d), operand_free(&dx), operand_free(&out);
+    free(w), free(o), free(o_same), free(rs), free(rs16), free(rs_same), free(dw0), free(dw), free(dw16), free(dw_same);
+    free(g), free(g_same);
 }
 
 static void test_rope(void) {
@@ -168,166 +200,206 @@ static void test_rope(void) {
             double a = t * pow(10000.0, -2.0 * i / D);
             cs[t * D / 2 + i] = (float)cos(a), sn[t * D / 2 + i] = (float)sin(a);
         }
-    float *x = rnd(n), *x16 = r16(x, n);
-    f32->rope(x, cs, sn, B, T, H, D, 0);
-    b16->rope(x16, cs, sn, B, T, H, D, 0);
-    check_act("bf16_rope", x16, x, n);
-    f32->rope(x, cs, sn, B, T, H, D, 1);
-    b16->rope(x16, cs, sn, B, T, H, D, 1);
-    check_act("bf16_rope_inverse", x16, x, n);
-    free(cs), free(sn), free(x), free(x16);
+    struct operand x = operand(n);
+    f32->rope(x.x, cs, sn, B, T, H, D, 0);
+    f32->rope(x.xr, cs, sn, B, T, H, D, 0);
+    b16->rope(x.X, cs, sn, B, T, H, D, 0);
+    check_act("bf16_rope", x.X, x.x, n, x.xr);
+    free(x.xr);
+    x.xr = unpack(x.X, n);
+    f32->rope(x.x, cs, sn, B, T, H, D, 1);
+    f32->rope(x.xr, cs, sn, B, T, H, D, 1);
+    b16->rope(x.X, cs, sn, B, T, H, D, 1);
+    check_act("bf16_rope_inverse", x.X, x.x, n, x.xr);
+    operand_free(&x), free(cs), free(sn);
 }
 
 static void test_attention(int H, int KVH, int D, int Dv, const char *tag) {
     int B = 2, T = 13;
-    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * KVH * D, nv = (size_t)B * T * KVH * Dv;
-    size_t no = (size_t)B * T * H * Dv, ns = f32->attention_state_floats(B, H, T);
-    float *q = rnd(nq), *k = rnd(nk), *v = rnd(nv), *dout = rnd(no);
-    float *q16 = r16(q, nq), *k16 = r16(k, nk), *v16 = r16(v, nv), *d16 = r16(dout, no);
-    float *out = malloc(4 * no), *out16 = malloc(4 * no), *out_same = malloc(4 * no);
-    float *att = malloc(4 * ns), *att16 = malloc(4 * ns), *att_same = malloc(4 * ns);
+    size_t rows = (size_t)B * T, nq = rows * H * D, nk = rows * KVH * D, nv = rows * KVH * Dv, no = rows * H * Dv;
+    size_t ns = f32->attention_state_floats(B, H, T);
+    struct operand q = operand(nq), k = operand(nk), v = operand(nv), d = operand(no), out = operand(no);
+    float *o = malloc(4 * no), *o_same = malloc(4 * no), *att = malloc(4 * ns), *att16 = malloc(4 * ns);
+    float *att_same = malloc(4 * ns);
     char name[96];
-    f32->attention_forward(out, att, q, k, v, B, T, H, KVH, D, Dv);
-    b16->attention_forward(out16, att16, q16, k16, v16, B, T, H, KVH, D, Dv);
+    f32->attention_forward(o, att, q.x, k.x, v.x, B, T, H, KVH, D, Dv);
+    f32->attention_forward(o_same, att_same, q.xr, k.xr, v.xr, B, T, H, KVH, D, Dv);
+    b16->attention_forward(out.X, att16, q.X, k.X, v.X, B, T, H, KVH, D, Dv);
     snprintf(name, sizeof name, "bf16_attention_forward_%s", tag);
-    check_act(name, out16, out, no);
-    f32->attention_forward(out_same, att_same, q16, k16, v16, B, T, H, KVH, D, Dv);
+    check_act(name, out.X, o, no, o_same);
     snprintf(name, sizeof name, "bf16_attention_state_fp32_%s", tag);
     check_exact(name, att16, att_same, ns);
+    struct operand gq = operand(nq), gk = operand(nk), gv = operand(nv);
     float *dq = malloc(4 * nq), *dk = malloc(4 * nk), *dv = malloc(4 * nv);
-    float *dq16 = malloc(4 * nq), *dk16 = malloc(4 * nk), *dv16 = malloc(4 * nv);
-    f32->attention_backward(dq, dk, dv, dout, att, q, k, v, B, T, H, KVH, D, Dv);
-    b16->attention_backward(dq16, dk16, dv16, d16, att16, q16, k16, v16, B, T, H, KVH, D, Dv);
+    float *dq_s = malloc(4 * nq), *dk_s = malloc(4 * nk), *dv_s = malloc(4 * nv);
+    f32->attention_backward(dq, dk, dv, d.x, att, q.x, k.x, v.x, B, T, H, KVH, D, Dv);
+    f32->attention_backward(dq_s, dk_s, dv_s, d.xr, att_same, q.xr, k.xr, v.xr, B, T, H, KVH, D, Dv);
+    b16->attention_backward(gq.X, gk.X, gv.X, d.X, att16, q.X, k.X, v.X, B, T, H, KVH, D, Dv);
     snprintf(name, sizeof name, "bf16_attention_backward_dq_%s", tag);
-    check_act(name, dq16, dq, nq);
+    check_act(name, gq.X, dq, nq, dq_s);
     snprintf(name, sizeof name, "bf16_attention_backward_dk_%s", tag);
-    check_act(name, dk16, dk, nk);
+    check_act(name, gk.X, dk, nk, dk_s);
     snprintf(name, sizeof name, "bf16_attention_backward_dv_%s", tag);
-    check_act(name, dv16, dv, nv);
-    /* decode: the last 3 positions of sequence 0 against its cache */
-    int n = 3;
-    float *o = malloc(4ul * n * H * D), *o16 = malloc(4ul * n * H * D);
-    f32->attention_decode(o, q + (size_t)(T - n) * H * D, k, v, n, T, H, KVH, D);
-    b16->attention_decode(o16, q16 + (size_t)(T - n) * H * D, k16, v16, n, T, H, KVH, D);
-    if (Dv == D) {
+    check_act(name, gv.X, dv, nv, dv_s);
+    if (Dv == D) { /* decode: the last 3 positions of sequence 0 against its cache */
+        int n = 3;
+        size_t off = (size_t)(T - n) * H * D, nd = (size_t)n * H * D;
+        float *od = malloc(4 * nd), *od_s = malloc(4 * nd), *OD = malloc(2 * nd);
+        f32->attention_decode(od, q.x + off, k.x, v.x, n, T, H, KVH, D);
+        f32->attention_decode(od_s, q.xr + off, k.xr, v.xr, n, T, H, KVH, D);
+        b16->attention_decode(OD, (const float *)((const uint16_t *)q.X + off), k.X, v.X, n, T, H, KVH, D);
         snprintf(name, sizeof name, "bf16_attention_decode_%s", tag);
-        check_act(name, o16, o, (size_t)n * H * D);
+        check_act(name, OD, od, nd, od_s);
+        free(od), free(od_s), free(OD);
     }
-    free(q), free(k), free(v), free(dout), free(q16), free(k16), free(v16), free(d16), free(out), free(out16);
-    free(out_same), free(att), free(att16), free(att_same), free(dq), free(dk), free(dv), free(dq16), free(dk16);
-    free(dv16), free(o), free(o16);
+    operand_free(&q), operand_free(&k), operand_free(&v), operand_free(&d), operand_free(&out);
+    operand_free(&gq), operand_free(&gk), operand_free(&gv);
+    free(o), free(o_same), free(att), free(att16), free(att_same), free(dq), free(dk), free(dv), free(dq_s), free(dk_s);
+    free(dv_s);
 }
 
 static void test_elementwise(void) {
     size_t n = 3001;
-    float *g = rnd(n), *u = rnd(n), *dout = rnd(n), *g16 = r16(g, n), *u16 = r16(u, n), *d16 = r16(dout, n);
-    float *h = malloc(4 * n), *h16 = malloc(4 * n), *dg = malloc(4 * n), *du = malloc(4 * n), *dg16 = malloc(4 * n);
-    float *du16 = malloc(4 * n);
-    f32->swiglu_forward(h, g, u, n);
-    b16->swiglu_forward(h16, g16, u16, n);
-    check_act("bf16_swiglu_forward", h16, h, n);
-    f32->swiglu_backward(dg, du, dout, g, u, n);
-    b16->swiglu_backward(dg16, du16, d16, g16, u16, n);
-    check_act("bf16_swiglu_backward_dgate", dg16, dg, n);
-    check_act("bf16_swiglu_backward_dup", du16, du, n);
-    memcpy(h, g, 4 * n), memcpy(h16, g16, 4 * n);
-    f32->add(h, u, n);
-    b16->add(h16, u16, n);
-    check_act("bf16_add", h16, h, n);
-    f32->scale(h, 0.37f, n);
-    b16->scale(h16, 0.37f, n);
-    check_act("bf16_scale", h16, h, n);
-    /* copy_cols: a copy of bf16 values stays exact; accumulating rounds */
+    struct operand g = operand(n), u = operand(n), d = operand(n), h = operand(n), dg = operand(n), du = operand(n);
+    float *w = malloc(4 * n), *w_s = malloc(4 * n), *w2 = malloc(4 * n), *w2_s = malloc(4 * n);
+    f32->swiglu_forward(w, g.x, u.x, n);
+    f32->swiglu_forward(w_s, g.xr, u.xr, n);
+    b16->swiglu_forward(h.X, g.X, u.X, n);
+    check_act("bf16_swiglu_forward", h.X, w, n, w_s);
+    f32->swiglu_backward(w, w2, d.x, g.x, u.x, n);
+    f32->swiglu_backward(w_s, w2_s, d.xr, g.xr, u.xr, n);
+    b16->swiglu_backward(dg.X, du.X, d.X, g.X, u.X, n);
+    check_act("bf16_swiglu_backward_dgate", dg.X, w, n, w_s);
+    check_act("bf16_swiglu_backward_dup", du.X, w2, n, w2_s);
+    memcpy(w, g.x, 4 * n), memcpy(w_s, g.xr, 4 * n);
+    f32->add(w, u.x, n);
+    f32->add(w_s, u.xr, n);
+    b16->add(g.X, u.X, n);
+    check_act("bf16_add", g.X, w, n, w_s);
+    free(w_s);
+    w_s = unpack(g.X, n);
+    f32->scale(w, 0.37f, n);
+    f32->scale(w_s, 0.37f, n);
+    b16->scale(g.X, 0.37f, n);
+    check_act("bf16_scale", g.X, w, n, w_s);
+    /* to_storage rounds, from_storage is exact */
+    b16->to_storage(h.X, d.x, n);
+    check_act("bf16_to_storage_rounds", h.X, d.x, n, d.x);
+    b16->from_storage(w, h.X, n);
+    check_exact("bf16_from_storage_exact", w, d.xr, n);
+    /* copy_cols: a copy of stored values is exact, accumulating rounds once */
     int rows = 7, cols = 5, ldd = 9, lds = 11;
-    float *dst = r16(dout, (size_t)rows * ldd), *dst16 = r16(dout, (size_t)rows * ldd), *src = rnd((size_t)rows * lds);
-    float *src16 = r16(src, (size_t)rows * lds);
-    memcpy(dst, dst16, 4ul * rows * ldd);
-    f32->copy_cols(dst, ldd, src, lds, rows, cols, 1);
-    b16->copy_cols(dst16, ldd, src16, lds, rows, cols, 1);
-    check_act("bf16_copy_cols_accumulate", dst16, dst, (size_t)rows * ldd);
-    b16->to_storage(h16, g, n);
-    for (size_t i = 0; i < n; i++) h[i] = bf16_round(g[i]);
-    check_exact("bf16_to_storage_rounds", h16, h, n);
-    free(g), free(u), free(dout), free(g16), free(u16), free(d16), free(h), free(h16), free(dg), free(du), free(dg16);
-    free(du16), free(dst), free(dst16), free(src), free(src16);
+    struct operand dst = operand((size_t)rows * ldd), src = operand((size_t)rows * lds);
+    float *want = copy_of(dst.x, (size_t)rows * ldd), *same = copy_of(dst.xr, (size_t)rows * ldd);
+    f32->copy_cols(want, ldd, src.x, lds, rows, cols, 1);
+    f32->copy_cols(same, ldd, src.xr, lds, rows, cols, 1);
+    b16->copy_cols(dst.X, ldd, src.X, lds, rows, cols, 1);
+    check_act("bf16_copy_cols_accumulate", dst.X, want, (size_t)rows * ldd, same);
+    f32->copy_cols(same, ldd, src.xr, lds, rows, cols, 0);
+    b16->copy_cols(dst.X, ldd, src.X, lds, rows, cols, 0);
+    check_act("bf16_copy_cols", dst.X, same, (size_t)rows * ldd, same);
+    operand_free(&g), operand_free(&u), operand_free(&d), operand_free(&h), operand_free(&dg), operand_free(&du);
+    operand_free(&dst), operand_free(&src);
+    free(w), free(w_s), free(w2), free(w2_s), free(want), free(same);
 }
 
 static void test_embedding_and_loss(void) {
-    int N = 19, C = 40, V = 57;
-    float *table = rnd((size_t)V * C), *t16 = r16(table, (size_t)V * C);
+    int N = 19, C = 40, V = 57, vstart = 3, Vl = 50; /* a vocabulary slice: some tokens outside */
+    struct operand table = operand((size_t)Vl * C), e = operand((size_t)N * C), d = operand((size_t)N * C);
     int32_t tok[19];
-    for (int i = 0; i < N; i++) tok[i] = (i * 7 + 3) % V;
-    tok[4] = -1 + V; /* the last row too */
-    float *e = malloc(4ul * N * C), *e16 = malloc(4ul * N * C);
-    f32->embedding_forward(e, tok, table, N, C, 0, V);
-    b16->embedding_forward(e16, tok, t16, N, C, 0, V);
-    check_act("bf16_embedding_forward", e16, e, (size_t)N * C);
-    float *dout = rnd((size_t)N * C), *d16 = r16(dout, (size_t)N * C), *g0 = rnd((size_t)V * C);
-    float *g16 = copy_of(g0, (size_t)V * C), *g_same = copy_of(g0, (size_t)V * C);
-    b16->embedding_backward(g16, tok, d16, N, C, 0, V);
-    f32->embedding_backward(g_same, tok, d16, N, C, 0, V);
-    check_exact("bf16_embedding_backward_fp32", g16, g_same, (size_t)V * C);
-    /* cross-entropy on bf16 logits: fp32 losses, the gradient stored like an activation */
-    float *lg = rnd((size_t)N * V), *lg16 = r16(lg, (size_t)N * V), *lg_same = r16(lg, (size_t)N * V);
-    for (size_t i = 0; i < (size_t)N * V; i++) lg[i] *= 4, lg16[i] = bf16_round(lg[i]), lg_same[i] = lg16[i];
+    for (int i = 0; i < N; i++) tok[i] = (i * 7 + 1) % V;
+    float *want = malloc(4ul * N * C);
+    f32->embedding_forward(want, tok, table.xr, N, C, vstart, Vl);
+    b16->embedding_forward(e.X, tok, table.X, N, C, vstart, Vl);
+    check_act("bf16_embedding_forward", e.X, want, (size_t)N * C, want);
+    float *g0 = rnd((size_t)Vl * C), *g16 = copy_of(g0, (size_t)Vl * C), *g_same = copy_of(g0, (size_t)Vl * C);
+    b16->embedding_backward(g16, tok, d.X, N, C, vstart, Vl);
+    f32->embedding_backward(g_same, tok, d.xr, N, C, vstart, Vl);
+    check_exact("bf16_embedding_backward_fp32", g16, g_same, (size_t)Vl * C);
+    /* cross-entropy on stored logits: fp32 losses, the gradient stored */
+    size_t nl = (size_t)N * V;
+    struct operand lg = operand(nl);
+    for (size_t i = 0; i < nl; i++) lg.x[i] *= 4, lg.xr[i] = bf16_round(lg.x[i]);
+    free(lg.X);
+    lg.X = pack(lg.x, nl);
     int32_t tg[19];
     for (int i = 0; i < N; i++) tg[i] = i == 5 ? -1 : (i * 11) % V;
     float *ls = malloc(4ul * N), *ls16 = malloc(4ul * N), *ls_same = malloc(4ul * N);
-    f32->cross_entropy(ls, lg, tg, N, V, 0.5f);
-    b16->cross_entropy(ls16, lg16, tg, N, V, 0.5f);
-    f32->cross_entropy(ls_same, lg_same, tg, N, V, 0.5f);
+    f32->cross_entropy(ls, lg.x, tg, N, V, 0.5f);
+    f32->cross_entropy(ls_same, lg.xr, tg, N, V, 0.5f);
+    b16->cross_entropy(ls16, lg.X, tg, N, V, 0.5f);
     check_exact("bf16_cross_entropy_losses_fp32", ls16, ls_same, N);
     check_close("bf16_cross_entropy_losses_close", ls16, ls, N);
-    check_act("bf16_cross_entropy_dlogits", lg16, lg, (size_t)N * V);
-    /* the vocab-parallel finish stores its gradient the same way */
-    float *lv = rnd((size_t)N * V), *lv16 = r16(lv, (size_t)N * V), mx[19], se[19], tl[19], lo[19], lo16[19];
-    f32->ce_row_max(mx, lv16, N, V);
-    f32->ce_row_sumexp(se, tl, lv16, tg, mx, N, V, 0);
-    f32->ce_finish(lo, lv, tg, mx, se, tl, N, V, 0, 1.0f);
-    b16->ce_finish(lo16, lv16, tg, mx, se, tl, N, V, 0, 1.0f);
-    check_act("bf16_ce_finish_dlogits", lv16, lv, (size_t)N * V);
-    free(table), free(t16), free(e), free(e16), free(dout), free(d16), free(g0), free(g16), free(g_same), free(lg);
-    free(lg16), free(lg_same), free(ls), free(ls16), free(ls_same), free(lv), free(lv16);
+    check_act("bf16_cross_entropy_dlogits", lg.X, lg.x, nl, lg.xr);
+    /* vocab-parallel: fp32 statistics of the stored logits, the gradient stored */
+    struct operand lv = operand(nl);
+    float mx[19], se[19], tl[19], mx16[19], se16[19], tl16[19], lo[19], lo16[19], lo_same[19];
+    f32->ce_row_max(mx, lv.xr, N, V);
+    b16->ce_row_max(mx16, lv.X, N, V);
+    check_exact("bf16_ce_row_max_fp32", mx16, mx, N);
+    f32->ce_row_sumexp(se, tl, lv.xr, tg, mx, N, V, 0);
+    b16->ce_row_sumexp(se16, tl16, lv.X, tg, mx, N, V, 0);
+    check_exact("bf16_ce_row_sumexp_fp32", se16, se, N);
+    float *want_l = copy_of(lv.x, nl);
+    f32->ce_finish(lo, want_l, tg, mx, se, tl, N, V, 0, 1.0f);
+    f32->ce_finish(lo_same, lv.xr, tg, mx, se, tl, N, V, 0, 1.0f);
+    b16->ce_finish(lo16, lv.X, tg, mx, se, tl, N, V, 0, 1.0f);
+    check_act("bf16_ce_finish_dlogits", lv.X, want_l, nl, lv.xr);
+    check_exact("bf16_ce_finish_losses_fp32", lo16, lo_same, N);
+    operand_free(&table), operand_free(&e), operand_free(&d), operand_free(&lg), operand_free(&lv);
+    free(want), free(g0), free(g16), free(g_same), free(ls), free(ls16), free(ls_same), free(want_l);
 }
 
 static void test_moe(void) {
     int n = 24, E = 6, k = 2, C = 20;
-    float *lg = rnd((size_t)n * E), *lg16 = r16(lg, (size_t)n * E);
-    float *p = malloc(4ul * n * E), *lse = malloc(4ul * n), *w = malloc(4ul * n * k);
-    float *p16 = malloc(4ul * n * E), *lse16 = malloc(4ul * n), *w16 = malloc(4ul * n * k);
-    int32_t *idx = malloc(4ul * n * k), *idx16 = malloc(4ul * n * k), *pos = malloc(4ul * n * k);
-    f32->moe_route_forward(p, lse, idx, w, lg16, n, E, k);
-    b16->moe_route_forward(p16, lse16, idx16, w16, lg16, n, E, k);
-    check_exact("bf16_moe_route_probs_fp32", p16, p, (size_t)n * E);
-    check_exact("bf16_moe_route_weights_fp32", w16, w, (size_t)n * k);
-    float *dw = rnd((size_t)n * k), *aux = rnd((size_t)n * E), *dl = malloc(4ul * n * E), *dl16 = malloc(4ul * n * E);
+    size_t nE = (size_t)n * E, nk = (size_t)n * k, ny = nk * C, nc = (size_t)n * C;
+    struct operand lg = operand(nE);
+    float *p = malloc(4 * nE), *lse = malloc(4ul * n), *w = malloc(4 * nk);
+    float *p16 = malloc(4 * nE), *lse16 = malloc(4ul * n), *w16 = malloc(4 * nk);
+    int32_t *idx = malloc(4 * nk), *idx16 = malloc(4 * nk), *pos = malloc(4 * nk);
+    f32->moe_route_forward(p, lse, idx, w, lg.xr, n, E, k);
+    b16->moe_route_forward(p16, lse16, idx16, w16, lg.X, n, E, k);
+    check_exact("bf16_moe_route_probs_fp32", p16, p, nE);
+    check_exact("bf16_moe_route_weights_fp32", w16, w, nk);
+    float *dw = rnd(nk), *aux = rnd(nE), *dl = malloc(4 * nE);
+    struct operand DL = operand(nE);
     f32->moe_route_backward(dl, dw, p, lse, idx, w, aux, 0.01f, n, E, k);
-    b16->moe_route_backward(dl16, dw, p16, lse16, idx16, w16, aux, 0.01f, n, E, k);
-    check_act("bf16_moe_route_backward", dl16, dl, (size_t)n * E);
-    f32->moe_route_sigmoid_forward(p, idx, w, lg16, NULL, n, E, k, 1, 1, 2.5f);
-    b16->moe_route_sigmoid_forward(p16, idx16, w16, lg16, NULL, n, E, k, 1, 1, 2.5f);
-    check_exact("bf16_moe_route_sigmoid_weights_fp32", w16, w, (size_t)n * k);
+    b16->moe_route_backward(DL.X, dw, p16, lse16, idx16, w16, aux, 0.01f, n, E, k);
+    check_act("bf16_moe_route_backward", DL.X, dl, nE, dl);
+    float *bias = rnd(E);
+    f32->moe_route_sigmoid_forward(p, idx, w, lg.xr, bias, n, E, k, 2, 1, 2.5f);
+    b16->moe_route_sigmoid_forward(p16, idx16, w16, lg.X, bias, n, E, k, 2, 1, 2.5f);
+    check_exact("bf16_moe_route_sigmoid_weights_fp32", w16, w, nk);
     f32->moe_route_sigmoid_backward(dl, dw, p, idx, w, aux, n, E, k, 2.5f);
-    b16->moe_route_sigmoid_backward(dl16, dw, p16, idx16, w16, aux, n, E, k, 2.5f);
-    check_act("bf16_moe_route_sigmoid_backward", dl16, dl, (size_t)n * E);
-    /* combine: rows in send order, one dropped */
-    for (int i = 0; i < n * k; i++) pos[i] = i == 3 ? -1 : i;
-    float *y = rnd((size_t)n * k * C), *y16 = r16(y, (size_t)n * k * C);
-    float *o = malloc(4ul * n * C), *o16 = malloc(4ul * n * C);
-    f32->moe_combine(o, y, pos, w, n, k, C, 0);
-    b16->moe_combine(o16, y16, pos, w16, n, k, C, 0);
-    check_act("bf16_moe_combine", o16, o, (size_t)n * C);
-    float *dout = rnd((size_t)n * C), *d16 = r16(dout, (size_t)n * C);
-    float *dy = calloc((size_t)n * k * C, 4), *dy16 = calloc((size_t)n * k * C, 4), *gw = malloc(4ul * n * k);
-    float *gw16 = malloc(4ul * n * k), *dy_same = calloc((size_t)n * k * C, 4), *gw_same = malloc(4ul * n * k);
-    f32->moe_combine_backward(dy, gw, dout, y, pos, w, n, k, C);
-    b16->moe_combine_backward(dy16, gw16, d16, y16, pos, w16, n, k, C);
-    check_act("bf16_moe_combine_backward_dy", dy16, dy, (size_t)n * k * C);
-    f32->moe_combine_backward(dy_same, gw_same, d16, y16, pos, w16, n, k, C);
-    check_exact("bf16_moe_combine_backward_gate_grad_fp32", gw16, gw_same, (size_t)n * k);
-    free(lg), free(lg16), free(p), free(lse), free(w), free(p16), free(lse16), free(w16), free(idx), free(idx16);
-    free(pos), free(dw), free(aux), free(dl), free(dl16), free(y), free(y16), free(o), free(o16), free(dout), free(d16);
-    free(dy), free(dy16), free(gw), free(gw16), free(dy_same), free(gw_same);
+    b16->moe_route_sigmoid_backward(DL.X, dw, p16, idx16, w16, aux, n, E, k, 2.5f);
+    check_act("bf16_moe_route_sigmoid_backward", DL.X, dl, nE, dl);
+    /* permutation and combine: rows in send order, one dropped */
+    for (size_t i = 0; i < nk; i++) pos[i] = i == 3 ? -1 : (int32_t)i;
+    struct operand y = operand(ny), x = operand(nc), out = operand(nc), d = operand(nc), dy = operand(ny);
+    int32_t rows[24];
+    for (int i = 0; i < n; i++) rows[i] = (i * 5) % n;
+    float *gy = malloc(4 * nc);
+    f32->gather_rows(gy, x.xr, rows, n, C);
+    b16->gather_rows(out.X, x.X, rows, n, C);
+    check_act("bf16_gather_rows", out.X, gy, nc, gy);
+    float *o = malloc(4 * nc), *o_same = malloc(4 * nc);
+    f32->moe_combine(o, y.x, pos, w, n, k, C, 0);
+    f32->moe_combine(o_same, y.xr, pos, w16, n, k, C, 0);
+    b16->moe_combine(out.X, y.X, pos, w16, n, k, C, 0);
+    check_act("bf16_moe_combine", out.X, o, nc, o_same);
+    float *gd = calloc(ny, 4), *gd_s = calloc(ny, 4), *gw = malloc(4 * nk), *gw16 = malloc(4 * nk);
+    float *gw_same = malloc(4 * nk);
+    f32->moe_combine_backward(gd, gw, d.x, y.x, pos, w, n, k, C);
+    f32->moe_combine_backward(gd_s, gw_same, d.xr, y.xr, pos, w16, n, k, C);
+    memset(dy.X, 0, 2 * ny);
+    b16->moe_combine_backward(dy.X, gw16, d.X, y.X, pos, w16, n, k, C);
+    check_act("bf16_moe_combine_backward_dy", dy.X, gd, ny, gd_s);
+    check_exact("bf16_moe_combine_backward_gate_grad_fp32", gw16, gw_same, nk);
+    operand_free(&lg), operand_free(&DL), operand_free(&y), operand_free(&x), operand_free(&out), operand_free(&d);
+    operand_free(&dy);
+    free(p), free(lse), free(w), free(p16), free(lse16), free(w16), free(idx), free(idx16), free(pos), free(dw);
+    free(aux), free(dl), free(bias), free(gy), free(o), free(o_same), free(gd), free(gd_s), free(gw), free(gw16);
+    free(gw_same);
 }
 
 /* AdamW and the reductions are the fp32 ops themselves (master state) */
@@ -346,8 +418,9 @@ static void test_optimizer(void) {
 int main(void) {
     f32 = backend_get("cpu", "fp32");
     b16 = backend_get("cpu", "bf16");
-    TEST_RESULT("bf16_table", b16 && b16->precision == PRECISION_BF16 && f32->precision == PRECISION_FP32,
-                "backend_get(cpu, bf16) is not the bf16 table");
+    TEST_RESULT("bf16_table", b16 && b16->precision == PRECISION_BF16 && b16->act_bytes == 2 &&
+                                  f32->precision == PRECISION_FP32 && f32->act_bytes == 4,
+                "backend_get(cpu, bf16) is not the 2-byte bf16 table");
     if (!b16) TEST_EXIT();
     test_rounding();
     test_matmul();
