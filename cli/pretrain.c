@@ -242,7 +242,7 @@ static void dry_run(const struct recipe *r, int verbose) {
     int gpu = cuda_backend.attention_state_floats &&
               (!strcmp(r->train.device, "cuda") || (!strcmp(r->train.device, "auto") && cuda_backend_available()));
     int bf16 = !strcmp(r->train.precision, "bf16");
-    const struct backend *be = gpu ? &cuda_backend : bf16 ? &cpu_bf16_backend : &cpu_backend;
+    const struct backend *be = gpu ? (bf16 ? &cuda_bf16_backend : &cuda_backend) : bf16 ? &cpu_bf16_backend : &cpu_backend;
     struct memory_estimate e = model_memory_estimate(r, dp, be);
     printf("\n# plan (%s)\n", world ? "for the launcher's world size" : "world size unknown: dp 1 assumed; SLURM_NTASKS=N plans for N ranks");
     print_data_note(r);

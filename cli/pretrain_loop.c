@@ -301,7 +301,7 @@ static void setup(struct run *run) {
     watchdog_start(&run->grid, r->train.hang_timeout_s);
     /* GPU ranks: one device per rank on a node; until the NCCL communicator
      * lands, the groups' messages go through host memory over MPI. */
-    if (run->be == &cuda_backend) {
+    if (!strcmp(run->be->name, "cuda")) {
         cuda_use_device(run->grid.local_rank);
         grid_stage_device(&run->grid, run->be);
         if (run->grid.world_size > 1 && run->grid.world_rank == 0)

@@ -93,7 +93,7 @@ const struct recipe_key recipe_keys[] = {
     NONNEG(train, eval_interval, "0", "validate every N steps; 0 disables validation"),
     POS(train, eval_batches, "4", "global batches per validation"),
     ENUM(train, device, "auto", "auto|cpu|cuda", "compute backend; auto = cuda when available"),
-    ENUM(train, precision, "fp32", "fp32|bf16", "fp32; or bf16 mixed precision: bf16 activations and working weights, fp32 GEMM accumulation, fp32 master weights, gradients and AdamW state (checkpoints unchanged); bf16 runs on the CPU backend so far"),
+    ENUM(train, precision, "fp32", "fp32|bf16", "fp32; or bf16 mixed precision: bf16 activations and working weights, fp32 GEMM accumulation, fp32 master weights, gradients and AdamW state (checkpoints unchanged); on CUDA a reference path: exact storage, not fast, not yet run on a GPU"),
     BOOL(train, tf32, "false", "CUDA: TF32 tensor cores for fp32 matmuls (faster; ~1e-3 relative rounding)"),
     DBL(train, peak_tflops, "0", 0, INF, 0, "peak TFLOP/s per device for MFU; 0 = the GPU's datasheet peak if known, else no MFU"),
     INT(train, threads, "0", 0, 4096, "CPU threads; 0 = OpenMP default"),

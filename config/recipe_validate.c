@@ -264,10 +264,6 @@ static int check_train(const struct recipe *r, int world_size) {
     if (!strcmp(t->precision, "bf16") && r->model.hidden_size % 2)
         return verr(r, "train.precision", "bf16 stores rows of hidden_size 2-byte values and moves them as 4-byte "
                     "words: hidden_size %d must be even", r->model.hidden_size);
-    if (!strcmp(t->precision, "bf16") && !strcmp(t->device, "cuda"))
-        return verr(r, "train.precision", "train.precision bf16 runs on the CPU backend only so far (the CUDA backend "
-                    "computes in fp32/TF32): set train.device cpu, or train.precision fp32%s",
-                    other(r, "train.device", o, sizeof o));
     return 0;
 }
 

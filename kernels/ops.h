@@ -189,7 +189,7 @@ struct backend {
  * a message if unavailable. */
 const struct backend *backend_get(const char *name, const char *precision);
 extern const struct backend cpu_backend, cpu_bf16_backend;
-extern const struct backend cuda_backend; /* kernels/cuda; an empty table in builds without it */
+extern const struct backend cuda_backend, cuda_bf16_backend; /* kernels/cuda; empty tables in builds without it */
 /* This build has the CUDA backend and a GPU is visible. */
 int cuda_backend_available(void);
 /* Let cuBLAS use TF32 tensor cores for fp32 matmuls (CUDA backend only). */

@@ -1,5 +1,6 @@
 # The CUDA backend end to end on a tiny Llama: the same losses as the CPU
-# backend, bitwise repeatable, checkpoints that move between CPU and GPU.
+# backend, bitwise repeatable, checkpoints that move between CPU and GPU;
+# the same for bf16 (train.precision) against the CPU's fp32 and bf16 runs.
 # Skipped where no GPU is visible (or the build has no CUDA backend).
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
@@ -7,7 +8,8 @@ CHECKS="gpu_pretrain_runs gpu_pretrain_device_line gpu_mfu_and_memory gpu_matche
 gpu_resume_bitwise gpu_checkpoint_resumes_on_cpu gpu_tf32_close gpu_zero_single_rank gpu_layout_tp2_sp gpu_layout_pp2
 gpu_layout_dp2_zero gpu_layout_tp2_pp2 gpu_mixtral_matches_cpu gpu_mixtral_deterministic gpu_mixtral_layout_ep2_tp2
 gpu_deepseek_matches_cpu gpu_deepseek_mtp_matches_cpu gpu_deepseek_deterministic gpu_deepseek_layout_tp2_ep2
-gpu_generate_matches_cpu gpu_eval_split_matches_cpu"
+gpu_generate_matches_cpu gpu_eval_split_matches_cpu gpu_bf16_runs gpu_bf16_device_line gpu_bf16_tracks_cpu_fp32
+gpu_bf16_close_to_cpu_bf16 gpu_bf16_deterministic gpu_bf16_resume_bitwise gpu_bf16_checkpoint_resumes_on_cpu"
 "$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail gpu_setup "data generate failed"; exit 1; }
 cat >r.yaml <<'YAML'
 model: {vocab_size: 264, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2, intermediate_size: 160}
@@ -155,6 +157,32 @@ if command -v mpiexec >/dev/null; then
     losses dep/metrics.jsonl >dep.loss; losses dg20/metrics.jsonl >dg20.loss
     close gpu_deepseek_layout_tp2_ep2 dep.loss dg20.loss 1e-5 20
 else skip gpu_deepseek_layout_tp2_ep2 "no mpiexec on this machine"; fi
+
+# bf16 on the GPU (kernels/cuda/bf16.cu): 200 steps within 2% per step of the
+# CPU fp32 run and of the CPU bf16 run (the same storage; sums in another order
+# round some values to the neighbouring bf16), bitwise repeatable, a stop and
+# resume bitwise, and its checkpoint resumes on the CPU (lr 1e-3 as in bf16.sh)
+b16=(--set train.precision=bf16 --set train.steps=200 --set train.eval_interval=0 --set optimizer.lr=1e-3)
+"$MTRAIN" pretrain r.yaml "${b16[@]}" --set checkpoint.dir=b_ck --set log.dir=b >"$TMP/out" 2>&1 &&
+    pass gpu_bf16_runs || fail gpu_bf16_runs "exit $?: $(tail -3 "$TMP/out")"
+expect_output gpu_bf16_device_line '\| device cuda bf16 \|'
+"$MTRAIN" pretrain r.yaml "${b16[@]}" --set train.device=cpu --set train.precision=fp32 --set checkpoint.dir=bc_ck \
+    --set log.dir=bc >/dev/null 2>&1
+"$MTRAIN" pretrain r.yaml "${b16[@]}" --set train.device=cpu --set checkpoint.dir=bb_ck --set log.dir=bb >/dev/null 2>&1
+losses b/metrics.jsonl >b.loss; losses bc/metrics.jsonl >bc.loss; losses bb/metrics.jsonl >bb.loss
+close gpu_bf16_tracks_cpu_fp32 b.loss bc.loss 2e-2 200
+close gpu_bf16_close_to_cpu_bf16 b.loss bb.loss 2e-2 200
+"$MTRAIN" pretrain r.yaml "${b16[@]}" --set checkpoint.dir=b2_ck --set log.dir=b2 >/dev/null 2>&1
+[ "$(losses b2/metrics.jsonl)" = "$(cat b.loss)" ] && pass gpu_bf16_deterministic || fail gpu_bf16_deterministic "differ"
+"$MTRAIN" pretrain r.yaml "${b16[@]}" --set checkpoint.dir=bs_ck --set log.dir=bs --stop-after 100 >/dev/null 2>&1
+"$MTRAIN" pretrain r.yaml "${b16[@]}" --set checkpoint.dir=bs_ck --set log.dir=bs >"$TMP/out" 2>&1
+[ "$(losses bs/metrics.jsonl)" = "$(cat b.loss)" ] && pass gpu_bf16_resume_bitwise ||
+    fail gpu_bf16_resume_bitwise "$(tail -2 "$TMP/out")"
+"$MTRAIN" pretrain r.yaml "${b16[@]}" --set checkpoint.dir=bx_ck --set log.dir=bx --stop-after 100 >/dev/null 2>&1
+"$MTRAIN" pretrain r.yaml "${b16[@]}" --set train.device=cpu --set checkpoint.dir=bx_ck --set log.dir=bx >"$TMP/out" 2>&1
+losses bx/metrics.jsonl >bx.loss
+grep -q "resumed from bx_ck/step-000000100" "$TMP/out" && close gpu_bf16_checkpoint_resumes_on_cpu bx.loss b.loss 2e-2 200 ||
+    fail gpu_bf16_checkpoint_resumes_on_cpu "$(grep -E 'resumed|error' "$TMP/out" | head -2)"
 
 # generate and eval on the GPU (KV-cache decode op, training forward) equal the CPU
 a=$("$MTRAIN" generate g --prompt-ids 1,2,3,4 --max-tokens 24 --device cuda --print-ids 2>/dev/null | tail -1)

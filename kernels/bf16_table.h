@@ -1,0 +1,283 @@
+/* A bf16 backend table built on an fp32 one (kernels/ops.h "Precision"),
+ * included once per device as a template by kernels/cpu/bf16.c and
+ * kernels/cuda/bf16.cu. Activations and the working weights are 2-byte bf16
+ * values; each op widens its bf16 operands into fp32 scratch, runs the fp32
+ * table's op (all arithmetic and every sum in fp32) and rounds what it
+ * stores, to nearest even. Parameter gradients accumulate in fp32 and
+ * statistics stay fp32, untouched. Pure moves of stored rows (embedding
+ * lookup, row gathers, column copies) run on the 2-byte values directly.
+ *
+ * This is the reference bf16 path: exact storage, fp32 speed at best (the
+ * widening costs copies; a device's fast bf16 kernels replace its ops one by
+ * one and are tested against it). Scratch: one growing buffer per operand
+ * position, so memory is bounded by the largest op's operands in fp32 (a
+ * weight matrix is widened per call); ops run on the caller's thread.
+ *
+ * Define before including:
+ *   BF16_TABLE  the name of the table to define
+ *   BF16_INNER  the fp32 table (a struct backend object)
+ *   BF16_NAME   the device's name ("cpu", "cuda")
+ *   BF16_MEM    the device-memory function of the table, or NULL
+ *   BF16_PEAK   the bf16 dense peak TFLOP/s function, or NULL
+ * and these storage functions of the device (src/dst in device memory):
+ *   bf16_widen(float *dst, const float *src_bf16, size_t n)
+ *   bf16_narrow(float *dst_bf16, const float *src, size_t n)     round to nearest even
+ *   bf16_embedding(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V)
+ *   bf16_gather_rows(float *out, const float *x, const int32_t *rows, int n, int C)
+ *   bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int rows, int cols, int accumulate) */
+
+#define BF16_SLOTS 8
+static float *bf16_slot[BF16_SLOTS];
+static size_t bf16_cap[BF16_SLOTS];
+
+/* fp32 scratch of n floats in slot s (the table's alloc zeroes it when it grows) */
+static float *scratch(int s, size_t n) {
+    if (n > bf16_cap[s]) {
+        if (bf16_slot[s]) BF16_INNER.free(bf16_slot[s]);
+        bf16_slot[s] = (float *)BF16_INNER.alloc(sizeof(float) * n);
+        bf16_cap[s] = n;
+    }
+    return bf16_slot[s];
+}
+
+/* the n bf16 values at p as fp32, in slot s */
+static float *wide(int s, const float *p, size_t n) {
+    float *d = scratch(s, n);
+    bf16_widen(d, p, n);
+    return d;
+}
+
+/* memory, reductions and AdamW: the fp32 table's (bytes, fp32 gradients and master) */
+static void *alloc(size_t bytes) { return BF16_INNER.alloc(bytes); }
+static void free_(void *p) { BF16_INNER.free(p); }
+static void zero(void *p, size_t bytes) { BF16_INNER.zero(p, bytes); }
+static void to_host(void *dst, const void *src, size_t bytes) { BF16_INNER.to_host(dst, src, bytes); }
+static void from_host(void *dst, const void *src, size_t bytes) { BF16_INNER.from_host(dst, src, bytes); }
+static void copy(void *dst, const void *src, size_t bytes) { BF16_INNER.copy(dst, src, bytes); }
+static size_t attention_state_floats(int B, int H, int T) { return BF16_INNER.attention_state_floats(B, H, T); }
+static double sum(const float *x, size_t n) { return BF16_INNER.sum(x, n); }
+static double sum_squares(const float *x, size_t n) { return BF16_INNER.sum_squares(x, n); }
+static void adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, float grad_scale, int step) {
+    BF16_INNER.adamw(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step);
+}
+
+static void to_storage(float *dst, const float *src, size_t n) { bf16_narrow(dst, src, n); }
+static void from_storage(float *dst, const float *src, size_t n) { bf16_widen(dst, src, n); }
+
+static void embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
+                               int V) {
+    BF16_INNER.embedding_backward(dtable, tokens, wide(0, dout, (size_t)N * C), N, C, vstart, V);
+}
+
+/* norm gains (w) are the fp32 master; rstd is fp32 */
+static void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
+    size_t n = (size_t)N * C;
+    float *o = scratch(1, n);
+    BF16_INNER.rmsnorm_forward(o, rstd, wide(0, x, n), w, N, C, eps);
+    bf16_narrow(out, o, n);
+}
+
+static void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
+                             int N, int C, int accumulate) {
+    size_t n = (size_t)N * C;
+    float *d = accumulate ? wide(2, dx, n) : scratch(2, n);
+    BF16_INNER.rmsnorm_backward(d, dw, wide(0, dout, n), wide(1, x, n), w, rstd, N, C, accumulate);
+    bf16_narrow(dx, d, n);
+}
+
+static void matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
+    size_t no = (size_t)N * M;
+    float *o = accumulate ? wide(2, out, no) : scratch(2, no);
+    BF16_INNER.matmul_forward(o, wide(0, x, (size_t)N * K), wide(1, w, (size_t)M * K), N, K, M, accumulate);
+    bf16_narrow(out, o, no);
+}
+
+/* dw: the fp32 gradient, accumulated from the fp32 sums */
+static void matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M,
+                            int accumulate_dx) {
+    size_t nx = (size_t)N * K;
+    float *d = !dx ? NULL : accumulate_dx ? wide(3, dx, nx) : scratch(3, nx);
+    BF16_INNER.matmul_backward(d, dw, wide(0, dout, (size_t)N * M), wide(1, x, nx), wide(2, w, (size_t)M * K), N, K, M,
+                               accumulate_dx);
+    if (dx) bf16_narrow(dx, d, nx);
+}
+
+static void rope(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse) {
+    size_t n = (size_t)B * T * H * D;
+    float *v = wide(0, x, n);
+    BF16_INNER.rope(v, cos, sin, B, T, H, D, inverse);
+    bf16_narrow(x, v, n);
+}
+
+/* att (what backward needs) is fp32 */
+static void attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
+                              int H, int KVH, int D, int Dv) {
+    size_t rows = (size_t)B * T, no = rows * H * Dv;
+    float *o = scratch(3, no);
+    BF16_INNER.attention_forward(o, att, wide(0, q, rows * H * D), wide(1, k, rows * KVH * D),
+                                 wide(2, v, rows * KVH * Dv), B, T, H, KVH, D, Dv);
+    bf16_narrow(out, o, no);
+}
+
+static void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
+                               const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv) {
+    size_t rows = (size_t)B * T, nq = rows * H * D, nk = rows * KVH * D, nv = rows * KVH * Dv;
+    float *gq = scratch(4, nq), *gk = scratch(5, nk), *gv = scratch(6, nv);
+    BF16_INNER.attention_backward(gq, gk, gv, wide(0, dout, rows * H * Dv), att, wide(1, q, nq), wide(2, k, nk),
+                                  wide(3, v, nv), B, T, H, KVH, D, Dv);
+    bf16_narrow(dq, gq, nq);
+    bf16_narrow(dk, gk, nk);
+    bf16_narrow(dv, gv, nv);
+}
+
+static void attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,
+                             int D) {
+    size_t no = (size_t)n * H * D, nk = (size_t)Tk * KVH * D;
+    float *o = scratch(3, no);
+    BF16_INNER.attention_decode(o, wide(0, q, no), wide(1, k, nk), wide(2, v, nk), n, Tk, H, KVH, D);
+    bf16_narrow(out, o, no);
+}
+
+static void swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+    float *o = scratch(2, n);
+    BF16_INNER.swiglu_forward(o, wide(0, gate, n), wide(1, up, n), n);
+    bf16_narrow(out, o, n);
+}
+
+static void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
+    float *dg = scratch(3, n), *du = scratch(4, n);
+    BF16_INNER.swiglu_backward(dg, du, wide(0, dout, n), wide(1, gate, n), wide(2, up, n), n);
+    bf16_narrow(dgate, dg, n);
+    bf16_narrow(dup, du, n);
+}
+
+/* routing: the logits are stored, probabilities, lse, scores and gate weights are fp32 statistics */
+static void moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E,
+                              int k) {
+    BF16_INNER.moe_route_forward(probs, lse, idx, w, wide(0, logits, (size_t)n * E), n, E, k);
+}
+
+static void moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
+                               const float *w, const float *aux_coef, float z_scale, int n, int E, int k) {
+    float *d = scratch(0, (size_t)n * E);
+    BF16_INNER.moe_route_backward(d, dw, probs, lse, idx, w, aux_coef, z_scale, n, E, k);
+    bf16_narrow(dlogits, d, (size_t)n * E);
+}
+
+static void moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const float *logits, const float *bias,
+                                      int n, int E, int k, int n_group, int topk_group, float scaling) {
+    BF16_INNER.moe_route_sigmoid_forward(scores, idx, w, wide(0, logits, (size_t)n * E), bias, n, E, k, n_group,
+                                         topk_group, scaling);
+}
+
+static void moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
+                                       const float *w, const float *aux_coef, int n, int E, int k, float scaling) {
+    float *d = scratch(0, (size_t)n * E);
+    BF16_INNER.moe_route_sigmoid_backward(d, dw, scores, idx, w, aux_coef, n, E, k, scaling);
+    bf16_narrow(dlogits, d, (size_t)n * E);
+}
+
+/* y has n*k rows (the send order); gate weights w are fp32 */
+static void moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
+                        int accumulate) {
+    size_t no = (size_t)n * C;
+    float *o = accumulate ? wide(1, out, no) : scratch(1, no);
+    BF16_INNER.moe_combine(o, wide(0, y, no * k), pos, w, n, k, C, accumulate);
+    bf16_narrow(out, o, no);
+}
+
+static void moe_combine_backward(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
+                                 const float *w, int n, int k, int C) {
+    size_t ny = (size_t)n * k * C;
+    float *d = scratch(2, ny);
+    BF16_INNER.zero(d, sizeof(float) * ny); /* rows of dropped selections */
+    BF16_INNER.moe_combine_backward(d, dw, wide(0, dout, (size_t)n * C), wide(1, y, ny), pos, w, n, k, C);
+    bf16_narrow(dy, d, ny);
+}
+
+/* the losses and row statistics are fp32; the logits' gradient is stored */
+static void cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale) {
+    size_t n = (size_t)N * V;
+    float *l = wide(0, logits, n);
+    BF16_INNER.cross_entropy(losses, l, targets, N, V, dscale);
+    if (dscale != 0.0f) bf16_narrow(logits, l, n);
+}
+
+static void ce_row_max(float *rowmax, const float *logits, int N, int V) {
+    BF16_INNER.ce_row_max(rowmax, wide(0, logits, (size_t)N * V), N, V);
+}
+
+static void ce_row_sumexp(float *sumexp, float *target_logit, const float *logits, const int32_t *targets,
+                          const float *rowmax, int N, int V, int vstart) {
+    BF16_INNER.ce_row_sumexp(sumexp, target_logit, wide(0, logits, (size_t)N * V), targets, rowmax, N, V, vstart);
+}
+
+static void ce_finish(float *losses, float *logits, const int32_t *targets, const float *rowmax, const float *sumexp,
+                      const float *target_logit, int N, int V, int vstart, float dscale) {
+    size_t n = (size_t)N * V;
+    float *l = wide(0, logits, n);
+    BF16_INNER.ce_finish(losses, l, targets, rowmax, sumexp, target_logit, N, V, vstart, dscale);
+    if (dscale != 0.0f) bf16_narrow(logits, l, n);
+}
+
+static void add(float *dst, const float *src, size_t n) {
+    float *d = wide(0, dst, n);
+    BF16_INNER.add(d, wide(1, src, n), n);
+    bf16_narrow(dst, d, n);
+}
+
+static void scale(float *x, float s, size_t n) {
+    float *d = wide(0, x, n);
+    BF16_INNER.scale(d, s, n);
+    bf16_narrow(x, d, n);
+}
+
+#ifdef __cplusplus
+extern "C"
+#endif
+const struct backend BF16_TABLE = {
+    .name = BF16_NAME,
+    .precision = PRECISION_BF16,
+    .act_bytes = 2,
+    .alloc = alloc,
+    .free = free_,
+    .zero = zero,
+    .to_host = to_host,
+    .from_host = from_host,
+    .copy = copy,
+    .embedding_forward = bf16_embedding,
+    .embedding_backward = embedding_backward,
+    .rmsnorm_forward = rmsnorm_forward,
+    .rmsnorm_backward = rmsnorm_backward,
+    .matmul_forward = matmul_forward,
+    .matmul_backward = matmul_backward,
+    .rope = rope,
+    .attention_forward = attention_forward,
+    .attention_state_floats = attention_state_floats,
+    .attention_backward = attention_backward,
+    .attention_decode = attention_decode,
+    .copy_cols = bf16_copy_cols,
+    .swiglu_forward = swiglu_forward,
+    .swiglu_backward = swiglu_backward,
+    .moe_route_forward = moe_route_forward,
+    .moe_route_backward = moe_route_backward,
+    .moe_route_sigmoid_forward = moe_route_sigmoid_forward,
+    .moe_route_sigmoid_backward = moe_route_sigmoid_backward,
+    .gather_rows = bf16_gather_rows,
+    .moe_combine = moe_combine,
+    .moe_combine_backward = moe_combine_backward,
+    .cross_entropy = cross_entropy,
+    .ce_row_max = ce_row_max,
+    .ce_row_sumexp = ce_row_sumexp,
+    .ce_finish = ce_finish,
+    .to_storage = to_storage,
+    .from_storage = from_storage,
+    .add = add,
+    .scale = scale,
+    .sum = sum,
+    .sum_squares = sum_squares,
+    .adamw = adamw,
+    .device_mem_mib = BF16_MEM,
+    .peak_tflops = BF16_PEAK,
+};

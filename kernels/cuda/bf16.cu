@@ -1,0 +1,109 @@
+/* The CUDA backend at bf16 precision: kernels/bf16_table.h on the fp32 CUDA
+ * table (every op widened to fp32, computed by the tested fp32 kernels,
+ * rounded where stored), with the storage kernels below. It is the GPU's
+ * reference bf16 path with exact 2-byte storage: fast bf16 kernels
+ * (cuBLASLt GEMMs, flash attention, fused element-wise ops) replace its ops
+ * one by one, each checked against it and the CPU bf16 table. The rounding
+ * is the host's (kernels/bf16.h) bit for bit, NaN handling included. */
+#include "kernels/cuda/cuda.h"
+
+#define THREADS 256
+
+__device__ inline uint16_t bits_rne(float x) {
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+__device__ inline float widen1(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
+
+__global__ void widen_k(float *d, const uint16_t *s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        d[i] = widen1(s[i]);
+}
+
+__global__ void narrow_k(uint16_t *d, const float *s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        d[i] = bits_rne(s[i]);
+}
+
+static void bf16_widen(float *dst, const float *src, size_t n) {
+    if (!n) return;
+    widen_k<<<blocks_for(n, THREADS), THREADS>>>(dst, (const uint16_t *)src, n);
+    LAUNCH_CHECK();
+}
+
+static void bf16_narrow(float *dst, const float *src, size_t n) {
+    if (!n) return;
+    narrow_k<<<blocks_for(n, THREADS), THREADS>>>((uint16_t *)dst, src, n);
+    LAUNCH_CHECK();
+}
+
+/* one block per token: its row of the bf16 table, or zeros outside the slice */
+__global__ void embedding_k(uint16_t *out, const int32_t *tokens, const uint16_t *table, int C, int vstart, int V) {
+    int n = blockIdx.x, row = tokens[n] - vstart;
+    uint16_t *o = out + (size_t)n * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = (row >= 0 && row < V) ? table[(size_t)row * C + c] : 0;
+}
+
+static void bf16_embedding(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V) {
+    if (N == 0) return;
+    embedding_k<<<N, THREADS>>>((uint16_t *)out, tokens, (const uint16_t *)table, C, vstart, V);
+    LAUNCH_CHECK();
+}
+
+__global__ void gather_k(uint16_t *out, const uint16_t *x, const int32_t *rows, int C) {
+    int i = blockIdx.x;
+    const uint16_t *s = x + (size_t)rows[i] * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) out[(size_t)i * C + c] = s[c];
+}
+
+static void bf16_gather_rows(float *out, const float *x, const int32_t *rows, int n, int C) {
+    if (n == 0) return;
+    gather_k<<<n, THREADS>>>((uint16_t *)out, (const uint16_t *)x, rows, C);
+    LAUNCH_CHECK();
+}
+
+/* a copy of bf16 values is exact; accumulating adds in fp32 and rounds once */
+__global__ void copy_cols_k(uint16_t *d, int ldd, const uint16_t *s, int lds, int rows, int cols, int accumulate) {
+    size_t n = (size_t)rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / cols, c = i % cols;
+        uint16_t *o = d + r * ldd + c;
+        uint16_t v = s[r * lds + c];
+        *o = accumulate ? bits_rne(widen1(*o) + widen1(v)) : v;
+    }
+}
+
+static void bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int rows, int cols, int accumulate) {
+    size_t n = (size_t)rows * cols;
+    if (!n) return;
+    copy_cols_k<<<blocks_for(n, THREADS), THREADS>>>((uint16_t *)dst, ldd, (const uint16_t *)src, lds, rows, cols,
+                                                     accumulate);
+    LAUNCH_CHECK();
+}
+
+static double mem(void) { return cuda_backend.device_mem_mib(); }
+
+/* Dense bf16 tensor-core peaks from NVIDIA's datasheets, by device name. */
+static double bf16_peak(int unused) {
+    (void)unused;
+    static const struct { const char *name; double tflops; } table[] = {
+        {"H100 PCIe", 756}, {"H100 NVL", 835}, {"H100", 989}, /* SXM (HBM3) */
+        {"H200", 989},      {"A100", 312},     {"L40S", 362},
+    };
+    cudaDeviceProp prop;
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strstr(prop.name, table[i].name)) return table[i].tflops;
+    return 0;
+}
+
+#define BF16_TABLE cuda_bf16_backend
+#define BF16_INNER cuda_backend
+#define BF16_NAME "cuda"
+#define BF16_MEM mem
+#define BF16_PEAK bf16_peak
+#include "kernels/bf16_table.h"

@@ -1,0 +1,210 @@
+/* The CUDA bf16 table (kernels/cuda/bf16.cu) against the CPU bf16 table
+ * (itself checked against the fp32 ops in test_bf16_ops.c) and the CPU fp32
+ * ops, op by op on the same stored inputs: stored outputs within 1e-2
+ * norm-wise of both (the GPU's fp32 sums run in another order, so a value
+ * may round to the neighbouring bf16), the storage kernels (rounding,
+ * embedding rows, row gathers, column copies) bitwise equal to the CPU's.
+ * Without a GPU every case is skipped. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/bf16.h"
+#include "kernels/ops.h"
+#include "tests/unit/check.h"
+
+static const struct backend *c32, *c16, *g16;
+static unsigned long long seed = 5;
+static const double TOL = 1e-2;
+
+static float *rnd(size_t n) { return test_rand_array(&seed, n); }
+/* x as bf16 storage on the host (n 2-byte values) */
+static float *pack(const float *x, size_t n) {
+    uint16_t *b = malloc(2 * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) b[i] = bf16_bits(x[i]);
+    return (float *)b;
+}
+static float *unpack(const float *p, size_t n) {
+    float *y = malloc(4 * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) y[i] = bf16_to_float(((const uint16_t *)p)[i]);
+    return y;
+}
+/* a device copy of bytes of host data */
+static float *dev(const void *h, size_t bytes) {
+    float *d = g16->alloc(bytes);
+    g16->from_host(d, h, bytes);
+    return d;
+}
+static float *host_of(const float *d, size_t bytes) {
+    float *h = malloc(bytes);
+    g16->to_host(h, d, bytes);
+    return h;
+}
+
+/* device bf16 result vs the CPU bf16 result (host storage) and the fp32 result */
+static void compare(const char *name, const float *d_got, const float *cpu16, const float *want32, size_t n) {
+    float *gb = host_of(d_got, 2 * n), *g = unpack(gb, n), *c = unpack(cpu16, n);
+    double num = 0, den = 0, num32 = 0, den32 = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)g[i] - c[i]) * ((double)g[i] - c[i]), den += (double)c[i] * c[i];
+        if (want32) num32 += ((double)g[i] - want32[i]) * ((double)g[i] - want32[i]), den32 += (double)want32[i] * want32[i];
+    }
+    double e = sqrt(num / (den > 0 ? den : 1)), e32 = want32 ? sqrt(num32 / (den32 > 0 ? den32 : 1)) : 0;
+    TEST_RESULT(name, e <= TOL && e32 <= TOL, "norm-wise error %.3g against the CPU bf16 op, %.3g against fp32", e, e32);
+    free(gb), free(g), free(c);
+}
+static void compare_bits(const char *name, const float *d_got, const float *cpu16, size_t n) {
+    float *g = host_of(d_got, 2 * n);
+    TEST_RESULT(name, !memcmp(g, cpu16, 2 * n), "not bitwise the CPU's storage");
+    free(g);
+}
+
+static void test_storage(void) {
+    size_t n = 100003;
+    float *x = rnd(n);
+    x[0] = NAN, x[1] = INFINITY, x[2] = -INFINITY, x[3] = 3.4e38f, x[4] = 1.00390625f, x[5] = 1e-40f;
+    float *h = malloc(2 * n), *dx = dev(x, 4 * n), *d = g16->alloc(2 * n);
+    c16->to_storage(h, x, n);
+    g16->to_storage(d, dx, n);
+    compare_bits("cuda_bf16_to_storage_rounding", d, h, n);
+    float *back = g16->alloc(4 * n), *hb = malloc(4 * n);
+    g16->from_storage(back, d, n);
+    c16->from_storage(hb, h, n);
+    float *gb = host_of(back, 4 * n);
+    TEST_RESULT("cuda_bf16_from_storage", !memcmp(gb, hb, 4 * n), "widening differs from the CPU's");
+    free(x), free(h), free(hb), free(gb), g16->free(dx), g16->free(d), g16->free(back);
+}
+
+static void test_matmul(int N, int K, int M) {
+    size_t nx = (size_t)N * K, nw = (size_t)M * K, no = (size_t)N * M;
+    float *x = rnd(nx), *w = rnd(nw), *dout = rnd(no), *X = pack(x, nx), *W = pack(w, nw), *D = pack(dout, no);
+    float *dX = dev(X, 2 * nx), *dW = dev(W, 2 * nw), *dD = dev(D, 2 * no), *dO = g16->alloc(2 * no);
+    float *O = malloc(2 * no), *o32 = malloc(4 * no);
+    c16->matmul_forward(O, X, W, N, K, M, 0);
+    c32->matmul_forward(o32, x, w, N, K, M, 0);
+    g16->matmul_forward(dO, dX, dW, N, K, M, 0);
+    compare("cuda_bf16_matmul_forward", dO, O, o32, no);
+    float *GX = malloc(2 * nx), *gx32 = malloc(4 * nx), *dw16 = calloc(nw, 4), *dw32 = calloc(nw, 4);
+    float *dGX = g16->alloc(2 * nx), *dDW = g16->alloc(4 * nw);
+    c16->matmul_backward(GX, dw16, D, X, W, N, K, M, 0);
+    c32->matmul_backward(gx32, dw32, dout, x, w, N, K, M, 0);
+    g16->matmul_backward(dGX, dDW, dD, dX, dW, N, K, M, 0);
+    compare("cuda_bf16_matmul_backward_dx", dGX, GX, gx32, nx);
+    float *gw = host_of(dDW, 4 * nw);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < nw; i++) num += (gw[i] - dw16[i]) * (double)(gw[i] - dw16[i]), den += (double)dw16[i] * dw16[i];
+    TEST_RESULT("cuda_bf16_matmul_backward_dw_fp32", sqrt(num / den) <= 1e-5, "fp32 gradient differs by %.3g",
+                sqrt(num / den));
+    free(x), free(w), free(dout), free(X), free(W), free(D), free(O), free(o32), free(GX), free(gx32), free(dw16);
+    free(dw32), free(gw);
+    g16->free(dX), g16->free(dW), g16->free(dD), g16->free(dO), g16->free(dGX), g16->free(dDW);
+}
+
+static void test_attention(int B, int T, int H, int KVH, int D, const char *tag) {
+    size_t rows = (size_t)B * T, nq = rows * H * D, nk = rows * KVH * D;
+    float *q = rnd(nq), *k = rnd(nk), *v = rnd(nk), *dout = rnd(nq);
+    float *Q = pack(q, nq), *K = pack(k, nk), *V = pack(v, nk), *DO = pack(dout, nq);
+    float *dQ = dev(Q, 2 * nq), *dK = dev(K, 2 * nk), *dV = dev(V, 2 * nk), *dDO = dev(DO, 2 * nq);
+    size_t sc = c16->attention_state_floats(B, H, T), sg = g16->attention_state_floats(B, H, T);
+    float *O = malloc(2 * nq), *att = malloc(4 * sc), *dO = g16->alloc(2 * nq), *datt = g16->alloc(4 * sg);
+    char name[96];
+    c16->attention_forward(O, att, Q, K, V, B, T, H, KVH, D, D);
+    g16->attention_forward(dO, datt, dQ, dK, dV, B, T, H, KVH, D, D);
+    snprintf(name, sizeof name, "cuda_bf16_attention_forward_%s", tag);
+    compare(name, dO, O, NULL, nq);
+    float *GQ = malloc(2 * nq), *GK = malloc(2 * nk), *GV = malloc(2 * nk);
+    float *dGQ = g16->alloc(2 * nq), *dGK = g16->alloc(2 * nk), *dGV = g16->alloc(2 * nk);
+    c16->attention_backward(GQ, GK, GV, DO, att, Q, K, V, B, T, H, KVH, D, D);
+    g16->attention_backward(dGQ, dGK, dGV, dDO, datt, dQ, dK, dV, B, T, H, KVH, D, D);
+    snprintf(name, sizeof name, "cuda_bf16_attention_backward_dq_%s", tag);
+    compare(name, dGQ, GQ, NULL, nq);
+    snprintf(name, sizeof name, "cuda_bf16_attention_backward_dk_%s", tag);
+    compare(name, dGK, GK, NULL, nk);
+    snprintf(name, sizeof name, "cuda_bf16_attention_backward_dv_%s", tag);
+    compare(name, dGV, GV, NULL, nk);
+    free(q), free(k), free(v), free(dout), free(Q), free(K), free(V), free(DO), free(O), free(att), free(GQ), free(GK);
+    free(GV);
+    g16->free(dQ), g16->free(dK), g16->free(dV), g16->free(dDO), g16->free(dO), g16->free(datt), g16->free(dGQ);
+    g16->free(dGK), g16->free(dGV);
+}
+
+static void test_norm_and_elementwise(int N, int C) {
+    size_t n = (size_t)N * C;
+    float *x = rnd(n), *w = rnd(C), *y = rnd(n), *X = pack(x, n), *Y = pack(y, n);
+    float *dX = dev(X, 2 * n), *dY = dev(Y, 2 * n), *dw = dev(w, 4ul * C), *dO = g16->alloc(2 * n);
+    float *O = malloc(2 * n), *rs = malloc(4ul * N), *drs = g16->alloc(4ul * N);
+    c16->rmsnorm_forward(O, rs, X, w, N, C, 1e-5f);
+    g16->rmsnorm_forward(dO, drs, dX, dw, N, C, 1e-5f);
+    compare("cuda_bf16_rmsnorm_forward", dO, O, NULL, n);
+    float *ddw = g16->alloc(4ul * C), *hdw = calloc(C, 4);
+    c16->rmsnorm_backward(O, hdw, Y, X, w, rs, N, C, 0);
+    g16->rmsnorm_backward(dO, ddw, dY, dX, dw, drs, N, C, 0);
+    compare("cuda_bf16_rmsnorm_backward", dO, O, NULL, n);
+    c16->swiglu_forward(O, X, Y, n);
+    g16->swiglu_forward(dO, dX, dY, n);
+    compare("cuda_bf16_swiglu_forward", dO, O, NULL, n);
+    float *O2 = malloc(2 * n), *dO2 = g16->alloc(2 * n);
+    c16->swiglu_backward(O, O2, Y, X, Y, n);
+    g16->swiglu_backward(dO, dO2, dY, dX, dY, n);
+    compare("cuda_bf16_swiglu_backward_dgate", dO, O, NULL, n);
+    compare("cuda_bf16_swiglu_backward_dup", dO2, O2, NULL, n);
+    memcpy(O, X, 2 * n);
+    g16->copy(dO, dX, 2 * n);
+    c16->add(O, Y, n);
+    g16->add(dO, dY, n);
+    compare_bits("cuda_bf16_add", dO, O, n); /* one fp32 add of two values, rounded: the same everywhere */
+    /* storage moves: bitwise */
+    int32_t *rows = malloc(4ul * N);
+    for (int i = 0; i < N; i++) rows[i] = (i * 7 + 3) % N;
+    int32_t *drows = (int32_t *)dev(rows, 4ul * N);
+    c16->gather_rows(O, X, rows, N, C);
+    g16->gather_rows(dO, dX, drows, N, C);
+    compare_bits("cuda_bf16_gather_rows", dO, O, n);
+    c16->embedding_forward(O, rows, X, N, C, 2, N - 4); /* a vocabulary slice: some rows zero */
+    g16->embedding_forward(dO, drows, dX, N, C, 2, N - 4);
+    compare_bits("cuda_bf16_embedding_forward", dO, O, n);
+    memcpy(O, Y, 2 * n);
+    g16->copy(dO, dY, 2 * n);
+    c16->copy_cols(O, C, X, C, N, C / 3, 1);
+    g16->copy_cols(dO, C, dX, C, N, C / 3, 1);
+    compare_bits("cuda_bf16_copy_cols_accumulate", dO, O, n);
+    free(x), free(w), free(y), free(X), free(Y), free(O), free(O2), free(rs), free(hdw), free(rows);
+    g16->free(dX), g16->free(dY), g16->free(dw), g16->free(dO), g16->free(dO2), g16->free(drs), g16->free(ddw);
+    g16->free(drows);
+}
+
+static void test_cross_entropy(int N, int V) {
+    size_t n = (size_t)N * V;
+    float *l = rnd(n);
+    for (size_t i = 0; i < n; i++) l[i] *= 5;
+    float *L = pack(l, n), *dL = dev(L, 2 * n), *ls = malloc(4ul * N), *dls = g16->alloc(4ul * N);
+    int32_t *t = malloc(4ul * N);
+    for (int i = 0; i < N; i++) t[i] = i % 9 == 4 ? -1 : (i * 31) % V;
+    int32_t *dt = (int32_t *)dev(t, 4ul * N);
+    c16->cross_entropy(ls, L, t, N, V, 0.25f);
+    g16->cross_entropy(dls, dL, dt, N, V, 0.25f);
+    compare("cuda_bf16_cross_entropy_dlogits", dL, L, NULL, n);
+    float *gl = host_of(dls, 4ul * N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) worst = fmax(worst, fabs(gl[i] - ls[i]) / fmax(1e-3, fabs(ls[i])));
+    TEST_RESULT("cuda_bf16_cross_entropy_losses", worst <= 1e-5, "fp32 losses differ by %.3g", worst);
+    free(l), free(L), free(ls), free(t), free(gl), g16->free(dL), g16->free(dls), g16->free(dt);
+}
+
+int main(void) {
+    c32 = backend_get("cpu", "fp32");
+    c16 = backend_get("cpu", "bf16");
+    if (!cuda_backend_available()) {
+        printf("SKIP cuda_bf16: no CUDA device (this build %s the CUDA backend)\n",
+               cuda_bf16_backend.alloc ? "has" : "lacks");
+        return 0;
+    }
+    g16 = backend_get("cuda", "bf16");
+    test_storage();
+    test_matmul(300, 520, 130);
+    test_attention(2, 300, 8, 2, 64, "gqa_d64");
+    test_attention(1, 257, 4, 4, 128, "mha_d128");
+    test_norm_and_elementwise(300, 520);
+    test_cross_entropy(77, 1500);
+    TEST_EXIT();
+}
