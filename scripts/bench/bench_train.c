@@ -1,11 +1,13 @@
 /* Training-step throughput of a backend on random tokens, and the rate of its
  * matmul (OpenBLAS or cuBLAS sgemm) measured in the same process.
  *
- *   bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32]]
+ *   bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32 [PRECISION]]]
  *
- * DEVICE is cpu (default) or cuda; TF32=1 lets cuBLAS use TF32 tensor cores.
- * Prints one JSON object: median step time, tokens/s, achieved GFLOP/s
- * (model_flops_per_token x tokens/s) and sgemm GFLOP/s. */
+ * DEVICE is cpu (default) or cuda; TF32=1 lets cuBLAS use TF32 tensor cores;
+ * PRECISION is fp32 (default) or bf16 (train.precision). Prints one JSON
+ * object: median step time, tokens/s, achieved GFLOP/s
+ * (model_flops_per_token x tokens/s), the backend's matmul GFLOP/s and the
+ * device memory in use after the steps (mtrain allocates all of it up front). */
 #include <omp.h>
 #include <string.h>
 
@@ -53,12 +55,13 @@ static double sgemm_gflops(const struct backend *be, int N, int K, int M) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 10 || argc > 12)
-        die("usage: bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32]]");
-    const struct backend *be = backend_get(argc > 10 ? argv[10] : "cpu", "fp32");
+    if (argc < 10 || argc > 13)
+        die("usage: bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32 [PRECISION]]]");
+    const char *precision = argc > 12 ? argv[12] : "fp32";
+    const struct backend *be = backend_get(argc > 10 ? argv[10] : "cpu", precision);
     if (!be) return 1;
     int tf32 = argc > 11 && atoi(argv[11]);
-    if (be == &cuda_backend) cuda_set_tf32(tf32);
+    if (!strcmp(be->name, "cuda")) cuda_set_tf32(tf32);
     static struct recipe r;
     recipe_defaults(&r);
     r.model.num_layers = atoi(argv[1]);
@@ -71,6 +74,7 @@ int main(int argc, char **argv) {
     r.train.seq_len = atoi(argv[8]);
     int steps = atoi(argv[9]), B = r.train.micro_batch, T = r.train.seq_len;
     r.train.steps = steps + 1;
+    snprintf(r.train.precision, sizeof r.train.precision, "%s", precision);
     struct trainer tr;
     struct grid g;
     grid_single(&g);
@@ -91,10 +95,11 @@ int main(int argc, char **argv) {
     double flops = model_flops_per_token(&r.model, T) * tokens;
     double g1 = sgemm_gflops(be, B * T, r.model.hidden_size, r.model.intermediate_size);
     double g2 = sgemm_gflops(be, B * T, r.model.hidden_size, r.model.vocab_size);
-    printf("{\"device\":\"%s\",\"tf32\":%d,\"params\":%lld,\"threads\":%d,\"micro_batch\":%d,\"seq_len\":%d,\"steps\":%d,\"step_s\":%.4f,"
+    double mem = be->device_mem_mib ? be->device_mem_mib() : 0;
+    printf("{\"device\":\"%s\",\"precision\":\"%s\",\"mem_mib\":%.1f,\"tf32\":%d,\"params\":%lld,\"threads\":%d,\"micro_batch\":%d,\"seq_len\":%d,\"steps\":%d,\"step_s\":%.4f,"
            "\"tokens_per_s\":%.2f,\"gflops\":%.2f,\"flops_per_step\":%.6g,\"sgemm_gflops_ffn\":%.2f,"
            "\"sgemm_gflops_head\":%.2f,\"final_loss\":%.4f}\n",
-           be->name, tf32, (long long)model_param_count(&r.model), omp_get_max_threads(), B, T, steps, step_s, tokens / step_s,
+           be->name, precision, mem, tf32, (long long)model_param_count(&r.model), omp_get_max_threads(), B, T, steps, step_s, tokens / step_s,
            flops / step_s / 1e9, flops, g1, g2, loss);
     free(times);
     free(samples);

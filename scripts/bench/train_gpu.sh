@@ -1,53 +1,97 @@
 #!/usr/bin/env bash
-# Training throughput on one GPU: mtrain's CUDA backend against PyTorch
-# (Hugging Face LlamaForCausalLM, eager and SDPA attention) on the ~124M
-# Llama of train.sh, micro batch 8 x seq 1024, fp32 and TF32, plus cuBLAS
-# sgemm at the model's shapes measured in the same process. MFU against the
-# peak of the precision's unit (PEAK_FP32, PEAK_TF32 in TFLOP/s; defaults:
-# H100 SXM dense 67 and 495). Writes build/bench/train_gpu.json.
+# Training throughput on one GPU, in one run: mtrain (fp32, TF32, bf16)
+# against what a user would run instead, PyTorch with Hugging Face
+# LlamaForCausalLM, fp32 master weights + torch.autocast(bfloat16), SDPA
+# attention and fused AdamW, eager and torch.compile (issue 9). Shapes:
+#   124m  the 124M Llama of docs/benchmarks.md, micro batch 8 x seq 1024
+#   8b    an 8B-shaped stack: 4 layers, hidden 4096, FFN 14336, 32 / 8 heads,
+#         vocab 128256, micro batch 1 x seq 8192
+# plus causal GQA attention alone (B 1, 32 / 8 heads, T 8192, head dim 128
+# and 64, bf16, forward + backward) through every PyTorch SDPA backend.
+# MFU against the bf16 dense peak (PEAK_BF16 TFLOP/s, default 989: H100 SXM).
+# Reports step ms, tokens/s, TFLOP/s, MFU, device memory (mtrain: in use
+# after the steps, it allocates up front; PyTorch: the allocator's peak) and
+# writes build/bench/train_gpu.json. SHAPES (default "124m 8b") and RUNS
+# (default "mtrain-fp32 mtrain-tf32 mtrain-bf16 torch-bf16 torch-bf16-compile
+# attention") pick subsets, so each fits a time-limited call.
 # Skips (exit 0) where no GPU is visible.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/rel}
 STEPS=${STEPS:-5}
-SHAPE="12 768 12 4 2048 32768 ${MICRO_BATCH:-8} ${SEQ:-1024} $STEPS"
 PY=${PYTHON:-python3}
+SHAPES=${SHAPES:-124m 8b}
+RUNS=${RUNS:-mtrain-fp32 mtrain-tf32 mtrain-bf16 torch-bf16 torch-bf16-compile attention}
 mkdir -p build/bench
 if ! "$BUILD/bench/bench_train" 1 64 4 4 128 256 1 16 1 cuda >/dev/null 2>&1; then
     echo "train_gpu: no CUDA device here; skipped"; exit 0
 fi
-runs=()
-for tf in 0 1; do
-    runs+=("$("$BUILD/bench/bench_train" $SHAPE cuda $tf)") || exit 1
-    for attn in eager sdpa; do
-        runs+=("$(DEVICE=cuda TF32=$tf ATTN=$attn "$PY" scripts/bench/torch_llama_step.py $SHAPE 2>/dev/null || echo '{}')")
+has() { [[ " $RUNS " == *" $1 "* ]]; }
+out=build/bench/train_gpu.jsonl
+: >"$out"
+for shape in $SHAPES; do
+    case $shape in
+        124m) dims="12 768 12 4 2048 32768 8 1024" ;;
+        8b) dims="4 4096 32 8 14336 128256 1 8192" ;;
+        *) echo "train_gpu: unknown shape $shape"; exit 2 ;;
+    esac
+    for p in fp32:0 tf32:1 bf16:0; do
+        has "mtrain-${p%%:*}" || continue
+        precision=${p%%:*}; [ "$precision" = tf32 ] && precision=fp32
+        r=$("$BUILD/bench/bench_train" $dims "$STEPS" cuda "${p#*:}" "$precision" 2>&1 | tail -1)
+        echo "{\"shape\":\"$shape\",\"run\":\"mtrain ${p%%:*}\",\"r\":${r:-null}}" >>"$out"
+    done
+    for c in 0 1; do
+        name=torch-bf16$([ $c = 1 ] && echo -compile)
+        has "$name" || continue
+        r=$(DEVICE=cuda PRECISION=bf16 ATTN=sdpa FUSED=1 COMPILE=$c "$PY" scripts/bench/torch_llama_step.py $dims "$STEPS" \
+            2>/dev/null | tail -1)
+        echo "{\"shape\":\"$shape\",\"run\":\"PyTorch bf16 autocast, SDPA, fused AdamW$([ $c = 1 ] && echo ', compile')\",\"r\":${r:-null}}" >>"$out"
     done
 done
-"$PY" - "${PEAK_FP32:-67}" "${PEAK_TF32:-495}" "${runs[@]}" <<'PYEOF'
-import json, sys
-peak = {False: float(sys.argv[1]), True: float(sys.argv[2])}
-runs = [json.loads(a) for a in sys.argv[3:]]
-ours = [r for r in runs if "gflops" in r]
-flops = ours[0]["flops_per_step"]
-print("| run | precision | step (ms) | tokens/s | TFLOP/s | MFU | vs mtrain |")
-print("| --- | --- | --- | --- | --- | --- | --- |")
-out = []
-for r in runs:
-    if "step_s" not in r:
+if has attention; then
+    for d in 128 64; do
+        "$PY" scripts/bench/torch_attention.py 1 32 8 8192 $d 2>/dev/null | sed 's/^/{"attention":/; s/$/}/' >>"$out"
+    done
+fi
+"$PY" - "${PEAK_BF16:-989}" "$out" <<'PYEOF'
+import json, sys, datetime, subprocess
+peak = float(sys.argv[1])
+rows = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+try:
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True).stdout.strip().splitlines()[0]
+except Exception:
+    gpu = "unknown GPU"
+print("%s, %s, MFU against %g TFLOP/s (bf16 dense)\n" % (gpu, datetime.date.today(), peak))
+print("| shape | run | step (ms) | tokens/s | TFLOP/s | MFU | memory (MiB) | vs fastest PyTorch |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+flops = {r["shape"]: r["r"]["flops_per_step"] for r in rows if "shape" in r and r["r"] and "flops_per_step" in r["r"]}
+best = {}
+for r in rows:
+    if "shape" in r and r["r"] and "step_s" in r["r"] and r["run"].startswith("PyTorch"):
+        best[r["shape"]] = min(best.get(r["shape"], 1e9), r["r"]["step_s"])
+for r in rows:
+    if "shape" not in r:
         continue
-    tf32 = bool(r.get("tf32"))
-    mine = [o for o in ours if bool(o["tf32"]) == tf32][0]
-    tflops = flops / r["step_s"] / 1e12
-    name = "mtrain" if "gflops" in r else "PyTorch %s (%s)" % (r["torch"], r["attn"])
-    row = {"run": name, "tf32": tf32, "step_s": r["step_s"], "tokens_per_s": r["tokens_per_s"], "tflops": tflops,
-           "mfu": tflops / peak[tf32], "mtrain_speedup": r["step_s"] / mine["step_s"]}
-    out.append(row)
-    print("| %s | %s | %.1f | %.0f | %.1f | %.1f%% | %.2fx |" % (name, "tf32" if tf32 else "fp32", 1e3 * r["step_s"],
-          r["tokens_per_s"], tflops, 100 * row["mfu"], row["mtrain_speedup"]))
-for o in ours:
-    print("cuBLAS sgemm (%s): %.1f TFLOP/s (8192x768x2048), %.1f (8192x768x32768)" % (
-        "tf32" if o["tf32"] else "fp32", o["sgemm_gflops_ffn"] / 1e3, o["sgemm_gflops_head"] / 1e3))
-json.dump({"runs": out, "mtrain": ours, "peak_tflops": {"fp32": peak[False], "tf32": peak[True]}},
+    x = r["r"]
+    if not x or "step_s" not in x:
+        print("| %s | %s | failed | | | | | |" % (r["shape"], r["run"]))
+        continue
+    f = flops.get(r["shape"], 0)
+    tf = f / x["step_s"] / 1e12
+    mem = x.get("mem_mib") or x.get("peak_mem_mib") or 0
+    vs = "%.2fx" % (best[r["shape"]] / x["step_s"]) if r["shape"] in best else ""
+    print("| %s | %s | %.1f | %.0f | %.1f | %.1f%% | %.0f | %s |" % (r["shape"], r["run"], 1e3 * x["step_s"],
+          x["tokens_per_s"], tf, 100 * tf / peak, mem, vs))
+att = [r["attention"] for r in rows if "attention" in r]
+if att:
+    print("\n| attention (B 1, 32 / 8 heads, T 8192, causal, bf16) | head dim | fwd+bwd (ms) | TFLOP/s |")
+    print("| --- | --- | --- | --- |")
+    for a in att:
+        print("| PyTorch SDPA %s %s | %d | %s | %s |" % (a["backend"], a["torch"], a["D"], a.get("fwd_bwd_ms", a.get("error", "")),
+              a.get("tflops", "")))
+json.dump({"gpu": gpu, "date": str(datetime.date.today()), "peak_bf16_tflops": peak, "rows": rows},
           open("build/bench/train_gpu.json", "w"), indent=1)
-print("wrote build/bench/train_gpu.json")
+print("\nwrote build/bench/train_gpu.json")
 PYEOF
