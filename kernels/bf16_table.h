@@ -24,7 +24,10 @@
  *   bf16_narrow(float *dst_bf16, const float *src, size_t n)     round to nearest even
  *   bf16_embedding(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V)
  *   bf16_gather_rows(float *out, const float *x, const int32_t *rows, int n, int C)
- *   bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int rows, int cols, int accumulate) */
+ *   bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int rows, int cols, int accumulate)
+ * and, with BF16_OWN_MATMUL defined, the device's own bf16 GEMMs (bf16 in,
+ * fp32 accumulation, bf16 out; dw accumulated in fp32) in place of the
+ * widening ones: bf16_matmul_forward, bf16_matmul_backward (kernels/ops.h). */
 
 #define BF16_SLOTS 8
 static float *bf16_slot[BF16_SLOTS];
@@ -86,6 +89,7 @@ static void rmsnorm_backward(float *dx, float *dw, const float *dout, const floa
     bf16_narrow(dx, d, n);
 }
 
+#ifndef BF16_OWN_MATMUL
 static void matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
     size_t no = (size_t)N * M;
     float *o = accumulate ? wide(2, out, no) : scratch(2, no);
@@ -102,6 +106,9 @@ static void matmul_backward(float *dx, float *dw, const float *dout, const float
                                accumulate_dx);
     if (dx) bf16_narrow(dx, d, nx);
 }
+#define bf16_matmul_forward matmul_forward
+#define bf16_matmul_backward matmul_backward
+#endif
 
 static void rope(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse) {
     size_t n = (size_t)B * T * H * D;
@@ -250,8 +257,8 @@ const struct backend BF16_TABLE = {
     .embedding_backward = embedding_backward,
     .rmsnorm_forward = rmsnorm_forward,
     .rmsnorm_backward = rmsnorm_backward,
-    .matmul_forward = matmul_forward,
-    .matmul_backward = matmul_backward,
+    .matmul_forward = bf16_matmul_forward,
+    .matmul_backward = bf16_matmul_backward,
     .rope = rope,
     .attention_forward = attention_forward,
     .attention_state_floats = attention_state_floats,

@@ -83,6 +83,29 @@ static void bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int r
     LAUNCH_CHECK();
 }
 
+/* Row-major C[M,N] (bf16, or fp32 with c_fp32) = op(A) op(B) + beta C on
+ * bf16 A and B with fp32 accumulation (tensor cores), the column-major
+ * mapping of common.cu's gemm_rm. */
+static void gemm_bf16(int transA, int transB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                      float beta, float *C, int ldc, int c_fp32) {
+    cublasOperation_t ta = transA ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    float alpha = 1.0f;
+    CUBLAS_CHECK(cublasGemmEx(cuda_blas(), tb, ta, N, M, K, &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C,
+                              c_fp32 ? CUDA_R_32F : CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+static void bf16_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
+    if (N && M) gemm_bf16(0, 1, N, M, K, x, K, w, K, accumulate ? 1.0f : 0.0f, out, M, 0);
+}
+
+/* dx stored in bf16; dw, the fp32 gradient, accumulated straight from the GEMM (beta 1) */
+static void bf16_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
+                                 int M, int accumulate_dx) {
+    if (dx && N && K) gemm_bf16(0, 0, N, K, M, dout, M, w, K, accumulate_dx ? 1.0f : 0.0f, dx, K, 0);
+    if (dw && M && K) gemm_bf16(1, 0, M, K, N, dout, M, x, K, 1.0f, dw, K, 1);
+}
+#define BF16_OWN_MATMUL
+
 static double mem(void) { return cuda_backend.device_mem_mib(); }
 
 /* Dense bf16 tensor-core peaks from NVIDIA's datasheets, by device name. */
