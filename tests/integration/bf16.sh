@@ -71,6 +71,7 @@ done
 layouts=(
     "tp2_sp r.yaml ref 2 parallel.tp=2 parallel.sequence_parallel=true"
     "pp2 r.yaml ref 2 parallel.pp=2"
+    "pp2_vpp2 r.yaml ref 2 parallel.pp=2 parallel.vpp=2"
     "dp2_zero r.yaml ref 2 optimizer.distributed=true"
     "tp2_pp2_dp2_zero r.yaml ref 8 parallel.tp=2 parallel.pp=2 optimizer.distributed=true"
     "moe_ep2_tp2 moe.yaml moe_ref 4 parallel.ep=2 parallel.tp=2"
@@ -85,6 +86,13 @@ for spec in "${layouts[@]}"; do
     run_np $np pretrain $recipe "${sets[@]}" >"$TMP/out" 2>&1 || { fail "bf16_${name}_runs" "exit $?: $(tail -3 "$TMP/out")"; continue; }
     close_metrics $ref/metrics.jsonl $name/metrics.jsonl 1 20 loss 1e-3 && pass "bf16_${name}_losses" ||
         fail "bf16_${name}_losses" "worst $(worst_metric $ref/metrics.jsonl $name/metrics.jsonl 1)"
+done
+
+# recomputation re-runs the same bf16 ops: the same losses, bitwise
+for rc in selective full; do
+    "$MTRAIN" pretrain r.yaml --set train.recompute=$rc --set log.dir=rc_$rc --set checkpoint.dir=ck_rc_$rc >/dev/null 2>&1
+    [ -s rc_$rc/metrics.jsonl ] && [ "$(metric rc_$rc/metrics.jsonl loss)" = "$(metric ref/metrics.jsonl loss)" ] &&
+        pass bf16_recompute_${rc}_bitwise || fail bf16_recompute_${rc}_bitwise "losses differ from recompute none"
 done
 
 # 3. Checkpoints: the state is the fp32 master (what an fp32 run saves), and a
