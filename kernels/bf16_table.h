@@ -10,8 +10,9 @@
  * This is the reference bf16 path: exact storage, fp32 speed at best (the
  * widening costs copies; a device's fast bf16 kernels replace its ops one by
  * one and are tested against it). Scratch: one growing buffer per operand
- * position, so memory is bounded by the largest op's operands in fp32 (a
- * weight matrix is widened per call); ops run on the caller's thread.
+ * position that never shrinks, so memory is the sum over positions of each
+ * one's largest operand in fp32 (e.g. the head's logits for the
+ * cross-entropy; model/flops.c counts it); ops run on the caller's thread.
  *
  * Define before including:
  *   BF16_TABLE  the name of the table to define

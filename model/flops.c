@@ -95,6 +95,23 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
     return model_memory_estimate_stage(r, dp, be, 0);
 }
 
+/* A bf16 table's fp32 scratch (kernels/bf16_table.h): every operand slot
+ * keeps its largest use, so the sum of each slot's largest operand: the
+ * cross-entropy's logits, SwiGLU backward's four, attention backward's; on
+ * the CPU also a widened weight matrix and a GEMM's output (the CUDA table's
+ * GEMMs read bf16 directly). */
+static size_t bf16_scratch_bytes(const struct recipe *r, const struct backend *be) {
+    if (be->precision != PRECISION_BF16) return 0;
+    const struct model_config *mc = &r->model;
+    size_t tp = r->parallel.tp > 0 ? (size_t)r->parallel.tp : 1, N = (size_t)r->train.micro_batch * r->train.seq_len;
+    size_t C = mc->hidden_size, V = mc->vocab_size / tp, F = mc->intermediate_size / tp;
+    if (mc->num_experts > 0 && (size_t)mc->experts_per_token * model_moe_ffn_size(mc) > F)
+        F = (size_t)mc->experts_per_token * model_moe_ffn_size(mc);
+    size_t big = F > C ? F : C, floats = N * V + 4 * N * big + 2 * N * C;
+    if (!strcmp(be->name, "cpu")) floats += (V * C > N * F ? V * C : N * F) + N * V;
+    return floats * sizeof(float);
+}
+
 struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int dp, const struct backend *be,
                                                    int pp_rank) {
     struct memory_estimate e = {0};
@@ -129,8 +146,9 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
                                       r->train.seq_len, slots, recompute_mode(r->train.recompute));
     /* pipeline: a send buffer per (micro batch, chunk) each way, one receive buffer */
     int sp_tp = r->parallel.sequence_parallel ? r->parallel.tp : 1;
-    size_t act = (size_t)r->train.micro_batch * r->train.seq_len / sp_tp * r->model.hidden_size * sizeof(float);
+    size_t act = (size_t)r->train.micro_batch * r->train.seq_len / sp_tp * r->model.hidden_size * be->act_bytes;
     if (pp > 1) e.buffers += act * (2 * (size_t)m * vpp + 1);
+    e.buffers += bf16_scratch_bytes(r, be);
     /* host: the global batch, two prefetched shares, and the checkpoint snapshot (params + moments) */
     size_t sample = (size_t)(r->train.seq_len + 1) * sizeof(int32_t);
     e.host = sample * (r->train.global_batch + 2 * (size_t)(r->train.global_batch / (dp > 0 ? dp : 1)));

@@ -42,8 +42,10 @@ void mla_backward(struct transformer *m, struct layer_acts *a, int l) {
     int N = m->N, C = m->C, Hl = m->Hl, D = m->D, DN = m->DN, Dv = m->Dv, Dr = m->Dr, KR = m->KR, QR = m->QR;
     if (m->q_scale != 1.0f) be->scale(m->d_q, m->q_scale, (size_t)N * Hl * D);
     rope_cols(m, m->d_q, 1);
-    /* the shared rotary key: its gradient is the sum over heads, in head order */
-    for (int h = 0; h < Hl; h++) be->copy_cols(m->d_kpe, Dr, act_at(m, m->d_k, (size_t)h * D + DN), Hl * D, N, Dr, h > 0);
+    /* the shared rotary key: its gradient is the sum over heads, in head order, in fp32 and
+     * stored once (a sum of Hl heads as Hl - 1 stored additions would round at each in bf16) */
+    be->copy_cols(m->mla_rope, Dr, act_at(m, m->d_k, DN), D, N * Hl, Dr, 0);
+    be->moe_combine(m->d_kpe, m->mla_rope, m->mla_heads, NULL, N, Hl, Dr, 0);
     be->rope(m->d_kpe, m->rope_cos, m->rope_sin, m->B, m->T, 1, Dr, 1);
     be->copy_cols(m->d_kvb, DN + Dv, m->d_k, D, N * Hl, DN, 0);
     be->copy_cols(act_at(m, m->d_kvb, DN), DN + Dv, m->d_v, Dv, N * Hl, Dv, 0);

@@ -169,6 +169,7 @@ static void layout_arena(struct transformer *m, struct carver *c) {
         m->mla_kpe = carve_act(c, N * m->Dr);
         m->d_kpe = carve_act(c, N * m->Dr);
         m->mla_rope = carve_act(c, N * m->Hl * m->Dr);
+        m->mla_heads = (int32_t *)carve(c, N * m->Hl);
         m->d_kvn = carve_act(c, N * m->KR);
         m->d_ckv = carve_act(c, N * m->KR);
         m->d_qan = carve_act(c, N * m->QR);
@@ -404,6 +405,13 @@ static void create(struct transformer *m, const struct backend *be, const struct
     be->from_host(m->rope_cos, cs, sizeof(float) * half);
     be->from_host(m->rope_sin, cs + half, sizeof(float) * half);
     free(cs);
+    if (m->mla) { /* the identity: moe_combine's rows of each token's heads */
+        size_t rows = (size_t)m->N * m->Hl;
+        int32_t *heads = xmalloc(sizeof(int32_t) * rows);
+        for (size_t i = 0; i < rows; i++) heads[i] = (int32_t)i;
+        be->from_host(m->mla_heads, heads, sizeof(int32_t) * rows);
+        free(heads);
+    }
 }
 
 void transformer_create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
@@ -821,6 +829,7 @@ void transformer_backward_chunk(struct transformer *m, int slot, int chunk, cons
 
 double transformer_step(struct transformer *m, const int32_t *tokens, const int32_t *targets, float dscale) {
     CHECK(m->part.nchunks == 1 && m->part.has_embed && m->part.has_head);
+    transformer_sync_weights(m);
     transformer_stage(m, 0, tokens, targets);
     double loss = transformer_forward_chunk(m, 0, 0, NULL, dscale);
     if (dscale != 0.0f) transformer_backward_chunk(m, 0, 0, NULL);

@@ -147,6 +147,7 @@ struct transformer {
      * rotary key [N, Dr] and its gradient, the rotary query part [N*Hl, Dr],
      * latent gradients [N, KR] x2, [N, QR] x2 */
     float *mla_kvb, *mla_kpe, *mla_rope, *d_kvb, *d_kpe, *d_kvn, *d_ckv, *d_qan, *d_qa;
+    int32_t *mla_heads;          /* [N * Hl]: row t*Hl + h of [N*Hl, Dr] (head h of token t) for the sum over heads */
     float *d_mtp_carry, *d_mtp_rows; /* [Ns, C]: gradient into the previous depth's hidden state; scratch */
     float *d_mtp_cat;            /* [N, 2C] */
     int32_t *mtp_host;           /* [2 N] host scratch for the shifted tokens */

@@ -66,6 +66,15 @@ for fam in r:ref moe:moe_ref deepseek:ds_ref; do
         fail bf16_${fam%%:*}_fp32_run "$(tail -2 "$TMP/out")"
     close_metrics ${ref}32/metrics.jsonl $ref/metrics.jsonl 1 20 loss 0.02 && pass bf16_${fam%%:*}_tracks_fp32 ||
         fail bf16_${fam%%:*}_tracks_fp32 "worst $(worst_metric ${ref}32/metrics.jsonl $ref/metrics.jsonl 1)"
+    # the first step's gradient norm (every parameter's gradient, one number), and the
+    # auxiliary losses the loss hides (MoE balance, MTP): a wrong row offset shows here
+    for key in grad_norm aux_loss mtp_loss; do
+        a=$(step_metric ${ref}32/metrics.jsonl 1 $key | head -1 | cut -d' ' -f2)
+        b=$(step_metric $ref/metrics.jsonl 1 $key | head -1 | cut -d' ' -f2)
+        [ -z "$a" ] && continue
+        awk -v a="$a" -v b="$b" 'BEGIN {d = (a - b) / a; if (d < 0) d = -d; exit (b != "" && d <= 0.01) ? 0 : 1}' &&
+            pass bf16_${fam%%:*}_step1_$key || fail bf16_${fam%%:*}_step1_$key "fp32 $a, bf16 $b"
+    done
 done
 # name recipe reference ranks extra-args...
 layouts=(

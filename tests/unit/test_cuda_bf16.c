@@ -84,17 +84,38 @@ static void test_matmul(int N, int K, int M) {
     c32->matmul_forward(o32, x, w, N, K, M, 0);
     g16->matmul_forward(dO, dX, dW, N, K, M, 0);
     compare("cuda_bf16_matmul_forward", dO, O, o32, no);
-    float *GX = malloc(2 * nx), *gx32 = malloc(4 * nx), *dw16 = calloc(nw, 4), *dw32 = calloc(nw, 4);
-    float *dGX = g16->alloc(2 * nx), *dDW = g16->alloc(4 * nw);
-    c16->matmul_backward(GX, dw16, D, X, W, N, K, M, 0);
-    c32->matmul_backward(gx32, dw32, dout, x, w, N, K, M, 0);
-    g16->matmul_backward(dGX, dDW, dD, dX, dW, N, K, M, 0);
-    compare("cuda_bf16_matmul_backward_dx", dGX, GX, gx32, nx);
+    /* accumulate: beta 1 on a bf16 output */
+    float *o0 = rnd(no), *O0 = pack(o0, no);
+    memcpy(O, O0, 2 * no);
+    float *o32a = unpack(O0, no);
+    g16->from_host(dO, O0, 2 * no);
+    c16->matmul_forward(O, X, W, N, K, M, 1);
+    c32->matmul_forward(o32a, x, w, N, K, M, 1);
+    g16->matmul_forward(dO, dX, dW, N, K, M, 1);
+    compare("cuda_bf16_matmul_forward_accumulate", dO, O, o32a, no);
+    /* backward: dx accumulated onto stored values, dw onto a non-zero fp32 gradient, and dx skipped */
+    float *gx0 = rnd(nx), *GX = pack(gx0, nx), *gx32 = unpack(GX, nx), *dw0 = rnd(nw);
+    float *dw16 = malloc(4 * nw), *dw32 = malloc(4 * nw);
+    memcpy(dw16, dw0, 4 * nw), memcpy(dw32, dw0, 4 * nw);
+    float *dGX = dev(GX, 2 * nx), *dDW = dev(dw0, 4 * nw);
+    c16->matmul_backward(GX, dw16, D, X, W, N, K, M, 1);
+    c32->matmul_backward(gx32, dw32, dout, x, w, N, K, M, 1);
+    g16->matmul_backward(dGX, dDW, dD, dX, dW, N, K, M, 1);
+    compare("cuda_bf16_matmul_backward_dx_accumulate", dGX, GX, gx32, nx);
     float *gw = host_of(dDW, 4 * nw);
     double num = 0, den = 0;
     for (size_t i = 0; i < nw; i++) num += (gw[i] - dw16[i]) * (double)(gw[i] - dw16[i]), den += (double)dw16[i] * dw16[i];
-    TEST_RESULT("cuda_bf16_matmul_backward_dw_fp32", sqrt(num / den) <= 1e-5, "fp32 gradient differs by %.3g",
+    TEST_RESULT("cuda_bf16_matmul_backward_dw_fp32_accumulate", sqrt(num / den) <= 1e-5,
+                "fp32 gradient differs from the CPU bf16 table's by %.3g", sqrt(num / den));
+    c16->matmul_backward(NULL, dw16, D, X, W, N, K, M, 0);
+    g16->matmul_backward(NULL, dDW, dD, dX, dW, N, K, M, 0);
+    free(gw);
+    gw = host_of(dDW, 4 * nw);
+    num = den = 0;
+    for (size_t i = 0; i < nw; i++) num += (gw[i] - dw16[i]) * (double)(gw[i] - dw16[i]), den += (double)dw16[i] * dw16[i];
+    TEST_RESULT("cuda_bf16_matmul_backward_dw_only", sqrt(num / den) <= 1e-5, "fp32 gradient differs by %.3g",
                 sqrt(num / den));
+    free(o0), free(O0), free(o32a), free(gx0), free(dw0);
     free(x), free(w), free(dout), free(X), free(W), free(D), free(O), free(o32), free(GX), free(gx32), free(dw16);
     free(dw32), free(gw);
     g16->free(dX), g16->free(dW), g16->free(dD), g16->free(dO), g16->free(dGX), g16->free(dDW);
