@@ -136,6 +136,12 @@ cp -r ck_stop ck_to32 && rm -rf ck_to32/step-000000020 && echo step-000000010 >c
     grep -q "resumed from ck_to32/step-000000010" "$TMP/out" && pass bf16_checkpoint_resumes_in_fp32 ||
     fail bf16_checkpoint_resumes_in_fp32 "$(tail -2 "$TMP/out")"
 
+# an in-process rewind restores the fp32 master from the checkpoint: the working copy follows it
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir=ck_rw --set log.dir=rw --set rewind.enabled=true --set rewind.window=5 \
+    --inject nan@15 >"$TMP/out" 2>&1 && grep -q '"event":"rewind","step":15,.*"to_step":10' rw/metrics.jsonl &&
+    [ "$(step_metric rw/metrics.jsonl 20 | cut -d' ' -f2 | awk '$1 == $1 + 0 && $1 < 6')" != "" ] &&
+    pass bf16_rewind_on_nan || fail bf16_rewind_on_nan "$(grep -E 'rewind|error' "$TMP/out" | head -3)"
+
 # 4. Bad settings fail before training, naming the key
 expect_exit bf16_precision_unknown 2 "$MTRAIN" pretrain r.yaml --set train.precision=fp16 --dry-run
 expect_output bf16_precision_unknown_message "train.precision.*expected one of fp32, bf16"
