@@ -37,6 +37,20 @@ build_path() { echo "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/${BUILD:-b
 # on N ranks with a time limit; COMPARE checks two checkpoints' parameters.
 COMPARE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/integration/compare_ckpt.py"
 run_np() { local n=$1; shift; timeout 300 mpiexec -n "$n" "$MTRAIN" "$@"; }
+# layout_run CHECK NP RECIPE NAME KEY=VALUE...: `mtrain pretrain RECIPE` on NP ranks
+# with log.dir NAME, checkpoint.dir ck_NAME and each KEY=VALUE as --set; if it
+# fails, fails CHECK_runs and returns 1 (the layout tests' runs)
+layout_run() {
+    local check=$1 np=$2 recipe=$3 name=$4 kv; shift 4
+    local sets=(--set log.dir="$name" --set checkpoint.dir=ck_"$name")
+    for kv in "$@"; do sets+=(--set "$kv"); done
+    run_np "$np" pretrain "$recipe" "${sets[@]}" >"$TMP/out" 2>&1 ||
+        { fail "${check}_runs" "exit $?: $(tail -3 "$TMP/out")"; return 1; }
+}
+# params_close CHECK STEP_DIR_A STEP_DIR_B: CHECK_params, every parameter within 1e-5 (compare_ckpt.py)
+params_close() {
+    "$PY" "$COMPARE" "$2" "$3" 1e-5 >"$TMP/cmp" 2>&1 && pass "${1}_params" || fail "${1}_params" "$(cat "$TMP/cmp")"
+}
 # Loss curves of metrics.jsonl files (the parallel-layout tests):
 # metric FILE KEY: KEY's value on every step line, in order
 metric() { grep '"loss"' "$1" | grep -o "\"$2\":[^,}]*" | cut -d: -f2; }

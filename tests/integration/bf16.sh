@@ -90,9 +90,7 @@ layouts=(
 for spec in "${layouts[@]}"; do
     set -- $spec
     name=$1 recipe=$2 ref=$3 np=$4; shift 4
-    sets=(--set log.dir=$name --set checkpoint.dir=ck_$name)
-    for kv in "$@"; do sets+=(--set "$kv"); done
-    run_np $np pretrain $recipe "${sets[@]}" >"$TMP/out" 2>&1 || { fail "bf16_${name}_runs" "exit $?: $(tail -3 "$TMP/out")"; continue; }
+    layout_run bf16_$name $np $recipe $name "$@" || continue
     close_metrics $ref/metrics.jsonl $name/metrics.jsonl 1 20 loss 1e-3 && pass "bf16_${name}_losses" ||
         fail "bf16_${name}_losses" "worst $(worst_metric $ref/metrics.jsonl $name/metrics.jsonl 1)"
 done

@@ -43,13 +43,11 @@ for spec in "${layouts[@]}"; do
     set -- $spec
     name=$1 tp=$2 pp=$3 dp=$4 ep=$5; shift 5
     ref=ref ck=ck_ref
-    sets=(--set parallel.tp=$tp --set parallel.pp=$pp --set parallel.ep=$ep --set log.dir=$name --set checkpoint.dir=ck_$name)
-    for kv in "$@"; do sets+=(--set "$kv"); [ "$kv" = model.mtp_depth=0 ] && ref=ref0 ck=ck_ref0; done
-    run_np $((tp * pp * dp)) pretrain r.yaml "${sets[@]}" >"$TMP/out" 2>&1 || { fail "deepseek_${name}_runs" "exit $?: $(tail -3 "$TMP/out")"; continue; }
+    for kv in "$@"; do [ "$kv" = model.mtp_depth=0 ] && ref=ref0 ck=ck_ref0; done
+    layout_run deepseek_$name $((tp * pp * dp)) r.yaml $name parallel.tp=$tp parallel.pp=$pp parallel.ep=$ep "$@" || continue
     close $ref/metrics.jsonl $name/metrics.jsonl && pass "deepseek_${name}_losses" ||
         fail "deepseek_${name}_losses" "$(paste <(metric $ref/metrics.jsonl loss) <(metric $name/metrics.jsonl loss) | head -4 | tr '\n' ' ')"
-    "$PY" "$COMPARE" $ck/step-000000020 ck_$name/step-000000020 1e-5 >"$TMP/cmp" 2>&1 &&
-        pass "deepseek_${name}_params" || fail "deepseek_${name}_params" "$(cat "$TMP/cmp")"
+    params_close deepseek_$name $ck/step-000000020 ck_$name/step-000000020
 done
 # the expert biases moved and are in the checkpoint the layouts were compared on
 "$PY" - ck_ref/step-000000020 <<'PY' && pass deepseek_par_bias_in_checkpoint || fail deepseek_par_bias_in_checkpoint "no moved expert bias"

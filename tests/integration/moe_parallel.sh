@@ -33,13 +33,10 @@ layouts=(
 for spec in "${layouts[@]}"; do
     set -- $spec
     name=$1 tp=$2 pp=$3 dp=$4 ep=$5; shift 5
-    sets=(--set parallel.tp=$tp --set parallel.pp=$pp --set parallel.ep=$ep --set log.dir=$name --set checkpoint.dir=ck_$name)
-    for kv in "$@"; do sets+=(--set "$kv"); done
-    run_np $((tp * pp * dp)) pretrain r.yaml "${sets[@]}" >"$TMP/out" 2>&1 || { fail "moe_${name}_runs" "exit $?: $(tail -3 "$TMP/out")"; continue; }
+    layout_run moe_$name $((tp * pp * dp)) r.yaml $name parallel.tp=$tp parallel.pp=$pp parallel.ep=$ep "$@" || continue
     close_metrics ref/metrics.jsonl $name/metrics.jsonl 1 20 && pass "moe_${name}_losses" ||
         fail "moe_${name}_losses" "$(paste <(metric ref/metrics.jsonl loss) <(metric $name/metrics.jsonl loss) | head -4 | tr '\n' ' ')"
-    "$PY" "$COMPARE" ck_ref/step-000000020 ck_$name/step-000000020 1e-5 >"$TMP/cmp" 2>&1 &&
-        pass "moe_${name}_params" || fail "moe_${name}_params" "$(cat "$TMP/cmp")"
+    params_close moe_$name ck_ref/step-000000020 ck_$name/step-000000020
 done
 
 # capacity: the same drops per step whatever the layout

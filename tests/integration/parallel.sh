@@ -34,13 +34,10 @@ layouts=(
 for spec in "${layouts[@]}"; do
     set -- $spec
     name=$1 tp=$2 pp=$3 dp=$4; shift 4
-    sets=(--set parallel.tp=$tp --set parallel.pp=$pp --set log.dir=$name --set checkpoint.dir=ck_$name)
-    for kv in "$@"; do sets+=(--set "$kv"); done
-    run_np $((tp * pp * dp)) pretrain r.yaml "${sets[@]}" >"$TMP/out" 2>&1 || { fail "par_${name}_runs" "exit $?: $(tail -3 "$TMP/out")"; continue; }
+    layout_run par_$name $((tp * pp * dp)) r.yaml $name parallel.tp=$tp parallel.pp=$pp "$@" || continue
     close_metrics ref/metrics.jsonl $name/metrics.jsonl 1 20 && pass "par_${name}_losses" ||
         fail "par_${name}_losses" "$(paste <(metric ref/metrics.jsonl loss) <(metric $name/metrics.jsonl loss) | head -4 | tr '\n' ' ')"
-    "$PY" "$COMPARE" ck_ref/step-000000020 ck_$name/step-000000020 1e-5 >"$TMP/cmp" 2>&1 &&
-        pass "par_${name}_params" || fail "par_${name}_params" "$(cat "$TMP/cmp")"
+    params_close par_$name ck_ref/step-000000020 ck_$name/step-000000020
 done
 
 # weights in through model.init_from: every rank keeps its block of each tensor

@@ -34,14 +34,11 @@ layouts=(
 for spec in "${layouts[@]}"; do
     set -- $spec
     name=$1 tp=$2 pp=$3 dp=$4; shift 4
-    sets=(--set parallel.tp=$tp --set parallel.pp=$pp --set log.dir=$name --set checkpoint.dir=ck_$name)
-    for kv in "$@"; do sets+=(--set "$kv"); done
-    run_np $((tp * pp * dp)) pretrain r.yaml "${sets[@]}" >"$TMP/out" 2>&1 || { fail "tied_${name}_runs" "exit $?: $(tail -3 "$TMP/out")"; continue; }
+    layout_run tied_$name $((tp * pp * dp)) r.yaml $name parallel.tp=$tp parallel.pp=$pp "$@" || continue
     close_metrics ref/metrics.jsonl $name/metrics.jsonl 1 20 && pass "tied_${name}_losses" ||
         fail "tied_${name}_losses" "$(paste <(step_metric ref/metrics.jsonl 1) <(step_metric $name/metrics.jsonl 1) | head -4 | tr '\n' ' ')"
     # the same tensor set as one rank: the last stage's copy of the embedding is not saved
-    "$PY" "$COMPARE" ck_ref/step-000000020 ck_$name/step-000000020 1e-5 >"$TMP/cmp" 2>&1 &&
-        pass "tied_${name}_params" || fail "tied_${name}_params" "$(cat "$TMP/cmp")"
+    params_close tied_$name ck_ref/step-000000020 ck_$name/step-000000020
 done
 
 # save at tp 2 x pp 2, resume at pp 1 (directly and after convert); save at pp 1, resume at pp 2
