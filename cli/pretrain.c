@@ -241,8 +241,10 @@ static void dry_run(const struct recipe *r, int verbose) {
      * without a GPU (planning on a login node) */
     int gpu = cuda_backend.attention_state_floats &&
               (!strcmp(r->train.device, "cuda") || (!strcmp(r->train.device, "auto") && cuda_backend_available()));
-    int bf16 = !strcmp(r->train.precision, "bf16");
-    const struct backend *be = gpu ? (bf16 ? &cuda_bf16_backend : &cuda_backend) : bf16 ? &cpu_bf16_backend : &cpu_backend;
+    const char *pr = r->train.precision;
+    int bf16 = !strcmp(pr, "bf16"), fp8 = !strcmp(pr, "fp8");
+    const struct backend *be = gpu ? (fp8 ? &cuda_fp8_backend : bf16 ? &cuda_bf16_backend : &cuda_backend)
+                                   : fp8 ? &cpu_fp8_backend : bf16 ? &cpu_bf16_backend : &cpu_backend;
     struct memory_estimate e = model_memory_estimate(r, dp, be);
     printf("\n# plan (%s)\n", world ? "for the launcher's world size" : "world size unknown: dp 1 assumed; SLURM_NTASKS=N plans for N ranks");
     print_data_note(r);

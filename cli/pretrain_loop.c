@@ -418,7 +418,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     memset(&blas, 0, sizeof blas);
     char blas_json[1024] = "";
     int on_cpu = !strcmp(run.be->name, "cpu"); /* either precision */
-    const char *precision = run.be->precision == PRECISION_BF16 ? "bf16" : "fp32";
+    const char *precision = precision_name(run.be->precision);
     if (on_cpu) {
         blas_info_get(&blas);
         snprintf(blas_json, sizeof blas_json, ",\"blas_core\":\"%s\",\"blas_config\":\"%s\"%s%s%s", blas.core,

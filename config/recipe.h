@@ -76,7 +76,9 @@ struct train_config {
     int eval_interval;              /* 0 disables validation */
     int eval_batches;
     char device[RECIPE_STR_MAX];    /* auto | cpu | cuda */
-    char precision[RECIPE_STR_MAX]; /* fp32 | bf16: how the step computes (master weights stay fp32) */
+    char precision[RECIPE_STR_MAX]; /* fp32 | bf16 | fp8: how the step computes (master weights stay fp32) */
+    char fp8_scaling[RECIPE_STR_MAX]; /* tensor | block */
+    int fp8_skip_layers;              /* blocks at each end kept bf16 under fp8 */
     double peak_tflops;             /* per device, for MFU */
     int tf32;                       /* bool: CUDA matmuls on TF32 tensor cores */
     int threads;                    /* 0: OMP default */

@@ -261,9 +261,13 @@ static int check_train(const struct recipe *r, int world_size) {
     if (t->eval_interval > 0 && r->data.valid_fraction == 0)
         return verr(r, "train.eval_interval", "validation every %d steps needs data.valid_fraction > 0%s",
                     t->eval_interval, other(r, "data.valid_fraction", o, sizeof o));
-    if (!strcmp(t->precision, "bf16") && r->model.hidden_size % 2)
-        return verr(r, "train.precision", "bf16 stores rows of hidden_size 2-byte values and moves them as 4-byte "
-                    "words: hidden_size %d must be even", r->model.hidden_size);
+    if (strcmp(t->precision, "fp32") && r->model.hidden_size % 2)
+        return verr(r, "train.precision", "%s stores rows of hidden_size 2-byte values and moves them as 4-byte "
+                    "words: hidden_size %d must be even", t->precision, r->model.hidden_size);
+    if (!strcmp(t->precision, "fp8") && 2 * t->fp8_skip_layers >= r->model.num_layers)
+        return verr(r, "train.fp8_skip_layers", "fp8_skip_layers %d keeps %d blocks at each end in bf16, every one of "
+                    "num_layers %d: no block would multiply in FP8 (lower it, or use train.precision bf16)",
+                    t->fp8_skip_layers, t->fp8_skip_layers, r->model.num_layers);
     return 0;
 }
 

@@ -4,11 +4,21 @@
 #include "config/common.h"
 #include "kernels/ops.h"
 
-/* The device's table at the precision: fp32, or bf16 (kernels/bf16_table.h). */
+const char *precision_name(enum precision p) { return p == PRECISION_FP8 ? "fp8" : p == PRECISION_BF16 ? "bf16" : "fp32"; }
+
+/* The device's table at the precision: fp32, or bf16 / fp8 (kernels/bf16_table.h). */
 static const struct backend *with_precision(const struct backend *fp32, const char *precision) {
+    int cpu = fp32 == &cpu_backend;
     if (!strcmp(precision, "fp32")) return fp32;
-    if (!strcmp(precision, "bf16")) return fp32 == &cpu_backend ? &cpu_bf16_backend : &cuda_bf16_backend;
-    fprintf(stderr, "mtrain: error: unknown precision '%s' (expected fp32 or bf16)\n", precision);
+    if (!strcmp(precision, "bf16")) return cpu ? &cpu_bf16_backend : &cuda_bf16_backend;
+    if (!strcmp(precision, "fp8")) {
+        if (cpu) return &cpu_fp8_backend;
+        if (cuda_device_has_fp8()) return &cuda_fp8_backend;
+        fprintf(stderr, "mtrain: error: train.precision fp8: this GPU has no FP8 tensor cores (compute capability 8.9 "
+                "or newer, e.g. H100, L40S); use train.precision bf16\n");
+        return NULL;
+    }
+    fprintf(stderr, "mtrain: error: unknown precision '%s' (expected fp32, bf16 or fp8)\n", precision);
     return NULL;
 }
 
@@ -35,8 +45,10 @@ const struct backend *backend_get(const char *name, const char *precision) {
 #ifdef MTRAIN_CUDA
 int cuda_backend_available(void) { return cuda_device_count() > 0; }
 #else
-const struct backend cuda_backend = {.name = "cuda"}, cuda_bf16_backend = {.name = "cuda"};
+const struct backend cuda_backend = {.name = "cuda"}, cuda_bf16_backend = {.name = "cuda"},
+                     cuda_fp8_backend = {.name = "cuda"};
 int cuda_backend_available(void) { return 0; }
+int cuda_device_has_fp8(void) { return 0; }
 void cuda_set_tf32(int on) { (void)on; }
 void cuda_use_device(int local_rank) { (void)local_rank; }
 #endif

@@ -241,51 +241,108 @@ static void scale(float *x, float s, size_t n) {
     bf16_narrow(x, d, n);
 }
 
+/* every op but the name, precision and the fp8 GEMMs: both tables' */
+#define BF16_OPS \
+    .alloc = alloc, \
+    .free = free_, \
+    .zero = zero, \
+    .to_host = to_host, \
+    .from_host = from_host, \
+    .copy = copy, \
+    .embedding_forward = bf16_embedding, \
+    .embedding_backward = embedding_backward, \
+    .rmsnorm_forward = rmsnorm_forward, \
+    .rmsnorm_backward = rmsnorm_backward, \
+    .matmul_forward = bf16_matmul_forward, \
+    .matmul_backward = bf16_matmul_backward, \
+    .rope = rope, \
+    .attention_forward = attention_forward, \
+    .attention_state_floats = attention_state_floats, \
+    .attention_backward = attention_backward, \
+    .attention_decode = attention_decode, \
+    .copy_cols = bf16_copy_cols, \
+    .swiglu_forward = swiglu_forward, \
+    .swiglu_backward = swiglu_backward, \
+    .moe_route_forward = moe_route_forward, \
+    .moe_route_backward = moe_route_backward, \
+    .moe_route_sigmoid_forward = moe_route_sigmoid_forward, \
+    .moe_route_sigmoid_backward = moe_route_sigmoid_backward, \
+    .gather_rows = bf16_gather_rows, \
+    .moe_combine = moe_combine, \
+    .moe_combine_backward = moe_combine_backward, \
+    .cross_entropy = cross_entropy, \
+    .ce_row_max = ce_row_max, \
+    .ce_row_sumexp = ce_row_sumexp, \
+    .ce_finish = ce_finish, \
+    .to_storage = to_storage, \
+    .from_storage = from_storage, \
+    .add = add, \
+    .scale = scale, \
+    .sum = sum, \
+    .sum_squares = sum_squares, \
+    .adamw = adamw, \
+    .device_mem_mib = BF16_MEM, \
+    .peak_tflops = BF16_PEAK
+
 #ifdef __cplusplus
 extern "C"
 #endif
-const struct backend BF16_TABLE = {
-    .name = BF16_NAME,
-    .precision = PRECISION_BF16,
-    .act_bytes = 2,
-    .alloc = alloc,
-    .free = free_,
-    .zero = zero,
-    .to_host = to_host,
-    .from_host = from_host,
-    .copy = copy,
-    .embedding_forward = bf16_embedding,
-    .embedding_backward = embedding_backward,
-    .rmsnorm_forward = rmsnorm_forward,
-    .rmsnorm_backward = rmsnorm_backward,
-    .matmul_forward = bf16_matmul_forward,
-    .matmul_backward = bf16_matmul_backward,
-    .rope = rope,
-    .attention_forward = attention_forward,
-    .attention_state_floats = attention_state_floats,
-    .attention_backward = attention_backward,
-    .attention_decode = attention_decode,
-    .copy_cols = bf16_copy_cols,
-    .swiglu_forward = swiglu_forward,
-    .swiglu_backward = swiglu_backward,
-    .moe_route_forward = moe_route_forward,
-    .moe_route_backward = moe_route_backward,
-    .moe_route_sigmoid_forward = moe_route_sigmoid_forward,
-    .moe_route_sigmoid_backward = moe_route_sigmoid_backward,
-    .gather_rows = bf16_gather_rows,
-    .moe_combine = moe_combine,
-    .moe_combine_backward = moe_combine_backward,
-    .cross_entropy = cross_entropy,
-    .ce_row_max = ce_row_max,
-    .ce_row_sumexp = ce_row_sumexp,
-    .ce_finish = ce_finish,
-    .to_storage = to_storage,
-    .from_storage = from_storage,
-    .add = add,
-    .scale = scale,
-    .sum = sum,
-    .sum_squares = sum_squares,
-    .adamw = adamw,
-    .device_mem_mib = BF16_MEM,
-    .peak_tflops = BF16_PEAK,
-};
+const struct backend BF16_TABLE = {.name = BF16_NAME, .precision = PRECISION_BF16, .act_bytes = 2, BF16_OPS};
+
+#ifdef BF16_FP8_TABLE
+/* ---- FP8: the bf16 table plus FP8 GEMMs for the blocks' linear layers ----
+ * The reference FP8 GEMM: each operand widened to fp32, quantised and
+ * dequantised in place by the device's fp8_qdq_blocks (kernels/fp8.h: the
+ * value an 8-bit code times its power-of-two scale stands for, so exact in
+ * fp32), multiplied by the fp32 table's GEMM: what an FP8 tensor-core GEMM
+ * computes, up to the order of its fp32 sums. Blocks follow the contraction:
+ * per-tensor scaling takes the whole operand as one block; block scaling
+ * takes 1 x 128 blocks of activations and output gradients along K (dgrad:
+ * along M), 128 x 1 along the tokens for the weight gradient's operands,
+ * and 128 x 128 blocks of weights. Needs
+ *   fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int format)
+ * from the device (x in device memory, fp32, row-major). */
+#define FP8_BLOCK 128
+
+/* s's fp32 widening of the bf16 x [rows, cols], quantised in blocks of br x bc (whole tensor when not block) */
+static float *fp8_operand(int s, const float *x, int rows, int cols, int br, int bc, int format,
+                          enum fp8_scaling scaling) {
+    float *d = wide(s, x, (size_t)rows * cols);
+    if (scaling == FP8_SCALING_TENSOR) br = rows, bc = cols;
+    fp8_qdq_blocks(d, rows, cols, br, bc, format);
+    return d;
+}
+
+static void fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
+                               enum fp8_scaling scaling) {
+    size_t no = (size_t)N * M;
+    if (!no) return;
+    float *o = accumulate ? wide(2, out, no) : scratch(2, no);
+    BF16_INNER.matmul_forward(o, fp8_operand(0, x, N, K, 1, FP8_BLOCK, FP8_E4M3, scaling),
+                              fp8_operand(1, w, M, K, FP8_BLOCK, FP8_BLOCK, FP8_E4M3, scaling), N, K, M, accumulate);
+    bf16_narrow(out, o, no);
+}
+
+static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
+                                int M, int accumulate_dx, enum fp8_scaling scaling) {
+    size_t nx = (size_t)N * K;
+    if (!N || !M || !K) return;
+    float *wq = fp8_operand(2, w, M, K, FP8_BLOCK, FP8_BLOCK, FP8_E4M3, scaling);
+    if (dx) { /* dx = dout @ w: contraction over M */
+        float *d = accumulate_dx ? wide(3, dx, nx) : scratch(3, nx);
+        BF16_INNER.matmul_backward(d, NULL, fp8_operand(0, dout, N, M, 1, FP8_BLOCK, FP8_E5M2, scaling), NULL, wq, N,
+                                   K, M, accumulate_dx);
+        bf16_narrow(dx, d, nx);
+    }
+    if (dw) /* dw += dout^T @ x: contraction over the tokens */
+        BF16_INNER.matmul_backward(NULL, dw, fp8_operand(0, dout, N, M, FP8_BLOCK, 1, FP8_E5M2, scaling),
+                                   fp8_operand(1, x, N, K, FP8_BLOCK, 1, FP8_E4M3, scaling), wq, N, K, M, 0);
+}
+
+#ifdef __cplusplus
+extern "C"
+#endif
+const struct backend BF16_FP8_TABLE = {.name = BF16_NAME, .precision = PRECISION_FP8, .act_bytes = 2, BF16_OPS,
+                                       .fp8_matmul_forward = fp8_matmul_forward,
+                                       .fp8_matmul_backward = fp8_matmul_backward};
+#endif

@@ -31,12 +31,18 @@
 extern "C" {
 #endif
 
-enum precision { PRECISION_FP32 = 0, PRECISION_BF16 };
+enum precision { PRECISION_FP32 = 0, PRECISION_BF16, PRECISION_FP8 };
+
+/* How an FP8 GEMM scales its operands into the 8-bit range (kernels/fp8.h):
+ * one power-of-two scale per tensor, from its current amax; or one per block
+ * along the contraction (activations and gradients 1 x 128, weights
+ * 128 x 128: DeepSeek-V3's recipe). */
+enum fp8_scaling { FP8_SCALING_TENSOR = 0, FP8_SCALING_BLOCK };
 
 struct backend {
     const char *name;
-    enum precision precision; /* how this table stores activations and the working weights */
-    size_t act_bytes;         /* bytes of one stored element: 4 (fp32) or 2 (bf16) */
+    enum precision precision; /* fp32; bf16; fp8 = bf16 storage with the fp8_matmul ops below */
+    size_t act_bytes;         /* bytes of one stored element: 4 (fp32) or 2 (bf16, fp8) */
 
     /* memory */
     void *(*alloc)(size_t bytes);               /* zero-initialised */
@@ -183,13 +189,29 @@ struct backend {
      * cores), 0 when the device is not in the table. */
     double (*device_mem_mib)(void);
     double (*peak_tflops)(int tf32);
+
+    /* Only in fp8 tables (NULL elsewhere): matmul_forward/backward with FP8
+     * operands, for the blocks' linear layers. Weights and activations are
+     * quantised to e4m3, output gradients to e5m2, each scaled by its
+     * current amax (per tensor or per block, `scaling`), products summed in
+     * fp32; outputs stored like matmul_forward's, dw accumulated in fp32. */
+    void (*fp8_matmul_forward)(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
+                               enum fp8_scaling scaling);
+    void (*fp8_matmul_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
+                                int M, int accumulate_dx, enum fp8_scaling scaling);
 };
 
-/* "cpu", "cuda" or "auto" at precision "fp32" or "bf16"; returns NULL with
- * a message if unavailable. */
+/* "cpu", "cuda" or "auto" at precision "fp32", "bf16" or "fp8"; returns
+ * NULL with a message if unavailable. */
 const struct backend *backend_get(const char *name, const char *precision);
-extern const struct backend cpu_backend, cpu_bf16_backend;
-extern const struct backend cuda_backend, cuda_bf16_backend; /* kernels/cuda; empty tables in builds without it */
+extern const struct backend cpu_backend, cpu_bf16_backend, cpu_fp8_backend;
+/* kernels/cuda; empty tables in builds without it */
+extern const struct backend cuda_backend, cuda_bf16_backend, cuda_fp8_backend;
+/* "fp32", "bf16", "fp8" */
+const char *precision_name(enum precision p);
+/* This GPU's tensor cores multiply FP8 (compute capability 8.9 or newer);
+ * 0 without a GPU. */
+int cuda_device_has_fp8(void);
 /* This build has the CUDA backend and a GPU is visible. */
 int cuda_backend_available(void);
 /* Let cuBLAS use TF32 tensor cores for fp32 matmuls (CUDA backend only). */

@@ -101,7 +101,7 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
  * the CPU also a widened weight matrix and a GEMM's output (the CUDA table's
  * GEMMs read bf16 directly). */
 static size_t bf16_scratch_bytes(const struct recipe *r, const struct backend *be) {
-    if (be->precision != PRECISION_BF16) return 0;
+    if (be->precision == PRECISION_FP32) return 0;
     const struct model_config *mc = &r->model;
     size_t tp = r->parallel.tp > 0 ? (size_t)r->parallel.tp : 1, N = (size_t)r->train.micro_batch * r->train.seq_len;
     size_t C = mc->hidden_size, V = mc->vocab_size / tp, F = mc->intermediate_size / tp;
@@ -109,6 +109,7 @@ static size_t bf16_scratch_bytes(const struct recipe *r, const struct backend *b
         F = (size_t)mc->experts_per_token * model_moe_ffn_size(mc);
     size_t big = F > C ? F : C, floats = N * V + 4 * N * big + 2 * N * C;
     if (!strcmp(be->name, "cpu")) floats += (V * C > N * F ? V * C : N * F) + N * V;
+    if (be->precision == PRECISION_FP8) floats += 2 * N * big + big * C; /* the FP8 GEMMs widen both operands */
     return floats * sizeof(float);
 }
 
@@ -121,7 +122,7 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     param_table_build(&t, &r->model, &part);
     e.params = t.total * sizeof(float);
     e.grads = e.params;
-    if (!strcmp(r->train.precision, "bf16")) e.weights = t.total * 2; /* the working copy */
+    if (strcmp(r->train.precision, "fp32")) e.weights = t.total * 2; /* the bf16 working copy */
     /* ZeRO-1 shards the dense tensors' moments over dp, the experts' over dp / ep */
     int fe = param_table_first_expert(&t);
     size_t experts = fe < t.count ? (t.total - t.items[fe].offset) * sizeof(float) : 0;

@@ -16,16 +16,16 @@ void mla_forward(struct transformer *m, struct layer_acts *a, int l) {
     int N = m->N, C = m->C, Hl = m->Hl, D = m->D, DN = m->DN, Dv = m->Dv, Dr = m->Dr, KR = m->KR, QR = m->QR;
     float eps = (float)m->cfg.norm_eps;
     if (QR) {
-        be->matmul_forward(a->qa, a->ln1, w->wq_a, N, C, QR, 0);
+        linear_forward(m, a->qa, a->ln1, w->wq_a, N, C, QR, 0);
         be->rmsnorm_forward(a->qan, a->rstdq, a->qa, w->q_a_ln, N, QR, eps);
-        be->matmul_forward(a->q, a->qan, w->wq_b, N, QR, Hl * D, 0);
+        linear_forward(m, a->q, a->qan, w->wq_b, N, QR, Hl * D, 0);
     } else {
-        be->matmul_forward(a->q, a->ln1, w->wq, N, C, Hl * D, 0);
+        linear_forward(m, a->q, a->ln1, w->wq, N, C, Hl * D, 0);
     }
-    be->matmul_forward(a->ckv, a->ln1, w->wkv_a, N, C, KR, 0);
-    be->matmul_forward(m->mla_kpe, a->ln1, act_at(m, w->wkv_a, (size_t)KR * C), N, C, Dr, 0);
+    linear_forward(m, a->ckv, a->ln1, w->wkv_a, N, C, KR, 0);
+    linear_forward(m, m->mla_kpe, a->ln1, act_at(m, w->wkv_a, (size_t)KR * C), N, C, Dr, 0);
     be->rmsnorm_forward(a->kvn, a->rstdkv, a->ckv, w->kv_a_ln, N, KR, eps);
-    be->matmul_forward(m->mla_kvb, a->kvn, w->wkv_b, N, KR, Hl * (DN + Dv), 0);
+    linear_forward(m, m->mla_kvb, a->kvn, w->wkv_b, N, KR, Hl * (DN + Dv), 0);
     rope_cols(m, a->q, 0);
     if (m->q_scale != 1.0f) be->scale(a->q, m->q_scale, (size_t)N * Hl * D);
     be->rope(m->mla_kpe, m->rope_cos, m->rope_sin, m->B, m->T, 1, Dr, 0);
@@ -49,17 +49,17 @@ void mla_backward(struct transformer *m, struct layer_acts *a, int l) {
     be->rope(m->d_kpe, m->rope_cos, m->rope_sin, m->B, m->T, 1, Dr, 1);
     be->copy_cols(m->d_kvb, DN + Dv, m->d_k, D, N * Hl, DN, 0);
     be->copy_cols(act_at(m, m->d_kvb, DN), DN + Dv, m->d_v, Dv, N * Hl, Dv, 0);
-    be->matmul_backward(m->d_kvn, dw->wkv_b, m->d_kvb, a->kvn, w->wkv_b, N, KR, Hl * (DN + Dv), 0);
+    linear_backward(m, m->d_kvn, dw->wkv_b, m->d_kvb, a->kvn, w->wkv_b, N, KR, Hl * (DN + Dv), 0);
     be->rmsnorm_backward(m->d_ckv, dw->kv_a_ln, m->d_kvn, a->ckv, w->kv_a_ln, a->rstdkv, N, KR, 0);
-    be->matmul_backward(m->d_ln_full, dw->wkv_a, m->d_ckv, a->ln1, w->wkv_a, N, C, KR, 0);
+    linear_backward(m, m->d_ln_full, dw->wkv_a, m->d_ckv, a->ln1, w->wkv_a, N, C, KR, 0);
     /* the rotary rows of the projection: the gradient is fp32, the working weights are storage */
-    be->matmul_backward(m->d_ln_full, dw->wkv_a + (size_t)KR * C, m->d_kpe, a->ln1, act_at(m, w->wkv_a, (size_t)KR * C),
+    linear_backward(m, m->d_ln_full, dw->wkv_a + (size_t)KR * C, m->d_kpe, a->ln1, act_at(m, w->wkv_a, (size_t)KR * C),
                         N, C, Dr, 1);
     if (QR) {
-        be->matmul_backward(m->d_qan, dw->wq_b, m->d_q, a->qan, w->wq_b, N, QR, Hl * D, 0);
+        linear_backward(m, m->d_qan, dw->wq_b, m->d_q, a->qan, w->wq_b, N, QR, Hl * D, 0);
         be->rmsnorm_backward(m->d_qa, dw->q_a_ln, m->d_qan, a->qa, w->q_a_ln, a->rstdq, N, QR, 0);
-        be->matmul_backward(m->d_ln_full, dw->wq_a, m->d_qa, a->ln1, w->wq_a, N, C, QR, 1);
+        linear_backward(m, m->d_ln_full, dw->wq_a, m->d_qa, a->ln1, w->wq_a, N, C, QR, 1);
     } else {
-        be->matmul_backward(m->d_ln_full, dw->wq, m->d_q, a->ln1, w->wq, N, C, Hl * D, 1);
+        linear_backward(m, m->d_ln_full, dw->wq, m->d_q, a->ln1, w->wq, N, C, Hl * D, 1);
     }
 }

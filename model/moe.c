@@ -220,10 +220,10 @@ void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float
         size_t of = (size_t)o * FM;
         float *xe = act_at(m, a->xe, (size_t)o * C), *eg = act_at(m, a->eg, of), *eu = act_at(m, a->eu, of);
         float *eh = act_at(m, a->eh, of);
-        be->matmul_forward(eg, xe, ew[0], rows, C, FM, 0);
-        be->matmul_forward(eu, xe, ew[2], rows, C, FM, 0);
+        linear_forward(m, eg, xe, ew[0], rows, C, FM, 0);
+        linear_forward(m, eu, xe, ew[2], rows, C, FM, 0);
         be->swiglu_forward(eh, eg, eu, (size_t)rows * FM);
-        be->matmul_forward(act_at(m, m->moe_rb, (size_t)o * C), eh, ew[1], rows, FM, C, 0);
+        linear_forward(m, act_at(m, m->moe_rb, (size_t)o * C), eh, ew[1], rows, FM, C, 0);
     }
     /* outputs back to the source ranks, in the order they were sent */
     be->gather_rows(m->moe_ra, m->moe_rb, a->recv_inverse, p->nrecv, C);
@@ -248,10 +248,10 @@ void moe_backward(struct transformer *m, struct layer_acts *a, int l, const floa
         float *const *ew = w->experts + 3 * e, *const *dew = dw->experts + 3 * e;
         size_t of = (size_t)o * FM, oc = (size_t)o * C;
         float *xe = act_at(m, a->xe, oc), *ra = act_at(m, m->moe_ra, oc);
-        be->matmul_backward(m->d_eh, dew[1], act_at(m, m->moe_rb, oc), act_at(m, a->eh, of), ew[1], rows, FM, C, 0);
+        linear_backward(m, m->d_eh, dew[1], act_at(m, m->moe_rb, oc), act_at(m, a->eh, of), ew[1], rows, FM, C, 0);
         be->swiglu_backward(m->d_eg, m->d_eu, m->d_eh, act_at(m, a->eg, of), act_at(m, a->eu, of), (size_t)rows * FM);
-        be->matmul_backward(ra, dew[0], m->d_eg, xe, ew[0], rows, C, FM, 0);
-        be->matmul_backward(ra, dew[2], m->d_eu, xe, ew[2], rows, C, FM, 1);
+        linear_backward(m, ra, dew[0], m->d_eg, xe, ew[0], rows, C, FM, 0);
+        linear_backward(m, ra, dew[2], m->d_eu, xe, ew[2], rows, C, FM, 1);
     }
     /* input gradients back to the source ranks, then summed per token */
     be->gather_rows(m->moe_rb, m->moe_ra, a->recv_inverse, p->nrecv, C);

@@ -522,11 +522,32 @@ static void row_parallel_residual(struct transformer *m, float *out, const float
     const struct backend *be = m->be;
     be->copy(out, residual, act_size(m, (size_t)m->Ns * m->C));
     if (m->tp == 1) {
-        be->matmul_forward(out, in, w, m->N, K, m->C, 1);
+        linear_forward(m, out, in, w, m->N, K, m->C, 1);
         return;
     }
-    be->matmul_forward(m->tmp_full, in, w, m->N, K, m->C, 0);
+    linear_forward(m, m->tmp_full, in, w, m->N, K, m->C, 0);
     be->add(out, reduce_rows(m, m->tmp_full, m->tmp_shard), (size_t)m->Ns * m->C);
+}
+
+/* A linear layer of the block being run: FP8 GEMMs when it is one of the
+ * FP8 blocks (fp8 tables, train.fp8_skip_layers), else the table's. */
+void linear_forward(struct transformer *m, float *out, const float *x, const float *w, int N, int K, int M,
+                    int accumulate) {
+    if (m->fp8_now) m->be->fp8_matmul_forward(out, x, w, N, K, M, accumulate, m->fp8_scaling);
+    else m->be->matmul_forward(out, x, w, N, K, M, accumulate);
+}
+
+void linear_backward(struct transformer *m, float *dx, float *dw, const float *dout, const float *x, const float *w,
+                     int N, int K, int M, int accumulate_dx) {
+    if (m->fp8_now) m->be->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, m->fp8_scaling);
+    else m->be->matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx);
+}
+
+void transformer_set_fp8(struct transformer *m, enum fp8_scaling scaling, int skip_layers) {
+    m->fp8_begin = m->fp8_end = 0;
+    m->fp8_scaling = scaling;
+    if (m->be->precision != PRECISION_FP8) return;
+    m->fp8_begin = skip_layers, m->fp8_end = m->L - skip_layers;
 }
 
 /* rmsnorm of residual rows into the full-row input of the next linears */
@@ -570,14 +591,15 @@ static struct layer_acts *acts_of(struct transformer *m, struct act_slot *s, int
 static void swiglu_block_forward(struct transformer *m, struct layer_acts *a, const struct layer_weights *w, int F,
                                  float *out) {
     const struct backend *be = m->be;
-    be->matmul_forward(a->gate, a->ln2, w->wgate, m->N, m->C, F, 0);
-    be->matmul_forward(a->up, a->ln2, w->wup, m->N, m->C, F, 0);
+    linear_forward(m, a->gate, a->ln2, w->wgate, m->N, m->C, F, 0);
+    linear_forward(m, a->up, a->ln2, w->wup, m->N, m->C, F, 0);
     be->swiglu_forward(a->h, a->gate, a->up, (size_t)m->N * F);
     row_parallel_residual(m, out, a->xmid, a->h, w->wdown, F);
 }
 
 static void block_forward(struct transformer *m, struct act_slot *s, int l, float *out) {
     const struct backend *be = m->be;
+    m->fp8_now = l >= m->fp8_begin && l < m->fp8_end;
     const struct layer_weights *w = &m->layers[l];
     struct layer_acts *a = acts_of(m, s, l);
     int N = m->N, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, F = m->Fl;
@@ -585,9 +607,9 @@ static void block_forward(struct transformer *m, struct act_slot *s, int l, floa
     if (m->mla) {
         mla_forward(m, a, l);
     } else {
-        be->matmul_forward(a->q, a->ln1, w->wq, N, C, QD, 0);
-        be->matmul_forward(a->k, a->ln1, w->wk, N, C, KD, 0);
-        be->matmul_forward(a->v, a->ln1, w->wv, N, C, KD, 0);
+        linear_forward(m, a->q, a->ln1, w->wq, N, C, QD, 0);
+        linear_forward(m, a->k, a->ln1, w->wk, N, C, KD, 0);
+        linear_forward(m, a->v, a->ln1, w->wv, N, C, KD, 0);
         be->rope(a->q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 0);
         be->rope(a->k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 0);
     }
@@ -709,10 +731,10 @@ static float *swiglu_block_backward(struct transformer *m, struct layer_acts *a,
     const struct backend *be = m->be;
     int N = m->N, C = m->C;
     if (m->recompute == RECOMPUTE_SELECTIVE) be->swiglu_forward(a->h, a->gate, a->up, (size_t)N * F);
-    be->matmul_backward(m->d_h, dw->wdown, grad_full_rows(m), a->h, w->wdown, N, F, C, 0);
+    linear_backward(m, m->d_h, dw->wdown, grad_full_rows(m), a->h, w->wdown, N, F, C, 0);
     be->swiglu_backward(m->d_gate, m->d_up, m->d_h, a->gate, a->up, (size_t)N * F);
-    be->matmul_backward(m->d_ln_full, dw->wgate, m->d_gate, a->ln2, w->wgate, N, C, F, 0);
-    be->matmul_backward(m->d_ln_full, dw->wup, m->d_up, a->ln2, w->wup, N, C, F, 1);
+    linear_backward(m, m->d_ln_full, dw->wgate, m->d_gate, a->ln2, w->wgate, N, C, F, 0);
+    linear_backward(m, m->d_ln_full, dw->wup, m->d_up, a->ln2, w->wup, N, C, F, 1);
     return reduce_rows(m, m->d_ln_full, m->d_ln);
 }
 
@@ -729,6 +751,7 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
         block_forward(m, s, l, m->recompute_out);
         m->moe_collect = collect;
     }
+    m->fp8_now = l >= m->fp8_begin && l < m->fp8_end;
     float *d_ln;
     if (w->moe) { /* this rank's tokens' rows of the residual gradient; the input gradient of all rows */
         int own_rows = m->sp || m->tp == 1;
@@ -752,7 +775,7 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     /* attention branch */
     if (selective)
         be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D, m->Dv);
-    be->matmul_backward(m->d_attn, dw->wo, grad_full_rows(m), a->attn_out, w->wo, N, OD, C, 0);
+    linear_backward(m, m->d_attn, dw->wo, grad_full_rows(m), a->attn_out, w->wo, N, OD, C, 0);
     be->attention_backward(m->d_q, m->d_k, m->d_v, m->d_attn, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl,
                            m->D, m->Dv);
     if (m->mla) {
@@ -760,9 +783,9 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     } else {
         be->rope(m->d_q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 1);
         be->rope(m->d_k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 1);
-        be->matmul_backward(m->d_ln_full, dw->wq, m->d_q, a->ln1, w->wq, N, C, QD, 0);
-        be->matmul_backward(m->d_ln_full, dw->wk, m->d_k, a->ln1, w->wk, N, C, KD, 1);
-        be->matmul_backward(m->d_ln_full, dw->wv, m->d_v, a->ln1, w->wv, N, C, KD, 1);
+        linear_backward(m, m->d_ln_full, dw->wq, m->d_q, a->ln1, w->wq, N, C, QD, 0);
+        linear_backward(m, m->d_ln_full, dw->wk, m->d_k, a->ln1, w->wk, N, C, KD, 1);
+        linear_backward(m, m->d_ln_full, dw->wv, m->d_v, a->ln1, w->wv, N, C, KD, 1);
     }
     d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
     be->rmsnorm_backward(m->d_resid, dw->ln1_w, d_ln, a->x, w->ln1_w, a->rstd1, Ns, C, 1);

@@ -159,6 +159,11 @@ struct transformer {
     void (*layer_grads_done)(void *ctx, int layer);
     void *layer_grads_ctx;
     int last_micro_batch;
+    /* fp8 tables: the main layers [fp8_begin, fp8_end) run their linear
+     * layers' GEMMs in FP8 (transformer_set_fp8); fp8_now: the block being
+     * run is one of them */
+    int fp8_begin, fp8_end, fp8_now;
+    enum fp8_scaling fp8_scaling;
 };
 
 /* Activation storage holds elements of be->act_bytes bytes (kernels/ops.h,
@@ -188,6 +193,16 @@ void transformer_init_params(struct transformer *m, uint64_t seed);
  * the master (init, loads, the optimizer, ZeRO's gather, a rewind) is
  * covered by one rule. */
 void transformer_sync_weights(struct transformer *m);
+/* Under an fp8 table, the main layers but skip_layers at each end multiply
+ * their linear layers in FP8 with this scaling (nothing otherwise; the
+ * embedding, head, routers and MTP modules always stay in the table's bf16). */
+void transformer_set_fp8(struct transformer *m, enum fp8_scaling scaling, int skip_layers);
+/* The matmul_forward / matmul_backward of the blocks' linear layers: the
+ * table's, or its FP8 GEMMs in an FP8 block (model/moe.c, model/mla.c). */
+void linear_forward(struct transformer *m, float *out, const float *x, const float *w, int N, int K, int M,
+                    int accumulate);
+void linear_backward(struct transformer *m, float *dx, float *dw, const float *dout, const float *x, const float *w,
+                     int N, int K, int M, int accumulate_dx);
 /* Weights of the MoE auxiliary losses' gradients when a step has `sequences`
  * sequences (the losses are means over sequences and MoE layers). */
 void transformer_set_moe_sequences(struct transformer *m, int sequences);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/bf16.h"
+#include "kernels/fp8.h"
 #include "kernels/cpu/cpu.h"
 
 static void bf16_widen(float *dst, const float *src, size_t n) {
@@ -52,7 +53,31 @@ static void bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int r
         }
 }
 
+/* Each br x bc block of the row-major x [rows, cols] (edge blocks smaller)
+ * through its FP8 code: scaled by 2^k from the block's amax, rounded,
+ * scaled back. Blocks with a non-finite amax pass through, so a NaN or an
+ * infinity reaches the loss and the step is rewound, as in bf16. */
+static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int format) {
+    int nbr = (rows + br - 1) / br, nbc = (cols + bc - 1) / bc;
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols > 65536)
+    for (int b = 0; b < nbr * nbc; b++) {
+        int r0 = b / nbc * br, c0 = b % nbc * bc;
+        int r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
+        float amax = 0;
+        for (int r = r0; r < r1; r++)
+            for (int c = c0; c < c1; c++) {
+                float a = fabsf(x[(size_t)r * cols + c]);
+                if (a > amax || a != a) amax = a; /* NaN sticks */
+            }
+        if (!isfinite(amax)) continue;
+        int k = fp8_scale_exp(amax, format);
+        for (int r = r0; r < r1; r++)
+            for (int c = c0; c < c1; c++) x[(size_t)r * cols + c] = fp8_qdq(x[(size_t)r * cols + c], k, format);
+    }
+}
+
 #define BF16_TABLE cpu_bf16_backend
+#define BF16_FP8_TABLE cpu_fp8_backend
 #define BF16_INNER cpu_backend
 #define BF16_NAME "cpu"
 #define BF16_MEM NULL

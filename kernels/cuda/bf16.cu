@@ -6,6 +6,7 @@
  * one by one, each checked against it and the CPU bf16 table. The rounding
  * is the host's (kernels/bf16.h) bit for bit, NaN handling included. */
 #include "kernels/cuda/cuda.h"
+#include "kernels/fp8.h"
 
 #define THREADS 256
 
@@ -124,7 +125,48 @@ static double bf16_peak(int unused) {
     return 0;
 }
 
+/* FP8 quantise-dequantise in blocks (kernels/cpu/bf16.c's fp8_qdq_blocks,
+ * the same rounding functions): each block's amax by atomicMax on the bits
+ * (non-negative floats order like their bits; NaN's bits beat infinity's),
+ * then every element through its block's code. */
+__global__ void block_amax_k(unsigned *amax, const float *x, int rows, int cols, int br, int bc, int nbc) {
+    size_t n = (size_t)rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int r = (int)(i / cols), c = (int)(i % cols);
+        atomicMax(amax + (size_t)(r / br) * nbc + c / bc, __float_as_uint(fabsf(x[i])));
+    }
+}
+
+__global__ void block_qdq_k(float *x, const unsigned *amax, int rows, int cols, int br, int bc, int nbc, int format) {
+    size_t n = (size_t)rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int r = (int)(i / cols), c = (int)(i % cols);
+        float a = __uint_as_float(amax[(size_t)(r / br) * nbc + c / bc]);
+        if (isfinite(a)) x[i] = fp8_qdq(x[i], fp8_scale_exp(a, format), format);
+    }
+}
+
+static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int format) {
+    size_t n = (size_t)rows * cols;
+    if (!n) return;
+    int nbc = (cols + bc - 1) / bc;
+    size_t nb = (size_t)((rows + br - 1) / br) * nbc;
+    static unsigned *amax;
+    static size_t cap;
+    if (nb > cap) {
+        if (amax) cuda_backend.free(amax);
+        amax = (unsigned *)cuda_backend.alloc(sizeof(unsigned) * nb);
+        cap = nb;
+    }
+    cuda_backend.zero(amax, sizeof(unsigned) * nb);
+    block_amax_k<<<blocks_for(n, THREADS), THREADS>>>(amax, x, rows, cols, br, bc, nbc);
+    LAUNCH_CHECK();
+    block_qdq_k<<<blocks_for(n, THREADS), THREADS>>>(x, amax, rows, cols, br, bc, nbc, format);
+    LAUNCH_CHECK();
+}
+
 #define BF16_TABLE cuda_bf16_backend
+#define BF16_FP8_TABLE cuda_fp8_backend
 #define BF16_INNER cuda_backend
 #define BF16_NAME "cuda"
 #define BF16_MEM mem

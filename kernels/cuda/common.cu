@@ -57,6 +57,16 @@ extern "C" int cuda_device_count(void) {
 
 extern "C" const char *cuda_device_error(void) { return count_error; }
 
+/* FP8 tensor cores: compute capability 8.9 (Ada) and 9.0 (Hopper) on */
+extern "C" int cuda_device_has_fp8(void) {
+    if (cuda_device_count() <= 0) return 0;
+    int dev = 0, major = 0, minor = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    return major > 8 || (major == 8 && minor >= 9);
+}
+
 extern "C" void cuda_use_device(int local_rank) {
     int n = cuda_device_count();
     if (n > 0) CUDA_CHECK(cudaSetDevice(local_rank % n));
