@@ -32,7 +32,7 @@ ifeq ($(CUDA),1)
   NVCCFLAGS ?= -O3 -g -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80
   NVCCFLAGS += -I. -Xcompiler -Wall
   LIB_OBJ  += $(patsubst %.cu,$(BUILD)/%.o,$(wildcard kernels/cuda/*.cu))
-  CFLAGS   += -DMTRAIN_CUDA
+  CFLAGS   += -DMTRAIN_CUDA -I$(CUDA_HOME)/include
   LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 endif
 TEST_SRC := $(wildcard tests/unit/test_*.c)

@@ -23,6 +23,7 @@
 #include "kernels/cpu/blas_check.h"
 #include "model/flops.h"
 #include "model/trainer.h"
+#include "parallel/comm_nccl.h"
 #include "parallel/grid.h"
 #include "parallel/watchdog.h"
 
@@ -241,23 +242,27 @@ static void rewind_to_checkpoint(struct run *run, int bad_step, enum rewind_reas
 }
 
 /* Communication payload per step of every rank and group (tp, dp, pp, ep,
- * edp, embed), as one event: rank r's numbers are at [6r .. 6r+5]. Eval and
- * checkpoint traffic is included, so benchmarks run without them. */
+ * edp, embed) and the data-parallel gradient bytes reduced in buckets during
+ * backward (dp_overlapped), as one event: rank r's numbers are at
+ * [7r .. 7r+6]. Eval and checkpoint traffic is included, so benchmarks run
+ * without them. */
 static void log_comm(struct run *run, int steps) {
     struct grid *g = &run->grid;
     int n = g->world_size;
-    enum { NG = 6 };
-    double *v = xcalloc(NG * n, sizeof *v);
+    enum { NG = 6, NV = NG + 1 };
+    double *v = xcalloc(NV * n, sizeof *v), per = steps > 0 ? steps : 1;
     struct comm *groups[NG] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
-    for (int k = 0; k < NG; k++) v[NG * g->world_rank + k] = (double)groups[k]->bytes / (steps > 0 ? steps : 1);
-    comm_all_reduce_sum_f64(&g->world, v, NG * n);
+    for (int k = 0; k < NG; k++) v[NV * g->world_rank + k] = (double)groups[k]->bytes / per;
+    v[NV * g->world_rank + NG] = (double)g->dp_comm.overlapped / per;
+    comm_all_reduce_sum_f64(&g->world, v, NV * n);
     if (run->rank0 && run->metrics) {
         fprintf(run->metrics, "{\"event\":\"comm\",\"steps\":%d,\"bytes_per_step\":[", steps);
         for (int r = 0; r < n; r++)
             fprintf(run->metrics,
-                    "%s{\"rank\":%d,\"tp\":%.0f,\"dp\":%.0f,\"pp\":%.0f,\"ep\":%.0f,\"edp\":%.0f,\"embed\":%.0f}",
-                    r ? "," : "", r, v[NG * r], v[NG * r + 1], v[NG * r + 2], v[NG * r + 3], v[NG * r + 4],
-                    v[NG * r + 5]);
+                    "%s{\"rank\":%d,\"tp\":%.0f,\"dp\":%.0f,\"pp\":%.0f,\"ep\":%.0f,\"edp\":%.0f,\"embed\":%.0f,"
+                    "\"dp_overlapped\":%.0f}",
+                    r ? "," : "", r, v[NV * r], v[NV * r + 1], v[NV * r + 2], v[NV * r + 3], v[NV * r + 4],
+                    v[NV * r + 5], v[NV * r + 6]);
         fprintf(run->metrics, "]}\n");
     }
     free(v);
@@ -292,6 +297,40 @@ static int starts_fresh(const struct run *run) {
     return !strcmp(how, "never") || (!strcmp(how, "auto") && !run->r->checkpoint.dir[0]);
 }
 
+/* parallel.comm: NCCL between GPU ranks when it can (auto) or must (nccl),
+ * else MPI (GPU tensors staged through host memory). The choice is the
+ * world's: a rank that cannot use NCCL makes every rank exit 2 (nccl) or
+ * fall back (auto), so no rank waits in a communicator the others skip. */
+static void choose_comm(struct run *run) {
+    const struct recipe *r = run->r;
+    struct grid *g = &run->grid;
+    int gpu = !strcmp(run->be->name, "cuda"), want = strcmp(r->parallel.comm, "mpi") != 0;
+    char why[320] = "";
+    run->comm_name = "mpi";
+    if (!want) return;
+    if (!gpu) snprintf(why, sizeof why, "train.device resolved to the CPU: NCCL needs GPU ranks");
+    else if (g->local_size > cuda_device_count())
+        snprintf(why, sizeof why, "%d ranks on this node but %d GPU%s visible: NCCL needs one GPU per rank (start at "
+                 "most one rank per GPU, or use parallel.comm mpi)", g->local_size, cuda_device_count(),
+                 cuda_device_count() == 1 ? "" : "s");
+    else nccl_available(why, sizeof why);
+    float bad = why[0] != 0;
+    comm_all_reduce_max(&g->world, &bad, 1);
+    if (bad && !why[0]) snprintf(why, sizeof why, "another rank cannot use NCCL");
+    if (bad && !strcmp(r->parallel.comm, "nccl")) {
+        if (run->rank0) fprintf(stderr, "mtrain: error: %s: parallel.comm nccl: %s\n", r->source, why);
+        parallel_finalize();
+        exit(EXIT_USAGE);
+    }
+    if (bad) {
+        if (gpu && g->world_size > 1 && run->rank0)
+            warn("%d GPU ranks communicate over MPI through host memory (correct, not fast): %s", g->world_size, why);
+        return;
+    }
+    grid_use_nccl(g);
+    run->comm_name = "nccl";
+}
+
 static void setup(struct run *run) {
     const struct recipe *r = run->r;
     grid_create(&run->grid, &r->parallel);
@@ -299,16 +338,13 @@ static void setup(struct run *run) {
     /* a run that cannot be resuming learns at once whether log.dir is its own */
     if (starts_fresh(run)) logdir_claim(run, NULL);
     watchdog_start(&run->grid, r->train.hang_timeout_s);
-    /* GPU ranks: one device per rank on a node; until the NCCL communicator
-     * lands, the groups' messages go through host memory over MPI. */
+    /* GPU ranks: one device per rank on a node */
     if (!strcmp(run->be->name, "cuda")) {
         cuda_use_device(run->grid.local_rank);
-        grid_stage_device(&run->grid, run->be);
-        if (run->grid.world_size > 1 && run->grid.world_rank == 0)
-            warn("%d GPU ranks: tensors move through host memory over MPI (no NCCL communicator yet): correct, "
-                 "not fast", run->grid.world_size);
+        grid_stage_device(&run->grid, run->be); /* the pipeline's sends, and every group under MPI */
         cuda_set_tf32(r->train.tf32);
     }
+    choose_comm(run);
     /* ranks sharing a node share its cores: without a setting, split them */
     int threads = r->train.threads;
     if (threads == 0 && run->grid.local_size > 1 && !getenv("OMP_NUM_THREADS")) {
@@ -428,10 +464,10 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     if (run.rank0) {
         const struct grid *g = &run.grid;
         struct dataset *ds = prefetcher_dataset(run.train);
-        printf("mtrain %s | %s | %s %lld params | device %s %s | threads %d | ranks %d (tp %d pp %d dp %d ep %d) | "
+        printf("mtrain %s | %s | %s %lld params | device %s %s | threads %d | ranks %d (tp %d pp %d dp %d ep %d; %s) | "
                "data %s: %lld tokens, %lld docs\n",
                MTRAIN_VERSION, r->source, r->model.arch, (long long)model_param_count(&r->model), run.be->name, precision,
-               omp_get_max_threads(), g->world_size, g->tp, g->pp, g->dp, g->ep, dataset_dir(ds),
+               omp_get_max_threads(), g->world_size, g->tp, g->pp, g->dp, g->ep, run.comm_name, dataset_dir(ds),
                (long long)dataset_num_tokens(ds),
                (long long)dataset_num_docs(ds));
         if (on_cpu)
@@ -439,8 +475,9 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     }
     event(&run,
           "{\"event\":\"start\",\"step\":%d,\"params\":%lld,\"flops_per_token\":%.6g,\"steps\":%d,"
-          "\"device\":\"%s\",\"precision\":\"%s\",\"peak_tflops\":%g,\"hang_timeout_s\":%g%s}",
+          "\"device\":\"%s\",\"precision\":\"%s\",\"comm\":\"%s\",\"peak_tflops\":%g,\"hang_timeout_s\":%g%s}",
           run.st.step, (long long)model_param_count(&r->model), run.flops_per_token, r->train.steps, run.be->name, precision,
+          run.comm_name,
           run.peak_tflops, r->train.hang_timeout_s, blas_json);
     double t_start = now_seconds();
     int first = run.st.step + 1;

@@ -84,6 +84,9 @@ const struct recipe_key recipe_keys[] = {
     BOOL(parallel, sequence_parallel, "false", "shard norm/dropout activations over TP ranks"),
     NONNEG(parallel, first_stage_layers, "0", "layers on pipeline stage 0 (it also holds the embedding); 0 = even split"),
     NONNEG(parallel, last_stage_layers, "0", "layers on the last pipeline stage (it also holds the head); 0 = even split"),
+    ENUM(parallel, comm, "auto", "auto|nccl|mpi", "how ranks communicate: auto = NCCL between GPU ranks (one GPU each) when libnccl.so.2 loads, else MPI; nccl insists (exit 2 if it cannot); mpi = MPI, GPU tensors staged through host memory"),
+    BOOL(parallel, overlap_grad_reduce, "true", "reduce data-parallel gradient buckets (under ZeRO-1: onto the rank owning each part) while backward goes on with the layers below; false = everything after backward"),
+    DBL(parallel, grad_bucket_mb, "0", 0, INF, 0, "overlap bucket size: consecutive layers' gradients are reduced together once they reach this many MiB; 0 = one bucket per layer"),
 
     POS(train, seq_len, "128", "tokens per training sequence"),
     POS(train, micro_batch, "4", "sequences per micro batch per data-parallel rank"),

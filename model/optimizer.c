@@ -83,14 +83,26 @@ static struct opt_group *group_of(struct optimizer *o, int item) {
     return o->ngroups > 1 && item >= o->group[1].first ? &o->group[1] : &o->group[0];
 }
 
+/* ZeRO-1: sum [begin, end) of the flat buffer over the group, each part
+ * onto the rank whose shard holds it (together: a reduce-scatter) */
+static void reduce_to_owners_start(struct opt_group *g, float *grads, size_t begin, size_t end) {
+    for (int r = 0; r < g->dp->size; r++) {
+        size_t lo = g->base + g->shard_len * r, hi = lo + g->shard_len;
+        if (lo < begin) lo = begin;
+        if (hi > end) hi = end;
+        if (lo < hi) comm_reduce_sum_start(g->dp, grads + lo, hi - lo, r);
+    }
+}
+
 void optimizer_reduce_bucket_start(struct optimizer *o, float *grads, int first, int last) {
     const struct param_table *t = o->table;
     struct opt_group *g = group_of(o, first);
     CHECK(group_of(o, last) == g);
-    if (g->distributed) return;
     reduce_shared_over_tp(o, grads, first, last);
     size_t begin = t->items[first].offset, end = t->items[last].offset + t->items[last].numel;
-    if (g->dp && g->dp->size > 1) comm_all_reduce_sum_start(g->dp, grads + begin, end - begin);
+    if (g->dp && g->dp->size > 1) g->dp->overlapped += sizeof(float) * (end - begin);
+    if (g->distributed) reduce_to_owners_start(g, grads, begin, end);
+    else if (g->dp && g->dp->size > 1) comm_all_reduce_sum_start(g->dp, grads + begin, end - begin);
     memset(o->started + first, 1, last - first + 1);
 }
 
@@ -98,8 +110,10 @@ void optimizer_reduce_grads(struct optimizer *o, float *grads) {
     const struct param_table *t = o->table;
     for (int k = 0; k < o->ngroups; k++) {
         struct opt_group *g = &o->group[k];
-        int end = g->first + g->count;
-        /* tensors no bucket started, in contiguous runs */
+        int end = g->first + g->count, buckets = 0;
+        for (int i = g->first; i < end; i++) buckets |= o->started[i];
+        /* tensors no bucket started, in contiguous runs (under ZeRO-1 after
+         * buckets: onto their owners too, so every part is summed once) */
         for (int i = g->first; i < end;) {
             if (o->started[i]) {
                 i++;
@@ -108,13 +122,20 @@ void optimizer_reduce_grads(struct optimizer *o, float *grads) {
             int j = i;
             while (j + 1 < end && !o->started[j + 1]) j++;
             reduce_shared_over_tp(o, grads, i, j);
-            if (g->dp && g->dp->size > 1 && !g->distributed)
-                comm_all_reduce_sum(g->dp, grads + t->items[i].offset,
-                                    t->items[j].offset + t->items[j].numel - t->items[i].offset);
+            size_t begin = t->items[i].offset, stop = t->items[j].offset + t->items[j].numel;
+            if (g->dp && g->dp->size > 1 && !g->distributed) comm_all_reduce_sum(g->dp, grads + begin, stop - begin);
+            else if (g->distributed && buckets) reduce_to_owners_start(g, grads, begin, stop);
             i = j + 1;
         }
         if (g->dp) comm_wait_all(g->dp); /* the buckets started during backward */
         if (!g->distributed) continue;
+        if (buckets) { /* this rank's shard of grads holds the sums */
+            size_t stop = g->base + g->total, mine = g->shard_begin < stop ? stop - g->shard_begin : 0;
+            if (mine > g->shard_len) mine = g->shard_len;
+            o->be->zero(g->grad_shard, sizeof(float) * g->shard_len);
+            o->be->copy(g->grad_shard, grads + g->shard_begin, sizeof(float) * mine);
+            continue;
+        }
         o->be->zero(g->flat, sizeof(float) * g->shard_len * g->dp->size);
         o->be->copy(g->flat, grads + g->base, sizeof(float) * g->total);
         comm_reduce_scatter_sum(g->dp, g->flat, g->grad_shard, g->shard_len);

@@ -50,8 +50,9 @@ void optimizer_free(struct optimizer *o);
 void optimizer_reduce_grads(struct optimizer *o, float *grads);
 /* Start reducing the gradients of tensors first..last (table indices,
  * contiguous in the buffer) while backward goes on with other layers; the
- * next optimizer_reduce_grads completes them. Without ZeRO-1 only (its
- * reduce-scatter runs after backward). */
+ * next optimizer_reduce_grads completes them. Without ZeRO-1 an all-reduce;
+ * under it each part is summed onto the rank whose shard holds it (the
+ * reduce-scatter, bucket by bucket; the shards keep their layout). */
 void optimizer_reduce_bucket_start(struct optimizer *o, float *grads, int first, int last);
 /* Global L2 norm of the reduced gradients, each parameter counted once
  * across TP, PP and DP; world is the group of all ranks. */

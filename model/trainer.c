@@ -3,12 +3,28 @@
 #include "config/common.h"
 #include "model/trainer.h"
 
-/* A layer's last backward of the step is done: start reducing its gradients
- * over data-parallel ranks while the layers below run backward. */
+/* A layer's last backward of the step is done: its gradients join the
+ * bucket being filled, which starts reducing over data-parallel ranks, while
+ * the layers below run backward, once it holds parallel.grad_bucket_mb.
+ * Backward visits layers downwards and a layer's tensors sit just before the
+ * next one's in the table, so a bucket is one contiguous range. What is left
+ * in the bucket at the end is reduced with the rest after backward. */
 static void layer_grads_done(void *ctx, int layer) {
     struct trainer *tr = ctx;
-    int first = tr->layer_first[layer];
-    if (first >= 0) optimizer_reduce_bucket_start(&tr->opt, tr->model.grads, first, tr->layer_last[layer]);
+    int first = tr->layer_first[layer], last = tr->layer_last[layer];
+    if (first < 0) return;
+    const struct param_table *t = &tr->model.table;
+    if (tr->bucket_first >= 0 && last + 1 != tr->bucket_first) { /* not adjacent: start what is there */
+        optimizer_reduce_bucket_start(&tr->opt, tr->model.grads, tr->bucket_first, tr->bucket_last);
+        tr->bucket_first = -1;
+    }
+    if (tr->bucket_first < 0) tr->bucket_last = last, tr->bucket_bytes = 0;
+    tr->bucket_first = first;
+    tr->bucket_bytes += sizeof(float) * (t->items[last].offset + t->items[last].numel - t->items[first].offset);
+    if (tr->bucket_bytes >= tr->bucket_limit) {
+        optimizer_reduce_bucket_start(&tr->opt, tr->model.grads, tr->bucket_first, tr->bucket_last);
+        tr->bucket_first = -1;
+    }
 }
 
 void trainer_create(struct trainer *tr, const struct backend *be, const struct recipe *r, struct grid *g) {
@@ -51,8 +67,12 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     }
     int moe_layers = model_moe_layer_count_all(&r->model);
     if (moe_layers) tr->moe_load = xcalloc((size_t)moe_layers * r->model.num_experts, sizeof(double));
-    tr->model.layer_grads_done = layer_grads_done;
-    tr->model.layer_grads_ctx = tr;
+    if (r->parallel.overlap_grad_reduce) {
+        tr->model.layer_grads_done = layer_grads_done;
+        tr->model.layer_grads_ctx = tr;
+    }
+    tr->bucket_first = -1;
+    tr->bucket_limit = (size_t)(r->parallel.grad_bucket_mb * 1048576.0);
     if (g->pp > 1) {
         size_t act = act_size(&tr->model, (size_t)tr->model.Ns * tr->model.C);
         tr->send_fwd = be->alloc(act * m * vpp);
@@ -232,7 +252,8 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
     st.loss = loss / st.tokens;
     if (tr->moe_load) moe_step_stats(tr, &st);
     if (model_mtp_depth(&r->model)) mtp_step_stats(tr, &st);
-    int zero = tr->opt.group[0].distributed; /* ZeRO reduce-scatters the gradients away from m->grads */
+    tr->bucket_first = -1; /* a bucket left unstarted is reduced below with the rest */
+    int zero = tr->opt.group[0].distributed; /* ZeRO reduces the gradients away from m->grads */
     if (zero) embed_grads_sum(tr);
     optimizer_reduce_grads(&tr->opt, m->grads);
     if (!zero) embed_grads_sum(tr);

@@ -22,6 +22,8 @@ struct trainer {
     int schedule_len, eval_len;
     int *slot_of;                /* micro batch -> activation slot */
     int *layer_first, *layer_last; /* global layer -> table indices of its dense tensors (-1: not local) */
+    int bucket_first, bucket_last; /* the gradient bucket being filled by backward (table indices; -1: empty) */
+    size_t bucket_bytes, bucket_limit; /* its gradient bytes; it starts reducing at the limit (0: every layer) */
     double *moe_load;            /* [MoE layers][E] host: tokens per expert of the last step, all ranks */
     float *send_fwd, *send_bwd;  /* pipeline send buffers, [micro batch][chunk][Ns*C] */
     float *recv_grad;            /* [Ns*C] */

@@ -1,7 +1,8 @@
 /* Collective and point-to-point communication over one group of ranks.
- * The interface is backend-neutral (buffers are backend memory); this build
- * implements it with MPI (GPU memory staged through host buffers), and an
- * NCCL implementation plugs in later behind the same functions. Every call adds its payload to bytes (the buffer a
+ * The interface is backend-neutral (buffers are backend memory):
+ * parallel/comm_mpi.c implements it with MPI (GPU memory staged through host
+ * buffers) and hands a group's collectives to NCCL (parallel/comm_nccl.h)
+ * when the group has an NCCL communicator. Every call adds its payload to bytes (the buffer a
  * collective reduces or gathers: n elements for an all-reduce, size * n for a
  * reduce-scatter's input or an all-gather's output; the message for a send),
  * for the communication-volume benchmark. A group of size 1 makes every collective a
@@ -17,6 +18,7 @@ struct comm {
     void *handle;               /* MPI_Comm (owned) */
     uint64_t bytes;             /* payload bytes of this rank's calls on this group */
     uint64_t calls;
+    uint64_t overlapped;        /* of bytes: gradient buckets started while backward went on (model/optimizer.c) */
     const char *name;           /* "tp", "dp", "pp", "world" (messages, stats) */
     /* Non-NULL: the float buffers (and sends/receives) are this backend's
      * device memory, staged through host buffers around each MPI call. This
@@ -24,6 +26,10 @@ struct comm {
      * correct, not fast. comm_all_reduce_sum_f64 always takes host memory. */
     const struct backend *stage;
     void *host[2];              /* staging buffers (grown on demand) */
+    /* Non-NULL: the group's float collectives run on NCCL with device
+     * buffers (parallel/comm_nccl.h), even for a group of one; sends,
+     * receives, barriers and comm_all_reduce_sum_f64 stay on MPI. */
+    void *nccl;
     size_t host_bytes[2];
 };
 
@@ -54,4 +60,9 @@ void comm_free_staging(struct comm *c);
 /* Non-blocking sum all-reduce in place; comm_wait_all completes every
  * outstanding non-blocking collective of c. */
 void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n);
+/* Non-blocking sum onto root, in place: root's buf receives the sum over
+ * the group, the others' buf is left as it was (ZeRO-1's gradient buckets:
+ * each part reduced onto the rank that updates it). Completed by
+ * comm_wait_all. */
+void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root);
 void comm_wait_all(struct comm *c);

@@ -7,6 +7,7 @@
 #include "config/common.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
+#include "parallel/comm_nccl.h"
 #include "parallel/watchdog.h"
 
 #define MPI_CHECK(call)                                                                     \
@@ -96,6 +97,10 @@ static void all_reduce(struct comm *c, float *buf, size_t n, MPI_Op op) {
 }
 
 void comm_all_reduce_sum(struct comm *c, float *buf, size_t n) {
+    if (c->nccl && n) {
+        nccl_all_reduce(c, buf, n, 0, 0);
+        return;
+    }
     if (c->size == 1 || n == 0) return;
     enter(c, "all_reduce_sum");
     all_reduce(c, buf, n, MPI_SUM);
@@ -103,6 +108,10 @@ void comm_all_reduce_sum(struct comm *c, float *buf, size_t n) {
 }
 
 void comm_all_reduce_max(struct comm *c, float *buf, size_t n) {
+    if (c->nccl && n) {
+        nccl_all_reduce(c, buf, n, 1, 0);
+        return;
+    }
     if (c->size == 1 || n == 0) return;
     enter(c, "all_reduce_max");
     all_reduce(c, buf, n, MPI_MAX);
@@ -119,6 +128,10 @@ void comm_all_reduce_sum_f64(struct comm *c, double *buf, size_t n) {
 
 void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t n) {
     size_t in_bytes = (size_t)c->size * n * sizeof(float), out_bytes = n * sizeof(float);
+    if (c->nccl && n) {
+        nccl_reduce_scatter(c, in, out, n);
+        return;
+    }
     if (c->size == 1) {
         local_copy(c, out, in, out_bytes);
         return;
@@ -133,6 +146,10 @@ void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t
 
 void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
     size_t in_bytes = n * sizeof(float), out_bytes = (size_t)c->size * n * sizeof(float);
+    if (c->nccl && n) {
+        nccl_all_gather(c, in, out, n);
+        return;
+    }
     if (c->size == 1) {
         local_copy(c, out, in, in_bytes);
         return;
@@ -146,6 +163,10 @@ void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
 }
 
 void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
+    if (c->nccl && bytes) {
+        nccl_broadcast(c, buf, bytes, root);
+        return;
+    }
     if (c->size == 1) return;
     c->bytes += bytes, c->calls++;
     enter(c, "broadcast");
@@ -199,12 +220,17 @@ void comm_wait_sends(struct comm *c) {
 }
 
 void comm_wait_all(struct comm *c) {
+    if (c->nccl) nccl_wait(c);
     enter(c, "wait_all");
     wait_owned(c);
     watchdog_leave();
 }
 
 void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n) {
+    if (c->nccl && n) {
+        nccl_all_reduce(c, buf, n, 0, 1);
+        return;
+    }
     if (c->size == 1 || n == 0) return;
     enter(c, "all_reduce_sum_start");
     if (c->stage) { /* staged: done at once */
@@ -218,8 +244,37 @@ void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n) {
     watchdog_leave();
 }
 
+void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root) {
+    if (c->nccl && n) {
+        nccl_reduce(c, buf, n, root);
+        return;
+    }
+    if (c->size == 1 || n == 0) return;
+    enter(c, "reduce_sum_start");
+    c->bytes += n * sizeof(float), c->calls++;
+    int me = c->rank == root;
+    if (c->stage) { /* staged: done at once */
+        float *h = stage_in(c, 0, buf, n * sizeof(float));
+        MPI_CHECK(MPI_Reduce(me ? MPI_IN_PLACE : h, me ? h : NULL, (int)n, MPI_FLOAT, MPI_SUM, root, handle(c)));
+        if (me) stage_back(c, buf, h, n * sizeof(float));
+    } else {
+        MPI_Request r;
+        MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : buf, me ? buf : NULL, (int)n, MPI_FLOAT, MPI_SUM, root, handle(c), &r));
+        track(c, r, NULL);
+    }
+    watchdog_leave();
+}
+
 void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n) {
     size_t bytes = (size_t)c->size * n * sizeof(float);
+    if (c->nccl && n) {
+        CHECK(n < (size_t)INT32_MAX);
+        int *counts = xmalloc(sizeof(int) * c->size);
+        for (int r = 0; r < c->size; r++) counts[r] = (int)n;
+        nccl_all_to_all_v(c, in, counts, out, counts);
+        free(counts);
+        return;
+    }
     if (c->size == 1) {
         local_copy(c, out, in, n * sizeof(float));
         return;
@@ -236,6 +291,10 @@ void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
                        const int *recv_counts) {
     size_t in_n = 0, out_n = 0;
     for (int r = 0; r < c->size; r++) in_n += send_counts[r], out_n += recv_counts[r];
+    if (c->nccl) {
+        nccl_all_to_all_v(c, in, send_counts, out, recv_counts);
+        return;
+    }
     if (c->size == 1) {
         local_copy(c, out, in, in_n * sizeof(float));
         return;

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "config/common.h"
+#include "parallel/comm_nccl.h"
 #include "parallel/grid.h"
 
 #ifdef __SANITIZE_ADDRESS__
@@ -73,13 +74,16 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
     g->world_rank = parallel_world_rank();
     g->world_size = parallel_world_size();
     static const char *const local_vars[] = {"SLURM_LOCALID", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", NULL};
-    g->local_rank = env_int(local_vars, 0);
     MPI_Comm node;
+    int node_rank = 0;
     g->local_size = 1;
     if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g->world_rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
         MPI_Comm_size(node, &g->local_size);
+        MPI_Comm_rank(node, &node_rank);
         MPI_Comm_free(&node);
     }
+    /* the launcher's node-local rank, else the rank among the processes sharing this node's memory */
+    g->local_rank = env_int(local_vars, node_rank);
     g->tp = p->tp, g->cp = p->cp, g->ep = p->ep > 0 ? p->ep : 1, g->pp = p->pp, g->vpp = p->vpp;
     g->dp = g->world_size / (g->tp * g->cp * g->pp);
     CHECK(g->dp * g->tp * g->cp * g->pp == g->world_size);
@@ -119,9 +123,16 @@ void grid_stage_device(struct grid *g, const struct backend *be) {
     g->embed_comm.stage = be;
 }
 
+void grid_use_nccl(struct grid *g) {
+    struct comm *cs[] = {&g->tp_comm, &g->dp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
+    for (int i = 0; i < 5; i++)
+        if (cs[i]->size > 1) comm_nccl_init(cs[i]);
+}
+
 void grid_free(struct grid *g) {
     struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
     for (int i = 0; i < 7; i++) {
+        comm_nccl_free(cs[i]);
         comm_free_staging(cs[i]);
         if (!cs[i]->handle) continue;
         MPI_Comm_free((MPI_Comm *)cs[i]->handle);

@@ -35,6 +35,10 @@ void grid_free(struct grid *g);
 /* The model's groups (tp, dp, pp) carry device memory of backend be: their
  * calls stage it through host buffers (see struct comm). world stays host. */
 void grid_stage_device(struct grid *g, const struct backend *be);
+/* GPU ranks: the groups whose collectives carry device tensors (tp, dp, ep,
+ * edp, embed) get NCCL communicators, each of size > 1 (collective over the
+ * world; the GPU must be chosen). The pipeline's sends stay staged MPI. */
+void grid_use_nccl(struct grid *g);
 /* A single-rank grid with no MPI (tests, tools). */
 void grid_single(struct grid *g);
 /* Abort every rank of the job with exit code code (after a message). */

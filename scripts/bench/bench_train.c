@@ -1,10 +1,12 @@
 /* Training-step throughput of a backend on random tokens, and the rate of its
  * matmul (OpenBLAS or cuBLAS sgemm) measured in the same process.
  *
- *   bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32 [PRECISION]]]
+ *   bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32 [PRECISION [FP8_SCALING]]]]
  *
  * DEVICE is cpu (default) or cuda; TF32=1 lets cuBLAS use TF32 tensor cores;
- * PRECISION is fp32 (default) or bf16 (train.precision). Prints one JSON
+ * PRECISION is fp32 (default), bf16 or fp8 (train.precision); under fp8
+ * every block multiplies in FP8 (fp8_skip_layers 0: the stack stands for
+ * the middle of a deep model) with FP8_SCALING tensor (default) or block. Prints one JSON
  * object: median step time, tokens/s, achieved GFLOP/s
  * (model_flops_per_token x tokens/s), the backend's matmul GFLOP/s and the
  * device memory in use after the steps (mtrain allocates all of it up front). */
@@ -55,8 +57,9 @@ static double sgemm_gflops(const struct backend *be, int N, int K, int M) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 10 || argc > 13)
-        die("usage: bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32 [PRECISION]]]");
+    if (argc < 10 || argc > 14)
+        die("usage: bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32 [PRECISION "
+            "[FP8_SCALING]]]]");
     const char *precision = argc > 12 ? argv[12] : "fp32";
     const struct backend *be = backend_get(argc > 10 ? argv[10] : "cpu", precision);
     if (!be) return 1;
@@ -75,6 +78,8 @@ int main(int argc, char **argv) {
     int steps = atoi(argv[9]), B = r.train.micro_batch, T = r.train.seq_len;
     r.train.steps = steps + 1;
     snprintf(r.train.precision, sizeof r.train.precision, "%s", precision);
+    snprintf(r.train.fp8_scaling, sizeof r.train.fp8_scaling, "%s", argc > 13 ? argv[13] : "tensor");
+    r.train.fp8_skip_layers = 0;
     struct trainer tr;
     struct grid g;
     grid_single(&g);

@@ -106,16 +106,17 @@ def analytic(tp, pp, dp, vpp, sp, zero, rank):
         out += [("pp", "send", Ns * C * FL, m * (fwd + bwd))]
     if dp > 1:
         total = table_floats(tp, layers, embed, head)
-        if zero:  # ZeRO-1: reduce-scatter grads, all-gather params, padded shards
+        if zero:  # ZeRO-1: grads summed onto their shards' owners bucket by bucket (parallel.overlap_grad_reduce),
+            # params all-gathered in padded shards
             per = ceil16(-(-total // dp))
-            out += [("dp", "reduce_scatter", dp * per * FL, 1), ("dp", "all_gather", dp * per * FL, 1)]
+            out += [("dp", "reduce_to_owners", total * FL, 1), ("dp", "all_gather", dp * per * FL, 1)]
         else:
             out += [("dp", "all_reduce", total * FL, 1)]
     return out, m
 
 def ring(kind, p):
     """Bytes a rank sends per payload byte under a ring algorithm."""
-    return {"all_reduce": 2 * (p - 1) / p, "reduce_scatter": (p - 1) / p,
+    return {"all_reduce": 2 * (p - 1) / p, "reduce_scatter": (p - 1) / p, "reduce_to_owners": (p - 1) / p,
             "all_gather": (p - 1) / p, "send": 1.0}[kind]
 
 results, rows = [], []

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Training throughput on one GPU, in one run: mtrain (fp32, TF32, bf16)
+# Training throughput on one GPU, in one run: mtrain (fp32, TF32, bf16, and
+# fp8 with per-tensor and block scaling, every block in FP8)
 # against what a user would run instead, PyTorch with Hugging Face
 # LlamaForCausalLM, fp32 master weights + torch.autocast(bfloat16), SDPA
 # attention and fused AdamW, eager and torch.compile (issue 9). Shapes:
@@ -21,7 +22,7 @@ BUILD=${BUILD:-build/rel}
 STEPS=${STEPS:-5}
 PY=${PYTHON:-python3}
 SHAPES=${SHAPES:-124m 8b}
-RUNS=${RUNS:-mtrain-fp32 mtrain-tf32 mtrain-bf16 torch-bf16 torch-bf16-compile attention}
+RUNS=${RUNS:-mtrain-fp32 mtrain-tf32 mtrain-bf16 mtrain-fp8 mtrain-fp8-block torch-bf16 torch-bf16-compile attention}
 mkdir -p build/bench
 if ! "$BUILD/bench/bench_train" 1 64 4 4 128 256 1 16 1 cuda >/dev/null 2>&1; then
     echo "train_gpu: no CUDA device here; skipped"; exit 0
@@ -35,10 +36,12 @@ for shape in $SHAPES; do
         8b) dims="4 4096 32 8 14336 128256 1 8192" ;;
         *) echo "train_gpu: unknown shape $shape"; exit 2 ;;
     esac
-    for p in fp32:0 tf32:1 bf16:0; do
+    for p in fp32:0 tf32:1 bf16:0 fp8:0 fp8-block:0; do
         has "mtrain-${p%%:*}" || continue
-        precision=${p%%:*}; [ "$precision" = tf32 ] && precision=fp32
-        r=$("$BUILD/bench/bench_train" $dims "$STEPS" cuda "${p#*:}" "$precision" 2>&1 | tail -1)
+        precision=${p%%:*} scaling=tensor
+        [ "$precision" = tf32 ] && precision=fp32
+        [ "$precision" = fp8-block ] && precision=fp8 scaling=block
+        r=$("$BUILD/bench/bench_train" $dims "$STEPS" cuda "${p#*:}" "$precision" $scaling 2>&1 | tail -1)
         echo "{\"shape\":\"$shape\",\"run\":\"mtrain ${p%%:*}\",\"r\":${r:-null}}" >>"$out"
     done
     for c in 0 1; do

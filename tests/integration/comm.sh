@@ -1,3 +1,26 @@
-# The comm layer's collectives under mpiexec with 4 ranks (see tests/unit/test_comm.c).
+# The comm layer's collectives under mpiexec with 4 ranks (see tests/unit/test_comm.c),
+# and parallel.comm's checks.
 source "$(dirname "$0")/../lib.sh"
-OMP_NUM_THREADS=1 timeout 120 mpiexec -n 4 "$(build_path tests/test_comm)"
+OMP_NUM_THREADS=1 timeout 120 mpiexec -n 4 "$(build_path tests/test_comm)" || FAILED=1
+
+# parallel.comm nccl where NCCL cannot run (CPU ranks) stops before training:
+# exit 2, one message from rank 0 naming the key (docs/parallelism.md)
+cd "$TMP"
+"$MTRAIN" data generate --out data --docs 200 >/dev/null || { fail comm_setup "data generate failed"; exit 1; }
+cat >r.yaml <<'YAML'
+model: {vocab_size: 264, hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, intermediate_size: 64}
+train: {seq_len: 16, micro_batch: 2, global_batch: 4, steps: 2, device: cpu}
+data: {path: data}
+log: {dir: run}
+YAML
+expect_exit comm_nccl_on_cpu 2 "$MTRAIN" pretrain r.yaml --set parallel.comm=nccl
+expect_output comm_nccl_on_cpu_message "r.yaml: parallel.comm nccl: train.device resolved to the CPU"
+OMP_NUM_THREADS=1 timeout 120 mpiexec -n 2 "$MTRAIN" pretrain r.yaml --set parallel.comm=nccl >"$TMP/out" 2>&1
+rc=$?
+[ $rc = 2 ] && [ "$(grep -c 'parallel.comm nccl' "$TMP/out")" = 1 ] && [ ! -s run/metrics.jsonl ] &&
+    pass comm_nccl_on_cpu_two_ranks_one_message || fail comm_nccl_on_cpu_two_ranks_one_message "exit $rc: $(cat "$TMP/out")"
+# auto on CPU ranks is MPI, and says so
+OMP_NUM_THREADS=1 timeout 120 mpiexec -n 2 "$MTRAIN" pretrain r.yaml --set log.dir=auto >"$TMP/out" 2>&1 &&
+    grep -q '"comm":"mpi"' auto/metrics.jsonl && grep -q 'ep 1; mpi)' "$TMP/out" && pass comm_auto_on_cpu_is_mpi ||
+    fail comm_auto_on_cpu_is_mpi "$(tail -2 "$TMP/out")"
+exit $FAILED

@@ -1,6 +1,7 @@
 # The CUDA backend end to end on a tiny Llama: the same losses as the CPU
 # backend, bitwise repeatable, checkpoints that move between CPU and GPU;
-# the same for bf16 (train.precision) against the CPU's fp32 and bf16 runs.
+# the same for bf16 (train.precision) against the CPU's fp32 and bf16 runs,
+# and fp8 against the CPU's fp8 run.
 # Skipped where no GPU is visible (or the build has no CUDA backend).
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
@@ -9,7 +10,8 @@ gpu_resume_bitwise gpu_checkpoint_resumes_on_cpu gpu_tf32_close gpu_zero_single_
 gpu_layout_dp2_zero gpu_layout_tp2_pp2 gpu_mixtral_matches_cpu gpu_mixtral_deterministic gpu_mixtral_layout_ep2_tp2
 gpu_deepseek_matches_cpu gpu_deepseek_mtp_matches_cpu gpu_deepseek_deterministic gpu_deepseek_layout_tp2_ep2
 gpu_generate_matches_cpu gpu_eval_split_matches_cpu gpu_bf16_runs gpu_bf16_device_line gpu_bf16_tracks_cpu_fp32
-gpu_bf16_close_to_cpu_bf16 gpu_bf16_deterministic gpu_bf16_resume_bitwise gpu_bf16_checkpoint_resumes_on_cpu"
+gpu_bf16_close_to_cpu_bf16 gpu_bf16_deterministic gpu_bf16_resume_bitwise gpu_bf16_checkpoint_resumes_on_cpu
+gpu_fp8_runs gpu_fp8_close_to_cpu_fp8 gpu_fp8_deterministic"
 "$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail gpu_setup "data generate failed"; exit 1; }
 cat >r.yaml <<'YAML'
 model: {vocab_size: 264, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2, intermediate_size: 160}
@@ -183,6 +185,23 @@ close gpu_bf16_close_to_cpu_bf16 b.loss bb.loss 2e-2 200
 losses bx/metrics.jsonl >bx.loss
 grep -q "resumed from bx_ck/step-000000100" "$TMP/out" && close gpu_bf16_checkpoint_resumes_on_cpu bx.loss b.loss 2e-2 200 ||
     fail gpu_bf16_checkpoint_resumes_on_cpu "$(grep -E 'resumed|error' "$TMP/out" | head -2)"
+
+# FP8 on the GPU (the reference FP8 GEMMs of kernels/cuda/bf16.cu; both
+# blocks in FP8): 200 steps within 2% of the CPU fp8 run (the same quantised
+# operands; sums in another order), bitwise repeatable
+f8=("${b16[@]}" --set train.precision=fp8 --set train.fp8_skip_layers=0)
+if "$MTRAIN" pretrain r.yaml "${f8[@]}" --set checkpoint.dir=f_ck --set log.dir=f >"$TMP/out" 2>&1; then
+    pass gpu_fp8_runs
+    "$MTRAIN" pretrain r.yaml "${f8[@]}" --set train.device=cpu --set checkpoint.dir=fc_ck --set log.dir=fc >/dev/null 2>&1
+    "$MTRAIN" pretrain r.yaml "${f8[@]}" --set checkpoint.dir=f2_ck --set log.dir=f2 >/dev/null 2>&1
+    losses f/metrics.jsonl >f.loss; losses fc/metrics.jsonl >fc.loss
+    close gpu_fp8_close_to_cpu_fp8 f.loss fc.loss 2e-2 200
+    [ "$(losses f2/metrics.jsonl)" = "$(cat f.loss)" ] && pass gpu_fp8_deterministic || fail gpu_fp8_deterministic "differ"
+elif grep -q "no FP8 tensor cores" "$TMP/out"; then
+    for c in gpu_fp8_runs gpu_fp8_close_to_cpu_fp8 gpu_fp8_deterministic; do skip $c "this GPU has no FP8 tensor cores"; done
+else
+    fail gpu_fp8_runs "exit $?: $(tail -3 "$TMP/out")"
+fi
 
 # generate and eval on the GPU (KV-cache decode op, training forward) equal the CPU
 a=$("$MTRAIN" generate g --prompt-ids 1,2,3,4 --max-tokens 24 --device cuda --print-ids 2>/dev/null | tail -1)

@@ -1,10 +1,13 @@
-/* The comm layer over MPI: every collective and point-to-point call against
- * values computed by hand, on the world group and on a split grid. Run alone
- * (size 1: the no-op paths) by the unit pass, and under mpiexec -n 4 by
- * tests/integration/comm.sh. */
+/* The comm layer: every collective and point-to-point call against values
+ * computed by hand, on the world group and on a split grid: over MPI on host
+ * memory, staged (the CPU backend standing in for a device), and over NCCL
+ * on GPU memory where each rank has a GPU (skipped with the reason
+ * elsewhere). Run alone (size 1: the no-op paths, and NCCL's group of one)
+ * by the unit pass, and under mpiexec -n 4 by tests/integration/comm.sh. */
 #include <string.h>
 
 #include "kernels/ops.h"
+#include "parallel/comm_nccl.h"
 #include "parallel/grid.h"
 #include "tests/unit/check.h"
 
@@ -21,67 +24,156 @@ static int ok_all(struct comm *c, int ok) { /* every rank must agree it passed *
     return bad == 0;
 }
 
-/* Every call on w, against values computed by hand. sfx names the pass. */
-static void check_calls(struct comm *w, const char *sfx) {
+/* Where a pass keeps the buffers it hands the calls: host memory (mem NULL)
+ * or a backend's (device) memory, copied in and out around each call. */
+static const struct backend *mem;
+static void *put(const void *h, size_t bytes) {
+    if (!mem) return (void *)h;
+    void *d = mem->alloc(bytes);
+    mem->from_host(d, h, bytes);
+    return d;
+}
+static void get(void *h, void *d, size_t bytes) { /* copy back and release */
+    if (!mem) return;
+    mem->to_host(h, d, bytes);
+    mem->free(d);
+}
+
+/* Every call on w, against values computed by hand; agree (host memory,
+ * MPI) collects the verdicts. sfx names the pass. */
+static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
     int n = w->size, r = w->rank, ok;
     float x[8], all[64], out[8];
+    void *d, *d2;
 
     for (int i = 0; i < 3; i++) x[i] = r + i;
-    comm_all_reduce_sum(w, x, 3);
+    comm_all_reduce_sum(w, d = put(x, sizeof x), 3);
+    get(x, d, sizeof x);
     ok = 1;
     for (int i = 0; i < 3; i++) ok &= x[i] == n * (n - 1) / 2.0f + n * i;
-    ok = ok_all(w, ok);
+    ok = ok_all(agree, ok);
     if (r == 0) TEST_RESULT(nm("comm_all_reduce_sum", sfx), ok, "wrong sums");
 
     x[0] = (float)r;
-    comm_all_reduce_max(w, x, 1);
-    ok = ok_all(w, x[0] == n - 1);
+    comm_all_reduce_max(w, d = put(x, sizeof x), 1);
+    get(x, d, sizeof x);
+    ok = ok_all(agree, x[0] == n - 1);
     if (r == 0) TEST_RESULT(nm("comm_all_reduce_max", sfx), ok, "wrong max");
 
-    double d = r + 0.5;
-    comm_all_reduce_sum_f64(w, &d, 1);
-    ok = ok_all(w, d == n * (n - 1) / 2.0 + 0.5 * n);
-    if (r == 0) TEST_RESULT(nm("comm_all_reduce_sum_f64", sfx), ok, "wrong sum");
+    if (!w->nccl) { /* host memory only, and MPI's */
+        double dd = r + 0.5;
+        comm_all_reduce_sum_f64(w, &dd, 1);
+        ok = ok_all(agree, dd == n * (n - 1) / 2.0 + 0.5 * n);
+        if (r == 0) TEST_RESULT(nm("comm_all_reduce_sum_f64", sfx), ok, "wrong sum");
+    }
 
     for (int k = 0; k < n; k++) all[2 * k] = all[2 * k + 1] = (float)(r * 10 + k); /* block k goes to rank k */
-    comm_reduce_scatter_sum(w, all, out, 2);
+    comm_reduce_scatter_sum(w, d = put(all, sizeof all), d2 = put(out, sizeof out), 2);
+    get(all, d, sizeof all), get(out, d2, sizeof out);
     float want = 0;
     for (int q = 0; q < n; q++) want += q * 10 + r;
-    ok = ok_all(w, out[0] == want && out[1] == want);
+    ok = ok_all(agree, out[0] == want && out[1] == want);
     if (r == 0) TEST_RESULT(nm("comm_reduce_scatter_sum", sfx), ok, "got %g want %g", out[0], want);
 
     x[0] = (float)r, x[1] = (float)(-r);
-    comm_all_gather(w, x, all, 2);
+    comm_all_gather(w, d = put(x, sizeof x), d2 = put(all, sizeof all), 2);
+    get(x, d, sizeof x), get(all, d2, sizeof all);
     ok = 1;
     for (int k = 0; k < n; k++) ok &= all[2 * k] == k && all[2 * k + 1] == -k;
-    ok = ok_all(w, ok);
+    ok = ok_all(agree, ok);
     if (r == 0) TEST_RESULT(nm("comm_all_gather", sfx), ok, "wrong blocks");
 
     int v = r == n - 1 ? 42 : 0;
-    comm_broadcast(w, &v, sizeof v, n - 1);
-    ok = ok_all(w, v == 42);
+    comm_broadcast(w, d = put(&v, sizeof v), sizeof v, n - 1);
+    get(&v, d, sizeof v);
+    ok = ok_all(agree, v == 42);
     if (r == 0) TEST_RESULT(nm("comm_broadcast", sfx), ok, "got %d", v);
 
     for (int k = 0; k < n; k++) all[k] = (float)(r * 100 + k); /* element k goes to rank k */
-    comm_all_to_all(w, all, out + 0, 1);
+    comm_all_to_all(w, d = put(all, sizeof all), d2 = put(out, sizeof out), 1);
+    get(all, d, sizeof all), get(out, d2, sizeof out);
     /* out is only 8 long: check with n <= 8 */
     ok = 1;
     for (int k = 0; k < n && k < 8; k++) ok &= out[k] == k * 100 + r;
-    ok = ok_all(w, ok);
+    ok = ok_all(agree, ok);
     if (r == 0) TEST_RESULT(nm("comm_all_to_all", sfx), ok, "wrong exchange");
+
+    /* variable sizes: rank r sends k+1 copies of r to rank k */
+    int sc[8], rc[8], ns = 0, nr = 0;
+    for (int k = 0; k < n && k < 8; k++) {
+        sc[k] = k + 1, rc[k] = r + 1;
+        for (int j = 0; j <= k; j++) all[ns++] = (float)r;
+        nr += rc[k];
+    }
+    float got_v[64];
+    for (int i = 0; i < 64; i++) got_v[i] = -1;
+    if (n <= 8) {
+        comm_all_to_all_v(w, d = put(all, sizeof all), sc, d2 = put(got_v, sizeof got_v), rc);
+        get(all, d, sizeof all), get(got_v, d2, sizeof got_v);
+    }
+    ok = 1;
+    for (int k = 0, o = 0; k < n && n <= 8; k++)
+        for (int j = 0; j < rc[k]; j++) ok &= got_v[o++] == (float)k;
+    ok = ok_all(agree, ok && (n > 8 || got_v[nr] == -1));
+    if (r == 0) TEST_RESULT(nm("comm_all_to_all_v", sfx), ok, "wrong exchange");
+
+    /* non-blocking: an all-reduce, and a sum onto the last rank (the others' buffers unchanged) */
+    for (int i = 0; i < 3; i++) x[i] = r + i, out[i] = 2 * r + i;
+    d = put(x, sizeof x), d2 = put(out, sizeof out);
+    comm_all_reduce_sum_start(w, d, 3);
+    comm_reduce_sum_start(w, d2, 3, n - 1);
+    comm_wait_all(w);
+    get(x, d, sizeof x), get(out, d2, sizeof out);
+    ok = 1;
+    for (int i = 0; i < 3; i++) {
+        ok &= x[i] == n * (n - 1) / 2.0f + n * i;
+        ok &= r == n - 1 ? out[i] == n * (n - 1) + n * i : out[i] == 2 * r + i;
+    }
+    ok = ok_all(agree, ok);
+    if (r == 0) TEST_RESULT(nm("comm_started_reductions", sfx), ok, "wrong sums after comm_wait_all");
 
     /* a ring of non-blocking sends and blocking receives */
     float token = (float)r, got = -1;
     if (n > 1) {
-        comm_send(w, &token, sizeof token, (r + 1) % n, 7);
-        comm_recv(w, &got, sizeof got, (r + n - 1) % n, 7);
+        void *dt = put(&token, sizeof token), *dg = put(&got, sizeof got);
+        comm_send(w, dt, sizeof token, (r + 1) % n, 7);
+        comm_recv(w, dg, sizeof got, (r + n - 1) % n, 7);
         comm_wait_sends(w);
+        get(&token, dt, sizeof token), get(&got, dg, sizeof got);
     } else {
         got = token;
     }
-    ok = ok_all(w, got == (float)((r + n - 1) % n));
+    ok = ok_all(agree, got == (float)((r + n - 1) % n));
     if (r == 0) TEST_RESULT(nm("comm_send_recv_ring", sfx), ok, "got %g", got);
+}
 
+/* The same calls over NCCL on device memory, where every rank of this node
+ * has a GPU of its own; skipped with the reason elsewhere. */
+static void check_nccl(struct grid *g) {
+    char why[320] = "";
+    if (!cuda_backend_available()) snprintf(why, sizeof why, "no CUDA device (or no CUDA backend in this build)");
+    else if (cuda_device_count() < g->local_size)
+        snprintf(why, sizeof why, "%d ranks on this node need %d GPUs, %d visible", g->local_size, g->local_size,
+                 cuda_device_count());
+    else nccl_available(why, sizeof why);
+    float bad = why[0] != 0;
+    comm_all_reduce_max(&g->world, &bad, 1);
+    if (bad) {
+        if (g->world_rank == 0) printf("SKIP comm_nccl: %s\n", why[0] ? why : "another rank cannot use NCCL");
+        return;
+    }
+    cuda_use_device(g->local_rank);
+    struct comm nw = g->world; /* the world's MPI group, with an NCCL communicator of its own */
+    nw.host[0] = nw.host[1] = NULL, nw.host_bytes[0] = nw.host_bytes[1] = 0, nw.bytes = 0;
+    nw.stage = &cuda_backend; /* the ring's sends stay on MPI, staged */
+    comm_nccl_init(&nw);
+    mem = &cuda_backend;
+    check_calls(&nw, &g->world, "_nccl");
+    mem = NULL;
+    int ok = ok_all(&g->world, nw.bytes > 0);
+    if (g->world_rank == 0) TEST_RESULT("comm_nccl_counts_payload", ok, "no bytes counted");
+    comm_nccl_free(&nw);
+    comm_free_staging(&nw);
 }
 
 int main(int argc, char **argv) {
@@ -95,12 +187,15 @@ int main(int argc, char **argv) {
     char name[64];
     float x[8];
 
-    check_calls(w, "");
-    /* the same through host staging (what GPU ranks do until NCCL), with the
-     * CPU backend standing in for device memory */
+    check_calls(w, w, "");
+    /* the same through host staging (GPU ranks under parallel.comm mpi), with
+     * the CPU backend standing in for device memory */
     w->stage = &cpu_backend;
-    check_calls(w, "_staged");
+    mem = &cpu_backend;
+    check_calls(w, w, "_staged");
+    mem = NULL;
     w->stage = NULL;
+    check_nccl(&g);
 
     /* the grid's groups: tp pairs when the world is even */
     x[0] = 1;

@@ -4,7 +4,8 @@
  * norm-wise of both (the GPU's fp32 sums run in another order, so a value
  * may round to the neighbouring bf16), the storage kernels (rounding,
  * embedding rows, row gathers, column copies) bitwise equal to the CPU's.
- * Without a GPU every case is skipped. */
+ * The fp8 table's GEMMs against the CPU fp8 table's. Without a GPU every
+ * case is skipped. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,44 @@ static void test_matmul(int N, int K, int M) {
     g16->free(dX), g16->free(dW), g16->free(dD), g16->free(dO), g16->free(dGX), g16->free(dDW);
 }
 
+static double normwise_diff(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* The CUDA fp8 table's GEMMs against the CPU fp8 table's (tests/unit/test_fp8.c
+ * checks those against a reference quantiser): the same quantised operands
+ * (the same rounding functions, kernels/fp8.h), so only the fp32 sums' order
+ * differs: stored outputs within 4e-3 norm-wise (a few neighbouring bf16
+ * roundings; a wrong scale or block moves them by percents), the fp32 weight
+ * gradient within 1e-5. Rows of different magnitudes make block scaling
+ * differ from per-tensor scaling. */
+static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, enum fp8_scaling sc, const char *tag) {
+    int N = 300, K = 520, M = 130;
+    size_t nx = (size_t)N * K, nw = (size_t)M * K, no = (size_t)N * M;
+    float *x = rnd(nx), *w = rnd(nw), *dout = rnd(no);
+    for (size_t i = 0; i < nx; i++) x[i] *= ldexpf(1.0f, -(int)(i / K % 7) * 3);
+    float *X = pack(x, nx), *W = pack(w, nw), *D = pack(dout, no);
+    float *dX = dev(X, 2 * nx), *dW = dev(W, 2 * nw), *dD = dev(D, 2 * no), *dO = g16->alloc(2 * no);
+    float *dGX = g16->alloc(2 * nx), *dDW = g16->alloc(4 * nw);
+    float *O = malloc(2 * no), *GX = malloc(2 * nx), *DW = calloc(nw, 4);
+    char name[80];
+    c8->fp8_matmul_forward(O, X, W, N, K, M, 0, sc);
+    g8->fp8_matmul_forward(dO, dX, dW, N, K, M, 0, sc);
+    c8->fp8_matmul_backward(GX, DW, D, X, W, N, K, M, 0, sc);
+    g8->fp8_matmul_backward(dGX, dDW, dD, dX, dW, N, K, M, 0, sc);
+    float *ho = host_of(dO, 2 * no), *hx = host_of(dGX, 2 * nx);
+    float *go = unpack(ho, no), *co = unpack(O, no), *gx = unpack(hx, nx), *cx = unpack(GX, nx), *gw = host_of(dDW, 4 * nw);
+    double eo = normwise_diff(go, co, no), ex = normwise_diff(gx, cx, nx), ew = normwise_diff(gw, DW, nw);
+    snprintf(name, sizeof name, "cuda_fp8_%s_matmul_vs_cpu_fp8", tag);
+    TEST_RESULT(name, eo <= 4e-3 && ex <= 4e-3 && ew <= 1e-5, "forward %.3g, dgrad %.3g (tol 4e-3), wgrad %.3g (1e-5)",
+                eo, ex, ew);
+    free(x), free(w), free(dout), free(X), free(W), free(D), free(O), free(GX), free(DW);
+    free(ho), free(hx), free(go), free(co), free(gx), free(cx), free(gw);
+    g16->free(dX), g16->free(dW), g16->free(dD), g16->free(dO), g16->free(dGX), g16->free(dDW);
+}
+
 static void test_attention(int B, int T, int H, int KVH, int D, const char *tag) {
     size_t rows = (size_t)B * T, nq = rows * H * D, nk = rows * KVH * D;
     float *q = rnd(nq), *k = rnd(nk), *v = rnd(nk), *dout = rnd(nq);
@@ -227,5 +266,12 @@ int main(void) {
     test_attention(1, 257, 4, 4, 128, "mha_d128");
     test_norm_and_elementwise(300, 520);
     test_cross_entropy(77, 1500);
+    if (cuda_device_has_fp8()) {
+        const struct backend *g8 = backend_get("cuda", "fp8"), *c8 = backend_get("cpu", "fp8");
+        test_fp8_matmul(g8, c8, FP8_SCALING_TENSOR, "tensor");
+        test_fp8_matmul(g8, c8, FP8_SCALING_BLOCK, "block");
+    } else {
+        printf("SKIP cuda_fp8: this GPU has no FP8 tensor cores\n");
+    }
     TEST_EXIT();
 }

@@ -1,0 +1,207 @@
+/* comm.h over NCCL (see parallel/comm_nccl.h). Streams: the CUDA backend
+ * computes on the legacy default stream; each NCCL group has its own
+ * non-blocking stream. A call first makes the group's stream wait for the
+ * compute stream's work so far (an event), runs there, and records an event
+ * after itself; a blocking call makes the compute stream wait for that event
+ * at once (the host does not wait: a later copy to the host is ordered
+ * behind it), a started one (gradient buckets) only in nccl_wait, so
+ * backward keeps computing while the bucket is reduced. */
+#include <stdio.h>
+#include <string.h>
+
+#include "config/common.h"
+#include "parallel/comm.h"
+#include "parallel/comm_nccl.h"
+
+#ifdef MTRAIN_CUDA
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <mpi.h>
+#include <nccl.h>
+
+/* the NCCL entry points, from libnccl.so.2 at run time */
+static struct {
+    void *lib;
+    const char *(*error_string)(ncclResult_t);
+    ncclResult_t (*get_unique_id)(ncclUniqueId *);
+    ncclResult_t (*init_rank)(ncclComm_t *, int, ncclUniqueId, int);
+    ncclResult_t (*destroy)(ncclComm_t);
+    ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*reduce_scatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                   cudaStream_t);
+    ncclResult_t (*all_gather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*group_start)(void);
+    ncclResult_t (*group_end)(void);
+} nc;
+static char load_error[256];
+
+static int load(void) {
+    if (nc.lib) return 1;
+    if (load_error[0]) return 0;
+    void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        snprintf(load_error, sizeof load_error, "libnccl.so.2 not found (%s); add its directory to LD_LIBRARY_PATH",
+                 dlerror());
+        return 0;
+    }
+    struct { void **slot; const char *name; } syms[] = {
+        {(void **)&nc.error_string, "ncclGetErrorString"}, {(void **)&nc.get_unique_id, "ncclGetUniqueId"},
+        {(void **)&nc.init_rank, "ncclCommInitRank"},      {(void **)&nc.destroy, "ncclCommDestroy"},
+        {(void **)&nc.all_reduce, "ncclAllReduce"},        {(void **)&nc.reduce, "ncclReduce"},
+        {(void **)&nc.reduce_scatter, "ncclReduceScatter"}, {(void **)&nc.all_gather, "ncclAllGather"},
+        {(void **)&nc.broadcast, "ncclBroadcast"},         {(void **)&nc.send, "ncclSend"},
+        {(void **)&nc.recv, "ncclRecv"},                   {(void **)&nc.group_start, "ncclGroupStart"},
+        {(void **)&nc.group_end, "ncclGroupEnd"},
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        *syms[i].slot = dlsym(lib, syms[i].name);
+        if (!*syms[i].slot) {
+            snprintf(load_error, sizeof load_error, "libnccl.so.2 has no %s (NCCL 2.7 or newer needed)", syms[i].name);
+            dlclose(lib);
+            return 0;
+        }
+    }
+    nc.lib = lib;
+    return 1;
+}
+
+int nccl_available(char *why, size_t n) {
+    if (load()) return 1;
+    snprintf(why, n, "%s", load_error);
+    return 0;
+}
+
+#define NCCL_CHECK(call)                                                                               \
+    do {                                                                                               \
+        ncclResult_t r_ = (call);                                                                      \
+        if (r_ != ncclSuccess) die("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, nc.error_string(r_)); \
+    } while (0)
+#define CUDA_OK(call)                                                                                  \
+    do {                                                                                               \
+        cudaError_t e_ = (call);                                                                       \
+        if (e_ != cudaSuccess) die("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+    } while (0)
+
+/* what a group keeps: the communicator, its stream, its two events */
+struct nccl_group {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    cudaEvent_t before, after;
+};
+
+void comm_nccl_init(struct comm *c) {
+    if (!load()) die("parallel.comm nccl: %s", load_error);
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (c->rank == 0) NCCL_CHECK(nc.get_unique_id(&id));
+    if (c->size > 1 && MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, *(MPI_Comm *)c->handle) != MPI_SUCCESS)
+        die("MPI_Bcast of the NCCL id of group %s failed", c->name);
+    struct nccl_group *g = xcalloc(1, sizeof *g);
+    NCCL_CHECK(nc.init_rank(&g->comm, c->size, id, c->rank));
+    CUDA_OK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    CUDA_OK(cudaEventCreateWithFlags(&g->before, cudaEventDisableTiming));
+    CUDA_OK(cudaEventCreateWithFlags(&g->after, cudaEventDisableTiming));
+    c->nccl = g;
+}
+
+void comm_nccl_free(struct comm *c) {
+    struct nccl_group *g = c->nccl;
+    if (!g) return;
+    CUDA_OK(cudaStreamSynchronize(g->stream));
+    NCCL_CHECK(nc.destroy(g->comm));
+    CUDA_OK(cudaEventDestroy(g->before));
+    CUDA_OK(cudaEventDestroy(g->after));
+    CUDA_OK(cudaStreamDestroy(g->stream));
+    free(g);
+    c->nccl = NULL;
+}
+
+/* the group's stream waits for the compute stream's work so far */
+static struct nccl_group *begin(struct comm *c, size_t bytes) {
+    struct nccl_group *g = c->nccl;
+    c->bytes += bytes, c->calls++;
+    CUDA_OK(cudaEventRecord(g->before, 0));
+    CUDA_OK(cudaStreamWaitEvent(g->stream, g->before, 0));
+    return g;
+}
+
+/* after the call: the compute stream waits for it now, or (started) in nccl_wait */
+static void end(struct nccl_group *g, int start) {
+    CUDA_OK(cudaEventRecord(g->after, g->stream));
+    if (!start) CUDA_OK(cudaStreamWaitEvent(0, g->after, 0));
+}
+
+void nccl_wait(struct comm *c) {
+    struct nccl_group *g = c->nccl;
+    CUDA_OK(cudaStreamWaitEvent(0, g->after, 0)); /* the last recorded: calls on one stream complete in order */
+}
+
+void nccl_all_reduce(struct comm *c, float *buf, size_t n, int max, int start) {
+    struct nccl_group *g = begin(c, n * sizeof(float));
+    NCCL_CHECK(nc.all_reduce(buf, buf, n, ncclFloat32, max ? ncclMax : ncclSum, g->comm, g->stream));
+    end(g, start);
+}
+
+void nccl_reduce(struct comm *c, float *buf, size_t n, int root) {
+    struct nccl_group *g = begin(c, n * sizeof(float));
+    NCCL_CHECK(nc.reduce(buf, buf, n, ncclFloat32, ncclSum, root, g->comm, g->stream));
+    end(g, 1);
+}
+
+void nccl_reduce_scatter(struct comm *c, const float *in, float *out, size_t n) {
+    struct nccl_group *g = begin(c, (size_t)c->size * n * sizeof(float));
+    NCCL_CHECK(nc.reduce_scatter(in, out, n, ncclFloat32, ncclSum, g->comm, g->stream));
+    end(g, 0);
+}
+
+void nccl_all_gather(struct comm *c, const float *in, float *out, size_t n) {
+    struct nccl_group *g = begin(c, (size_t)c->size * n * sizeof(float));
+    NCCL_CHECK(nc.all_gather(in, out, n, ncclFloat32, g->comm, g->stream));
+    end(g, 0);
+}
+
+void nccl_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
+    struct nccl_group *g = begin(c, bytes);
+    NCCL_CHECK(nc.broadcast(buf, buf, bytes, ncclUint8, root, g->comm, g->stream));
+    end(g, 0);
+}
+
+/* one grouped send and receive per peer (the rank itself included: a copy) */
+void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts) {
+    size_t in_n = 0;
+    for (int r = 0; r < c->size; r++) in_n += send_counts[r];
+    struct nccl_group *g = begin(c, in_n * sizeof(float));
+    NCCL_CHECK(nc.group_start());
+    size_t so = 0, ro = 0;
+    for (int r = 0; r < c->size; r++) {
+        if (send_counts[r]) NCCL_CHECK(nc.send(in + so, send_counts[r], ncclFloat32, r, g->comm, g->stream));
+        if (recv_counts[r]) NCCL_CHECK(nc.recv(out + ro, recv_counts[r], ncclFloat32, r, g->comm, g->stream));
+        so += send_counts[r], ro += recv_counts[r];
+    }
+    NCCL_CHECK(nc.group_end());
+    end(g, 0);
+}
+
+#else /* no CUDA in this build: no NCCL; nothing sets comm->nccl */
+
+int nccl_available(char *why, size_t n) {
+    snprintf(why, n, "this build of mtrain has no CUDA backend");
+    return 0;
+}
+void comm_nccl_init(struct comm *c) { die("group %s: this build of mtrain has no NCCL", c->name); }
+void comm_nccl_free(struct comm *c) { (void)c; }
+void nccl_all_reduce(struct comm *c, float *buf, size_t n, int max, int start) { CHECK(0); }
+void nccl_reduce(struct comm *c, float *buf, size_t n, int root) { CHECK(0); }
+void nccl_reduce_scatter(struct comm *c, const float *in, float *out, size_t n) { CHECK(0); }
+void nccl_all_gather(struct comm *c, const float *in, float *out, size_t n) { CHECK(0); }
+void nccl_broadcast(struct comm *c, void *buf, size_t bytes, int root) { CHECK(0); }
+void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts) {
+    CHECK(0);
+}
+void nccl_wait(struct comm *c) { CHECK(0); }
+#endif
