@@ -32,7 +32,7 @@ struct run {
     const struct recipe *r;
     const struct pretrain_opts *o;
     const struct backend *be;
-    const char *comm_name;   /* "nccl" or "mpi": how the groups communicate (parallel.comm) */
+    const char *comm_name;   /* "nccl", "mpi" or "none" (one rank): how the groups communicate (parallel.comm) */
     struct grid grid;
     int rank0;               /* world rank 0 prints and writes the metrics */
     struct prefetcher *train;    /* training batches, read ahead in a thread */

@@ -306,13 +306,15 @@ static void choose_comm(struct run *run) {
     struct grid *g = &run->grid;
     int gpu = !strcmp(run->be->name, "cuda"), want = strcmp(r->parallel.comm, "mpi") != 0;
     char why[320] = "";
-    run->comm_name = "mpi";
+    run->comm_name = g->world_size == 1 ? "none" : "mpi";
     if (!want) return;
+    int shared = grid_ranks_sharing_gpu(g); /* collective: every rank asks, GPU or not */
     if (!gpu) snprintf(why, sizeof why, "train.device resolved to the CPU: NCCL needs GPU ranks");
-    else if (g->local_size > cuda_device_count())
-        snprintf(why, sizeof why, "%d ranks on this node but %d GPU%s visible: NCCL needs one GPU per rank (start at "
-                 "most one rank per GPU, or use parallel.comm mpi)", g->local_size, cuda_device_count(),
-                 cuda_device_count() == 1 ? "" : "s");
+    else if (shared)
+        snprintf(why, sizeof why, "%d other rank%s on this node drive%s the same GPU (%d GPU%s visible to this rank, %d "
+                 "ranks on the node): NCCL needs a GPU per rank (start at most one rank per GPU, or use parallel.comm "
+                 "mpi)", shared, shared == 1 ? "" : "s", shared == 1 ? "s" : "", cuda_device_count(),
+                 cuda_device_count() == 1 ? "" : "s", g->local_size);
     else nccl_available(why, sizeof why);
     float bad = why[0] != 0;
     comm_all_reduce_max(&g->world, &bad, 1);
@@ -328,7 +330,7 @@ static void choose_comm(struct run *run) {
         return;
     }
     grid_use_nccl(g);
-    run->comm_name = "nccl";
+    if (g->world_size > 1) run->comm_name = "nccl";
 }
 
 static void setup(struct run *run) {

@@ -49,6 +49,12 @@ const struct backend cuda_backend = {.name = "cuda"}, cuda_bf16_backend = {.name
                      cuda_fp8_backend = {.name = "cuda"};
 int cuda_backend_available(void) { return 0; }
 int cuda_device_has_fp8(void) { return 0; }
+int cuda_device_count(void) { return 0; }
+const char *cuda_device_error(void) { return "this build has no CUDA backend"; }
+int cuda_device_pci_id(char *buf, int n) {
+    if (n > 0) buf[0] = 0;
+    return 0;
+}
 void cuda_set_tf32(int on) { (void)on; }
 void cuda_use_device(int local_rank) { (void)local_rank; }
 #endif

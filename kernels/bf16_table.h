@@ -306,37 +306,38 @@ const struct backend BF16_TABLE = {.name = BF16_NAME, .precision = PRECISION_BF1
 
 /* s's fp32 widening of the bf16 x [rows, cols], quantised in blocks of br x bc (whole tensor when not block) */
 static float *fp8_operand(int s, const float *x, int rows, int cols, int br, int bc, int format,
-                          enum fp8_scaling scaling) {
+                          struct fp8_recipe recipe) {
     float *d = wide(s, x, (size_t)rows * cols);
-    if (scaling == FP8_SCALING_TENSOR) br = rows, bc = cols;
+    if (recipe.scaling == FP8_SCALING_TENSOR) br = rows, bc = cols;
     fp8_qdq_blocks(d, rows, cols, br, bc, format);
     return d;
 }
 
 static void fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
-                               enum fp8_scaling scaling) {
+                               struct fp8_recipe recipe) {
     size_t no = (size_t)N * M;
     if (!no) return;
     float *o = accumulate ? wide(2, out, no) : scratch(2, no);
-    BF16_INNER.matmul_forward(o, fp8_operand(0, x, N, K, 1, FP8_BLOCK, FP8_E4M3, scaling),
-                              fp8_operand(1, w, M, K, FP8_BLOCK, FP8_BLOCK, FP8_E4M3, scaling), N, K, M, accumulate);
+    BF16_INNER.matmul_forward(o, fp8_operand(0, x, N, K, 1, FP8_BLOCK, FP8_E4M3, recipe),
+                              fp8_operand(1, w, M, K, FP8_BLOCK, FP8_BLOCK, FP8_E4M3, recipe), N, K, M, accumulate);
     bf16_narrow(out, o, no);
 }
 
 static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
-                                int M, int accumulate_dx, enum fp8_scaling scaling) {
+                                int M, int accumulate_dx, struct fp8_recipe recipe) {
     size_t nx = (size_t)N * K;
+    int gf = recipe.grad_e5m2 ? FP8_E5M2 : FP8_E4M3;
     if (!N || !M || !K) return;
-    float *wq = fp8_operand(2, w, M, K, FP8_BLOCK, FP8_BLOCK, FP8_E4M3, scaling);
+    float *wq = fp8_operand(2, w, M, K, FP8_BLOCK, FP8_BLOCK, FP8_E4M3, recipe);
     if (dx) { /* dx = dout @ w: contraction over M */
         float *d = accumulate_dx ? wide(3, dx, nx) : scratch(3, nx);
-        BF16_INNER.matmul_backward(d, NULL, fp8_operand(0, dout, N, M, 1, FP8_BLOCK, FP8_E5M2, scaling), NULL, wq, N,
+        BF16_INNER.matmul_backward(d, NULL, fp8_operand(0, dout, N, M, 1, FP8_BLOCK, gf, recipe), NULL, wq, N,
                                    K, M, accumulate_dx);
         bf16_narrow(dx, d, nx);
     }
     if (dw) /* dw += dout^T @ x: contraction over the tokens */
-        BF16_INNER.matmul_backward(NULL, dw, fp8_operand(0, dout, N, M, FP8_BLOCK, 1, FP8_E5M2, scaling),
-                                   fp8_operand(1, x, N, K, FP8_BLOCK, 1, FP8_E4M3, scaling), wq, N, K, M, 0);
+        BF16_INNER.matmul_backward(NULL, dw, fp8_operand(0, dout, N, M, FP8_BLOCK, 1, gf, recipe),
+                                   fp8_operand(1, x, N, K, FP8_BLOCK, 1, FP8_E4M3, recipe), wq, N, K, M, 0);
 }
 
 #ifdef __cplusplus

@@ -96,14 +96,14 @@ FP8_FN float fp8_to_float(uint8_t b, int f) {
 }
 
 /* k such that amax * 2^k fits the format with the least headroom, at most
- * 127 and at least -126 (2^k and 2^-k are then normal fp32 numbers); 0 for
+ * 126 and at least -126 (2^k and 2^-k are then normal fp32 numbers); 0 for
  * a zero or non-finite amax (the caller passes such blocks through) */
 FP8_FN int fp8_scale_exp(float amax, int f) {
     if (!(amax > 0.0f) || isinf(amax)) return 0;
     int ea, em;
     float ma = frexpf(amax, &ea), mm = frexpf(fp8_max(f), &em);
     int k = em - ea - (ma > mm ? 1 : 0);
-    return k > 127 ? 127 : k < -126 ? -126 : k;
+    return k > 126 ? 126 : k < -126 ? -126 : k;
 }
 
 /* 2^k as an fp32, -126 <= k <= 127 */

@@ -38,6 +38,13 @@ enum precision { PRECISION_FP32 = 0, PRECISION_BF16, PRECISION_FP8 };
  * along the contraction (activations and gradients 1 x 128, weights
  * 128 x 128: DeepSeek-V3's recipe). */
 enum fp8_scaling { FP8_SCALING_TENSOR = 0, FP8_SCALING_BLOCK };
+/* The FP8 recipe of a GEMM: the scaling, and the format of output
+ * gradients: e4m3 (default: 3 mantissa bits, as DeepSeek-V3) or e5m2 (2
+ * mantissa bits, 2^13 more range; Transformer Engine's hybrid format). */
+struct fp8_recipe {
+    enum fp8_scaling scaling;
+    int grad_e5m2;
+};
 
 struct backend {
     const char *name;
@@ -192,13 +199,14 @@ struct backend {
 
     /* Only in fp8 tables (NULL elsewhere): matmul_forward/backward with FP8
      * operands, for the blocks' linear layers. Weights and activations are
-     * quantised to e4m3, output gradients to e5m2, each scaled by its
-     * current amax (per tensor or per block, `scaling`), products summed in
-     * fp32; outputs stored like matmul_forward's, dw accumulated in fp32. */
+     * quantised to e4m3, output gradients to e4m3 or e5m2 (the recipe),
+     * each scaled by its current amax (per tensor or per block), products
+     * summed in fp32; outputs stored like matmul_forward's, dw accumulated
+     * in fp32. */
     void (*fp8_matmul_forward)(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
-                               enum fp8_scaling scaling);
+                               struct fp8_recipe recipe);
     void (*fp8_matmul_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
-                                int M, int accumulate_dx, enum fp8_scaling scaling);
+                                int M, int accumulate_dx, struct fp8_recipe recipe);
 };
 
 /* "cpu", "cuda" or "auto" at precision "fp32", "bf16" or "fp8"; returns
@@ -218,6 +226,8 @@ int cuda_backend_available(void);
 void cuda_set_tf32(int on);
 int cuda_device_count(void);
 const char *cuda_device_error(void); /* why cuda_device_count() said 0 */
+/* The PCI bus id of the current GPU ("0000:1b:00.0") into buf; 0 without one. */
+int cuda_device_pci_id(char *buf, int n);
 /* Bind this process to GPU local_rank % devices (one GPU per rank on a node). */
 void cuda_use_device(int local_rank);
 

@@ -44,8 +44,9 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     transformer_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots,
                        recompute_mode(r->train.recompute));
     tr->model.ep_comm = &g->ep_comm;
-    transformer_set_fp8(&tr->model, strcmp(r->train.fp8_scaling, "block") ? FP8_SCALING_TENSOR : FP8_SCALING_BLOCK,
-                        r->train.fp8_skip_layers);
+    struct fp8_recipe fp8 = {strcmp(r->train.fp8_scaling, "block") ? FP8_SCALING_TENSOR : FP8_SCALING_BLOCK,
+                             !strcmp(r->train.fp8_grad_format, "e5m2")};
+    transformer_set_fp8(&tr->model, fp8, r->train.fp8_skip_layers);
     transformer_set_moe_sequences(&tr->model, r->train.global_batch);
     optimizer_create(&tr->opt, be, &tr->model.table, &r->optimizer, &g->dp_comm, &g->tp_comm,
                      r->parallel.sequence_parallel, &g->edp_comm);

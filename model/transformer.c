@@ -533,19 +533,19 @@ static void row_parallel_residual(struct transformer *m, float *out, const float
  * FP8 blocks (fp8 tables, train.fp8_skip_layers), else the table's. */
 void linear_forward(struct transformer *m, float *out, const float *x, const float *w, int N, int K, int M,
                     int accumulate) {
-    if (m->fp8_now) m->be->fp8_matmul_forward(out, x, w, N, K, M, accumulate, m->fp8_scaling);
+    if (m->fp8_now) m->be->fp8_matmul_forward(out, x, w, N, K, M, accumulate, m->fp8);
     else m->be->matmul_forward(out, x, w, N, K, M, accumulate);
 }
 
 void linear_backward(struct transformer *m, float *dx, float *dw, const float *dout, const float *x, const float *w,
                      int N, int K, int M, int accumulate_dx) {
-    if (m->fp8_now) m->be->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, m->fp8_scaling);
+    if (m->fp8_now) m->be->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, m->fp8);
     else m->be->matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx);
 }
 
-void transformer_set_fp8(struct transformer *m, enum fp8_scaling scaling, int skip_layers) {
+void transformer_set_fp8(struct transformer *m, struct fp8_recipe recipe, int skip_layers) {
     m->fp8_begin = m->fp8_end = 0;
-    m->fp8_scaling = scaling;
+    m->fp8 = recipe;
     if (m->be->precision != PRECISION_FP8) return;
     m->fp8_begin = skip_layers, m->fp8_end = m->L - skip_layers;
 }

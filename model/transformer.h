@@ -163,7 +163,7 @@ struct transformer {
      * layers' GEMMs in FP8 (transformer_set_fp8); fp8_now: the block being
      * run is one of them */
     int fp8_begin, fp8_end, fp8_now;
-    enum fp8_scaling fp8_scaling;
+    struct fp8_recipe fp8;
 };
 
 /* Activation storage holds elements of be->act_bytes bytes (kernels/ops.h,
@@ -194,9 +194,9 @@ void transformer_init_params(struct transformer *m, uint64_t seed);
  * covered by one rule. */
 void transformer_sync_weights(struct transformer *m);
 /* Under an fp8 table, the main layers but skip_layers at each end multiply
- * their linear layers in FP8 with this scaling (nothing otherwise; the
+ * their linear layers in FP8 with this recipe (nothing otherwise; the
  * embedding, head, routers and MTP modules always stay in the table's bf16). */
-void transformer_set_fp8(struct transformer *m, enum fp8_scaling scaling, int skip_layers);
+void transformer_set_fp8(struct transformer *m, struct fp8_recipe recipe, int skip_layers);
 /* The matmul_forward / matmul_backward of the blocks' linear layers: the
  * table's, or its FP8 GEMMs in an FP8 block (model/moe.c, model/mla.c). */
 void linear_forward(struct transformer *m, float *out, const float *x, const float *w, int N, int K, int M,

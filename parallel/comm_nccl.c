@@ -17,7 +17,15 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <mpi.h>
-#include <nccl.h>
+
+/* NCCL's ABI, declared here so the build needs no nccl.h (libnccl-dev):
+ * these types and values are fixed since NCCL 2.0 */
+typedef struct ncclComm *ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef int ncclResult_t;
+typedef int ncclDataType_t;
+typedef int ncclRedOp_t;
+enum { ncclSuccess = 0, ncclUint8 = 1, ncclFloat32 = 7, ncclSum = 0, ncclMax = 2 };
 
 /* the NCCL entry points, from libnccl.so.2 at run time */
 static struct {

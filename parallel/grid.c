@@ -1,8 +1,11 @@
 #include <mpi.h>
+#include <stdint.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config/common.h"
+#include "kernels/ops.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/grid.h"
 
@@ -121,6 +124,26 @@ void grid_single(struct grid *g) {
 void grid_stage_device(struct grid *g, const struct backend *be) {
     g->tp_comm.stage = g->dp_comm.stage = g->pp_comm.stage = g->ep_comm.stage = g->edp_comm.stage = be;
     g->embed_comm.stage = be;
+}
+
+/* How many other ranks of the world drive this rank's GPU (the same host
+ * name and PCI bus id): NCCL refuses two ranks of a communicator on one
+ * GPU. Works whether each rank sees every GPU of its node or only its own. */
+int grid_ranks_sharing_gpu(struct grid *g) {
+    char id[64] = "", host[256] = "";
+    cuda_device_pci_id(id, sizeof id);
+    if (gethostname(host, sizeof host) != 0) host[0] = 0;
+    host[sizeof host - 1] = 0;
+    uint64_t key = 1469598103934665603ull; /* FNV-1a of host and bus id, kept to 52 bits: exact in a double */
+    for (const char *s = host; *s; s++) key = (key ^ (unsigned char)*s) * 1099511628211ull;
+    for (const char *s = id; *s; s++) key = (key ^ (unsigned char)*s) * 1099511628211ull;
+    double *keys = xcalloc(g->world_size, sizeof *keys);
+    keys[g->world_rank] = (double)(key & ((1ull << 52) - 1)) + 1;
+    comm_all_reduce_sum_f64(&g->world, keys, g->world_size);
+    int shared = 0;
+    for (int r = 0; r < g->world_size; r++) shared += r != g->world_rank && keys[r] == keys[g->world_rank];
+    free(keys);
+    return shared;
 }
 
 void grid_use_nccl(struct grid *g) {

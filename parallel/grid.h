@@ -39,6 +39,10 @@ void grid_stage_device(struct grid *g, const struct backend *be);
  * edp, embed) get NCCL communicators, each of size > 1 (collective over the
  * world; the GPU must be chosen). The pipeline's sends stay staged MPI. */
 void grid_use_nccl(struct grid *g);
+/* How many other ranks drive this rank's GPU (the same host and PCI bus id;
+ * collective over the world): NCCL needs a GPU per rank. Whether each rank
+ * sees every GPU of its node or only its own. */
+int grid_ranks_sharing_gpu(struct grid *g);
 /* A single-rank grid with no MPI (tests, tools). */
 void grid_single(struct grid *g);
 /* Abort every rank of the job with exit code code (after a message). */

@@ -73,3 +73,30 @@ worst_metric() {
     join <(step_metric "$1" "$3" "${4:-loss}") <(step_metric "$2" "$3" "${4:-loss}") 2>/dev/null |
         awk '{d=($2-$3)/$2; if (d<0) d=-d; if (d>=w) {w=d; s=$1}} END{printf "%.3g at step %d", w, s}'
 }
+# family_recipes PRECISION: the precision tests' tiny recipes, 20 steps at
+# PRECISION with checkpoints every 10 (ck_ref) and logs in ref: r.yaml (Llama),
+# moe.yaml (Mixtral: 4 experts, top 2) and deepseek.yaml (DeepSeek-V3: MLA
+# with its row offsets into the latent and rotary parts, sigmoid routing
+# with the fp32 expert bias, a shared expert, MTP; layers 0-1 dense)
+family_recipes() {
+    cat >r.yaml <<YAML
+model: {vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64}
+train: {seq_len: 16, micro_batch: 2, global_batch: 8, steps: 20, seed: 7, precision: $1}
+optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 3, eps: 1e-4}
+data: {path: data}
+checkpoint: {dir: ck_ref, interval: 10}
+log: {dir: ref, interval: 100}
+YAML
+    sed 's/vocab_size: 264/arch: mixtral, vocab_size: 264/; s/intermediate_size: 64}/intermediate_size: 64, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 48}/' \
+        r.yaml >moe.yaml
+    {
+        cat <<'YAML'
+model: {arch: deepseek_v3, vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 4,
+        intermediate_size: 64, q_lora_rank: 16, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 4,
+        v_head_dim: 8, first_k_dense: 2, num_experts: 8, experts_per_token: 2, moe_intermediate_size: 16,
+        moe_shared_experts: 1, moe_score_func: sigmoid, moe_n_group: 4, moe_topk_group: 2, moe_routed_scaling: 2.5,
+        moe_bias_update_rate: 1e-3, moe_seq_aux_loss_coef: 1e-3, moe_aux_loss_coef: 0, mtp_depth: 1}
+YAML
+        sed '1d' r.yaml
+    } >deepseek.yaml
+}

@@ -126,14 +126,46 @@ static double bf16_peak(int unused) {
 }
 
 /* FP8 quantise-dequantise in blocks (kernels/cpu/bf16.c's fp8_qdq_blocks,
- * the same rounding functions): each block's amax by atomicMax on the bits
+ * the same rounding functions): each block's amax as the max of the bits
  * (non-negative floats order like their bits; NaN's bits beat infinity's),
- * then every element through its block's code. */
-__global__ void block_amax_k(unsigned *amax, const float *x, int rows, int cols, int br, int bc, int nbc) {
-    size_t n = (size_t)rows * cols;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int r = (int)(i / cols), c = (int)(i % cols);
-        atomicMax(amax + (size_t)(r / br) * nbc + c / bc, __float_as_uint(fabsf(x[i])));
+ * then every element through its block's code. The amax: a warp whose 32
+ * elements share a block takes their max by shuffles and makes one
+ * atomicMax; one block for the whole tensor (per-tensor scaling) keeps a
+ * running max per thread over its grid-stride loop, so the one address
+ * gets one atomic per warp, not per element. Launched with a multiple of
+ * 32 threads per block; every lane runs the same number of iterations. */
+__device__ inline unsigned warp_max(unsigned v) {
+    for (int o = 16; o; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__global__ void block_amax_k(unsigned *amax, const float *x, int rows, int cols, int br, int bc, int nbc, int single) {
+    size_t n = (size_t)rows * cols, stride = (size_t)gridDim.x * blockDim.x, iters = (n + stride - 1) / stride;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    unsigned run = 0;
+    for (size_t it = 0; it < iters; it++, i += stride) {
+        unsigned v = 0;
+        long long b = -1;
+        if (i < n) {
+            int r = (int)(i / cols), c = (int)(i % cols);
+            b = (long long)(r / br) * nbc + c / bc;
+            v = __float_as_uint(fabsf(x[i]));
+        }
+        if (single) {
+            run = max(run, v);
+            continue;
+        }
+        long long b0 = __shfl_sync(0xffffffffu, b, 0);
+        if (__all_sync(0xffffffffu, b == b0)) {
+            v = warp_max(v);
+            if (b0 >= 0 && (threadIdx.x & 31) == 0) atomicMax(amax + b0, v);
+        } else if (b >= 0) {
+            atomicMax(amax + b, v);
+        }
+    }
+    if (single) {
+        run = warp_max(run);
+        if ((threadIdx.x & 31) == 0) atomicMax(amax, run);
     }
 }
 
@@ -159,7 +191,8 @@ static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int for
         cap = nb;
     }
     cuda_backend.zero(amax, sizeof(unsigned) * nb);
-    block_amax_k<<<blocks_for(n, THREADS), THREADS>>>(amax, x, rows, cols, br, bc, nbc);
+    unsigned grid = nb == 1 ? (blocks_for(n, THREADS) < 1024 ? blocks_for(n, THREADS) : 1024) : blocks_for(n, THREADS);
+    block_amax_k<<<grid, THREADS>>>(amax, x, rows, cols, br, bc, nbc, nb == 1);
     LAUNCH_CHECK();
     block_qdq_k<<<blocks_for(n, THREADS), THREADS>>>(x, amax, rows, cols, br, bc, nbc, format);
     LAUNCH_CHECK();

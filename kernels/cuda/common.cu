@@ -57,6 +57,15 @@ extern "C" int cuda_device_count(void) {
 
 extern "C" const char *cuda_device_error(void) { return count_error; }
 
+extern "C" int cuda_device_pci_id(char *buf, int n) {
+    int dev = 0;
+    if (n > 0) buf[0] = 0;
+    if (cuda_device_count() <= 0) return 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetPCIBusId(buf, n, dev));
+    return 1;
+}
+
 /* FP8 tensor cores: compute capability 8.9 (Ada) and 9.0 (Hopper) on */
 extern "C" int cuda_device_has_fp8(void) {
     if (cuda_device_count() <= 0) return 0;

@@ -8,7 +8,8 @@ allocator's peak over the timed steps).
 
 usage: torch_llama_step.py LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS
 environment: DEVICE=cpu|cuda, TF32=0|1 (fp32 matmuls on TF32 tensor cores),
-             ATTN=eager|sdpa (attention implementation), PRECISION=fp32|bf16,
+             ATTN=eager|sdpa (attention implementation), PRECISION=fp32|bf16|fp8 (fp8: bf16 autocast, and
+             the decoder layers' linears multiply in FP8 through torch._scaled_mm, scripts/bench/torch_fp8.py),
              FUSED=0|1 (AdamW's fused CUDA kernel), COMPILE=0|1 (torch.compile the model)
 """
 import json
@@ -35,6 +36,10 @@ PRECISION = os.environ.get("PRECISION", "fp32")
 FUSED = os.environ.get("FUSED", "0") == "1"
 COMPILE = os.environ.get("COMPILE", "0") == "1"
 model = LlamaForCausalLM(cfg).float().to(DEVICE)
+if PRECISION == "fp8":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_fp8 import fp8_linears
+    fp8_linears(model)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
                         **({"fused": True} if FUSED else {}))
 fwd = torch.compile(model) if COMPILE else model
@@ -44,7 +49,7 @@ x, y = batch[:, :T], batch[:, 1:]
 
 def step():
     opt.zero_grad(set_to_none=True)
-    with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=PRECISION == "bf16"):
+    with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=PRECISION in ("bf16", "fp8")):
         loss = F.cross_entropy(fwd(input_ids=x).logits.reshape(-1, V).float(), y.reshape(-1))
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

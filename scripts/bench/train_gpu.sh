@@ -10,6 +10,9 @@
 # plus causal GQA attention alone (B 1, 32 / 8 heads, T 8192, head dim 128
 # and 64, bf16, forward + backward) through every PyTorch SDPA backend.
 # MFU against the bf16 dense peak (PEAK_BF16 TFLOP/s, default 989: H100 SXM).
+# "vs fastest PyTorch" is against the faster PyTorch bf16 run. FP8 (issue 12):
+# PyTorch with torch._scaled_mm linears (scripts/bench/torch_fp8.py) on the 8b
+# shape, and the FP8 vs bf16 GEMM rates at its shapes.
 # Reports step ms, tokens/s, TFLOP/s, MFU, device memory (mtrain: in use
 # after the steps, it allocates up front; PyTorch: the allocator's peak) and
 # writes build/bench/train_gpu.json. SHAPES (default "124m 8b") and RUNS
@@ -22,7 +25,7 @@ BUILD=${BUILD:-build/rel}
 STEPS=${STEPS:-5}
 PY=${PYTHON:-python3}
 SHAPES=${SHAPES:-124m 8b}
-RUNS=${RUNS:-mtrain-fp32 mtrain-tf32 mtrain-bf16 mtrain-fp8 mtrain-fp8-block torch-bf16 torch-bf16-compile attention}
+RUNS=${RUNS:-mtrain-fp32 mtrain-tf32 mtrain-bf16 mtrain-fp8 mtrain-fp8-block torch-bf16 torch-bf16-compile torch-fp8 attention fp8-gemm}
 mkdir -p build/bench
 if ! "$BUILD/bench/bench_train" 1 64 4 4 128 256 1 16 1 cuda >/dev/null 2>&1; then
     echo "train_gpu: no CUDA device here; skipped"; exit 0
@@ -52,6 +55,17 @@ for shape in $SHAPES; do
         echo "{\"shape\":\"$shape\",\"run\":\"PyTorch bf16 autocast, SDPA, fused AdamW$([ $c = 1 ] && echo ', compile')\",\"r\":${r:-null}}" >>"$out"
     done
 done
+if has torch-fp8; then
+    for shape in $SHAPES; do
+        [ "$shape" = 8b ] || continue
+        r=$(DEVICE=cuda PRECISION=fp8 ATTN=sdpa FUSED=1 "$PY" scripts/bench/torch_llama_step.py 4 4096 32 8 14336 128256 1 8192 \
+            "$STEPS" 2>/dev/null | tail -1)
+        echo "{\"shape\":\"8b\",\"run\":\"PyTorch fp8 (torch._scaled_mm, per-tensor current scaling), SDPA, fused AdamW\",\"r\":${r:-null}}" >>"$out"
+    done
+fi
+if has fp8-gemm; then
+    "$PY" scripts/bench/torch_fp8.py 2>/dev/null | sed 's/^/{"fp8_gemm":/; s/$/}/' >>"$out"
+fi
 if has attention; then
     for d in 128 64; do
         "$PY" scripts/bench/torch_attention.py 1 32 8 8192 $d 2>/dev/null | sed 's/^/{"attention":/; s/$/}/' >>"$out"
@@ -72,7 +86,7 @@ print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 flops = {r["shape"]: r["r"]["flops_per_step"] for r in rows if "shape" in r and r["r"] and "flops_per_step" in r["r"]}
 best = {}
 for r in rows:
-    if "shape" in r and r["r"] and "step_s" in r["r"] and r["run"].startswith("PyTorch"):
+    if "shape" in r and r["r"] and "step_s" in r["r"] and r["run"].startswith("PyTorch bf16"):
         best[r["shape"]] = min(best.get(r["shape"], 1e9), r["r"]["step_s"])
 for r in rows:
     if "shape" not in r:
@@ -94,6 +108,14 @@ if att:
     for a in att:
         print("| PyTorch SDPA %s %s | %d | %s | %s |" % (a["backend"], a["torch"], a["D"], a.get("fwd_bwd_ms", a.get("error", "")),
               a.get("tflops", "")))
+gem = [r["fp8_gemm"] for r in rows if "fp8_gemm" in r]
+if gem:
+    print("\n| GEMM at the 8B stack's shapes (M x K x N) | bf16 TFLOP/s | fp8 TFLOP/s (torch._scaled_mm) | fp8 / bf16 |")
+    print("| --- | --- | --- | --- |")
+    for g in gem:
+        if "gemm" in g:
+            print("| %s %dx%dx%d | %s | %s | %s |" % (g["gemm"], g["M"], g["K"], g["N"], g["bf16_tflops"], g["fp8_tflops"],
+                                                   g["ratio"]))
 json.dump({"gpu": gpu, "date": str(datetime.date.today()), "peak_bf16_tflops": peak, "rows": rows},
           open("build/bench/train_gpu.json", "w"), indent=1)
 print("\nwrote build/bench/train_gpu.json")

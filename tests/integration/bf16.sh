@@ -31,28 +31,8 @@ grep -q '"precision":"bf16"' tiny16/metrics.jsonl && pass bf16_precision_in_star
 # step. The layouts round at other places (a row-parallel linear rounds each
 # rank's partial product and then their sum), so they differ from one rank
 # by bf16 rounding, not by fp32 reduction order.
-cat >r.yaml <<'YAML'
-model: {vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64}
-train: {seq_len: 16, micro_batch: 2, global_batch: 8, steps: 20, seed: 7, precision: bf16}
-optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 3, eps: 1e-4}
-data: {path: data}
-checkpoint: {dir: ck_ref, interval: 10}
-log: {dir: ref, interval: 100}
-YAML
-sed 's/vocab_size: 264/arch: mixtral, vocab_size: 264/; s/intermediate_size: 64}/intermediate_size: 64, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 48}/' \
-    r.yaml >moe.yaml
-# DeepSeek-V3: MLA (row offsets into the latent and rotary parts), sigmoid
-# routing with the fp32 expert bias, shared expert, MTP (embedding copy under pp)
-{
-    cat <<'YAML'
-model: {arch: deepseek_v3, vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 4,
-        intermediate_size: 64, q_lora_rank: 16, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 4,
-        v_head_dim: 8, first_k_dense: 2, num_experts: 8, experts_per_token: 2, moe_intermediate_size: 16,
-        moe_shared_experts: 1, moe_score_func: sigmoid, moe_n_group: 4, moe_topk_group: 2, moe_routed_scaling: 2.5,
-        moe_bias_update_rate: 1e-3, moe_seq_aux_loss_coef: 1e-3, moe_aux_loss_coef: 0, mtp_depth: 1}
-YAML
-    sed '1d; s/dir: ck_ref, interval: 10/dir: ck_ds_ref, interval: 20/; s/dir: ref,/dir: ds_ref,/' r.yaml
-} >deepseek.yaml
+family_recipes bf16
+sed -i 's/dir: ck_ref, interval: 10/dir: ck_ds_ref, interval: 20/; s/dir: ref,/dir: ds_ref,/' deepseek.yaml
 export OMP_NUM_THREADS=1
 "$MTRAIN" pretrain r.yaml >"$TMP/out" 2>&1 || fail bf16_reference_run "$(tail -2 "$TMP/out")"
 "$MTRAIN" pretrain moe.yaml --set log.dir=moe_ref --set checkpoint.dir=ck_moe_ref >"$TMP/out" 2>&1 ||

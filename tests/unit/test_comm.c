@@ -152,17 +152,18 @@ static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
 static void check_nccl(struct grid *g) {
     char why[320] = "";
     if (!cuda_backend_available()) snprintf(why, sizeof why, "no CUDA device (or no CUDA backend in this build)");
-    else if (cuda_device_count() < g->local_size)
-        snprintf(why, sizeof why, "%d ranks on this node need %d GPUs, %d visible", g->local_size, g->local_size,
-                 cuda_device_count());
     else nccl_available(why, sizeof why);
+    if (cuda_backend_available()) cuda_use_device(g->local_rank);
+    int shared = grid_ranks_sharing_gpu(g); /* collective: every rank asks */
+    if (!why[0] && shared)
+        snprintf(why, sizeof why, "%d ranks on this node share %d GPU%s (NCCL needs one per rank)", g->local_size,
+                 cuda_device_count(), cuda_device_count() == 1 ? "" : "s");
     float bad = why[0] != 0;
     comm_all_reduce_max(&g->world, &bad, 1);
     if (bad) {
         if (g->world_rank == 0) printf("SKIP comm_nccl: %s\n", why[0] ? why : "another rank cannot use NCCL");
         return;
     }
-    cuda_use_device(g->local_rank);
     struct comm nw = g->world; /* the world's MPI group, with an NCCL communicator of its own */
     nw.host[0] = nw.host[1] = NULL, nw.host_bytes[0] = nw.host_bytes[1] = 0, nw.bytes = 0;
     nw.stage = &cuda_backend; /* the ring's sends stay on MPI, staged */

@@ -135,7 +135,7 @@ static double normwise_diff(const float *a, const float *b, size_t n) {
  * roundings; a wrong scale or block moves them by percents), the fp32 weight
  * gradient within 1e-5. Rows of different magnitudes make block scaling
  * differ from per-tensor scaling. */
-static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, enum fp8_scaling sc, const char *tag) {
+static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, struct fp8_recipe sc, const char *tag) {
     int N = 300, K = 520, M = 130;
     size_t nx = (size_t)N * K, nw = (size_t)M * K, no = (size_t)N * M;
     float *x = rnd(nx), *w = rnd(nw), *dout = rnd(no);
@@ -268,8 +268,9 @@ int main(void) {
     test_cross_entropy(77, 1500);
     if (cuda_device_has_fp8()) {
         const struct backend *g8 = backend_get("cuda", "fp8"), *c8 = backend_get("cpu", "fp8");
-        test_fp8_matmul(g8, c8, FP8_SCALING_TENSOR, "tensor");
-        test_fp8_matmul(g8, c8, FP8_SCALING_BLOCK, "block");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){FP8_SCALING_TENSOR, 0}, "tensor");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){FP8_SCALING_BLOCK, 0}, "block");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){FP8_SCALING_TENSOR, 1}, "tensor_e5m2");
     } else {
         printf("SKIP cuda_fp8: this GPU has no FP8 tensor cores\n");
     }
