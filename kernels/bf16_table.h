@@ -204,29 +204,48 @@ static void moe_combine_backward(float *dy, float *dw, const float *dout, const 
     bf16_narrow(dy, d, ny);
 }
 
-/* the losses and row statistics are fp32; the logits' gradient is stored */
+/* The cross-entropy ops work row by row, so they widen the logits a chunk
+ * of rows at a time (BF16_CE_CHUNK_FLOATS fp32 values, at least one row):
+ * no fp32 copy of all N x V logits (4.2 GB at 8192 tokens x 128256), the
+ * same numbers. The losses and row statistics are fp32; the logits'
+ * gradient is stored. */
+#ifndef BF16_CE_CHUNK_FLOATS
+#define BF16_CE_CHUNK_FLOATS ((size_t)1 << 24)
+#endif
+#define CE_CHUNKS(N, V)                                                                                        \
+    for (int r0 = 0, rows_ = (int)(BF16_CE_CHUNK_FLOATS / (size_t)(V) > 0 ? BF16_CE_CHUNK_FLOATS / (size_t)(V) : 1), \
+             n = (N) < rows_ ? (N) : rows_;                                                                    \
+         r0 < (N); r0 += rows_, n = (N) - r0 < rows_ ? (N) - r0 : rows_)
+/* row r0 of logits rows of V bf16 values */
+static float *ce_row(const float *logits, int r0, int V) { return (float *)((char *)logits + 2 * (size_t)r0 * V); }
+
 static void cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale) {
-    size_t n = (size_t)N * V;
-    float *l = wide(0, logits, n);
-    BF16_INNER.cross_entropy(losses, l, targets, N, V, dscale);
-    if (dscale != 0.0f) bf16_narrow(logits, l, n);
+    CE_CHUNKS(N, V) {
+        float *l = wide(0, ce_row(logits, r0, V), (size_t)n * V);
+        BF16_INNER.cross_entropy(losses + r0, l, targets + r0, n, V, dscale);
+        if (dscale != 0.0f) bf16_narrow(ce_row(logits, r0, V), l, (size_t)n * V);
+    }
 }
 
 static void ce_row_max(float *rowmax, const float *logits, int N, int V) {
-    BF16_INNER.ce_row_max(rowmax, wide(0, logits, (size_t)N * V), N, V);
+    CE_CHUNKS(N, V) BF16_INNER.ce_row_max(rowmax + r0, wide(0, ce_row(logits, r0, V), (size_t)n * V), n, V);
 }
 
 static void ce_row_sumexp(float *sumexp, float *target_logit, const float *logits, const int32_t *targets,
                           const float *rowmax, int N, int V, int vstart) {
-    BF16_INNER.ce_row_sumexp(sumexp, target_logit, wide(0, logits, (size_t)N * V), targets, rowmax, N, V, vstart);
+    CE_CHUNKS(N, V)
+    BF16_INNER.ce_row_sumexp(sumexp + r0, target_logit + r0, wide(0, ce_row(logits, r0, V), (size_t)n * V),
+                             targets + r0, rowmax + r0, n, V, vstart);
 }
 
 static void ce_finish(float *losses, float *logits, const int32_t *targets, const float *rowmax, const float *sumexp,
                       const float *target_logit, int N, int V, int vstart, float dscale) {
-    size_t n = (size_t)N * V;
-    float *l = wide(0, logits, n);
-    BF16_INNER.ce_finish(losses, l, targets, rowmax, sumexp, target_logit, N, V, vstart, dscale);
-    if (dscale != 0.0f) bf16_narrow(logits, l, n);
+    CE_CHUNKS(N, V) {
+        float *l = wide(0, ce_row(logits, r0, V), (size_t)n * V);
+        BF16_INNER.ce_finish(losses + r0, l, targets + r0, rowmax + r0, sumexp + r0, target_logit + r0, n, V, vstart,
+                             dscale);
+        if (dscale != 0.0f) bf16_narrow(ce_row(logits, r0, V), l, (size_t)n * V);
+    }
 }
 
 static void add(float *dst, const float *src, size_t n) {

@@ -96,10 +96,11 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
 }
 
 /* A bf16 table's fp32 scratch (kernels/bf16_table.h): every operand slot
- * keeps its largest use, so the sum of each slot's largest operand: the
- * cross-entropy's logits, SwiGLU backward's four, attention backward's; on
- * the CPU also a widened weight matrix and a GEMM's output (the CUDA table's
- * GEMMs read bf16 directly). */
+ * keeps its largest use, so the sum of each slot's largest operand: a chunk
+ * of the cross-entropy's logits (2^24 floats on CUDA, 2^20 on the CPU, at
+ * least one row), SwiGLU backward's four, attention backward's; on the CPU
+ * also a widened weight matrix and a GEMM's output (the CUDA table's GEMMs
+ * read bf16 directly). */
 static size_t bf16_scratch_bytes(const struct recipe *r, const struct backend *be) {
     if (be->precision == PRECISION_FP32) return 0;
     const struct model_config *mc = &r->model;
@@ -107,8 +108,10 @@ static size_t bf16_scratch_bytes(const struct recipe *r, const struct backend *b
     size_t C = mc->hidden_size, V = mc->vocab_size / tp, F = mc->intermediate_size / tp;
     if (mc->num_experts > 0 && (size_t)mc->experts_per_token * model_moe_ffn_size(mc) > F)
         F = (size_t)mc->experts_per_token * model_moe_ffn_size(mc);
-    size_t big = F > C ? F : C, floats = N * V + 4 * N * big + 2 * N * C;
-    if (!strcmp(be->name, "cpu")) floats += (V * C > N * F ? V * C : N * F) + N * V;
+    int cpu = !strcmp(be->name, "cpu");
+    size_t chunk = (size_t)1 << (cpu ? 20 : 24), ce = N * V <= chunk ? N * V : chunk / V > 0 ? chunk / V * V : V;
+    size_t big = F > C ? F : C, floats = ce + 4 * N * big + 2 * N * C;
+    if (cpu) floats += (V * C > N * F ? V * C : N * F) + N * V;
     if (be->precision == PRECISION_FP8) floats += 2 * N * big + big * C; /* the FP8 GEMMs widen both operands */
     return floats * sizeof(float);
 }

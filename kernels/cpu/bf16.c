@@ -76,6 +76,8 @@ static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int for
     }
 }
 
+/* the cross-entropy's chunks: 4 MiB of fp32 here (tests reach several chunks with small shapes) */
+#define BF16_CE_CHUNK_FLOATS ((size_t)1 << 20)
 #define BF16_TABLE cpu_bf16_backend
 #define BF16_FP8_TABLE cpu_fp8_backend
 #define BF16_INNER cpu_backend
