@@ -38,3 +38,5 @@ tar -C "$stage" -czf build/device.tar.gz mtrain build
 echo "wrote build/device.tar.gz ($(du -h build/device.tar.gz | cut -f1)); on the device:"
 echo "  python3 -c \"import tarfile; tarfile.open('build/device.tar.gz').extractall('.')\""
 echo "  export LD_LIBRARY_PATH=\$PWD/build/devlib PATH=\$PWD/build/devbin:\$PATH"
+echo "  # NCCL (parallel.comm) is loaded at run time; PyTorch's wheel has one:"
+echo "  export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) + \"/lib\")' 2>/dev/null)"

@@ -11,7 +11,8 @@ gpu_layout_dp2_zero gpu_layout_tp2_pp2 gpu_mixtral_matches_cpu gpu_mixtral_deter
 gpu_deepseek_matches_cpu gpu_deepseek_mtp_matches_cpu gpu_deepseek_deterministic gpu_deepseek_layout_tp2_ep2
 gpu_generate_matches_cpu gpu_eval_split_matches_cpu gpu_bf16_runs gpu_bf16_device_line gpu_bf16_tracks_cpu_fp32
 gpu_bf16_close_to_cpu_bf16 gpu_bf16_deterministic gpu_bf16_resume_bitwise gpu_bf16_checkpoint_resumes_on_cpu
-gpu_fp8_runs gpu_fp8_close_to_cpu_fp8 gpu_fp8_deterministic"
+gpu_fp8_runs gpu_fp8_close_to_cpu_fp8 gpu_fp8_deterministic gpu_nccl_single_rank_bitwise gpu_nccl_shared_gpu_refused
+gpu_nccl_layout_tp2_sp"
 "$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail gpu_setup "data generate failed"; exit 1; }
 cat >r.yaml <<'YAML'
 model: {vocab_size: 264, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2, intermediate_size: 160}
@@ -97,6 +98,37 @@ layout gpu_layout_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true
 layout gpu_layout_pp2 2 parallel.pp=2 train.micro_batch=2
 layout gpu_layout_dp2_zero 2 optimizer.distributed=true
 layout gpu_layout_tp2_pp2 4 parallel.tp=2 parallel.pp=2 train.micro_batch=2
+
+# NCCL (parallel.comm, docs/parallelism.md): one rank with nccl is bitwise the
+# run above (one rank has no communicator either way); two ranks sharing this
+# GPU with nccl stop with exit 2 and one message; with a GPU per rank (two or
+# more visible) tp2 + SP over NCCL matches one GPU
+if "$MTRAIN" pretrain r.yaml --set train.steps=20 --set parallel.comm=nccl --set checkpoint.dir=n1_ck --set log.dir=n1 \
+    >"$TMP/out" 2>&1; then
+    losses n1/metrics.jsonl >n1.loss
+    [ "$(cat n1.loss)" = "$(cat g20.loss)" ] && pass gpu_nccl_single_rank_bitwise ||
+        fail gpu_nccl_single_rank_bitwise "losses differ from parallel.comm auto"
+    if command -v mpiexec >/dev/null && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
+        OMP_NUM_THREADS=1 mpiexec -n 2 "$MTRAIN" pretrain r.yaml --set parallel.tp=2 --set parallel.comm=nccl \
+            --set log.dir=n2 >"$TMP/out" 2>&1
+        rc=$?
+        [ $rc = 2 ] && [ "$(grep -c 'drive the same GPU\|drives the same GPU' "$TMP/out")" = 1 ] &&
+            pass gpu_nccl_shared_gpu_refused || fail gpu_nccl_shared_gpu_refused "exit $rc: $(tail -2 "$TMP/out")"
+        skip gpu_nccl_layout_tp2_sp "one GPU visible: NCCL needs a GPU per rank"
+    elif command -v mpiexec >/dev/null; then
+        skip gpu_nccl_shared_gpu_refused "each rank has a GPU of its own here"
+        layout gpu_nccl_layout_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true parallel.comm=nccl
+        grep -q '"comm":"nccl"' gpu_nccl_layout_tp2_sp/metrics.jsonl || fail gpu_nccl_layout_tp2_sp "not over NCCL"
+    else
+        for c in gpu_nccl_shared_gpu_refused gpu_nccl_layout_tp2_sp; do skip $c "no mpiexec on this machine"; done
+    fi
+elif grep -q "libnccl.so.2 not found" "$TMP/out"; then
+    for c in gpu_nccl_single_rank_bitwise gpu_nccl_shared_gpu_refused gpu_nccl_layout_tp2_sp; do
+        skip $c "libnccl.so.2 not on the library path (pip's nvidia-nccl: add its lib directory to LD_LIBRARY_PATH)"
+    done
+else
+    fail gpu_nccl_single_rank_bitwise "exit $?: $(tail -2 "$TMP/out")"
+fi
 
 # a tiny Mixtral (MoE layers 0 and 2, dense 1 and 3, with z-loss; dropless,
 # since with capacity drops a near-tie routing flip cascades): 40 GPU steps

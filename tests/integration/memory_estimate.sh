@@ -1,8 +1,8 @@
 # The dry run's memory estimate against the measured peak resident memory
 # of the same run (rank 0, pipeline stage 0; the end event's peak_mem_mib):
 # within 15% for a plain run, ZeRO-1 over dp 2, pp 2, and full recompute with
-# checkpoints (whose host snapshot is part of the peak), and bf16 (its working copy
-# of the weights).
+# checkpoints (whose host snapshot is part of the peak), bf16 (its working copy
+# of the weights) and fp8 (also the FP8 GEMMs' widened operands).
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
 "$MTRAIN" data generate --out data --docs 300 >/dev/null || { fail mem_setup "data generate failed"; exit 1; }
@@ -38,4 +38,5 @@ check zero_dp2 2 optimizer.distributed=true train.micro_batch=2
 check pp2 2 parallel.pp=2 train.micro_batch=2
 check recompute_full_checkpoints 1 train.recompute=full checkpoint.dir=ck checkpoint.interval=2
 check bf16_working_copy 1 train.precision=bf16
+check fp8 1 train.precision=fp8
 exit $FAILED
