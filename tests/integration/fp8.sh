@@ -78,21 +78,27 @@ done
     fail fp8_e5m2_gradients_track_bf16 "$(tail -1 "$TMP/out"); worst $(worst_metric r_bf16/metrics.jsonl r_e5m2/metrics.jsonl 1)"
 
 # 3. Layouts that keep every GEMM whole (pipeline stages, data-parallel
-# replicas, ZeRO-1) quantise the same tensors with the same scales: the
-# one-rank FP8 run within 1e-3 per step. Tensor parallelism scales each
+# replicas, ZeRO-1, experts spread over EP ranks: an expert's amax does not
+# depend on where its tokens come from) quantise the same tensors with the
+# same scales: the one-rank FP8 run within 1e-3 per step. Tensor parallelism scales each
 # rank's shard by its own amax (as per-tensor FP8 with local scales does):
 # within 1% of one rank (measured 3e-4).
 layouts=(
     "pp2 r_fp8 2 1e-3 parallel.pp=2"
     "dp2_zero r_fp8 2 1e-3 optimizer.distributed=true"
     "pp2_dp2_block r_fp8b 4 1e-3 parallel.pp=2 train.fp8_scaling=block"
+    "moe_ep2 moe_fp8 2 1e-3 parallel.ep=2"
+    "deepseek_pp2_mtp deepseek_fp8 2 1e-3 parallel.pp=2"
     "tp2_sp r_fp8 2 0.01 parallel.tp=2 parallel.sequence_parallel=true"
 )
 "$MTRAIN" pretrain r.yaml --set train.fp8_scaling=block --set log.dir=r_fp8b --set checkpoint.dir=ck_r_fp8b >/dev/null 2>&1
 for spec in "${layouts[@]}"; do
     set -- $spec
     name=$1 ref=$2 np=$3 tol=$4; shift 4
-    layout_run fp8_$name $np r.yaml $name "$@" || continue
+    recipe=r.yaml
+    [[ $ref == moe_* ]] && recipe=moe.yaml
+    [[ $ref == deepseek_* ]] && recipe=deepseek.yaml
+    layout_run fp8_$name $np $recipe $name "$@" || continue
     close_metrics $ref/metrics.jsonl $name/metrics.jsonl 1 20 loss $tol && pass "fp8_${name}_losses" ||
         fail "fp8_${name}_losses" "worst $(worst_metric $ref/metrics.jsonl $name/metrics.jsonl 1) (tol $tol)"
     echo "  $name: worst $(worst_metric $ref/metrics.jsonl $name/metrics.jsonl 1) from one rank"
