@@ -28,7 +28,10 @@
  *   bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int rows, int cols, int accumulate)
  * and, with BF16_OWN_MATMUL defined, the device's own bf16 GEMMs (bf16 in,
  * fp32 accumulation, bf16 out; dw accumulated in fp32) in place of the
- * widening ones: bf16_matmul_forward, bf16_matmul_backward (kernels/ops.h). */
+ * widening ones: bf16_matmul_forward, bf16_matmul_backward (kernels/ops.h);
+ * with BF16_OWN_ELEMENTWISE, its own rmsnorm_forward, rmsnorm_backward,
+ * rope, swiglu_forward, swiglu_backward, add and scale on bf16 storage (the
+ * same numbers as the widening ones, in one pass). */
 
 #define BF16_SLOTS 8
 static float *bf16_slot[BF16_SLOTS];
@@ -74,6 +77,7 @@ static void embedding_backward(float *dtable, const int32_t *tokens, const float
     BF16_INNER.embedding_backward(dtable, tokens, wide(0, dout, (size_t)N * C), N, C, vstart, V);
 }
 
+#ifndef BF16_OWN_ELEMENTWISE
 /* norm gains (w) are the fp32 master; rstd is fp32 */
 static void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
     size_t n = (size_t)N * C;
@@ -89,6 +93,8 @@ static void rmsnorm_backward(float *dx, float *dw, const float *dout, const floa
     BF16_INNER.rmsnorm_backward(d, dw, wide(0, dout, n), wide(1, x, n), w, rstd, N, C, accumulate);
     bf16_narrow(dx, d, n);
 }
+
+#endif /* BF16_OWN_ELEMENTWISE (continued below) */
 
 #ifndef BF16_OWN_MATMUL
 static void matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
@@ -111,12 +117,15 @@ static void matmul_backward(float *dx, float *dw, const float *dout, const float
 #define bf16_matmul_backward matmul_backward
 #endif
 
+#ifndef BF16_OWN_ELEMENTWISE
 static void rope(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse) {
     size_t n = (size_t)B * T * H * D;
     float *v = wide(0, x, n);
     BF16_INNER.rope(v, cos, sin, B, T, H, D, inverse);
     bf16_narrow(x, v, n);
 }
+
+#endif
 
 /* att (what backward needs) is fp32 */
 static void attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
@@ -147,6 +156,7 @@ static void attention_decode(float *out, const float *q, const float *k, const f
     bf16_narrow(out, o, no);
 }
 
+#ifndef BF16_OWN_ELEMENTWISE
 static void swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
     float *o = scratch(2, n);
     BF16_INNER.swiglu_forward(o, wide(0, gate, n), wide(1, up, n), n);
@@ -159,6 +169,8 @@ static void swiglu_backward(float *dgate, float *dup, const float *dout, const f
     bf16_narrow(dgate, dg, n);
     bf16_narrow(dup, du, n);
 }
+
+#endif
 
 /* routing: the logits are stored, probabilities, lse, scores and gate weights are fp32 statistics */
 static void moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E,
@@ -248,6 +260,7 @@ static void ce_finish(float *losses, float *logits, const int32_t *targets, cons
     }
 }
 
+#ifndef BF16_OWN_ELEMENTWISE
 static void add(float *dst, const float *src, size_t n) {
     float *d = wide(0, dst, n);
     BF16_INNER.add(d, wide(1, src, n), n);
@@ -259,6 +272,7 @@ static void scale(float *x, float s, size_t n) {
     BF16_INNER.scale(d, s, n);
     bf16_narrow(x, d, n);
 }
+#endif
 
 /* every op but the name, precision and the fp8 GEMMs: both tables' */
 #define BF16_OPS \

@@ -6,17 +6,10 @@
  * one by one, each checked against it and the CPU bf16 table. The rounding
  * is the host's (kernels/bf16.h) bit for bit, NaN handling included. */
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/storage.cuh"
 #include "kernels/fp8.h"
 
 #define THREADS 256
-
-__device__ inline uint16_t bits_rne(float x) {
-    uint32_t u = __float_as_uint(x);
-    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-__device__ inline float widen1(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
 
 __global__ void widen_k(float *d, const uint16_t *s, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -106,6 +99,28 @@ static void bf16_matmul_backward(float *dx, float *dw, const float *dout, const 
     if (dw && M && K) gemm_bf16(1, 0, M, K, N, dout, M, x, K, 1.0f, dw, K, 1);
 }
 #define BF16_OWN_MATMUL
+
+/* RMSNorm, RoPE, SwiGLU, add and scale: the fp32 kernels' bf16 instances
+ * (kernels/cuda/storage.cuh), one pass each instead of widen, op, narrow */
+#define BF16_OWN_ELEMENTWISE
+static void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
+    cuda_bf16_rmsnorm_forward(out, rstd, x, w, N, C, eps);
+}
+static void rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
+                             int N, int C, int accumulate) {
+    cuda_bf16_rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C, accumulate);
+}
+static void rope(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse) {
+    cuda_bf16_rope(x, cos, sin, B, T, H, D, inverse);
+}
+static void swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+    cuda_bf16_swiglu_forward(out, gate, up, n);
+}
+static void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
+    cuda_bf16_swiglu_backward(dgate, dup, dout, gate, up, n);
+}
+static void add(float *dst, const float *src, size_t n) { cuda_bf16_add(dst, src, n); }
+static void scale(float *x, float s, size_t n) { cuda_bf16_scale(x, s, n); }
 
 static double mem(void) { return cuda_backend.device_mem_mib(); }
 

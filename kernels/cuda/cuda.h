@@ -78,6 +78,16 @@ void cuda_ce_finish(float *losses, float *logits, const int32_t *targets, const 
                     const float *target_logit, int N, int V, int vstart, float dscale);
 void cuda_add(float *dst, const float *src, size_t n);
 void cuda_scale(float *x, float s, size_t n);
+/* the same kernels on bf16 activation storage (kernels/cuda/storage.cuh), for the bf16 table */
+void cuda_bf16_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
+void cuda_bf16_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                                const float *rstd, int N, int C, int accumulate);
+void cuda_bf16_rope(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse);
+void cuda_bf16_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void cuda_bf16_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                               size_t n);
+void cuda_bf16_add(float *dst, const float *src, size_t n);
+void cuda_bf16_scale(float *x, float s, size_t n);
 double cuda_sum(const float *x, size_t n);
 double cuda_sum_squares(const float *x, size_t n);
 void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,

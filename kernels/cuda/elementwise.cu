@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/storage.cuh"
 
 #define THREADS 256
 
@@ -117,56 +118,67 @@ void cuda_embedding_backward(float *dtable, const int32_t *tokens, const float *
     LAUNCH_CHECK();
 }
 
-__global__ void swiglu_forward_k(float *out, const float *gate, const float *up, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+/* SwiGLU and the vector helpers are templated on the activations' storage
+ * T (float, or bf16_t for the bf16 table: kernels/cuda/storage.cuh); the
+ * arithmetic is fp32. */
+#define GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+template <typename T>
+__global__ void swiglu_forward_k(T *out, const T *gate, const T *up, size_t n) {
+    GRID_STRIDE(i, n) {
+        float g = ld(gate, i);
+        st(out, i, g / (1.0f + expf(-g)) * ld(up, i));
     }
 }
 
-__global__ void swiglu_backward_k(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                                  size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = gate[i], sig = 1.0f / (1.0f + expf(-g)), d = dout[i];
-        float u = up[i];
-        dup[i] = d * (g * sig);
-        dgate[i] = d * u * sig * (1.0f + g * (1.0f - sig));
+template <typename T>
+__global__ void swiglu_backward_k(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n) {
+    GRID_STRIDE(i, n) {
+        float g = ld(gate, i), sig = 1.0f / (1.0f + expf(-g)), d = ld(dout, i);
+        float u = ld(up, i);
+        st(dup, i, d * (g * sig));
+        st(dgate, i, d * u * sig * (1.0f + g * (1.0f - sig)));
     }
 }
+
+template <typename T>
+__global__ void add_k(T *dst, const T *src, size_t n) {
+    GRID_STRIDE(i, n) st(dst, i, ld(dst, i) + ld(src, i));
+}
+
+template <typename T>
+__global__ void scale_k(T *x, float s, size_t n) {
+    GRID_STRIDE(i, n) st(x, i, ld(x, i) * s);
+}
+
+#define LAUNCH_N(kernel, n, ...)                                                   \
+    do {                                                                           \
+        if (!(n)) return;                                                          \
+        kernel<<<blocks_for((n), THREADS), THREADS>>>(__VA_ARGS__);                \
+        LAUNCH_CHECK();                                                            \
+    } while (0)
 
 void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-    if (!n) return;
-    swiglu_forward_k<<<blocks_for(n, THREADS), THREADS>>>(out, gate, up, n);
-    LAUNCH_CHECK();
+    LAUNCH_N(swiglu_forward_k<float>, n, out, gate, up, n);
 }
-
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
-    if (!n) return;
-    swiglu_backward_k<<<blocks_for(n, THREADS), THREADS>>>(dgate, dup, dout, gate, up, n);
-    LAUNCH_CHECK();
+    LAUNCH_N(swiglu_backward_k<float>, n, dgate, dup, dout, gate, up, n);
 }
+void cuda_add(float *dst, const float *src, size_t n) { LAUNCH_N(add_k<float>, n, dst, src, n); }
+void cuda_scale(float *x, float s, size_t n) { LAUNCH_N(scale_k<float>, n, x, s, n); }
 
-__global__ void add_k(float *dst, const float *src, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] += src[i];
+/* the bf16 table's instances */
+typedef bf16_t B16;
+void cuda_bf16_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+    LAUNCH_N(swiglu_forward_k<B16>, n, (B16 *)out, (const B16 *)gate, (const B16 *)up, n);
 }
-
-__global__ void scale_k(float *x, float s, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        x[i] *= s;
+void cuda_bf16_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                               size_t n) {
+    LAUNCH_N(swiglu_backward_k<B16>, n, (B16 *)dgate, (B16 *)dup, (const B16 *)dout, (const B16 *)gate,
+             (const B16 *)up, n);
 }
-
-void cuda_add(float *dst, const float *src, size_t n) {
-    if (!n) return;
-    add_k<<<blocks_for(n, THREADS), THREADS>>>(dst, src, n);
-    LAUNCH_CHECK();
-}
-
-void cuda_scale(float *x, float s, size_t n) {
-    if (!n) return;
-    scale_k<<<blocks_for(n, THREADS), THREADS>>>(x, s, n);
-    LAUNCH_CHECK();
-}
+void cuda_bf16_add(float *dst, const float *src, size_t n) { LAUNCH_N(add_k<B16>, n, (B16 *)dst, (const B16 *)src, n); }
+void cuda_bf16_scale(float *x, float s, size_t n) { LAUNCH_N(scale_k<B16>, n, (B16 *)x, s, n); }
 
 /* A fixed grid of partial sums in double, added on the host in order. */
 #define REDUCE_BLOCKS 256

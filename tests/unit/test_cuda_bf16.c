@@ -213,6 +213,33 @@ static void test_norm_and_elementwise(int N, int C) {
     c16->add(O, Y, n);
     g16->add(dO, dY, n);
     compare_bits("cuda_bf16_add", dO, O, n); /* one fp32 add of two values, rounded: the same everywhere */
+    memcpy(O, X, 2 * n);
+    g16->copy(dO, dX, 2 * n);
+    c16->scale(O, 0.37f, n);
+    g16->scale(dO, 0.37f, n);
+    compare_bits("cuda_bf16_scale", dO, O, n);
+    /* RMSNorm backward accumulating onto stored values, and the fp32 gain gradient (accumulated twice) */
+    memcpy(O, X, 2 * n);
+    g16->copy(dO, dX, 2 * n);
+    c16->rmsnorm_backward(O, hdw, Y, X, w, rs, N, C, 1);
+    g16->rmsnorm_backward(dO, ddw, dY, dX, dw, drs, N, C, 1);
+    compare("cuda_bf16_rmsnorm_backward_accumulate", dO, O, NULL, n);
+    float *gdw = host_of(ddw, 4ul * C);
+    double edw = normwise_diff(gdw, hdw, C);
+    TEST_RESULT("cuda_bf16_rmsnorm_dw_fp32", edw <= 1e-5, "gain gradient differs from the CPU bf16 table's by %.3g", edw);
+    free(gdw);
+    /* RoPE on [1, N, 4, C/4] and its inverse */
+    int D = C / 4;
+    float *cs = rnd((size_t)N * D / 2), *sn = rnd((size_t)N * D / 2);
+    float *dcs = dev(cs, 4ul * N * D / 2), *dsn = dev(sn, 4ul * N * D / 2);
+    for (int inv = 0; inv < 2; inv++) {
+        memcpy(O, X, 2 * n);
+        g16->copy(dO, dX, 2 * n);
+        c16->rope(O, cs, sn, 1, N, 4, D, inv);
+        g16->rope(dO, dcs, dsn, 1, N, 4, D, inv);
+        compare(inv ? "cuda_bf16_rope_inverse" : "cuda_bf16_rope", dO, O, NULL, n);
+    }
+    free(cs), free(sn), g16->free(dcs), g16->free(dsn);
     /* storage moves: bitwise */
     int32_t *rows = malloc(4ul * N);
     for (int i = 0; i < N; i++) rows[i] = (i * 7 + 3) % N;
@@ -264,7 +291,7 @@ int main(void) {
     test_matmul(300, 520, 130);
     test_attention(2, 300, 8, 2, 64, "gqa_d64");
     test_attention(1, 257, 4, 4, 128, "mha_d128");
-    test_norm_and_elementwise(300, 520);
+    test_norm_and_elementwise(300, 520); /* C / 4 even: the RoPE head size */
     test_cross_entropy(77, 1500);
     if (cuda_device_has_fp8()) {
         const struct backend *g8 = backend_get("cuda", "fp8"), *c8 = backend_get("cpu", "fp8");
