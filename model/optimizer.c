@@ -197,15 +197,27 @@ void optimizer_step(struct optimizer *o, float *params, const float *grads, doub
     for (int k = 0; k < o->ngroups; k++) {
         struct opt_group *gr = &o->group[k];
         const float *g = gr->distributed ? gr->grad_shard : grads + gr->shard_begin;
-        for (int i = gr->first; i < gr->first + gr->count; i++) {
-            const struct param_info *p = &o->table->items[i];
-            size_t off, n;
-            if (!intersect(p, gr->shard_begin, gr->shard_len, &off, &n)) continue;
-            size_t j = off - gr->shard_begin;
-            if (p->kind == PARAM_STATE) continue; /* moved by its own rule (the MoE expert bias), not by AdamW */
-            float wd = p->kind == PARAM_NORM ? 0.0f : (float)o->cfg.weight_decay;
-            o->be->adamw(params + off, g + j, gr->m + j, gr->v + j, n, (float)lr, (float)o->cfg.beta1,
-                         (float)o->cfg.beta2, (float)o->cfg.eps, wd, scale, o->step);
+        /* one AdamW call per run of adjacent tensors with the same weight
+         * decay (an element-wise update: the same numbers, far fewer calls;
+         * on a GPU, launches) */
+        size_t run_off = 0, run_len = 0;
+        float run_wd = 0;
+        for (int i = gr->first; i <= gr->first + gr->count; i++) {
+            const struct param_info *p = i < gr->first + gr->count ? &o->table->items[i] : NULL;
+            size_t off = 0, n = 0;
+            /* PARAM_STATE (the MoE expert bias) moves by its own rule, not by AdamW */
+            int take = p && p->kind != PARAM_STATE && intersect(p, gr->shard_begin, gr->shard_len, &off, &n);
+            float wd = p && p->kind == PARAM_NORM ? 0.0f : (float)o->cfg.weight_decay;
+            if (take && run_len && off == run_off + run_len && wd == run_wd) {
+                run_len += n;
+                continue;
+            }
+            if (run_len) {
+                size_t j = run_off - gr->shard_begin;
+                o->be->adamw(params + run_off, g + j, gr->m + j, gr->v + j, run_len, (float)lr, (float)o->cfg.beta1,
+                             (float)o->cfg.beta2, (float)o->cfg.eps, run_wd, scale, o->step);
+            }
+            run_len = take ? n : 0, run_off = off, run_wd = wd;
         }
         if (!gr->distributed) continue;
         /* every DP rank updated its slice: gather the group's parameters back */
