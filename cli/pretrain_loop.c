@@ -434,6 +434,15 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         fprintf(stderr, "mtrain: error: %s: %s\n", r->source, unsupported);
         return EXIT_USAGE;
     }
+    /* a configuration this GPU cannot run: exit 2, one message from rank 0 */
+    const char *dev = r->train.device;
+    int gpu = cuda_backend_available() && (!strcmp(dev, "cuda") || !strcmp(dev, "auto"));
+    if (gpu && !strcmp(r->train.precision, "fp8") && !cuda_device_has_fp8()) {
+        if (parallel_world_rank() == 0)
+            fprintf(stderr, "mtrain: error: %s: train.precision fp8: this GPU has no FP8 tensor cores (compute capability "
+                    "8.9 or newer, e.g. H100, L40S); use train.precision bf16\n", r->source);
+        return EXIT_USAGE;
+    }
     run.be = backend_get(r->train.device, r->train.precision);
     if (!run.be) return EXIT_RUNTIME;
     install_signals(); /* before the (possibly long) load, so a signal then is not fatal */
