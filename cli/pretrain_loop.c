@@ -434,7 +434,8 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         fprintf(stderr, "mtrain: error: %s: %s\n", r->source, unsupported);
         return EXIT_USAGE;
     }
-    /* a configuration this GPU cannot run: exit 2, one message from rank 0 */
+    /* a configuration this GPU cannot run: exit 2, one message from rank 0
+     * (asked of the node's first GPU: the ranks' own are chosen later) */
     const char *dev = r->train.device;
     int gpu = cuda_backend_available() && (!strcmp(dev, "cuda") || !strcmp(dev, "auto"));
     if (gpu && !strcmp(r->train.precision, "fp8") && !cuda_device_has_fp8()) {

@@ -11,8 +11,8 @@
  * widening costs copies; a device's fast bf16 kernels replace its ops one by
  * one and are tested against it). Scratch: one growing buffer per operand
  * position that never shrinks, so memory is the sum over positions of each
- * one's largest operand in fp32 (e.g. the head's logits for the
- * cross-entropy; model/flops.c counts it); ops run on the caller's thread.
+ * one's largest operand in fp32 (model/flops.c counts it); ops run on the
+ * caller's thread.
  *
  * Define before including:
  *   BF16_TABLE  the name of the table to define

@@ -96,11 +96,15 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
 }
 
 /* A bf16 table's fp32 scratch (kernels/bf16_table.h): every operand slot
- * keeps its largest use, so the sum of each slot's largest operand: a chunk
- * of the cross-entropy's logits (2^24 floats on CUDA, 2^20 on the CPU, at
- * least one row), SwiGLU backward's four, attention backward's; on the CPU
- * also a widened weight matrix and a GEMM's output (the CUDA table's GEMMs
- * read bf16 directly). */
+ * keeps its largest use, so the sum of each slot's largest operand.
+ *   CPU: everything widens: the head's logits (its GEMM's output and its
+ *   backward's input, N x V twice), a widened weight matrix, SwiGLU
+ *   backward's four operands, attention's.
+ *   CUDA: GEMMs read bf16 and RMSNorm/RoPE/SwiGLU/add/scale run on bf16
+ *   storage; attention forward and backward widen their operands (seven
+ *   slots of up to N x C, k x C rows under MoE's combine), the
+ *   cross-entropy a chunk of rows (2^24 floats, at least one row).
+ *   fp8 adds the FP8 GEMMs' widened operands (x, w and the output). */
 static size_t bf16_scratch_bytes(const struct recipe *r, const struct backend *be) {
     if (be->precision == PRECISION_FP32) return 0;
     const struct model_config *mc = &r->model;
@@ -108,10 +112,14 @@ static size_t bf16_scratch_bytes(const struct recipe *r, const struct backend *b
     size_t C = mc->hidden_size, V = mc->vocab_size / tp, F = mc->intermediate_size / tp;
     if (mc->num_experts > 0 && (size_t)mc->experts_per_token * model_moe_ffn_size(mc) > F)
         F = (size_t)mc->experts_per_token * model_moe_ffn_size(mc);
-    int cpu = !strcmp(be->name, "cpu");
-    size_t chunk = (size_t)1 << (cpu ? 20 : 24), ce = N * V <= chunk ? N * V : chunk / V > 0 ? chunk / V * V : V;
-    size_t big = F > C ? F : C, floats = ce + 4 * N * big + 2 * N * C;
-    if (cpu) floats += (V * C > N * F ? V * C : N * F) + N * V;
+    size_t big = F > C ? F : C, floats;
+    if (!strcmp(be->name, "cpu")) {
+        floats = N * V + 4 * N * big + 2 * N * C + (V * C > N * F ? V * C : N * F) + N * V;
+    } else {
+        size_t chunk = (size_t)1 << 24, ce = N * V <= chunk ? N * V : chunk / V > 0 ? chunk / V * V : V;
+        size_t row = C * (mc->num_experts > 0 && mc->experts_per_token > 1 ? (size_t)mc->experts_per_token : 1);
+        floats = (ce > N * row ? ce : N * row) + 6 * N * row;
+    }
     if (be->precision == PRECISION_FP8) floats += 2 * N * big + big * C; /* the FP8 GEMMs widen both operands */
     return floats * sizeof(float);
 }

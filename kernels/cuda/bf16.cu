@@ -1,6 +1,8 @@
 /* The CUDA backend at bf16 precision: kernels/bf16_table.h on the fp32 CUDA
- * table (every op widened to fp32, computed by the tested fp32 kernels,
- * rounded where stored), with the storage kernels below. It is the GPU's
+ * table (ops widened to fp32, computed by the tested fp32 kernels, rounded
+ * where stored), with the storage kernels below, cuBLAS bf16 GEMMs, and the
+ * element-wise kernels' bf16 instances (RMSNorm, RoPE, SwiGLU, add, scale:
+ * kernels/cuda/storage.cuh) in place of their widening versions. It is the GPU's
  * reference bf16 path with exact 2-byte storage: fast bf16 kernels
  * (cuBLASLt GEMMs, flash attention, fused element-wise ops) replace its ops
  * one by one, each checked against it and the CPU bf16 table. The rounding

@@ -69,6 +69,7 @@ __global__ void rmsnorm_dw_sum_k(float *dw, const double *part, int C) {
     dw[c] += (float)acc;
 }
 
+/* dx must not alias dout or x: the gain-gradient pass reads both after dx is written */
 template <typename T>
 static void rmsnorm_backward_t(T *dx, float *dw, const T *dout, const T *x, const float *w, const float *rstd, int N,
                                int C, int accumulate) {

@@ -39,4 +39,4 @@ echo "wrote build/device.tar.gz ($(du -h build/device.tar.gz | cut -f1)); on the
 echo "  python3 -c \"import tarfile; tarfile.open('build/device.tar.gz').extractall('.')\""
 echo "  export LD_LIBRARY_PATH=\$PWD/build/devlib PATH=\$PWD/build/devbin:\$PATH"
 echo "  # NCCL (parallel.comm) is loaded at run time; PyTorch's wheel has one:"
-echo "  export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) + \"/lib\")' 2>/dev/null)"
+echo "  export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0] + \"/lib\")' 2>/dev/null)"

@@ -100,25 +100,33 @@ layout gpu_layout_dp2_zero 2 optimizer.distributed=true
 layout gpu_layout_tp2_pp2 4 parallel.tp=2 parallel.pp=2 train.micro_batch=2
 
 # NCCL (parallel.comm, docs/parallelism.md): one rank with nccl is bitwise the
-# run above (one rank has no communicator either way); two ranks sharing this
-# GPU with nccl stop with exit 2 and one message; with a GPU per rank (two or
-# more visible) tp2 + SP over NCCL matches one GPU
-if "$MTRAIN" pretrain r.yaml --set train.steps=20 --set parallel.comm=nccl --set checkpoint.dir=n1_ck --set log.dir=n1 \
-    >"$TMP/out" 2>&1; then
+# run above (one rank has no communicator either way); two ranks with nccl
+# either share this machine's one GPU, and stop with exit 2 and one message,
+# or have a GPU each, and their tp2 + SP run matches one GPU over NCCL
+"$MTRAIN" pretrain r.yaml --set train.steps=20 --set parallel.comm=nccl --set checkpoint.dir=n1_ck --set log.dir=n1 \
+    >"$TMP/out" 2>&1
+rc=$?
+if [ $rc = 0 ]; then
     losses n1/metrics.jsonl >n1.loss
     [ "$(cat n1.loss)" = "$(cat g20.loss)" ] && pass gpu_nccl_single_rank_bitwise ||
         fail gpu_nccl_single_rank_bitwise "losses differ from parallel.comm auto"
-    if command -v mpiexec >/dev/null && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -lt 2 ]; then
-        OMP_NUM_THREADS=1 mpiexec -n 2 "$MTRAIN" pretrain r.yaml --set parallel.tp=2 --set parallel.comm=nccl \
-            --set log.dir=n2 >"$TMP/out" 2>&1
+    if command -v mpiexec >/dev/null; then
+        OMP_NUM_THREADS=1 mpiexec -n 2 "$MTRAIN" pretrain r.yaml --set parallel.tp=2 --set parallel.sequence_parallel=true \
+            --set parallel.comm=nccl --set train.steps=20 --set checkpoint.dir=n2_ck --set log.dir=n2 >"$TMP/out" 2>&1
         rc=$?
-        [ $rc = 2 ] && [ "$(grep -c 'drive the same GPU\|drives the same GPU' "$TMP/out")" = 1 ] &&
-            pass gpu_nccl_shared_gpu_refused || fail gpu_nccl_shared_gpu_refused "exit $rc: $(tail -2 "$TMP/out")"
-        skip gpu_nccl_layout_tp2_sp "one GPU visible: NCCL needs a GPU per rank"
-    elif command -v mpiexec >/dev/null; then
-        skip gpu_nccl_shared_gpu_refused "each rank has a GPU of its own here"
-        layout gpu_nccl_layout_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true parallel.comm=nccl
-        grep -q '"comm":"nccl"' gpu_nccl_layout_tp2_sp/metrics.jsonl || fail gpu_nccl_layout_tp2_sp "not over NCCL"
+        if [ $rc = 2 ] && grep -q 'same GPU' "$TMP/out"; then
+            [ "$(grep -c 'parallel.comm nccl' "$TMP/out")" = 1 ] && pass gpu_nccl_shared_gpu_refused ||
+                fail gpu_nccl_shared_gpu_refused "not one message: $(cat "$TMP/out")"
+            skip gpu_nccl_layout_tp2_sp "the two ranks share one GPU here"
+        elif [ $rc = 0 ]; then
+            skip gpu_nccl_shared_gpu_refused "each rank has a GPU of its own here"
+            losses n2/metrics.jsonl >n2.loss
+            if grep -q '"comm":"nccl"' n2/metrics.jsonl; then close gpu_nccl_layout_tp2_sp n2.loss g20.loss 1e-5 20
+            else fail gpu_nccl_layout_tp2_sp "the run did not use NCCL"; fi
+        else
+            fail gpu_nccl_layout_tp2_sp "exit $rc: $(tail -3 "$TMP/out")"
+            skip gpu_nccl_shared_gpu_refused "the two-rank run failed"
+        fi
     else
         for c in gpu_nccl_shared_gpu_refused gpu_nccl_layout_tp2_sp; do skip $c "no mpiexec on this machine"; done
     fi
@@ -127,7 +135,7 @@ elif grep -q "libnccl.so.2 not found" "$TMP/out"; then
         skip $c "libnccl.so.2 not on the library path (pip's nvidia-nccl: add its lib directory to LD_LIBRARY_PATH)"
     done
 else
-    fail gpu_nccl_single_rank_bitwise "exit $?: $(tail -2 "$TMP/out")"
+    fail gpu_nccl_single_rank_bitwise "exit $rc: $(tail -2 "$TMP/out")"
 fi
 
 # a tiny Mixtral (MoE layers 0 and 2, dense 1 and 3, with z-loss; dropless,
