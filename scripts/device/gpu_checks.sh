@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Every GPU check and GPU benchmark of the repository, in phases that each fit
+# one time-limited call on a lent GPU machine (scripts/device/pack.sh packs the
+# build; unpack it first, as pack.sh prints). Run from the repository root:
+#
+#   bash scripts/device/gpu_checks.sh tests     # unit + end-to-end GPU checks (~5 min)
+#   bash scripts/device/gpu_checks.sh bench124m # train_gpu.sh on the 124M shape
+#   bash scripts/device/gpu_checks.sh bench8b   # train_gpu.sh on the 8B-shaped stack
+#   bash scripts/device/gpu_checks.sh attention # attention alone, FP8 GEMM rates, comm
+#
+# Each phase prints its checks' PASS/FAIL/SKIP lines and ends with one
+# summary line; with OUT set (the device tool's output folder) it also
+# copies the logs and benchmark JSON there. NCCL is loaded at run time:
+# PyTorch's wheel ships one (nvidia/nccl/lib), added to LD_LIBRARY_PATH here
+# when python3 can find it.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+phase=${1:-tests}
+OUT=${OUT:-}
+log=$(mktemp)
+nccl=$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0] + "/lib")' 2>/dev/null)
+[ -n "$nccl" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl
+run() { # NAME CMD...: its output into the log and on the screen
+    echo "== $1" | tee -a "$log"
+    shift
+    "$@" 2>&1 | tee -a "$log"
+}
+case $phase in
+    tests)
+        nvidia-smi -L 2>&1 | tee -a "$log"
+        run test_cuda_ops build/rel/tests/test_cuda_ops
+        run test_cuda_bf16 build/rel/tests/test_cuda_bf16
+        run test_comm build/rel/tests/test_comm
+        gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+        if [ "$gpus" -ge 2 ]; then
+            run test_comm_ranks mpiexec -n "$gpus" build/rel/tests/test_comm
+        fi
+        run gpu_pretrain bash tests/integration/gpu_pretrain.sh
+        ;;
+    bench124m) run train_gpu env SHAPES=124m bash scripts/bench/train_gpu.sh ;;
+    bench8b)
+        run train_gpu env SHAPES=8b RUNS="mtrain-bf16 mtrain-fp8 mtrain-fp8-block torch-bf16 torch-bf16-compile torch-fp8" \
+            bash scripts/bench/train_gpu.sh
+        ;;
+    attention)
+        run train_gpu env SHAPES= RUNS="attention fp8-gemm" bash scripts/bench/train_gpu.sh
+        run comm bash scripts/bench/comm.sh
+        ;;
+    *) echo "usage: gpu_checks.sh tests|bench124m|bench8b|attention" >&2; exit 2 ;;
+esac
+p=$(grep -cE '^\s*PASS' "$log") f=$(grep -cE '^\s*FAIL' "$log") s=$(grep -cE '^\s*SKIP' "$log")
+if [ -n "$OUT" ]; then
+    mkdir -p "$OUT"
+    cp "$log" "$OUT/gpu_checks_$phase.log"
+    cp build/bench/*.json "$OUT/" 2>/dev/null
+fi
+rm -f "$log"
+echo "$p passed, $f failed, $s skipped"
+[ "$f" = 0 ]
