@@ -241,10 +241,7 @@ static void dry_run(const struct recipe *r, int verbose) {
      * without a GPU (planning on a login node) */
     int gpu = cuda_backend.attention_state_floats &&
               (!strcmp(r->train.device, "cuda") || (!strcmp(r->train.device, "auto") && cuda_backend_available()));
-    const char *pr = r->train.precision;
-    int bf16 = !strcmp(pr, "bf16"), fp8 = !strcmp(pr, "fp8");
-    const struct backend *be = gpu ? (fp8 ? &cuda_fp8_backend : bf16 ? &cuda_bf16_backend : &cuda_backend)
-                                   : fp8 ? &cpu_fp8_backend : bf16 ? &cpu_bf16_backend : &cpu_backend;
+    const struct backend *be = backend_table(gpu, r->train.precision);
     struct memory_estimate e = model_memory_estimate(r, dp, be);
     printf("\n# plan (%s)\n", world ? "for the launcher's world size" : "world size unknown: dp 1 assumed; SLURM_NTASKS=N plans for N ranks");
     print_data_note(r);

@@ -436,12 +436,9 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     }
     /* a configuration this GPU cannot run: exit 2, one message from rank 0
      * (asked of the node's first GPU: the ranks' own are chosen later) */
-    const char *dev = r->train.device;
-    int gpu = cuda_backend_available() && (!strcmp(dev, "cuda") || !strcmp(dev, "auto"));
-    if (gpu && !strcmp(r->train.precision, "fp8") && !cuda_device_has_fp8()) {
-        if (parallel_world_rank() == 0)
-            fprintf(stderr, "mtrain: error: %s: train.precision fp8: this GPU has no FP8 tensor cores (compute capability "
-                    "8.9 or newer, e.g. H100, L40S); use train.precision bf16\n", r->source);
+    const char *why = backend_precision_error(r->train.device, r->train.precision);
+    if (why) {
+        if (parallel_world_rank() == 0) fprintf(stderr, "mtrain: error: %s: %s\n", r->source, why);
         return EXIT_USAGE;
     }
     run.be = backend_get(r->train.device, r->train.precision);

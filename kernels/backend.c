@@ -6,29 +6,37 @@
 
 const char *precision_name(enum precision p) { return p == PRECISION_FP8 ? "fp8" : p == PRECISION_BF16 ? "bf16" : "fp32"; }
 
-/* The device's table at the precision: fp32, or bf16 / fp8 (kernels/bf16_table.h). */
-static const struct backend *with_precision(const struct backend *fp32, const char *precision) {
-    int cpu = fp32 == &cpu_backend;
-    if (!strcmp(precision, "fp32")) return fp32;
-    if (!strcmp(precision, "bf16")) return cpu ? &cpu_bf16_backend : &cuda_bf16_backend;
-    if (!strcmp(precision, "fp8")) {
-        if (cpu) return &cpu_fp8_backend;
-        if (cuda_device_has_fp8()) return &cuda_fp8_backend;
-        fprintf(stderr, "mtrain: error: train.precision fp8: this GPU has no FP8 tensor cores (compute capability 8.9 "
-                "or newer, e.g. H100, L40S); use train.precision bf16\n");
-        return NULL;
-    }
-    fprintf(stderr, "mtrain: error: unknown precision '%s' (expected fp32, bf16 or fp8)\n", precision);
+const struct backend *backend_table(int cuda, const char *precision) {
+    if (!strcmp(precision, "fp32")) return cuda ? &cuda_backend : &cpu_backend;
+    if (!strcmp(precision, "bf16")) return cuda ? &cuda_bf16_backend : &cpu_bf16_backend;
+    if (!strcmp(precision, "fp8")) return cuda ? &cuda_fp8_backend : &cpu_fp8_backend;
     return NULL;
+}
+
+const char *backend_precision_error(const char *device, const char *precision) {
+    int gpu = cuda_backend_available() && (!strcmp(device, "cuda") || !strcmp(device, "auto"));
+    if (gpu && !strcmp(precision, "fp8") && !cuda_device_has_fp8())
+        return "train.precision fp8: this GPU has no FP8 tensor cores (compute capability 8.9 or newer, e.g. H100, "
+               "L40S); use train.precision bf16";
+    return NULL;
+}
+
+/* The device's table at the precision: fp32, or bf16 / fp8 (kernels/bf16_table.h). */
+static const struct backend *with_precision(int cuda, const char *device, const char *precision) {
+    const struct backend *be = backend_table(cuda, precision);
+    const char *why = be ? backend_precision_error(device, precision) : NULL;
+    if (!be) fprintf(stderr, "mtrain: error: unknown precision '%s' (expected fp32, bf16 or fp8)\n", precision);
+    else if (why) fprintf(stderr, "mtrain: error: %s\n", why);
+    return be && !why ? be : NULL;
 }
 
 /* "auto" takes the GPU when this build has the CUDA backend and the machine
  * has a device; "cuda" insists on one. */
 const struct backend *backend_get(const char *name, const char *precision) {
-    if (!strcmp(name, "cpu")) return with_precision(&cpu_backend, precision);
-    if (!strcmp(name, "auto")) return with_precision(cuda_backend_available() ? &cuda_backend : &cpu_backend, precision);
+    if (!strcmp(name, "cpu")) return with_precision(0, name, precision);
+    if (!strcmp(name, "auto")) return with_precision(cuda_backend_available(), name, precision);
     if (!strcmp(name, "cuda")) {
-        if (cuda_backend_available()) return with_precision(&cuda_backend, precision);
+        if (cuda_backend_available()) return with_precision(1, name, precision);
 #ifdef MTRAIN_CUDA
         fprintf(stderr, "mtrain: error: train.device cuda: no CUDA device found (%s); use train.device cpu or auto\n",
                 cuda_device_error());

@@ -212,6 +212,12 @@ struct backend {
 /* "cpu", "cuda" or "auto" at precision "fp32", "bf16" or "fp8"; returns
  * NULL with a message if unavailable. */
 const struct backend *backend_get(const char *name, const char *precision);
+/* The table of the CUDA (cuda 1) or CPU backend at a precision, NULL for an
+ * unknown one; it asks nothing of the machine (the dry run plans with it). */
+const struct backend *backend_table(int cuda, const char *precision);
+/* Why this machine's device for `device` ("auto", "cuda", "cpu") cannot run
+ * the precision (fp8 on a GPU without FP8 tensor cores), or NULL. */
+const char *backend_precision_error(const char *device, const char *precision);
 extern const struct backend cpu_backend, cpu_bf16_backend, cpu_fp8_backend;
 /* kernels/cuda; empty tables in builds without it */
 extern const struct backend cuda_backend, cuda_bf16_backend, cuda_fp8_backend;

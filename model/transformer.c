@@ -543,6 +543,9 @@ void linear_backward(struct transformer *m, float *dx, float *dw, const float *d
     else m->be->matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx);
 }
 
+/* the linear layers of block l run in FP8 from here on, or not */
+static void fp8_block(struct transformer *m, int l) { m->fp8_now = l >= m->fp8_begin && l < m->fp8_end; }
+
 void transformer_set_fp8(struct transformer *m, struct fp8_recipe recipe, int skip_layers) {
     m->fp8_begin = m->fp8_end = 0;
     m->fp8 = recipe;
@@ -599,7 +602,7 @@ static void swiglu_block_forward(struct transformer *m, struct layer_acts *a, co
 
 static void block_forward(struct transformer *m, struct act_slot *s, int l, float *out) {
     const struct backend *be = m->be;
-    m->fp8_now = l >= m->fp8_begin && l < m->fp8_end;
+    fp8_block(m, l);
     const struct layer_weights *w = &m->layers[l];
     struct layer_acts *a = acts_of(m, s, l);
     int N = m->N, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, F = m->Fl;
@@ -751,7 +754,7 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
         block_forward(m, s, l, m->recompute_out);
         m->moe_collect = collect;
     }
-    m->fp8_now = l >= m->fp8_begin && l < m->fp8_end;
+    fp8_block(m, l);
     float *d_ln;
     if (w->moe) { /* this rank's tokens' rows of the residual gradient; the input gradient of all rows */
         int own_rows = m->sp || m->tp == 1;
