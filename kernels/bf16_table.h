@@ -31,7 +31,9 @@
  * widening ones: bf16_matmul_forward, bf16_matmul_backward (kernels/ops.h);
  * with BF16_OWN_ELEMENTWISE, its own rmsnorm_forward, rmsnorm_backward,
  * rope, swiglu_forward, swiglu_backward, add and scale on bf16 storage (the
- * same numbers as the widening ones, in one pass). */
+ * same numbers as the widening ones, in one pass); with BF16_OWN_ATTENTION,
+ * its own attention_forward and attention_backward (the same state as the
+ * fp32 table's), which may call ref_attention_forward/backward (below). */
 
 #define BF16_SLOTS 8
 static float *bf16_slot[BF16_SLOTS];
@@ -127,9 +129,11 @@ static void rope(float *x, const float *cos, const float *sin, int B, int T, int
 
 #endif
 
-/* att (what backward needs) is fp32 */
-static void attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
-                              int H, int KVH, int D, int Dv) {
+/* The widening attention (att, what backward needs, is fp32); a table with
+ * its own kernels defines BF16_OWN_ATTENTION and attention_forward/backward
+ * that fall back on these where the kernels do not apply. */
+static void ref_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B,
+                                  int T, int H, int KVH, int D, int Dv) {
     size_t rows = (size_t)B * T, no = rows * H * Dv;
     float *o = scratch(3, no);
     BF16_INNER.attention_forward(o, att, wide(0, q, rows * H * D), wide(1, k, rows * KVH * D),
@@ -137,11 +141,12 @@ static void attention_forward(float *out, float *att, const float *q, const floa
     bf16_narrow(out, o, no);
 }
 
-static void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
-                               const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv) {
+static void ref_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                   const float *att, const float *q, const float *k, const float *v, int B, int T,
+                                   int H, int KVH, int D, int Dv) {
     size_t rows = (size_t)B * T, nq = rows * H * D, nk = rows * KVH * D, nv = rows * KVH * Dv;
     float *gq = scratch(4, nq), *gk = scratch(5, nk), *gv = scratch(6, nv);
-    BF16_INNER.attention_backward(gq, gk, gv, wide(0, dout, rows * H * Dv), att, wide(1, q, nq), wide(2, k, nk),
+    BF16_INNER.attention_backward(gq, gk, gv, wide(0, dout, rows * H * Dv), NULL, att, wide(1, q, nq), wide(2, k, nk),
                                   wide(3, v, nv), B, T, H, KVH, D, Dv);
     bf16_narrow(dq, gq, nq);
     bf16_narrow(dk, gk, nk);
@@ -274,6 +279,14 @@ static void scale(float *x, float s, size_t n) {
 }
 #endif
 
+#ifdef BF16_OWN_ATTENTION
+#define BF16_ATTENTION_FORWARD attention_forward
+#define BF16_ATTENTION_BACKWARD attention_backward
+#else
+#define BF16_ATTENTION_FORWARD ref_attention_forward
+#define BF16_ATTENTION_BACKWARD ref_attention_backward
+#endif
+
 /* every op but the name, precision and the fp8 GEMMs: both tables' */
 #define BF16_OPS \
     .alloc = alloc, \
@@ -289,9 +302,9 @@ static void scale(float *x, float s, size_t n) {
     .matmul_forward = bf16_matmul_forward, \
     .matmul_backward = bf16_matmul_backward, \
     .rope = rope, \
-    .attention_forward = attention_forward, \
+    .attention_forward = BF16_ATTENTION_FORWARD, \
     .attention_state_floats = attention_state_floats, \
-    .attention_backward = attention_backward, \
+    .attention_backward = BF16_ATTENTION_BACKWARD, \
     .attention_decode = attention_decode, \
     .copy_cols = bf16_copy_cols, \
     .swiglu_forward = swiglu_forward, \

@@ -93,10 +93,11 @@ struct backend {
     void (*attention_forward)(float *out, float *att, const float *q, const float *k, const float *v, int B,
                               int T, int H, int KVH, int D, int Dv);
     size_t (*attention_state_floats)(int B, int H, int T);
-    /* dq, dk, dv overwritten. */
-    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *att,
-                               const float *q, const float *k, const float *v, int B, int T, int H, int KVH,
-                               int D, int Dv);
+    /* dq, dk, dv overwritten. out: the forward's output (flash attention's
+     * backward takes rowsum(dout * out) from it; other kernels ignore it). */
+    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                               const float *att, const float *q, const float *k, const float *v, int B, int T,
+                               int H, int KVH, int D, int Dv);
 
     /* Incremental decoding against a KV cache: n queries q[n,H,D] at the
      * last n positions Tk-n .. Tk-1 of one sequence attend causally to the

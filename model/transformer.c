@@ -779,8 +779,8 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     if (selective)
         be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D, m->Dv);
     linear_backward(m, m->d_attn, dw->wo, grad_full_rows(m), a->attn_out, w->wo, N, OD, C, 0);
-    be->attention_backward(m->d_q, m->d_k, m->d_v, m->d_attn, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl,
-                           m->D, m->Dv);
+    be->attention_backward(m->d_q, m->d_k, m->d_v, m->d_attn, a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T,
+                           m->Hl, m->KVl, m->D, m->Dv);
     if (m->mla) {
         mla_backward(m, a, l);
     } else {

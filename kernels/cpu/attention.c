@@ -52,8 +52,9 @@ void cpu_attention_forward(float *out, float *att, const float *q, const float *
  * dK += dS^T Q; dV += P^T dO. Work is split by (batch, kv head) so each
  * thread owns the dk/dv rows it accumulates into: no atomics, and a fixed
  * summation order. */
-void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
-                            const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv) {
+void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *att,
+                            const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv) {
+    (void)out; /* the probabilities are kept */
     int group = H / KVH, ldq = H * D, ldk = KVH * D, ldo = H * Dv, ldv = KVH * Dv;
     float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel

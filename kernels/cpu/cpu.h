@@ -21,8 +21,8 @@ void cpu_rope(float *x, const float *cos, const float *sin, int B, int T, int H,
 void cpu_copy_cols(float *dst, int ldd, const float *src, int lds, int rows, int cols, int accumulate);
 void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
                            int H, int KVH, int D, int Dv);
-void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
-                            const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv);
+void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *att,
+                            const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv);
 void cpu_attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,
                           int D);
 void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);

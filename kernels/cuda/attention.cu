@@ -154,8 +154,10 @@ void cuda_attention_forward(float *out, float *lse, const float *q, const float 
 /* Per chunk: P = exp(scale Q K^T - lse); dP = dO V^T; dV_h = P^T dO;
  * dS = softmax backward; dQ = dS K; dK_h = dS^T Q; then dk, dv = the sums of
  * dK_h, dV_h over each kv head's group. */
-void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *lse, const float *q,
-                             const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv) {
+void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                             const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D,
+                             int Dv) {
+    (void)out; /* rowsum(P * dP) from the recomputed P instead */
     int group = H / KVH, ldq = H * D, ldk = KVH * D, ldo = H * Dv, ldv = KVH * Dv, total = B * H;
     float scale = 1.0f / sqrtf((float)D);
     int per = chunk_pairs(B, H, group, T, 2);

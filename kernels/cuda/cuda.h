@@ -52,8 +52,8 @@ void cuda_copy_cols(float *dst, int ldd, const float *src, int lds, int rows, in
 void cuda_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
                             int H, int KVH, int D, int Dv);
 size_t cuda_attention_state_floats(int B, int H, int T);
-void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *att, const float *q,
-                             const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv);
+void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *att,
+                             const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv);
 void cuda_attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,
                            int D);
 void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
@@ -88,6 +88,14 @@ void cuda_bf16_swiglu_backward(float *dgate, float *dup, const float *dout, cons
                                size_t n);
 void cuda_bf16_add(float *dst, const float *src, size_t n);
 void cuda_bf16_scale(float *x, float s, size_t n);
+/* flash attention on bf16 storage (kernels/cuda/flash_attention.cu): usable
+ * for these head dims and pointers on this device? state: lse [B*H, T] */
+int cuda_flash_attention_usable(int D, int Dv, const void *const *ptrs, int nptrs);
+void cuda_flash_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                  int H, int KVH, int D);
+void cuda_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                   const float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                   int H, int KVH, int D);
 double cuda_sum(const float *x, size_t n);
 double cuda_sum_squares(const float *x, size_t n);
 void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,

@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
     TIME("matmul_forward head NxCxV", be->matmul_forward(logits, x, emb, N, C, V, 0), logits);
     TIME("matmul_backward head", be->matmul_backward(y, emb, logits, x, emb, N, C, V, 0), emb);
     TIME("attention_forward", be->attention_forward(o, att, q, k, v, B, T, H, KVH, D, D), o);
-    TIME("attention_backward", be->attention_backward(dq, dk, dv, o, att, q, k, v, B, T, H, KVH, D, D), dq);
+    TIME("attention_backward", be->attention_backward(dq, dk, dv, o, o, att, q, k, v, B, T, H, KVH, D, D), dq);
     TIME("rmsnorm_forward", be->rmsnorm_forward(y, rstd, x, nw, N, C, 1e-5f), y);
     TIME("rmsnorm_backward", be->rmsnorm_backward(y, dnw, o, x, nw, rstd, N, C, 1), dnw);
     TIME("rope", be->rope(q, cs, cs, B, T, H, D, 0), q);

@@ -232,9 +232,9 @@ static void test_attention(int H, int KVH, int D, int Dv, const char *tag) {
     struct operand gq = operand(nq), gk = operand(nk), gv = operand(nv);
     float *dq = malloc(4 * nq), *dk = malloc(4 * nk), *dv = malloc(4 * nv);
     float *dq_s = malloc(4 * nq), *dk_s = malloc(4 * nk), *dv_s = malloc(4 * nv);
-    f32->attention_backward(dq, dk, dv, d.x, att, q.x, k.x, v.x, B, T, H, KVH, D, Dv);
-    f32->attention_backward(dq_s, dk_s, dv_s, d.xr, att_same, q.xr, k.xr, v.xr, B, T, H, KVH, D, Dv);
-    b16->attention_backward(gq.X, gk.X, gv.X, d.X, att16, q.X, k.X, v.X, B, T, H, KVH, D, Dv);
+    f32->attention_backward(dq, dk, dv, d.x, o, att, q.x, k.x, v.x, B, T, H, KVH, D, Dv);
+    f32->attention_backward(dq_s, dk_s, dv_s, d.xr, o_same, att_same, q.xr, k.xr, v.xr, B, T, H, KVH, D, Dv);
+    b16->attention_backward(gq.X, gk.X, gv.X, d.X, out.X, att16, q.X, k.X, v.X, B, T, H, KVH, D, Dv);
     snprintf(name, sizeof name, "bf16_attention_backward_dq_%s", tag);
     check_act(name, gq.X, dq, nq, dq_s);
     snprintf(name, sizeof name, "bf16_attention_backward_dk_%s", tag);

@@ -160,30 +160,46 @@ static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, 
     g16->free(dX), g16->free(dW), g16->free(dD), g16->free(dO), g16->free(dGX), g16->free(dDW);
 }
 
+/* Causal GQA attention (the flash kernels at head dims 64 and 128): forward
+ * and backward against the CPU bf16 op and the CPU fp32 op on the widened
+ * inputs; the backward repeats bitwise. */
 static void test_attention(int B, int T, int H, int KVH, int D, const char *tag) {
     size_t rows = (size_t)B * T, nq = rows * H * D, nk = rows * KVH * D;
     float *q = rnd(nq), *k = rnd(nk), *v = rnd(nk), *dout = rnd(nq);
     float *Q = pack(q, nq), *K = pack(k, nk), *V = pack(v, nk), *DO = pack(dout, nq);
+    float *q32 = unpack(Q, nq), *k32 = unpack(K, nk), *v32 = unpack(V, nk), *do32 = unpack(DO, nq);
     float *dQ = dev(Q, 2 * nq), *dK = dev(K, 2 * nk), *dV = dev(V, 2 * nk), *dDO = dev(DO, 2 * nq);
     size_t sc = c16->attention_state_floats(B, H, T), sg = g16->attention_state_floats(B, H, T);
     float *O = malloc(2 * nq), *att = malloc(4 * sc), *dO = g16->alloc(2 * nq), *datt = g16->alloc(4 * sg);
+    float *o32 = malloc(4 * nq), *att32 = malloc(4 * sc);
     char name[96];
     c16->attention_forward(O, att, Q, K, V, B, T, H, KVH, D, D);
+    c32->attention_forward(o32, att32, q32, k32, v32, B, T, H, KVH, D, D);
     g16->attention_forward(dO, datt, dQ, dK, dV, B, T, H, KVH, D, D);
     snprintf(name, sizeof name, "cuda_bf16_attention_forward_%s", tag);
-    compare(name, dO, O, NULL, nq);
+    compare(name, dO, O, o32, nq);
     float *GQ = malloc(2 * nq), *GK = malloc(2 * nk), *GV = malloc(2 * nk);
+    float *gq32 = malloc(4 * nq), *gk32 = malloc(4 * nk), *gv32 = malloc(4 * nk);
     float *dGQ = g16->alloc(2 * nq), *dGK = g16->alloc(2 * nk), *dGV = g16->alloc(2 * nk);
-    c16->attention_backward(GQ, GK, GV, DO, att, Q, K, V, B, T, H, KVH, D, D);
-    g16->attention_backward(dGQ, dGK, dGV, dDO, datt, dQ, dK, dV, B, T, H, KVH, D, D);
+    c16->attention_backward(GQ, GK, GV, DO, O, att, Q, K, V, B, T, H, KVH, D, D);
+    c32->attention_backward(gq32, gk32, gv32, do32, o32, att32, q32, k32, v32, B, T, H, KVH, D, D);
+    g16->attention_backward(dGQ, dGK, dGV, dDO, dO, datt, dQ, dK, dV, B, T, H, KVH, D, D);
     snprintf(name, sizeof name, "cuda_bf16_attention_backward_dq_%s", tag);
-    compare(name, dGQ, GQ, NULL, nq);
+    compare(name, dGQ, GQ, gq32, nq);
     snprintf(name, sizeof name, "cuda_bf16_attention_backward_dk_%s", tag);
-    compare(name, dGK, GK, NULL, nk);
+    compare(name, dGK, GK, gk32, nk);
     snprintf(name, sizeof name, "cuda_bf16_attention_backward_dv_%s", tag);
-    compare(name, dGV, GV, NULL, nk);
+    compare(name, dGV, GV, gv32, nk);
+    float *first[] = {host_of(dGQ, 2 * nq), host_of(dGK, 2 * nk), host_of(dGV, 2 * nk)};
+    g16->attention_backward(dGQ, dGK, dGV, dDO, dO, datt, dQ, dK, dV, B, T, H, KVH, D, D);
+    float *again[] = {host_of(dGQ, 2 * nq), host_of(dGK, 2 * nk), host_of(dGV, 2 * nk)};
+    snprintf(name, sizeof name, "cuda_bf16_attention_backward_repeats_%s", tag);
+    TEST_RESULT(name, !memcmp(first[0], again[0], 2 * nq) && !memcmp(first[1], again[1], 2 * nk) &&
+                          !memcmp(first[2], again[2], 2 * nk),
+                "a second backward on the same inputs differs");
+    for (int i = 0; i < 3; i++) free(first[i]), free(again[i]);
     free(q), free(k), free(v), free(dout), free(Q), free(K), free(V), free(DO), free(O), free(att), free(GQ), free(GK);
-    free(GV);
+    free(GV), free(q32), free(k32), free(v32), free(do32), free(o32), free(att32), free(gq32), free(gk32), free(gv32);
     g16->free(dQ), g16->free(dK), g16->free(dV), g16->free(dDO), g16->free(dO), g16->free(datt), g16->free(dGQ);
     g16->free(dGK), g16->free(dGV);
 }
@@ -289,8 +305,19 @@ int main(void) {
     g16 = backend_get("cuda", "bf16");
     test_storage();
     test_matmul(300, 520, 130);
-    test_attention(2, 300, 8, 2, 64, "gqa_d64");
-    test_attention(1, 257, 4, 4, 128, "mha_d128");
+    /* T = 1 .. 4096 (partial, exact and multiple 64-row tiles), head dims
+     * 64 and 128, GQA ratios 1, 4, 8; 96: the widening path's head dim */
+    test_attention(1, 1, 8, 8, 64, "t1_mha_d64");
+    test_attention(1, 1, 8, 1, 128, "t1_gqa8_d128");
+    test_attention(2, 63, 8, 2, 128, "t63_gqa4_d128");
+    test_attention(1, 64, 8, 1, 64, "t64_gqa8_d64");
+    test_attention(2, 300, 8, 2, 64, "t300_gqa4_d64");
+    test_attention(1, 257, 4, 4, 128, "t257_mha_d128");
+    test_attention(1, 1000, 8, 1, 128, "t1000_gqa8_d128");
+    test_attention(1, 4096, 4, 4, 64, "t4096_mha_d64");
+    test_attention(1, 4096, 8, 1, 128, "t4096_gqa8_d128");
+    test_attention(1, 4096, 8, 2, 128, "t4096_gqa4_d128");
+    test_attention(2, 100, 4, 2, 96, "t100_gqa2_d96_reference_path");
     test_norm_and_elementwise(300, 520); /* C / 4 even: the RoPE head size */
     test_cross_entropy(77, 1500);
     if (cuda_device_has_fp8()) {

@@ -150,10 +150,10 @@ static void test_attention(int B, int T, int H, int KVH, int D, int Dv, const ch
     float *dOut = gpu->alloc(4 * no), *dAtt = gpu->alloc(4 * gpu->attention_state_floats(B, H, T));
     float *gq = gpu->alloc(4 * nq), *gk = gpu->alloc(4 * nk), *gv = gpu->alloc(4 * nv);
     cpu->attention_forward(out, att, q, k, v, B, T, H, KVH, D, Dv);
-    cpu->attention_backward(dq, dk, dv, dout, att, q, k, v, B, T, H, KVH, D, Dv);
+    cpu->attention_backward(dq, dk, dv, dout, out, att, q, k, v, B, T, H, KVH, D, Dv);
     cuda_set_tf32(tf32);
     gpu->attention_forward(dOut, dAtt, dQ, dK, dV, B, T, H, KVH, D, Dv);
-    gpu->attention_backward(gq, gk, gv, dD, dAtt, dQ, dK, dV, B, T, H, KVH, D, Dv);
+    gpu->attention_backward(gq, gk, gv, dD, dOut, dAtt, dQ, dK, dV, B, T, H, KVH, D, Dv);
     cuda_set_tf32(0);
     const float *got[] = {dOut, gq, gk, gv}, *want[] = {out, dq, dk, dv};
     const char *what[] = {"forward", "backward_dq", "backward_dk", "backward_dv"};

@@ -210,7 +210,7 @@ static void test_attention(int H, int KVH, int Dv, const char *fwd_name, const c
     be->attention_forward(out, att, q, k, v, gB, gT, H, KVH, gD, Dv);
     ref_attention(ref, qd, kd, vd, gB, gT, H, KVH, gD);
     check_close(fwd_name, out, ref, no, 1e-5);
-    be->attention_backward(dq, dk, dv, R, att, q, k, v, gB, gT, H, KVH, gD, Dv);
+    be->attention_backward(dq, dk, dv, R, out, att, q, k, v, gB, gT, H, KVH, gD, Dv);
     double *gq = fd_grad(ref_attn_fn, in, 0, nq, Rd, no), *gk = fd_grad(ref_attn_fn, in, 1, nk, Rd, no);
     double *gv = fd_grad(ref_attn_fn, in, 2, nv, Rd, no);
     double e = fmax(fmax(max_rel_err(dq, gq, nq, 1e-2), max_rel_err(dk, gk, nk, 1e-2)), max_rel_err(dv, gv, nv, 1e-2));
