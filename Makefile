@@ -33,7 +33,7 @@ ifeq ($(CUDA),1)
   NVCCFLAGS += -I. -Xcompiler -Wall
   LIB_OBJ  += $(patsubst %.cu,$(BUILD)/%.o,$(wildcard kernels/cuda/*.cu))
   CFLAGS   += -DMTRAIN_CUDA -I$(CUDA_HOME)/include
-  LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+  LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 endif
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)

@@ -347,8 +347,17 @@ const struct backend BF16_TABLE = {.name = BF16_NAME, .precision = PRECISION_BF1
  * along M), 128 x 1 along the tokens for the weight gradient's operands,
  * and 128 x 128 blocks of weights. Needs
  *   fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int format)
- * from the device (x in device memory, fp32, row-major). */
+ * from the device (x in device memory, fp32, row-major). A device with its
+ * own FP8 GEMMs defines BF16_OWN_FP8 and fp8_matmul_forward/backward, which
+ * may fall back on ref_fp8_matmul_forward/backward. */
 #define FP8_BLOCK 128
+#ifdef BF16_OWN_FP8
+#define BF16_FP8_FORWARD fp8_matmul_forward
+#define BF16_FP8_BACKWARD fp8_matmul_backward
+#else
+#define BF16_FP8_FORWARD ref_fp8_matmul_forward
+#define BF16_FP8_BACKWARD ref_fp8_matmul_backward
+#endif
 
 /* s's fp32 widening of the bf16 x [rows, cols], quantised in blocks of br x bc (whole tensor when not block) */
 static float *fp8_operand(int s, const float *x, int rows, int cols, int br, int bc, int format,
@@ -359,8 +368,8 @@ static float *fp8_operand(int s, const float *x, int rows, int cols, int br, int
     return d;
 }
 
-static void fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
-                               struct fp8_recipe recipe) {
+static void ref_fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
+                                   struct fp8_recipe recipe) {
     size_t no = (size_t)N * M;
     if (!no) return;
     float *o = accumulate ? wide(2, out, no) : scratch(2, no);
@@ -369,8 +378,8 @@ static void fp8_matmul_forward(float *out, const float *x, const float *w, int N
     bf16_narrow(out, o, no);
 }
 
-static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
-                                int M, int accumulate_dx, struct fp8_recipe recipe) {
+static void ref_fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N,
+                                    int K, int M, int accumulate_dx, struct fp8_recipe recipe) {
     size_t nx = (size_t)N * K;
     int gf = recipe.grad_e5m2 ? FP8_E5M2 : FP8_E4M3;
     if (!N || !M || !K) return;
@@ -390,6 +399,6 @@ static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const f
 extern "C"
 #endif
 const struct backend BF16_FP8_TABLE = {.name = BF16_NAME, .precision = PRECISION_FP8, .act_bytes = 2, BF16_OPS,
-                                       .fp8_matmul_forward = fp8_matmul_forward,
-                                       .fp8_matmul_backward = fp8_matmul_backward};
+                                       .fp8_matmul_forward = BF16_FP8_FORWARD,
+                                       .fp8_matmul_backward = BF16_FP8_BACKWARD};
 #endif

@@ -1,11 +1,10 @@
 /* The CUDA backend at bf16 precision: kernels/bf16_table.h on the fp32 CUDA
  * table (ops widened to fp32, computed by the tested fp32 kernels, rounded
- * where stored), with the storage kernels below, cuBLAS bf16 GEMMs, and the
- * element-wise kernels' bf16 instances (RMSNorm, RoPE, SwiGLU, add, scale:
- * kernels/cuda/storage.cuh) in place of their widening versions. It is the GPU's
- * reference bf16 path with exact 2-byte storage: fast bf16 kernels
- * (cuBLASLt GEMMs, flash attention, fused element-wise ops) replace its ops
- * one by one, each checked against it and the CPU bf16 table. The rounding
+ * where stored), with the storage kernels below, cuBLASLt bf16 GEMMs, flash
+ * attention, FP8 tensor-core GEMMs (the fp8 table) and the element-wise
+ * kernels' bf16 instances (RMSNorm, RoPE, SwiGLU, add, scale:
+ * kernels/cuda/storage.cuh) in place of their widening versions; each is
+ * checked against the widening path and the CPU bf16 table. The rounding
  * is the host's (kernels/bf16.h) bit for bit, NaN handling included. */
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/storage.cuh"
@@ -80,14 +79,12 @@ static void bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int r
 }
 
 /* Row-major C[M,N] (bf16, or fp32 with c_fp32) = op(A) op(B) + beta C on
- * bf16 A and B with fp32 accumulation (tensor cores), the column-major
- * mapping of common.cu's gemm_rm. */
+ * bf16 A and B with fp32 accumulation (tensor cores): cuBLASLt with a plan
+ * cached per shape (kernels/cuda/lt_gemm.cu). */
 static void gemm_bf16(int transA, int transB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                       float beta, float *C, int ldc, int c_fp32) {
-    cublasOperation_t ta = transA ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
-    float alpha = 1.0f;
-    CUBLAS_CHECK(cublasGemmEx(cuda_blas(), tb, ta, N, M, K, &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C,
-                              c_fp32 ? CUDA_R_32F : CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    lt_matmul(transA, transB, M, N, K, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, beta, C,
+              c_fp32 ? CUDA_R_32F : CUDA_R_16BF, ldc, NULL, NULL);
 }
 
 static void bf16_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
@@ -242,6 +239,31 @@ static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int for
     LAUNCH_CHECK();
     block_qdq_k<<<blocks_for(n, THREADS), THREADS>>>(x, amax, rows, cols, br, bc, nbc, format);
     LAUNCH_CHECK();
+}
+
+/* FP8 GEMMs: per-tensor scaling on FP8 tensor cores (kernels/cuda/fp8_gemm.cu)
+ * where the shape allows it (dimensions multiples of 16); block scaling and
+ * other shapes take the reference path (quantise-dequantise, fp32 GEMM). */
+#define BF16_OWN_FP8
+static void ref_fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
+                                   struct fp8_recipe recipe);
+static void ref_fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N,
+                                    int K, int M, int accumulate_dx, struct fp8_recipe recipe);
+
+static void fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
+                               struct fp8_recipe recipe) {
+    if (recipe.scaling == FP8_SCALING_TENSOR && cuda_fp8_gemm_usable(N, K, M))
+        cuda_fp8_forward(out, x, w, N, K, M, accumulate);
+    else
+        ref_fp8_matmul_forward(out, x, w, N, K, M, accumulate, recipe);
+}
+
+static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
+                                int M, int accumulate_dx, struct fp8_recipe recipe) {
+    if (recipe.scaling == FP8_SCALING_TENSOR && cuda_fp8_gemm_usable(N, K, M))
+        cuda_fp8_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe.grad_e5m2);
+    else
+        ref_fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe);
 }
 
 #define BF16_TABLE cuda_bf16_backend

@@ -41,6 +41,13 @@ void gemm_rm(int transA, int transB, int M, int N, int K, float alpha, const flo
              const float *B, int ldb, long long strideB, float beta, float *C, int ldc, long long strideC,
              int batch);
 
+/* Row-major C[M,N] = op(A) op(B) (times *a_scale * *b_scale when given:
+ * device scalars, FP8 operands) + beta C through cuBLASLt with fp32
+ * accumulation, the algorithm chosen once per shape (kernels/cuda/lt_gemm.cu). */
+void lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDataType_t a_type, int lda, const void *B,
+               cudaDataType_t b_type, int ldb, float beta, void *C, cudaDataType_t c_type, int ldc,
+               const float *a_scale, const float *b_scale);
+
 /* The ops of the other kernel files (semantics in kernels/ops.h). */
 void cuda_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V);
 void cuda_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart, int V);
@@ -96,6 +103,12 @@ void cuda_flash_attention_forward(float *out, float *lse, const float *q, const 
 void cuda_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                    const float *lse, const float *q, const float *k, const float *v, int B, int T,
                                    int H, int KVH, int D);
+/* FP8 GEMMs with per-tensor current scaling (kernels/cuda/fp8_gemm.cu) on
+ * bf16 storage: usable for this shape? (multiples of 16, not turned off) */
+int cuda_fp8_gemm_usable(int N, int K, int M);
+void cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate);
+void cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M,
+                       int accumulate_dx, int grad_e5m2);
 double cuda_sum(const float *x, size_t n);
 double cuda_sum_squares(const float *x, size_t n);
 void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,

@@ -164,7 +164,7 @@ constexpr size_t forward_smem() {
     return (size_t)3 * TILE * (D + PAD) * 2;
 }
 
-/* grid (query tiles, B*H), the longest (last) query tiles first */
+/* grid (B*H, query tiles): the longest (last) query tiles of every pair first */
 template <int D>
 __global__ void __launch_bounds__(THREADS_FA) flash_forward_k(uint16_t *out, float *lse, const uint16_t *q,
                                                               const uint16_t *k, const uint16_t *v, int T, int H,
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(THREADS_FA) flash_forward_k(uint16_t *out, flo
     constexpr int LD = D + PAD;
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *Qs = smem, *Ks = Qs + TILE * LD, *Vs = Ks + TILE * LD;
-    int qt = gridDim.x - 1 - blockIdx.x, pair = blockIdx.y, b = pair / H, h = pair % H, kh = h / (H / KVH);
+    int qt = gridDim.y - 1 - blockIdx.y, pair = blockIdx.x, b = pair / H, h = pair % H, kh = h / (H / KVH);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int q0 = qt * TILE, row0 = q0 + warp * 16 + g;
     size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D;
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(THREADS_FA) flash_dq_k(uint16_t *dq, const uin
     constexpr int LD = D + PAD;
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *Qs = smem, *dOs = Qs + TILE * LD, *Ks = dOs + TILE * LD, *Vs = Ks + TILE * LD;
-    int qt = gridDim.x - 1 - blockIdx.x, pair = blockIdx.y, b = pair / H, h = pair % H, kh = h / (H / KVH);
+    int qt = gridDim.y - 1 - blockIdx.y, pair = blockIdx.x, b = pair / H, h = pair % H, kh = h / (H / KVH);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int q0 = qt * TILE, row0 = q0 + warp * 16 + g;
     size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D, qoff = ((size_t)b * T * H + h) * D;
@@ -320,7 +320,7 @@ constexpr size_t dkdv_smem() {
     return (size_t)(2 * TILE + 2 * dkdv_q_rows<D>()) * (D + PAD) * 2 + (size_t)2 * dkdv_q_rows<D>() * 4;
 }
 
-/* grid (kv tiles, B*KVH): dV = sum P^T dO, dK = scale * sum dS^T Q over the
+/* grid (B*KVH, kv tiles): dV = sum P^T dO, dK = scale * sum dS^T Q over the
  * group's query heads (in order) and the query tiles at or after the kv tile */
 template <int D>
 __global__ void __launch_bounds__(THREADS_FA) flash_dkdv_k(uint16_t *dk, uint16_t *dv, const uint16_t *dout,
@@ -331,9 +331,9 @@ __global__ void __launch_bounds__(THREADS_FA) flash_dkdv_k(uint16_t *dk, uint16_
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *Ks = smem, *Vs = Ks + TILE * LD, *Qs = Vs + TILE * LD, *dOs = Qs + BQ * LD;
     float *lse_s = reinterpret_cast<float *>(dOs + BQ * LD), *dl_s = lse_s + BQ;
-    int pair = blockIdx.y, b = pair / KVH, kh = pair % KVH, group = H / KVH;
+    int pair = blockIdx.x, b = pair / KVH, kh = pair % KVH, group = H / KVH;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int k0 = blockIdx.x * TILE, j0 = k0 + warp * 16 + g; /* this lane's kv rows j0, j0 + 8 */
+    int k0 = blockIdx.y * TILE, j0 = k0 + warp * 16 + g; /* this lane's kv rows j0, j0 + 8 */
     size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D, koff = ((size_t)b * T * KVH + kh) * D;
     load_rows<D, TILE>(Ks, k + koff, kstride, k0, T);
     load_rows<D, TILE>(Vs, v + koff, kstride, k0, T);
@@ -393,9 +393,9 @@ void forward(float *out, float *lse, const float *q, const float *k, const float
     static int ready;
     size_t smem = forward_smem<D>();
     allow_smem(flash_forward_k<D>, smem, &ready);
-    dim3 grid((T + TILE - 1) / TILE, B * H);
+    dim3 grid(B * H, (T + TILE - 1) / TILE);
     flash_forward_k<D><<<grid, THREADS_FA, smem>>>((uint16_t *)out, lse, (const uint16_t *)q, (const uint16_t *)k,
-                                                   (const uint16_t *)v, T, H, KVH, LOG2E / sqrtf((float)D));
+                                                   (const uint16_t *)v, T, H, KVH, 1.0f / sqrtf((float)D) * LOG2E);
     LAUNCH_CHECK();
 }
 
@@ -403,20 +403,20 @@ template <int D>
 void backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse, const float *q,
               const float *k, const float *v, int B, int T, int H, int KVH) {
     static int ready_dq, ready_dkdv;
-    float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E;
+    float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E; /* the forward's, bit for bit */
     size_t rows = (size_t)B * T * H;
     float *delta = (float *)cuda_scratch(SCRATCH_WORK, sizeof(float) * rows);
     delta_k<<<blocks_for(rows * 32, 256), 256>>>(delta, (const uint16_t *)dout, (const uint16_t *)out, B, T, H, D);
     LAUNCH_CHECK();
     size_t smem = dq_smem<D>();
     allow_smem(flash_dq_k<D>, smem, &ready_dq);
-    flash_dq_k<D><<<dim3((T + TILE - 1) / TILE, B * H), THREADS_FA, smem>>>(
+    flash_dq_k<D><<<dim3(B * H, (T + TILE - 1) / TILE), THREADS_FA, smem>>>(
         (uint16_t *)dq, (const uint16_t *)dout, lse, delta, (const uint16_t *)q, (const uint16_t *)k,
         (const uint16_t *)v, T, H, KVH, scale_log2, scale);
     LAUNCH_CHECK();
     smem = dkdv_smem<D>();
     allow_smem(flash_dkdv_k<D>, smem, &ready_dkdv);
-    flash_dkdv_k<D><<<dim3((T + TILE - 1) / TILE, B * KVH), THREADS_FA, smem>>>(
+    flash_dkdv_k<D><<<dim3(B * KVH, (T + TILE - 1) / TILE), THREADS_FA, smem>>>(
         (uint16_t *)dk, (uint16_t *)dv, (const uint16_t *)dout, lse, delta, (const uint16_t *)q, (const uint16_t *)k,
         (const uint16_t *)v, T, H, KVH, scale_log2, scale);
     LAUNCH_CHECK();

@@ -69,6 +69,10 @@ fi
 if has attention; then
     for d in 128 64; do
         "$PY" scripts/bench/torch_attention.py 1 32 8 8192 $d 2>/dev/null | sed 's/^/{"attention":/; s/$/}/' >>"$out"
+        for mode in flash reference; do
+            MTRAIN_ATTENTION=$mode "$BUILD/bench/bench_attention" 1 32 8 8192 $d 2>/dev/null |
+                sed 's/^/{"attention":/; s/$/}/' >>"$out" || true
+        done
     done
 fi
 "$PY" - "${PEAK_BF16:-989}" "$out" <<'PYEOF'
@@ -106,8 +110,8 @@ if att:
     print("\n| attention (B 1, 32 / 8 heads, T 8192, causal, bf16) | head dim | fwd+bwd (ms) | TFLOP/s |")
     print("| --- | --- | --- | --- |")
     for a in att:
-        print("| PyTorch SDPA %s %s | %d | %s | %s |" % (a["backend"], a["torch"], a["D"], a.get("fwd_bwd_ms", a.get("error", "")),
-              a.get("tflops", "")))
+        name = a["impl"] if "impl" in a else "PyTorch SDPA %s %s" % (a["backend"], a["torch"])
+        print("| %s | %d | %s | %s |" % (name, a["D"], a.get("fwd_bwd_ms", a.get("error", "")), a.get("tflops", "")))
 gem = [r["fp8_gemm"] for r in rows if "fp8_gemm" in r]
 if gem:
     print("\n| GEMM at the 8B stack's shapes (M x K x N) | bf16 TFLOP/s | fp8 TFLOP/s (torch._scaled_mm) | fp8 / bf16 |")

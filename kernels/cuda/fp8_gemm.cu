@@ -1,0 +1,122 @@
+/* FP8 GEMMs with per-tensor current scaling on FP8 tensor cores (cuBLASLt),
+ * for the fp8 table's linear layers. Each bf16 operand is cast once per use:
+ * its amax (max of |x| over the tensor, by bits: non-negative floats order
+ * like their bits), the power-of-two scale 2^k of kernels/fp8.h, and the
+ * 8-bit codes of x * 2^k (round to nearest even, saturating), written in the
+ * layout the GEMM needs; the GEMM multiplies codes, sums in fp32 and applies
+ * the two dequantisation scales 2^-k from device memory (scale pointers), so
+ * it computes what the reference path (quantise-dequantise, fp32 GEMM)
+ * computes, up to the order of the sums.
+ *
+ * Hopper's FP8 GEMMs take only the "TN" layout: in row-major terms both
+ * operands have the contraction as their inner dimension. So dgrad uses
+ * the weight's codes transposed ([K, M]) and wgrad the transposes of the
+ * output gradient and the input ([M, N], [K, N]); the cast writes them.
+ * Leading dimensions must be multiples of 16 bytes: usable only when N, K
+ * and M are multiples of 16 (the caller falls back on the reference path).
+ * Code buffers grow to the largest operand and are reused. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/storage.cuh"
+#include "kernels/fp8.h"
+
+#define THREADS 256
+
+/* the running max of |x| over a grid-stride loop, one atomic per warp */
+__global__ void amax_bf16_k(unsigned *amax, const uint16_t *x, size_t n) {
+    unsigned run = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        run = max(run, (unsigned)(x[i] & 0x7fffu) << 16);
+    for (int o = 16; o; o >>= 1) run = max(run, __shfl_xor_sync(0xffffffffu, run, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(amax, run);
+}
+
+/* codes of x [rows, cols] scaled by 2^k (k from *amax): q row-major and/or
+ * qt transposed ([cols, rows]); *inv = 2^-k */
+__global__ void cast_k(uint8_t *q, uint8_t *qt, float *inv, const uint16_t *x, int rows, int cols,
+                       const unsigned *amax, int format) {
+    float a = __uint_as_float(*amax);
+    int k = fp8_scale_exp(isfinite(a) ? a : 0.0f, format);
+    float s = fp8_pow2(k);
+    if (blockIdx.x == 0 && threadIdx.x == 0) *inv = fp8_pow2(-k);
+    size_t n = (size_t)rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint8_t b = fp8_bits(widen1(x[i]) * s, format);
+        if (q) q[i] = b;
+        if (qt) qt[(i % cols) * rows + i / cols] = b;
+    }
+}
+
+/* device buffers that grow: codes per operand slot, plus amax/scale words */
+enum { X_CODES, XT_CODES, W_CODES, WT_CODES, G_CODES, GT_CODES, SLOTS };
+static uint8_t *codes[SLOTS];
+static size_t cap[SLOTS];
+static unsigned *words; /* amax[3], then inverse scales (floats) [3] */
+
+static uint8_t *slot(int s, size_t bytes) {
+    if (bytes > cap[s]) {
+        if (codes[s]) CUDA_CHECK(cudaFree(codes[s]));
+        CUDA_CHECK(cudaMalloc(&codes[s], bytes));
+        cap[s] = bytes;
+    }
+    return codes[s];
+}
+
+/* operand i (0 input, 1 weight, 2 gradient): cast x [rows, cols] into the
+ * slots asked for; returns the device address of its inverse scale */
+static const float *cast(int i, const float *x, int rows, int cols, int format, int s_rows, int s_cols,
+                         uint8_t **q, uint8_t **qt) {
+    size_t n = (size_t)rows * cols;
+    if (!words) CUDA_CHECK(cudaMalloc(&words, 6 * sizeof(unsigned)));
+    unsigned *amax = words + i;
+    float *inv = (float *)(words + 3 + i);
+    CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof *amax, 0));
+    unsigned grid = blocks_for(n, THREADS) < 1024 ? blocks_for(n, THREADS) : 1024;
+    amax_bf16_k<<<grid, THREADS>>>(amax, (const uint16_t *)x, n);
+    LAUNCH_CHECK();
+    *q = s_rows >= 0 ? slot(s_rows, n) : NULL;
+    *qt = s_cols >= 0 ? slot(s_cols, n) : NULL;
+    cast_k<<<blocks_for(n, THREADS), THREADS>>>(*q, *qt, inv, (const uint16_t *)x, rows, cols, amax, format);
+    LAUNCH_CHECK();
+    return inv;
+}
+
+static cudaDataType_t fp8_type(int format) { return format == FP8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
+
+/* MTRAIN_FP8_GEMM=reference turns this path off (docs/model.md) */
+int cuda_fp8_gemm_usable(int N, int K, int M) {
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char *e = getenv("MTRAIN_FP8_GEMM");
+        enabled = !(e && !strcmp(e, "reference"));
+    }
+    return enabled && N > 0 && K > 0 && M > 0 && N % 16 == 0 && K % 16 == 0 && M % 16 == 0;
+}
+
+/* out [N, M] (bf16) = x [N, K] w [M, K]^T (+ out) */
+void cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
+    uint8_t *qx, *qw, *unused;
+    const float *sx = cast(0, x, N, K, FP8_E4M3, X_CODES, -1, &qx, &unused);
+    const float *sw = cast(1, w, M, K, FP8_E4M3, W_CODES, -1, &qw, &unused);
+    lt_matmul(0, 1, N, M, K, qx, CUDA_R_8F_E4M3, K, qw, CUDA_R_8F_E4M3, K, accumulate ? 1.0f : 0.0f, out, CUDA_R_16BF,
+              M, sx, sw);
+}
+
+/* dx [N, K] (bf16) = dout [N, M] w [M, K] (+ dx), dw [M, K] (fp32) += dout^T x */
+void cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M,
+                       int accumulate_dx, int grad_e5m2) {
+    int gf = grad_e5m2 ? FP8_E5M2 : FP8_E4M3;
+    uint8_t *qg, *qgt, *qwt, *qxt, *unused;
+    const float *sg = cast(2, dout, N, M, gf, dx ? G_CODES : -1, dw ? GT_CODES : -1, &qg, &qgt);
+    if (dx) { /* dx = dout (w^T)^T: w's codes transposed, [K, M] */
+        const float *sw = cast(1, w, M, K, FP8_E4M3, -1, WT_CODES, &unused, &qwt);
+        lt_matmul(0, 1, N, K, M, qg, fp8_type(gf), M, qwt, CUDA_R_8F_E4M3, M, accumulate_dx ? 1.0f : 0.0f, dx,
+                  CUDA_R_16BF, K, sg, sw);
+    }
+    if (dw) { /* dw += dout^T (x^T)^T: [M, N] and [K, N] codes */
+        const float *sx = cast(0, x, N, K, FP8_E4M3, -1, XT_CODES, &unused, &qxt);
+        lt_matmul(0, 1, M, K, N, qgt, fp8_type(gf), N, qxt, CUDA_R_8F_E4M3, N, 1.0f, dw, CUDA_R_32F, K, sg, sx);
+    }
+}

@@ -1,0 +1,121 @@
+/* cuBLASLt matmuls for the bf16 and fp8 tables: one handle, one 32 MiB
+ * workspace, and a plan per distinct call (shape, transposes, leading
+ * dimensions, types, beta zero or not, operand alignment) holding the
+ * descriptors and the algorithm the heuristic picked, made on first use and
+ * reused: a model has a few dozen GEMM shapes, so the table stays small
+ * (bounded by PLANS; beyond it calls plan afresh each time, correct but
+ * slower). Row-major operands map to cuBLAS's column-major the usual way:
+ * C^T = op(B)^T op(A)^T. */
+#include <cublasLt.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda.h"
+
+#define PLANS 256
+#define WORKSPACE_BYTES ((size_t)32 << 20)
+
+struct plan_key {
+    int ta, tb, M, N, K, lda, ldb, ldc, beta_zero, scaled;
+    int a_type, b_type, c_type, align_a, align_b, align_c;
+};
+
+struct plan {
+    struct plan_key key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+};
+
+static cublasLtHandle_t lt;
+static void *workspace;
+static struct plan plans[PLANS];
+static int nplans;
+
+/* the largest power of two (<= 256) dividing the address: what the heuristic may assume */
+static int alignment(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 1 && a % (uintptr_t)al) al >>= 1;
+    return al;
+}
+
+static void make_plan(struct plan *p, const struct plan_key *k) {
+    if (!lt) {
+        CUBLAS_CHECK(cublasLtCreate(&lt));
+        CUDA_CHECK(cudaMalloc(&workspace, WORKSPACE_BYTES));
+    }
+    p->key = *k;
+    /* cuBLAS's A is our B (m = N), its B our A (n = M) */
+    cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, (cudaDataType_t)k->b_type, k->tb ? k->K : k->N,
+                                            k->tb ? k->N : k->K, k->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, (cudaDataType_t)k->a_type, k->ta ? k->M : k->K,
+                                            k->ta ? k->K : k->M, k->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, (cudaDataType_t)k->c_type, k->N, k->M, k->ldc));
+    cublasLtMatmulPreference_t pref;
+    size_t ws = WORKSPACE_BYTES;
+    uint32_t aa = (uint32_t)k->align_b, ab = (uint32_t)k->align_a, ac = (uint32_t)k->align_c;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac));
+    if (k->scaled) { /* the heuristic must see the scale pointers' presence; any device address will do here */
+        const float *dummy = (const float *)workspace;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof dummy));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof dummy));
+    }
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (!found)
+        die("cuBLASLt has no algorithm for a %dx%dx%d GEMM (transposes %d%d, types %d x %d -> %d, alignment %d/%d/%d)",
+            k->M, k->N, k->K, k->ta, k->tb, k->a_type, k->b_type, k->c_type, k->align_a, k->align_b, k->align_c);
+    p->algo = result.algo;
+}
+
+static void drop_plan(struct plan *p) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->la));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lc));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->desc));
+}
+
+void lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDataType_t a_type, int lda, const void *B,
+               cudaDataType_t b_type, int ldb, float beta, void *C, cudaDataType_t c_type, int ldc,
+               const float *a_scale, const float *b_scale) {
+    if (!M || !N) return;
+    if (!K) { /* an empty contraction (an expert without tokens): C = beta C */
+        size_t es = c_type == CUDA_R_32F ? 4 : c_type == CUDA_R_16BF ? 2 : 1;
+        if (beta == 0.0f) CUDA_CHECK(cudaMemset2D(C, (size_t)ldc * es, 0, (size_t)N * es, (size_t)M));
+        else if (beta != 1.0f) die("lt_matmul: beta %g with an empty contraction", beta);
+        return;
+    }
+    /* all ints, no padding: compared with memcmp */
+    struct plan_key key = {transA, transB, M, N, K, lda, ldb, ldc, beta == 0.0f, a_scale != NULL,
+                            (int)a_type, (int)b_type, (int)c_type, alignment(A), alignment(B), alignment(C)};
+    struct plan *p = NULL, scratch_plan;
+    for (int i = 0; i < nplans && !p; i++)
+        if (!memcmp(&plans[i].key, &key, sizeof key)) p = &plans[i];
+    int transient = 0;
+    if (!p) {
+        transient = nplans == PLANS;
+        p = transient ? &scratch_plan : &plans[nplans++];
+        make_plan(p, &key);
+    }
+    if (a_scale) { /* cuBLAS's A is our B */
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale,
+                                                    sizeof b_scale));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale,
+                                                    sizeof a_scale));
+    }
+    float alpha = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, workspace,
+                                WORKSPACE_BYTES, 0));
+    if (transient) drop_plan(p);
+}
