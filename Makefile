@@ -1,6 +1,7 @@
 # mtrain: one plain Makefile. CPU backend always; the CUDA backend (kernels/cuda)
 # when nvcc is found (CUDA=0 to skip it).
 CC       ?= gcc
+CXX      ?= g++
 # The OpenMP build of OpenBLAS shares our OpenMP thread pool; the pthread
 # build spins its own threads, which fight ours for the cores.
 BLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-openmp
@@ -10,9 +11,13 @@ CFLAGS   ?= $(OPT) -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -I$(BLAS_INC) -I/usr/include/x86_64-linux-gnu/mpich
 LDLIBS   += -lyaml -lzstd -ljansson -lxxhash -lpcre2-8 -L$(BLAS_LIB) -Wl,-rpath,$(BLAS_LIB) -lopenblas -lmpich -lm -lpthread
 LDFLAGS  += -fopenmp
+# C++ only for the tests that run CUDA kernel sources under a CPU emulation
+CXXFLAGS ?= $(OPT) -g
+CXXFLAGS += -std=c++17 -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -pthread -I.
 
 ifeq ($(SANITIZE),1)
   CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  CXXFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
   LDFLAGS += -fsanitize=address,undefined
   BUILD   ?= build/asan
 else
@@ -36,7 +41,8 @@ ifeq ($(CUDA),1)
   LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 endif
 TEST_SRC := $(wildcard tests/unit/test_*.c)
-TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+TEST_CXX_SRC := $(wildcard tests/unit/test_*.cpp)
+TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%) $(TEST_CXX_SRC:tests/unit/%.cpp=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard tests/fuzz/*.c)
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 BENCH_SRC := $(wildcard scripts/bench/*.c)
@@ -83,6 +89,11 @@ $(BUILD)/%.o: %.cu | $(DEPS_STAMP)
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libmtrain.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libmtrain.a $(LDLIBS)
+
+# (the kernel sources they emulate are headers: kernels/cuda/*.cuh)
+$(BUILD)/tests/%: tests/unit/%.cpp $(wildcard kernels/cuda/*.cuh) $(BUILD)/libmtrain.a
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libmtrain.a $(LDLIBS)
 
 $(BUILD)/bench/%: scripts/bench/%.c $(BUILD)/libmtrain.a
 	@mkdir -p $(dir $@)

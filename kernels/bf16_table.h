@@ -33,7 +33,9 @@
  * rope, swiglu_forward, swiglu_backward, add and scale on bf16 storage (the
  * same numbers as the widening ones, in one pass); with BF16_OWN_ATTENTION,
  * its own attention_forward and attention_backward (the same state as the
- * fp32 table's), which may call ref_attention_forward/backward (below). */
+ * fp32 table's), which may call ref_attention_forward/backward (below);
+ * with BF16_OWN_CROSS_ENTROPY, its own cross_entropy, ce_row_max,
+ * ce_row_sumexp and ce_finish on the stored logits. */
 
 #define BF16_SLOTS 8
 static float *bf16_slot[BF16_SLOTS];
@@ -221,6 +223,7 @@ static void moe_combine_backward(float *dy, float *dw, const float *dout, const 
     bf16_narrow(dy, d, ny);
 }
 
+#ifndef BF16_OWN_CROSS_ENTROPY
 /* The cross-entropy ops work row by row, so they widen the logits a chunk
  * of rows at a time (BF16_CE_CHUNK_FLOATS fp32 values, at least one row):
  * no fp32 copy of all N x V logits (4.2 GB at 8192 tokens x 128256), the
@@ -264,6 +267,8 @@ static void ce_finish(float *losses, float *logits, const int32_t *targets, cons
         if (dscale != 0.0f) bf16_narrow(ce_row(logits, r0, V), l, (size_t)n * V);
     }
 }
+
+#endif /* BF16_OWN_CROSS_ENTROPY */
 
 #ifndef BF16_OWN_ELEMENTWISE
 static void add(float *dst, const float *src, size_t n) {

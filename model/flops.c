@@ -100,11 +100,12 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
  *   CPU: everything widens: the head's logits (its GEMM's output and its
  *   backward's input, N x V twice), a widened weight matrix, SwiGLU
  *   backward's four operands, attention's.
- *   CUDA: GEMMs read bf16 and RMSNorm/RoPE/SwiGLU/add/scale run on bf16
- *   storage; attention forward and backward widen their operands (seven
- *   slots of up to N x C, k x C rows under MoE's combine), the
- *   cross-entropy a chunk of rows (2^24 floats, at least one row).
- *   fp8 adds the FP8 GEMMs' widened operands (x, w and the output). */
+ *   CUDA: GEMMs, RMSNorm/RoPE/SwiGLU/add/scale, the cross-entropy and
+ *   flash attention (head dims 64 and 128) run on bf16 storage; the
+ *   reference attention (other head dims) widens its operands: seven slots
+ *   of up to N x C, k x C rows under MoE's combine, counted always (an
+ *   upper bound). fp8 adds the reference FP8 GEMMs' widened operands (x, w
+ *   and the output), an upper bound of the FP8 GEMMs' code buffers too. */
 static size_t bf16_scratch_bytes(const struct recipe *r, const struct backend *be) {
     if (be->precision == PRECISION_FP32) return 0;
     const struct model_config *mc = &r->model;
@@ -116,9 +117,8 @@ static size_t bf16_scratch_bytes(const struct recipe *r, const struct backend *b
     if (!strcmp(be->name, "cpu")) {
         floats = N * V + 4 * N * big + 2 * N * C + (V * C > N * F ? V * C : N * F) + N * V;
     } else {
-        size_t chunk = (size_t)1 << 24, ce = N * V <= chunk ? N * V : chunk / V > 0 ? chunk / V * V : V;
         size_t row = C * (mc->num_experts > 0 && mc->experts_per_token > 1 ? (size_t)mc->experts_per_token : 1);
-        floats = (ce > N * row ? ce : N * row) + 6 * N * row;
+        floats = 7 * N * row;
     }
     if (be->precision == PRECISION_FP8) floats += 2 * N * big + big * C; /* the FP8 GEMMs widen both operands */
     return floats * sizeof(float);

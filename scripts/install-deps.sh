@@ -6,7 +6,7 @@
 #          tensorboard (references and readers only; never at run time)
 # Usage: scripts/install-deps.sh [--build-only]
 set -euo pipefail
-build_pkgs=(gcc make libc6-dev libmpich-dev mpich libyaml-dev libzstd-dev zstd libopenblas-openmp-dev
+build_pkgs=(gcc g++ make libc6-dev libmpich-dev mpich libyaml-dev libzstd-dev zstd libopenblas-openmp-dev
             libjansson-dev libpcre2-dev libxxhash-dev)
 test_pkgs=(python3 python3-torch python3-numpy python3-pip python3-matplotlib)
 pip_pkgs=("transformers==4.44.2" "safetensors" "tokenizers" "tensorboard==2.21.0")

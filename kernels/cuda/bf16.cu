@@ -83,8 +83,9 @@ static void bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int r
  * cached per shape (kernels/cuda/lt_gemm.cu). */
 static void gemm_bf16(int transA, int transB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                       float beta, float *C, int ldc, int c_fp32) {
-    lt_matmul(transA, transB, M, N, K, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, beta, C,
-              c_fp32 ? CUDA_R_32F : CUDA_R_16BF, ldc, NULL, NULL);
+    if (lt_matmul(transA, transB, M, N, K, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, beta, C,
+                  c_fp32 ? CUDA_R_32F : CUDA_R_16BF, ldc, NULL, NULL))
+        die("cuBLASLt has no bf16 algorithm for a %dx%dx%d GEMM (transposes %d%d)", M, N, K, transA, transB);
 }
 
 static void bf16_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
@@ -119,6 +120,21 @@ static void swiglu_backward(float *dgate, float *dup, const float *dout, const f
     cuda_bf16_swiglu_backward(dgate, dup, dout, gate, up, n);
 }
 static void add(float *dst, const float *src, size_t n) { cuda_bf16_add(dst, src, n); }
+
+/* cross-entropy on the stored logits, gradient stored in place (kernels/cuda/cross_entropy.cu) */
+#define BF16_OWN_CROSS_ENTROPY
+static void cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale) {
+    cuda_bf16_cross_entropy(losses, logits, targets, N, V, dscale);
+}
+static void ce_row_max(float *rowmax, const float *logits, int N, int V) { cuda_bf16_ce_row_max(rowmax, logits, N, V); }
+static void ce_row_sumexp(float *sumexp, float *target_logit, const float *logits, const int32_t *targets,
+                          const float *rowmax, int N, int V, int vstart) {
+    cuda_bf16_ce_row_sumexp(sumexp, target_logit, logits, targets, rowmax, N, V, vstart);
+}
+static void ce_finish(float *losses, float *logits, const int32_t *targets, const float *rowmax, const float *sumexp,
+                      const float *target_logit, int N, int V, int vstart, float dscale) {
+    cuda_bf16_ce_finish(losses, logits, targets, rowmax, sumexp, target_logit, N, V, vstart, dscale);
+}
 static void scale(float *x, float s, size_t n) { cuda_bf16_scale(x, s, n); }
 
 /* Attention: the flash kernels (kernels/cuda/flash_attention.cu) where they
@@ -252,17 +268,17 @@ static void ref_fp8_matmul_backward(float *dx, float *dw, const float *dout, con
 
 static void fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
                                struct fp8_recipe recipe) {
-    if (recipe.scaling == FP8_SCALING_TENSOR && cuda_fp8_gemm_usable(N, K, M))
-        cuda_fp8_forward(out, x, w, N, K, M, accumulate);
-    else
+    const void *outs[] = {out};
+    if (recipe.scaling != FP8_SCALING_TENSOR || !cuda_fp8_gemm_usable(N, K, M, outs, 1) ||
+        cuda_fp8_forward(out, x, w, N, K, M, accumulate))
         ref_fp8_matmul_forward(out, x, w, N, K, M, accumulate, recipe);
 }
 
 static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
                                 int M, int accumulate_dx, struct fp8_recipe recipe) {
-    if (recipe.scaling == FP8_SCALING_TENSOR && cuda_fp8_gemm_usable(N, K, M))
-        cuda_fp8_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe.grad_e5m2);
-    else
+    const void *outs[] = {dx, dw};
+    if (recipe.scaling != FP8_SCALING_TENSOR || !cuda_fp8_gemm_usable(N, K, M, outs, 2) ||
+        cuda_fp8_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe.grad_e5m2))
         ref_fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe);
 }
 

@@ -43,8 +43,9 @@ void gemm_rm(int transA, int transB, int M, int N, int K, float alpha, const flo
 
 /* Row-major C[M,N] = op(A) op(B) (times *a_scale * *b_scale when given:
  * device scalars, FP8 operands) + beta C through cuBLASLt with fp32
- * accumulation, the algorithm chosen once per shape (kernels/cuda/lt_gemm.cu). */
-void lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDataType_t a_type, int lda, const void *B,
+ * accumulation, the algorithm chosen once per shape (kernels/cuda/lt_gemm.cu).
+ * 0, or -1 (nothing done) where cuBLASLt has no algorithm for it. */
+int lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDataType_t a_type, int lda, const void *B,
                cudaDataType_t b_type, int ldb, float beta, void *C, cudaDataType_t c_type, int ldc,
                const float *a_scale, const float *b_scale);
 
@@ -94,6 +95,12 @@ void cuda_bf16_swiglu_forward(float *out, const float *gate, const float *up, si
 void cuda_bf16_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                                size_t n);
 void cuda_bf16_add(float *dst, const float *src, size_t n);
+void cuda_bf16_cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale);
+void cuda_bf16_ce_row_max(float *rowmax, const float *logits, int N, int V);
+void cuda_bf16_ce_row_sumexp(float *sumexp, float *target_logit, const float *logits, const int32_t *targets,
+                             const float *rowmax, int N, int V, int vstart);
+void cuda_bf16_ce_finish(float *losses, float *logits, const int32_t *targets, const float *rowmax,
+                         const float *sumexp, const float *target_logit, int N, int V, int vstart, float dscale);
 void cuda_bf16_scale(float *x, float s, size_t n);
 /* flash attention on bf16 storage (kernels/cuda/flash_attention.cu): usable
  * for these head dims and pointers on this device? state: lse [B*H, T] */
@@ -105,10 +112,10 @@ void cuda_flash_attention_backward(float *dq, float *dk, float *dv, const float 
                                    int H, int KVH, int D);
 /* FP8 GEMMs with per-tensor current scaling (kernels/cuda/fp8_gemm.cu) on
  * bf16 storage: usable for this shape? (multiples of 16, not turned off) */
-int cuda_fp8_gemm_usable(int N, int K, int M);
-void cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate);
-void cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M,
-                       int accumulate_dx, int grad_e5m2);
+int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts);
+int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate);
+int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M,
+                      int accumulate_dx, int grad_e5m2);
 double cuda_sum(const float *x, size_t n);
 double cuda_sum_squares(const float *x, size_t n);
 void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,

@@ -11,7 +11,7 @@
  * Hopper's FP8 GEMMs take only the "TN" layout: in row-major terms both
  * operands have the contraction as their inner dimension. So dgrad uses
  * the weight's codes transposed ([K, M]) and wgrad the transposes of the
- * output gradient and the input ([M, N], [K, N]); the cast writes them.
+ * output gradient and the input ([M, N], [K, N]); a tiled cast writes them.
  * Leading dimensions must be multiples of 16 bytes: usable only when N, K
  * and M are multiples of 16 (the caller falls back on the reference path).
  * Code buffers grow to the largest operand and are reused. */
@@ -33,19 +33,41 @@ __global__ void amax_bf16_k(unsigned *amax, const uint16_t *x, size_t n) {
     if ((threadIdx.x & 31) == 0) atomicMax(amax, run);
 }
 
-/* codes of x [rows, cols] scaled by 2^k (k from *amax): q row-major and/or
- * qt transposed ([cols, rows]); *inv = 2^-k */
-__global__ void cast_k(uint8_t *q, uint8_t *qt, float *inv, const uint16_t *x, int rows, int cols,
-                       const unsigned *amax, int format) {
+/* the scale 2^k for *amax; *inv = 2^-k, or NaN when the tensor holds an
+ * infinity or NaN (the codes would saturate it; a NaN scale makes the
+ * GEMM's output NaN, so the step is rejected as the reference path's is) */
+__device__ inline float cast_scale(const unsigned *amax, int format, float *inv) {
     float a = __uint_as_float(*amax);
     int k = fp8_scale_exp(isfinite(a) ? a : 0.0f, format);
-    float s = fp8_pow2(k);
-    if (blockIdx.x == 0 && threadIdx.x == 0) *inv = fp8_pow2(-k);
-    size_t n = (size_t)rows * cols;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint8_t b = fp8_bits(widen1(x[i]) * s, format);
-        if (q) q[i] = b;
-        if (qt) qt[(i % cols) * rows + i / cols] = b;
+    if (inv && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+        *inv = isfinite(a) ? fp8_pow2(-k) : __uint_as_float(0x7fc00000u);
+    return fp8_pow2(k);
+}
+
+/* codes of x [rows, cols] scaled by 2^k (k from *amax), row-major */
+__global__ void cast_k(uint8_t *q, float *inv, const uint16_t *x, size_t n, const unsigned *amax, int format) {
+    float s = cast_scale(amax, format, inv);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        q[i] = fp8_bits(widen1(x[i]) * s, format);
+}
+
+/* the same codes transposed, qt [cols, rows], through a 32 x 32 tile in
+ * shared memory so both the reads and the writes run along rows; blocks of
+ * 32 x 8 threads, grid (cols / 32, rows / 32) rounded up */
+#define TT 32
+__global__ void cast_t_k(uint8_t *qt, float *inv, const uint16_t *x, int rows, int cols, const unsigned *amax,
+                         int format) {
+    __shared__ uint8_t tile[TT][TT + 4];
+    float s = cast_scale(amax, format, inv);
+    int r0 = blockIdx.y * TT, c0 = blockIdx.x * TT;
+    for (int i = threadIdx.y; i < TT; i += blockDim.y) {
+        int r = r0 + i, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[i][threadIdx.x] = fp8_bits(widen1(x[(size_t)r * cols + c]) * s, format);
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < TT; j += blockDim.y) {
+        int c = c0 + j, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) qt[(size_t)c * rows + r] = tile[threadIdx.x][j];
     }
 }
 
@@ -78,45 +100,67 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
     LAUNCH_CHECK();
     *q = s_rows >= 0 ? slot(s_rows, n) : NULL;
     *qt = s_cols >= 0 ? slot(s_cols, n) : NULL;
-    cast_k<<<blocks_for(n, THREADS), THREADS>>>(*q, *qt, inv, (const uint16_t *)x, rows, cols, amax, format);
-    LAUNCH_CHECK();
+    if (*q) {
+        cast_k<<<blocks_for(n, THREADS), THREADS>>>(*q, inv, (const uint16_t *)x, n, amax, format);
+        LAUNCH_CHECK();
+    }
+    if (*qt) {
+        dim3 grid((cols + TT - 1) / TT, (rows + TT - 1) / TT);
+        cast_t_k<<<grid, dim3(TT, 8)>>>(*qt, *q ? NULL : inv, (const uint16_t *)x, rows, cols, amax, format);
+        LAUNCH_CHECK();
+    }
     return inv;
 }
 
 static cudaDataType_t fp8_type(int format) { return format == FP8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
 
-/* MTRAIN_FP8_GEMM=reference turns this path off (docs/model.md) */
-int cuda_fp8_gemm_usable(int N, int K, int M) {
+/* MTRAIN_FP8_GEMM=reference turns this path off (docs/model.md); the
+ * outputs must be 16-byte aligned (the code buffers are) */
+int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts) {
     static int enabled = -1;
     if (enabled < 0) {
         const char *e = getenv("MTRAIN_FP8_GEMM");
         enabled = !(e && !strcmp(e, "reference"));
     }
-    return enabled && N > 0 && K > 0 && M > 0 && N % 16 == 0 && K % 16 == 0 && M % 16 == 0;
+    if (!enabled || N <= 0 || K <= 0 || M <= 0 || N % 16 || K % 16 || M % 16) return 0;
+    for (int i = 0; i < nouts; i++)
+        if ((uintptr_t)outs[i] & 15) return 0;
+    return 1;
 }
 
-/* out [N, M] (bf16) = x [N, K] w [M, K]^T (+ out) */
-void cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
+/* out [N, M] (bf16) = x [N, K] w [M, K]^T (+ out); 0, or -1 where
+ * cuBLASLt has no FP8 algorithm for it (nothing written: the caller takes
+ * the reference path) */
+int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
     uint8_t *qx, *qw, *unused;
     const float *sx = cast(0, x, N, K, FP8_E4M3, X_CODES, -1, &qx, &unused);
     const float *sw = cast(1, w, M, K, FP8_E4M3, W_CODES, -1, &qw, &unused);
-    lt_matmul(0, 1, N, M, K, qx, CUDA_R_8F_E4M3, K, qw, CUDA_R_8F_E4M3, K, accumulate ? 1.0f : 0.0f, out, CUDA_R_16BF,
-              M, sx, sw);
+    return lt_matmul(0, 1, N, M, K, qx, CUDA_R_8F_E4M3, K, qw, CUDA_R_8F_E4M3, K, accumulate ? 1.0f : 0.0f, out,
+                     CUDA_R_16BF, M, sx, sw);
 }
 
-/* dx [N, K] (bf16) = dout [N, M] w [M, K] (+ dx), dw [M, K] (fp32) += dout^T x */
-void cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M,
-                       int accumulate_dx, int grad_e5m2) {
-    int gf = grad_e5m2 ? FP8_E5M2 : FP8_E4M3;
+/* dx [N, K] (bf16) = dout [N, M] w [M, K] (+ dx), dw [M, K] (fp32) += dout^T x;
+ * 0, or -1 where cuBLASLt has no FP8 algorithm for the first GEMM (nothing
+ * written; the plans of a shape are found on its first step, so a later
+ * GEMM failing after an earlier one wrote is not expected and dies) */
+int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M,
+                      int accumulate_dx, int grad_e5m2) {
+    int gf = grad_e5m2 ? FP8_E5M2 : FP8_E4M3, wrote = 0;
     uint8_t *qg, *qgt, *qwt, *qxt, *unused;
     const float *sg = cast(2, dout, N, M, gf, dx ? G_CODES : -1, dw ? GT_CODES : -1, &qg, &qgt);
     if (dx) { /* dx = dout (w^T)^T: w's codes transposed, [K, M] */
         const float *sw = cast(1, w, M, K, FP8_E4M3, -1, WT_CODES, &unused, &qwt);
-        lt_matmul(0, 1, N, K, M, qg, fp8_type(gf), M, qwt, CUDA_R_8F_E4M3, M, accumulate_dx ? 1.0f : 0.0f, dx,
-                  CUDA_R_16BF, K, sg, sw);
+        if (lt_matmul(0, 1, N, K, M, qg, fp8_type(gf), M, qwt, CUDA_R_8F_E4M3, M, accumulate_dx ? 1.0f : 0.0f, dx,
+                      CUDA_R_16BF, K, sg, sw))
+            return -1;
+        wrote = 1;
     }
     if (dw) { /* dw += dout^T (x^T)^T: [M, N] and [K, N] codes */
         const float *sx = cast(0, x, N, K, FP8_E4M3, -1, XT_CODES, &unused, &qxt);
-        lt_matmul(0, 1, M, K, N, qgt, fp8_type(gf), N, qxt, CUDA_R_8F_E4M3, N, 1.0f, dw, CUDA_R_32F, K, sg, sx);
+        if (lt_matmul(0, 1, M, K, N, qgt, fp8_type(gf), N, qxt, CUDA_R_8F_E4M3, N, 1.0f, dw, CUDA_R_32F, K, sg, sx)) {
+            if (wrote) die("cuBLASLt has no FP8 algorithm for the weight gradient %dx%dx%d", M, K, N);
+            return -1;
+        }
     }
+    return 0;
 }

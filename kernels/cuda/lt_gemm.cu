@@ -2,9 +2,9 @@
  * workspace, and a plan per distinct call (shape, transposes, leading
  * dimensions, types, beta zero or not, operand alignment) holding the
  * descriptors and the algorithm the heuristic picked, made on first use and
- * reused: a model has a few dozen GEMM shapes, so the table stays small
- * (bounded by PLANS; beyond it calls plan afresh each time, correct but
- * slower). Row-major operands map to cuBLAS's column-major the usual way:
+ * reused: a dense model has a few dozen GEMM shapes; MoE experts' token
+ * counts change every step, so the table (PLANS entries) evicts round-robin
+ * when full. Row-major operands map to cuBLAS's column-major the usual way:
  * C^T = op(B)^T op(A)^T. */
 #include <cublasLt.h>
 #include <string.h>
@@ -29,7 +29,7 @@ struct plan {
 static cublasLtHandle_t lt;
 static void *workspace;
 static struct plan plans[PLANS];
-static int nplans;
+static int nplans, victim;
 
 /* the largest power of two (<= 256) dividing the address: what the heuristic may assume */
 static int alignment(const void *p) {
@@ -39,7 +39,15 @@ static int alignment(const void *p) {
     return al;
 }
 
-static void make_plan(struct plan *p, const struct plan_key *k) {
+static void drop_plan(struct plan *p) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->la));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lc));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->desc));
+}
+
+/* 0, or -1 where cuBLASLt has no algorithm (p holds nothing then) */
+static int make_plan(struct plan *p, const struct plan_key *k) {
     if (!lt) {
         CUBLAS_CHECK(cublasLtCreate(&lt));
         CUDA_CHECK(cudaMalloc(&workspace, WORKSPACE_BYTES));
@@ -71,42 +79,43 @@ static void make_plan(struct plan *p, const struct plan_key *k) {
     }
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found));
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found);
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(st); /* NOT_SUPPORTED: no algorithm, like found = 0 */
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    if (!found)
-        die("cuBLASLt has no algorithm for a %dx%dx%d GEMM (transposes %d%d, types %d x %d -> %d, alignment %d/%d/%d)",
-            k->M, k->N, k->K, k->ta, k->tb, k->a_type, k->b_type, k->c_type, k->align_a, k->align_b, k->align_c);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || !found) {
+        drop_plan(p);
+        return -1;
+    }
     p->algo = result.algo;
+    return 0;
 }
 
-static void drop_plan(struct plan *p) {
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->la));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lc));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->desc));
-}
-
-void lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDataType_t a_type, int lda, const void *B,
+int lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDataType_t a_type, int lda, const void *B,
                cudaDataType_t b_type, int ldb, float beta, void *C, cudaDataType_t c_type, int ldc,
                const float *a_scale, const float *b_scale) {
-    if (!M || !N) return;
+    if (!M || !N) return 0;
+    if ((a_scale != NULL) != (b_scale != NULL)) die("lt_matmul: one operand scaled, the other not");
     if (!K) { /* an empty contraction (an expert without tokens): C = beta C */
         size_t es = c_type == CUDA_R_32F ? 4 : c_type == CUDA_R_16BF ? 2 : 1;
         if (beta == 0.0f) CUDA_CHECK(cudaMemset2D(C, (size_t)ldc * es, 0, (size_t)N * es, (size_t)M));
         else if (beta != 1.0f) die("lt_matmul: beta %g with an empty contraction", beta);
-        return;
+        return 0;
     }
     /* all ints, no padding: compared with memcmp */
     struct plan_key key = {transA, transB, M, N, K, lda, ldb, ldc, beta == 0.0f, a_scale != NULL,
                             (int)a_type, (int)b_type, (int)c_type, alignment(A), alignment(B), alignment(C)};
-    struct plan *p = NULL, scratch_plan;
+    struct plan *p = NULL;
     for (int i = 0; i < nplans && !p; i++)
         if (!memcmp(&plans[i].key, &key, sizeof key)) p = &plans[i];
-    int transient = 0;
-    if (!p) {
-        transient = nplans == PLANS;
-        p = transient ? &scratch_plan : &plans[nplans++];
-        make_plan(p, &key);
+    if (!p) { /* a new plan, in a free entry or the oldest one's (queued matmuls keep no reference to it) */
+        int at = nplans < PLANS ? nplans : victim++ % PLANS;
+        if (at < nplans) drop_plan(&plans[at]);
+        if (make_plan(&plans[at], &key)) {
+            if (at < nplans) plans[at] = plans[--nplans]; /* the entry is empty now: move the last one in */
+            return -1;
+        }
+        if (at == nplans) nplans++;
+        p = &plans[at];
     }
     if (a_scale) { /* cuBLAS's A is our B */
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale,
@@ -117,5 +126,5 @@ void lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaD
     float alpha = 1.0f;
     CUBLAS_CHECK(cublasLtMatmul(lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, workspace,
                                 WORKSPACE_BYTES, 0));
-    if (transient) drop_plan(p);
+    return 0;
 }

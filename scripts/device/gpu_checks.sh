@@ -30,6 +30,10 @@ case $phase in
         nvidia-smi -L 2>&1 | tee -a "$log"
         run test_cuda_ops build/rel/tests/test_cuda_ops
         run test_cuda_bf16 build/rel/tests/test_cuda_bf16
+        # the same with the fast kernels off: a failure in both points at the reference path or the test,
+        # in the first only at flash attention / the FP8 tensor-core GEMMs
+        run test_cuda_bf16_reference env MTRAIN_ATTENTION=reference MTRAIN_FP8_GEMM=reference \
+            build/rel/tests/test_cuda_bf16
         run test_comm build/rel/tests/test_comm
         gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
         if [ "$gpus" -ge 2 ]; then
