@@ -345,6 +345,7 @@ static void setup(struct run *run) {
         cuda_use_device(run->grid.local_rank);
         grid_stage_device(&run->grid, run->be); /* the pipeline's sends, and every group under MPI */
         cuda_set_tf32(r->train.tf32);
+        cuda_set_deterministic(r->train.deterministic);
     }
     choose_comm(run);
     /* ranks sharing a node share its cores: without a setting, split them */

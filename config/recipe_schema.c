@@ -101,6 +101,8 @@ const struct recipe_key recipe_keys[] = {
     ENUM(train, fp8_grad_format, "e4m3", "e4m3|e5m2", "fp8: the output gradients' format: e4m3 (3 mantissa bits; measured 1% of bf16's loss where e5m2 was 4.8% off with per-tensor scaling) or e5m2 (2 mantissa bits, more range)"),
     NONNEG(train, fp8_skip_layers, "1", "fp8: this many blocks at each end of the stack (and the embedding, head, routers and MTP modules always) stay bf16"),
     BOOL(train, tf32, "false", "CUDA: TF32 tensor cores for fp32 matmuls (faster; ~1e-3 relative rounding)"),
+    BOOL(train, deterministic, "true",
+         "CUDA: a run repeats bitwise; false lets flash attention's backward sum dQ with atomics (faster)"),
     DBL(train, peak_tflops, "0", 0, INF, 0, "peak TFLOP/s per device for MFU; 0 = the GPU's datasheet peak if known, else no MFU"),
     INT(train, threads, "0", 0, 4096, "CPU threads; 0 = OpenMP default"),
     ENUM(train, recompute, "none", "none|selective|full", "activation recompute: none; selective (attention core and SwiGLU products recomputed in backward); full (only each layer's input kept, the layer re-run)"),

@@ -64,5 +64,6 @@ int cuda_device_pci_id(char *buf, int n) {
     return 0;
 }
 void cuda_set_tf32(int on) { (void)on; }
+void cuda_set_deterministic(int on) { (void)on; }
 void cuda_use_device(int local_rank) { (void)local_rank; }
 #endif

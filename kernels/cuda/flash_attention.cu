@@ -79,6 +79,7 @@ __device__ __forceinline__ void cp_async_wait_n() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 #define cp_async_wait(n) cp_async_wait_n<n>()
+#define fa_atomic_add(p, v) atomicAdd((p), (v))
 
 #include "kernels/cuda/flash_attention.cuh"
 
@@ -101,33 +102,60 @@ void forward(float *out, float *lse, const float *q, const float *k, const float
     LAUNCH_CHECK();
 }
 
+/* dq (bf16) = the fp32 sums of the atomic backward */
+__global__ void narrow_dq_k(uint16_t *dq, const float *acc, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        __nv_bfloat16 b = __float2bfloat16_rn(acc[i]);
+        memcpy(dq + i, &b, 2);
+    }
+}
+
+int deterministic = 1; /* train.deterministic (cuda_set_deterministic) */
+
 template <int D>
 void backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse, const float *q,
               const float *k, const float *v, int B, int T, int H, int KVH) {
-    static int ready_dq, ready_dkdv;
+    static int ready_dq, ready_dkdv, ready_atomic;
     float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E; /* the forward's, bit for bit */
     size_t rows = (size_t)B * T * H;
-    float *delta = (float *)cuda_scratch(SCRATCH_WORK, sizeof(float) * rows);
+    float *delta = (float *)cuda_scratch(SCRATCH_WORK, sizeof(float) * rows * (deterministic ? 1 : 1 + D));
+    float *dq_acc = delta + rows;
     delta_k<<<blocks_for(rows * 32, THREADS_FA), THREADS_FA>>>(delta, (const uint16_t *)dout, (const uint16_t *)out, B,
                                                                T, H, D);
     LAUNCH_CHECK();
+    dim3 kv_grid(B * KVH, (T + TILE - 1) / TILE);
+    if (!deterministic) { /* dQ by atomics from the dK/dV kernel */
+        size_t smem = dkdv_smem<D, true>();
+        CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * rows * D, 0));
+        allow_smem(flash_dkdv_k<D, true>, smem, &ready_atomic);
+        flash_dkdv_k<D, true><<<kv_grid, THREADS_FA, smem>>>(
+            (uint16_t *)dk, (uint16_t *)dv, dq_acc, (const uint16_t *)dout, lse, delta, (const uint16_t *)q,
+            (const uint16_t *)k, (const uint16_t *)v, T, H, KVH, scale_log2, scale);
+        LAUNCH_CHECK();
+        narrow_dq_k<<<blocks_for(rows * D, 256), 256>>>((uint16_t *)dq, dq_acc, rows * D);
+        LAUNCH_CHECK();
+        return;
+    }
     size_t smem = dq_smem<D>();
     allow_smem(flash_dq_k<D>, smem, &ready_dq);
     flash_dq_k<D><<<dim3(B * H, (T + TILE - 1) / TILE), THREADS_FA, smem>>>(
         (uint16_t *)dq, (const uint16_t *)dout, lse, delta, (const uint16_t *)q, (const uint16_t *)k,
         (const uint16_t *)v, T, H, KVH, scale_log2, scale);
     LAUNCH_CHECK();
-    smem = dkdv_smem<D>();
-    allow_smem(flash_dkdv_k<D>, smem, &ready_dkdv);
-    flash_dkdv_k<D><<<dim3(B * KVH, (T + TILE - 1) / TILE), THREADS_FA, smem>>>(
-        (uint16_t *)dk, (uint16_t *)dv, (const uint16_t *)dout, lse, delta, (const uint16_t *)q, (const uint16_t *)k,
-        (const uint16_t *)v, T, H, KVH, scale_log2, scale);
+    smem = dkdv_smem<D, false>();
+    allow_smem(flash_dkdv_k<D, false>, smem, &ready_dkdv);
+    flash_dkdv_k<D, false><<<kv_grid, THREADS_FA, smem>>>(
+        (uint16_t *)dk, (uint16_t *)dv, NULL, (const uint16_t *)dout, lse, delta, (const uint16_t *)q,
+        (const uint16_t *)k, (const uint16_t *)v, T, H, KVH, scale_log2, scale);
     LAUNCH_CHECK();
 }
 
 int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 } // namespace
+
+/* train.deterministic: 0 lets the attention backward add dQ with atomics */
+extern "C" void cuda_set_deterministic(int on) { deterministic = on != 0; }
 
 /* MTRAIN_ATTENTION=reference turns the kernels off (docs/model.md); they
  * need tensor-core bf16 (compute capability 8.0 or newer) */

@@ -15,6 +15,7 @@
  *   cp_async16(dst, src, valid)  cp.async.cg of 16 bytes global -> shared
  *                    (zeros when !valid; src is not read then)
  *   cp_async_commit(), cp_async_wait(n)  commit_group, wait_group n
+ *   fa_atomic_add(p, v)  atomicAdd on a float in global memory
  * and the CUDA names threadIdx, blockIdx, gridDim, blockDim. Tiles stream
  * into shared memory by cp.async, double-buffered: the next tile's copy
  * runs while the current one is multiplied. Fragment layouts: PTX ISA, "Matrix fragments for
@@ -306,23 +307,30 @@ template <int D>
 FA_CONST int dkdv_q_rows() {
     return D > 64 ? 32 : 64;
 }
-/* K and V, then two buffers each of Q, dO, and the rows' lse and Delta */
-template <int D>
+/* K and V, then two buffers each of Q, dO, and the rows' lse and Delta;
+ * with ATOMIC_DQ also dS^T [TILE][BQ + PAD] */
+template <int D, bool ATOMIC_DQ>
 constexpr size_t dkdv_smem() {
-    return (size_t)(2 * TILE + 4 * dkdv_q_rows<D>()) * (D + PAD) * 2 + (size_t)4 * dkdv_q_rows<D>() * 4;
+    return (size_t)(2 * TILE + 4 * dkdv_q_rows<D>()) * (D + PAD) * 2 + (size_t)4 * dkdv_q_rows<D>() * 4 +
+           (ATOMIC_DQ ? (size_t)TILE * (dkdv_q_rows<D>() + PAD) * 2 : 0);
 }
 
 /* grid (B*KVH, kv tiles): dV = sum P^T dO, dK = scale * sum dS^T Q over the
  * group's query heads (in order) and the query tiles at or after the kv tile:
- * step s of the loop is query head s / ntiles, tile s % ntiles */
-template <int D>
-FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const float *lse, const float *delta,
-                        const uint16_t *q, const uint16_t *k, const uint16_t *v, int T, int H, int KVH,
-                        float scale_log2, float scale) {
-    constexpr int LD = D + PAD, BQ = dkdv_q_rows<D>(), QL = BQ * LD;
+ * step s of the loop is query head s / ntiles, tile s % ntiles.
+ * ATOMIC_DQ (train.deterministic false): also dQ += scale * dS K, this kv
+ * tile's share, added into the fp32 dq_acc [B,T,H,D] with atomics (the
+ * order of those sums varies run to run), so no separate dQ kernel
+ * recomputes S and dP: five tile GEMMs per step instead of seven. */
+template <int D, bool ATOMIC_DQ>
+FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_t *dout, const float *lse,
+                        const float *delta, const uint16_t *q, const uint16_t *k, const uint16_t *v, int T, int H,
+                        int KVH, float scale_log2, float scale) {
+    constexpr int LD = D + PAD, BQ = dkdv_q_rows<D>(), QL = BQ * LD, SL = BQ + PAD;
     FA_SHARED(smem);
     uint16_t *Ks = smem, *Vs = Ks + TILE * LD, *Qb = Vs + TILE * LD, *dOb = Qb + 2 * QL;
     float *lse_b = reinterpret_cast<float *>(dOb + 2 * QL), *dl_b = lse_b + 2 * BQ;
+    uint16_t *dSs = reinterpret_cast<uint16_t *>(dl_b + 2 * BQ); /* dS^T, kv rows x query columns (ATOMIC_DQ) */
     int pair = blockIdx.x, b = pair / KVH, kh = pair % KVH, group = H / KVH;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int k0 = blockIdx.y * TILE, j0 = k0 + warp * 16 + g; /* this lane's kv rows j0, j0 + 8 */
@@ -375,7 +383,48 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const 
             }
         mma_regs_kmajor<BQ / 16, D / 8>(dva, sT, dOs, LD, lane);
         mma_regs_kmajor<BQ / 16, D / 8>(dka, dpT, Qs, LD, lane);
-        fa_sync(); /* the next step's fetch overwrites this buffer */
+        if (ATOMIC_DQ) {
+            /* dS^T to shared memory, then dQ [BQ x D] = dS (dS^T read transposed) K, the 64 kv rows of
+             * this tile as the contraction: warp w takes query rows 16 (w % MT).. and 8 of the D / 8
+             * column blocks from (w / MT) * 8 */
+            constexpr int MT = BQ / 16;
+#pragma unroll
+            for (int nb = 0; nb < BQ / 8; nb++)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    *reinterpret_cast<uint32_t *>(dSs + (warp * 16 + g + 8 * r) * SL + nb * 8 + 2 * t) =
+                        pack2(dpT[nb][2 * r], dpT[nb][2 * r + 1]);
+            fa_sync();
+            int mt = warp % MT, nb0 = warp / MT * 8;
+            float dqa[8][4];
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++) dqa[nb][0] = dqa[nb][1] = dqa[nb][2] = dqa[nb][3] = 0;
+#pragma unroll
+            for (int kk = 0; kk < TILE / 16; kk++) {
+                uint32_t a[4]; /* A = dS [query rows][kv rows], stored transposed: ldmatrix .trans */
+                ldsm_t(a, dSs + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * SL + mt * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t bq[4];
+                    ldsm_t(bq, bk_addr(Ks, LD, kk * 16, (nb0 + 2 * np) * 8, lane));
+                    mma(dqa[2 * np], a, bq[0], bq[1]);
+                    mma(dqa[2 * np + 1], a, bq[2], bq[3]);
+                }
+            }
+            int h = kh * group + st / ntiles;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int i = i0 + mt * 16 + g + 8 * r;
+                if (i >= T) continue;
+                float *row = dq_acc + (((size_t)b * T + i) * H + h) * D + nb0 * 8 + 2 * t;
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++) {
+                    fa_atomic_add(row + nb * 8, dqa[nb][2 * r] * scale);
+                    fa_atomic_add(row + nb * 8 + 1, dqa[nb][2 * r + 1] * scale);
+                }
+            }
+        }
+        fa_sync(); /* the next step's fetch overwrites this buffer (and dS^T) */
     }
     store_rows<D>(dk + koff, kstride, dka, scale, scale, j0, T, t);
     store_rows<D>(dv + koff, kstride, dva, 1.0f, 1.0f, j0, T, t);

@@ -16,7 +16,8 @@
  *     a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]; B (16x8)
  *     b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; C (16x8) c0, c1 =
  *     C[g][2t], C[g][2t+1], c2, c3 = C[g+8][2t], C[g+8][2t+1].
- * cp.async copies land at the thread's cp_async_wait, not before.
+ * cp.async copies land at the thread's cp_async_wait, not before;
+ * atomicAdd takes a lock.
  * Blocks run one after another. Slow (a barrier costs a context switch per
  * thread), so the shapes are small; they still cover partial and several
  * tiles, the diagonal, both head dims and GQA. What it cannot check: the
@@ -29,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -142,6 +144,12 @@ static inline void cp_async_wait(size_t n) {
     }
 }
 
+static std::mutex atomic_lock;
+static inline void fa_atomic_add(float *p, float v) {
+    std::lock_guard<std::mutex> hold(atomic_lock);
+    *p += v;
+}
+
 namespace emulated {
 #include "kernels/cuda/flash_attention.cuh"
 }
@@ -245,13 +253,26 @@ static void run_case(int B, int T, int H, int KVH, const char *tag) {
         flash_dq_k<D>(dq.data(), dout.data(), lse.data(), delta.data(), q.data(), k.data(), v.data(), T, H, KVH,
                       scale_log2, scale);
     });
-    launch(dim3_{(unsigned)(B * KVH), (unsigned)tiles, 1}, THREADS_FA, dkdv_smem<D>(), [&]() {
-        flash_dkdv_k<D>(dk.data(), dv.data(), dout.data(), lse.data(), delta.data(), q.data(), k.data(), v.data(), T, H,
-                        KVH, scale_log2, scale);
+    launch(dim3_{(unsigned)(B * KVH), (unsigned)tiles, 1}, THREADS_FA, dkdv_smem<D, false>(), [&]() {
+        flash_dkdv_k<D, false>(dk.data(), dv.data(), NULL, dout.data(), lse.data(), delta.data(), q.data(), k.data(),
+                               v.data(), T, H, KVH, scale_log2, scale);
     });
     check("backward_dq", tag, dq, dq16, dq32);
     check("backward_dk", tag, dk, dk16, dk32);
     check("backward_dv", tag, dv, dv16, dv32);
+    /* train.deterministic false: dQ summed with atomics by the dK/dV kernel, then rounded */
+    std::vector<float> dq_acc(nq, 0.0f);
+    std::vector<uint16_t> dk2(nk), dv2(nk), dq2(nq);
+    launch(dim3_{(unsigned)(B * KVH), (unsigned)tiles, 1}, THREADS_FA, dkdv_smem<D, true>(), [&]() {
+        flash_dkdv_k<D, true>(dk2.data(), dv2.data(), dq_acc.data(), dout.data(), lse.data(), delta.data(), q.data(),
+                              k.data(), v.data(), T, H, KVH, scale_log2, scale);
+    });
+    for (size_t i = 0; i < nq; i++) dq2[i] = bf16_bits(dq_acc[i]);
+    check("atomic_backward_dq", tag, dq2, dq16, dq32);
+    int same = dk2 == dk && dv2 == dv;
+    printf("%s flash_emulated_atomic_backward_dk_dv_same_%s", same ? "PASS" : "FAIL", tag);
+    if (!same) printf(": dK/dV differ from the deterministic kernel's"), failures++;
+    printf("\n");
     /* the state: each row's log-sum-exp, as the CUDA reference attention keeps it */
     double worst = 0;
     for (int b = 0; b < B; b++)
