@@ -4,11 +4,12 @@
  * their tiling, masks, online softmax, GQA indexing, backward algebra and
  * synchronisation without a GPU.
  *
- * Emulation: every CUDA thread of a block is an OS thread; __syncthreads is
- * a barrier over the block, and each warp-collective instruction (shuffle,
- * ldmatrix, mma.sync) is an exchange through per-warp slots between two
- * barriers over the warp, with the register layouts written from the PTX
- * ISA's definitions (not from the kernels' assumptions):
+ * Emulation (tests/unit/cuda_emulation.h): every CUDA thread of a block is
+ * an OS thread; __syncthreads is a barrier over the block, and each
+ * warp-collective instruction (shuffle, and here ldmatrix and mma.sync) is
+ * an exchange through per-warp slots between two barriers over the warp,
+ * with the register layouts written from the PTX ISA's definitions (not
+ * from the kernels' assumptions):
  *   ldmatrix .x4: lanes 8i..8i+7 give the row addresses of matrix i; lane l
  *     receives, for each i, elements (row l/4, columns 2(l%4), 2(l%4)+1) of
  *     matrix i (.trans: of its transpose), the lower column in the low half.
@@ -16,61 +17,33 @@
  *     a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]; B (16x8)
  *     b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; C (16x8) c0, c1 =
  *     C[g][2t], C[g][2t+1], c2, c3 = C[g+8][2t], C[g+8][2t+1].
- * cp.async copies land at the thread's cp_async_wait, not before;
- * atomicAdd takes a lock.
- * Blocks run one after another. Slow (a barrier costs a context switch per
- * thread), so the shapes are small; they still cover partial and several
+ * cp.async copies land at the thread's cp_async_wait, not before.
+ * Slow, so the shapes are small; they still cover partial and several
  * tiles, the diagonal, both head dims and GQA. What it cannot check: the
  * hardware's own behaviour (the PTX layouts themselves, timing, the
  * real shared-memory limits); the GPU test (test_cuda_bf16) does. */
-#include <pthread.h>
-
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <mutex>
-#include <thread>
-#include <vector>
+#include "tests/unit/cuda_emulation.h"
 
 extern "C" {
 #include "kernels/bf16.h"
 #include "kernels/ops.h"
 }
 
-/* ---- the emulated CUDA names ---- */
-struct dim3_ {
-    unsigned x, y, z;
-};
-static thread_local dim3_ threadIdx, blockIdx;
-static dim3_ gridDim, blockDim;
-
-enum { MAX_WARPS = 8 };
-static pthread_barrier_t block_bar, warp_bar[MAX_WARPS];
-static uint16_t *block_smem;
-static float xf[MAX_WARPS][32];
-static const uint16_t *xp[MAX_WARPS][32];
-static uint32_t xa[MAX_WARPS][32][4], xb[MAX_WARPS][32][2];
-
-static inline int lane_id() { return (int)(threadIdx.x & 31); }
-static inline int warp_id() { return (int)(threadIdx.x >> 5); }
-static inline void warp_wait() { pthread_barrier_wait(&warp_bar[warp_id()]); }
-
+/* ---- the flash kernels' primitive layer (kernels/cuda/flash_attention.cuh) ---- */
 #define FA_FN static inline
 #define FA_KERNEL(name) static void name
 #define FA_SHARED(name) uint16_t *name = block_smem
 #define FA_CONST constexpr
-static inline void fa_sync() { pthread_barrier_wait(&block_bar); }
+#define fa_sync() __syncthreads()
+#define fa_shfl_xor(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
+#define fa_atomic_add(p, v) atomicAdd((p), (v))
 
-static inline float fa_shfl_xor(float v, int o) {
-    int w = warp_id(), l = lane_id();
-    xf[w][l] = v;
-    warp_wait();
-    float r = xf[w][l ^ o];
-    warp_wait();
-    return r;
-}
+static uint16_t *block_smem;
+static const uint16_t *xp[EMU_MAX_WARPS][32];
+static uint32_t xa[EMU_MAX_WARPS][32][4], xb[EMU_MAX_WARPS][32][2];
+static inline int lane_id() { return emu_lane(); }
+static inline int warp_id() { return emu_warp(); }
+static inline void warp_wait() { emu_warp_wait(); }
 
 static inline uint32_t two(uint16_t lo, uint16_t hi) { return (uint32_t)lo | (uint32_t)hi << 16; }
 
@@ -144,46 +117,25 @@ static inline void cp_async_wait(size_t n) {
     }
 }
 
-static std::mutex atomic_lock;
-static inline void fa_atomic_add(float *p, float v) {
-    std::lock_guard<std::mutex> hold(atomic_lock);
-    *p += v;
-}
-
 namespace emulated {
 #include "kernels/cuda/flash_attention.cuh"
 }
 using namespace emulated;
 
-/* runs body() as every thread of every block of grid, blocks in order */
+/* a kernel launch: THREADS_FA threads a block, smem_bytes of dynamic shared memory */
 template <typename F>
 static void launch(dim3_ grid, int threads, size_t smem_bytes, F body) {
     std::vector<uint16_t> smem(smem_bytes / 2 + 8, 0xffff); /* NaN until written */
     block_smem = smem.data();
-    gridDim = grid, blockDim = dim3_{(unsigned)threads, 1, 1};
-    pthread_barrier_init(&block_bar, NULL, threads);
-    for (int w = 0; w < threads / 32; w++) pthread_barrier_init(&warp_bar[w], NULL, 32);
-    std::vector<std::thread> pool;
-    for (int i = 0; i < threads; i++)
-        pool.emplace_back([=]() {
-            threadIdx = dim3_{(unsigned)i, 0, 0};
-            for (unsigned by = 0; by < grid.y; by++)
-                for (unsigned bx = 0; bx < grid.x; bx++) {
-                    blockIdx = dim3_{bx, by, 0};
-                    body();
-                    size_t pending = open_group.size();
-                    for (const auto &gr : groups) pending += gr.size();
-                    groups.clear();
-                    if (pending) { /* a kernel leaves no copy in flight (empty groups are harmless) */
-                        fprintf(stderr, "FAIL flash_emulated: a block ended with cp.async copies pending\n");
-                        abort();
-                    }
-                    fa_sync(); /* the next block reuses the shared memory */
-                }
-        });
-    for (auto &t : pool) t.join();
-    pthread_barrier_destroy(&block_bar);
-    for (int w = 0; w < threads / 32; w++) pthread_barrier_destroy(&warp_bar[w]);
+    emu_launch(grid, dim3_{(unsigned)threads, 1, 1}, body, []() {
+        size_t pending = open_group.size();
+        for (const auto &gr : groups) pending += gr.size();
+        groups.clear();
+        if (pending) { /* a kernel leaves no copy in flight (empty groups are harmless) */
+            fprintf(stderr, "FAIL flash_emulated: a block ended with cp.async copies pending\n");
+            abort();
+        }
+    });
 }
 
 /* ---- the test ---- */

@@ -1,0 +1,57 @@
+/* The FP8 cast kernels of kernels/cuda/fp8_gemm.cu: a bf16 tensor's amax,
+ * and its 8-bit codes scaled by the power of two that amax gives, row-major
+ * or transposed. Plain CUDA, kept in a header so that
+ * tests/unit/test_fp8_cast_emulated.cpp runs them on the CPU (under
+ * tests/unit/cuda_emulation.h) against kernels/fp8.h's host functions. */
+#pragma once
+#include <stdint.h>
+
+#include "kernels/cuda/storage.cuh"
+#include "kernels/fp8.h"
+
+/* the running max of |x| over a grid-stride loop, one atomic per warp */
+__global__ void amax_bf16_k(unsigned *amax, const uint16_t *x, size_t n) {
+    unsigned run = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        run = max(run, (unsigned)(x[i] & 0x7fffu) << 16);
+    for (int o = 16; o; o >>= 1) run = max(run, __shfl_xor_sync(0xffffffffu, run, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(amax, run);
+}
+
+/* the scale 2^k for *amax; *inv = 2^-k, or NaN when the tensor holds an
+ * infinity or NaN (the codes would saturate it; a NaN scale makes the
+ * GEMM's output NaN, so the step is rejected as the reference path's is) */
+__device__ inline float cast_scale(const unsigned *amax, int format, float *inv) {
+    float a = __uint_as_float(*amax);
+    int k = fp8_scale_exp(isfinite(a) ? a : 0.0f, format);
+    if (inv && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+        *inv = isfinite(a) ? fp8_pow2(-k) : __uint_as_float(0x7fc00000u);
+    return fp8_pow2(k);
+}
+
+/* codes of x [rows, cols] scaled by 2^k (k from *amax), row-major */
+__global__ void cast_k(uint8_t *q, float *inv, const uint16_t *x, size_t n, const unsigned *amax, int format) {
+    float s = cast_scale(amax, format, inv);
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        q[i] = fp8_bits(widen1(x[i]) * s, format);
+}
+
+/* the same codes transposed, qt [cols, rows], through a 32 x 32 tile in
+ * shared memory so both the reads and the writes run along rows; blocks of
+ * 32 x 8 threads, grid (cols / 32, rows / 32) rounded up */
+#define TT 32
+__global__ void cast_t_k(uint8_t *qt, float *inv, const uint16_t *x, int rows, int cols, const unsigned *amax,
+                         int format) {
+    __shared__ uint8_t tile[TT][TT + 4];
+    float s = cast_scale(amax, format, inv);
+    int r0 = blockIdx.y * TT, c0 = blockIdx.x * TT;
+    for (int i = threadIdx.y; i < TT; i += blockDim.y) {
+        int r = r0 + i, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[i][threadIdx.x] = fp8_bits(widen1(x[(size_t)r * cols + c]) * s, format);
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < TT; j += blockDim.y) {
+        int c = c0 + j, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) qt[(size_t)c * rows + r] = tile[threadIdx.x][j];
+    }
+}

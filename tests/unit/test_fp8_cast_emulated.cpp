@@ -1,0 +1,62 @@
+/* The FP8 cast kernels (kernels/cuda/fp8_cast.cuh, the source the GPU
+ * build compiles) on the CPU under tests/unit/cuda_emulation.h: the amax of
+ * a bf16 tensor, and its codes row-major and transposed (through the
+ * shared-memory tile), bitwise against kernels/fp8.h's host functions, for
+ * both formats, shapes that do and do not fill the 32 x 32 tiles, values
+ * spanning many binades, and a tensor holding an infinity (its inverse
+ * scale is NaN). */
+#include "tests/unit/cuda_emulation.h"
+
+extern "C" {
+#include "kernels/bf16.h"
+}
+#include "kernels/cuda/fp8_cast.cuh"
+
+static int failures;
+static unsigned long long seed = 3;
+static float rnd() {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((seed >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+
+static void result(int ok, const char *what, const char *tag, const char *why) {
+    printf("%s fp8_cast_emulated_%s_%s%s%s\n", ok ? "PASS" : "FAIL", what, tag, ok ? "" : ": ", ok ? "" : why);
+    if (!ok) failures++;
+}
+
+static void run_case(int rows, int cols, int format, int with_inf, const char *tag) {
+    size_t n = (size_t)rows * cols;
+    std::vector<uint16_t> x(n);
+    for (size_t i = 0; i < n; i++) x[i] = bf16_bits(ldexpf(rnd(), (int)(i % 23) - 11)); /* 2^-11 .. 2^11 */
+    if (with_inf) x[n / 2] = 0x7f80; /* +inf */
+    /* host reference: amax by value, the scale exponent, the codes */
+    float amax = 0;
+    for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(bf16_to_float(x[i])));
+    int k = fp8_scale_exp(std::isfinite(amax) ? amax : 0.0f, format);
+    std::vector<uint8_t> want(n), want_t(n);
+    for (size_t i = 0; i < n; i++) {
+        want[i] = fp8_bits(bf16_to_float(x[i]) * fp8_pow2(k), format);
+        want_t[(i % cols) * rows + i / cols] = want[i];
+    }
+
+    unsigned dev_amax = 0;
+    emu_launch(dim3_{3, 1, 1}, dim3_{64, 1, 1}, [&]() { amax_bf16_k(&dev_amax, x.data(), n); });
+    result(__uint_as_float(dev_amax) == amax || (with_inf && std::isinf(__uint_as_float(dev_amax))), "amax", tag,
+           "differs from the host's");
+    std::vector<uint8_t> q(n, 0xaa), qt(n, 0xaa);
+    float inv = 0, inv_t = 0;
+    emu_launch(dim3_{2, 1, 1}, dim3_{64, 1, 1}, [&]() { cast_k(q.data(), &inv, x.data(), n, &dev_amax, format); });
+    dim3_ tiles{(unsigned)(cols + TT - 1) / TT, (unsigned)(rows + TT - 1) / TT, 1};
+    emu_launch(tiles, dim3_{TT, 8, 1}, [&]() { cast_t_k(qt.data(), &inv_t, x.data(), rows, cols, &dev_amax, format); });
+    result(q == want, "codes", tag, "not bitwise the host's");
+    result(qt == want_t, "codes_transposed", tag, "not bitwise the host's, transposed");
+    int inv_ok = with_inf ? std::isnan(inv) && std::isnan(inv_t) : inv == fp8_pow2(-k) && inv_t == inv;
+    result(inv_ok, "inverse_scale", tag, with_inf ? "not NaN for a tensor holding an infinity" : "not 2^-k");
+}
+
+int main() {
+    run_case(45, 70, FP8_E4M3, 0, "e4m3_45x70");
+    run_case(64, 32, FP8_E5M2, 0, "e5m2_64x32");
+    run_case(33, 40, FP8_E4M3, 1, "e4m3_with_inf");
+    return failures ? 1 : 0;
+}
