@@ -80,12 +80,18 @@ static void bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int r
 
 /* Row-major C[M,N] (bf16, or fp32 with c_fp32) = op(A) op(B) + beta C on
  * bf16 A and B with fp32 accumulation (tensor cores): cuBLASLt with a plan
- * cached per shape (kernels/cuda/lt_gemm.cu). */
+ * cached per shape (kernels/cuda/lt_gemm.cu); where it has no algorithm
+ * (an odd alignment), cuBLAS's GemmEx, the column-major mapping of
+ * common.cu's gemm_rm. */
 static void gemm_bf16(int transA, int transB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                       float beta, float *C, int ldc, int c_fp32) {
-    if (lt_matmul(transA, transB, M, N, K, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, beta, C,
-                  c_fp32 ? CUDA_R_32F : CUDA_R_16BF, ldc, NULL, NULL))
-        die("cuBLASLt has no bf16 algorithm for a %dx%dx%d GEMM (transposes %d%d)", M, N, K, transA, transB);
+    cudaDataType_t ct = c_fp32 ? CUDA_R_32F : CUDA_R_16BF;
+    if (!lt_matmul(transA, transB, M, N, K, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, beta, C, ct, ldc, NULL, NULL))
+        return;
+    cublasOperation_t ta = transA ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    float alpha = 1.0f;
+    CUBLAS_CHECK(cublasGemmEx(cuda_blas(), tb, ta, N, M, K, &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C,
+                              ct, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 static void bf16_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {

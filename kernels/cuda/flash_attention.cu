@@ -12,6 +12,8 @@
  * bitwise: one per query tile for dQ (a loop over kv tiles), one per kv tile
  * for dK and dV (a loop over the group's query heads in order, then query
  * tiles), dK and dV summed over the group in fp32 registers, rounded once.
+ * With train.deterministic false the dK/dV kernel also adds each kv tile's
+ * share of dQ into an fp32 buffer by atomics and the dQ kernel is skipped.
  *
  * Head dims 64 and 128 (D = Dv); DeepSeek-V3's 192/128 needs a kernel with
  * two head widths (the tiles below take D only), so other shapes take the
