@@ -336,12 +336,14 @@ static int load_step(const char *step_dir, struct transformer *m, char *err, siz
     }
     free(buf);
     ckpt_reader_close(rd);
+    transformer_params_changed(m);
     return rc;
 }
 
 int model_source_load(const struct model_source *s, struct transformer *m, char *err, size_t errlen) {
     if (s->kind != SOURCE_CHECKPOINT) {
         weights_load(m->be, m->params, &m->table, s->path); /* errors name the file and exit 1 */
+        transformer_params_changed(m);
         fprintf(stderr, "loaded %s\n", s->path);
         return 0;
     }

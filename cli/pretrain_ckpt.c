@@ -201,6 +201,7 @@ int load_checkpoint(struct run *run, const char *step_dir, char *err, size_t err
     rc = -(int)worst;
     if (rc == 0) {
         m->be->from_host(m->params, host, sizeof(float) * n);
+        transformer_params_changed(m);
         optimizer_set_moments(&run->tr.opt, host + n, host + 2 * n);
         run->st = st;
         run->tr.opt.step = st.opt_step;

@@ -362,8 +362,12 @@ static void setup(struct run *run) {
     run->train = prefetcher_create(r, SPLIT_TRAIN, run->grid.dp, run->grid.dp_rank);
     if (r->train.eval_interval > 0 && r->data.valid_fraction > 0) run->valid = blend_from_recipe(r, SPLIT_VALID);
     trainer_create(&run->tr, run->be, r, &run->grid);
-    if (r->model.init_from[0]) weights_load(run->be, run->tr.model.params, &run->tr.model.table, r->model.init_from);
-    else transformer_init_params(&run->tr.model, r->train.seed);
+    if (r->model.init_from[0]) {
+        weights_load(run->be, run->tr.model.params, &run->tr.model.table, r->model.init_from);
+        transformer_params_changed(&run->tr.model);
+    } else {
+        transformer_init_params(&run->tr.model, r->train.seed);
+    }
     run->st.lr_scale = 1.0;
     run->saved_step = -1;
     ckpt_setup(run);

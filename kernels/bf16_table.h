@@ -69,8 +69,8 @@ static size_t attention_state_floats(int B, int H, int T) { return BF16_INNER.at
 static double sum(const float *x, size_t n) { return BF16_INNER.sum(x, n); }
 static double sum_squares(const float *x, size_t n) { return BF16_INNER.sum_squares(x, n); }
 static void adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, float grad_scale, int step) {
-    BF16_INNER.adamw(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step);
+                  float eps, float weight_decay, float grad_scale, int step, uint16_t *work) {
+    BF16_INNER.adamw(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step, work);
 }
 
 static void to_storage(float *dst, const float *src, size_t n) { bf16_narrow(dst, src, n); }

@@ -188,9 +188,12 @@ struct backend {
     double (*sum_squares)(const float *x, size_t n);
 
     /* torch.optim.AdamW semantics, one tensor: grad is scaled by grad_scale
-     * first (clipping), step is 1-based. */
+     * first (clipping), step is 1-based. work: NULL, or n bf16 values (2
+     * bytes each) that receive the updated parameters rounded to nearest
+     * even in the same pass: the bf16 tables' working copy (to_storage's
+     * numbers, without a second pass over the parameters). */
     void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, float grad_scale, int step);
+                  float beta2, float eps, float weight_decay, float grad_scale, int step, uint16_t *work);
 
     /* Optional (NULL on the CPU): the device memory in use now, in MiB, and
      * the device's dense peak TFLOP/s for fp32 matmuls (tf32 = on TF32 tensor

@@ -187,7 +187,9 @@ double optimizer_grad_norm(struct optimizer *o, const float *grads, struct comm 
     return sqrt(ss);
 }
 
-void optimizer_step(struct optimizer *o, float *params, const float *grads, double lr, double grad_norm) {
+int optimizer_step(struct optimizer *o, float *params, const float *grads, double lr, double grad_norm,
+                   uint16_t *work) {
+    int fresh = work != NULL;
     float scale = 1.0f;
     if (o->cfg.grad_clip > 0) {
         double coef = o->cfg.grad_clip / (grad_norm + 1e-6);
@@ -197,6 +199,8 @@ void optimizer_step(struct optimizer *o, float *params, const float *grads, doub
     for (int k = 0; k < o->ngroups; k++) {
         struct opt_group *gr = &o->group[k];
         const float *g = gr->distributed ? gr->grad_shard : grads + gr->shard_begin;
+        uint16_t *wk = gr->distributed ? NULL : work;
+        if (gr->distributed) fresh = 0;
         /* one AdamW call per run of adjacent tensors with the same weight
          * decay (an element-wise update: the same numbers, far fewer calls;
          * on a GPU, launches) */
@@ -215,7 +219,8 @@ void optimizer_step(struct optimizer *o, float *params, const float *grads, doub
             if (run_len) {
                 size_t j = run_off - gr->shard_begin;
                 o->be->adamw(params + run_off, g + j, gr->m + j, gr->v + j, run_len, (float)lr, (float)o->cfg.beta1,
-                             (float)o->cfg.beta2, (float)o->cfg.eps, run_wd, scale, o->step);
+                             (float)o->cfg.beta2, (float)o->cfg.eps, run_wd, scale, o->step,
+                             wk ? wk + run_off : NULL);
             }
             run_len = take ? n : 0, run_off = off, run_wd = wd;
         }
@@ -228,6 +233,7 @@ void optimizer_step(struct optimizer *o, float *params, const float *grads, doub
         comm_all_gather(gr->dp, gr->grad_shard, gr->flat, gr->shard_len);
         o->be->copy(params + gr->base, gr->flat, sizeof(float) * gr->total);
     }
+    return fresh;
 }
 
 void optimizer_get_moments(struct optimizer *o, float *m_out, float *v_out) {

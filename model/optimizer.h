@@ -59,8 +59,12 @@ void optimizer_reduce_bucket_start(struct optimizer *o, float *grads, int first,
 double optimizer_grad_norm(struct optimizer *o, const float *grads, struct comm *world);
 /* One AdamW update at learning rate lr; gradients are clipped to
  * cfg.grad_clip by the global norm (torch clip_grad_norm_ semantics). Weight
- * decay skips norms. */
-void optimizer_step(struct optimizer *o, float *params, const float *grads, double lr, double grad_norm);
+ * decay skips norms. work: NULL, or the bf16 working copy (2-byte values at
+ * the table's offsets) that AdamW writes as it updates; returns 1 when the
+ * working copy now matches every parameter AdamW updated (no group is
+ * ZeRO-sharded: a gathered shard arrives in fp32 and needs converting). */
+int optimizer_step(struct optimizer *o, float *params, const float *grads, double lr, double grad_norm,
+                   uint16_t *work);
 /* Full local moments (gathered over DP under ZeRO) into host buffers of
  * table->total floats each, for checkpoints; and the reverse. */
 void optimizer_get_moments(struct optimizer *o, float *m_out, float *v_out);

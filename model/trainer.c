@@ -1,3 +1,4 @@
+#include <stdlib.h>
 #include <string.h>
 
 #include "config/common.h"
@@ -264,7 +265,12 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
 
 void trainer_update(struct trainer *tr, struct step_stats *st, double lr_scale) {
     st->lr = lr_at(&tr->recipe->optimizer, tr->recipe->train.steps, tr->opt.step) * lr_scale;
-    optimizer_step(&tr->opt, tr->model.params, tr->model.grads, st->lr, st->grad_norm);
+    /* AdamW writes the bf16 working copy as it updates (MTRAIN_FUSED_ADAMW=0:
+     * the separate conversion pass instead, for comparison) */
+    struct transformer *m = &tr->model;
+    const char *e = getenv("MTRAIN_FUSED_ADAMW");
+    uint16_t *work = m->weights != m->params && !(e && !strcmp(e, "0")) ? (uint16_t *)m->weights : NULL;
+    m->weights_fresh = optimizer_step(&tr->opt, m->params, m->grads, st->lr, st->grad_norm, work);
     embed_params_sync(tr);
     if (tr->moe_load) transformer_update_expert_bias(&tr->model, tr->moe_load);
 }

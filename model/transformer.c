@@ -466,10 +466,13 @@ void transformer_reset_moe_stats(struct transformer *m) {
 
 void transformer_init_params(struct transformer *m, uint64_t seed) {
     params_init(m->be, m->params, &m->table, seed, m->part.tp_rank);
+    transformer_params_changed(m);
 }
 
+void transformer_params_changed(struct transformer *m) { m->weights_fresh = 0; }
+
 void transformer_sync_weights(struct transformer *m) {
-    if (m->weights != m->params) m->be->to_storage(m->weights, m->params, m->table.total);
+    if (m->weights != m->params && !m->weights_fresh) m->be->to_storage(m->weights, m->params, m->table.total);
 }
 
 void transformer_stage(struct transformer *m, int slot, const int32_t *tokens, const int32_t *targets) {

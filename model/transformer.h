@@ -121,6 +121,8 @@ struct transformer {
     float *params, *grads;       /* one buffer each, table offsets: fp32 master weights and gradients */
     float *weights;              /* what the ops read (layers, embed, ...): params itself at fp32; at bf16 a
                                   * working copy in the backend's storage precision (transformer_sync_weights) */
+    int weights_fresh;           /* the working copy is the parameters' (AdamW wrote it); anything else that
+                                  * writes params clears it (transformer_params_changed) */
     struct layer_weights *layers;  /* by global layer: pointers into params (local layers only) */
     struct layer_weights *dlayers; /* ... into grads */
     float *embed, *norm_w, *lm_head, *dembed, *dnorm_w, *dlm_head; /* NULL where not local */
@@ -189,10 +191,12 @@ void transformer_create_forward_only(struct transformer *m, const struct backend
 void transformer_free(struct transformer *m);
 void transformer_init_params(struct transformer *m, uint64_t seed);
 /* Refresh the working copy of the weights from the fp32 master (nothing at
- * fp32). The trainer calls it before every forward pass, so every writer of
- * the master (init, loads, the optimizer, ZeRO's gather, a rewind) is
- * covered by one rule. */
+ * fp32, or when the optimizer's AdamW wrote it: weights_fresh). The trainer
+ * calls it before every forward pass; a writer of the master other than
+ * AdamW's fused update (init, loads, a rewind's restore) calls
+ * transformer_params_changed, and ZeRO's gather leaves weights_fresh unset. */
 void transformer_sync_weights(struct transformer *m);
+void transformer_params_changed(struct transformer *m);
 /* Under an fp8 table, the main layers but skip_layers at each end multiply
  * their linear layers in FP8 with this recipe (nothing otherwise; the
  * embedding, head, routers and MTP modules always stay in the table's bf16). */

@@ -38,7 +38,7 @@ void cpu_scale(float *x, float s, size_t n);
 double cpu_sum(const float *x, size_t n);
 double cpu_sum_squares(const float *x, size_t n);
 void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
-               float eps, float weight_decay, float grad_scale, int step);
+               float eps, float weight_decay, float grad_scale, int step, uint16_t *work);
 void cpu_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E, int k);
 void cpu_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
                             const float *w, const float *aux_coef, float z_scale, int n, int E, int k);

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "kernels/cpu/cpu.h"
 
 void cpu_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V) {
@@ -143,7 +144,7 @@ double cpu_sum_squares(const float *x, size_t n) { return reduce(x, n, 1); }
 
 /* Matches torch.optim.AdamW (decoupled decay applied before the moment update). */
 void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
-               float eps, float weight_decay, float grad_scale, int step) {
+               float eps, float weight_decay, float grad_scale, int step, uint16_t *work) {
     /* bias corrections in double, as torch computes them in Python floats */
     double bc1 = 1.0 - pow(beta1, step);
     float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, step));
@@ -156,6 +157,7 @@ void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, fl
         v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
         float denom = sqrtf(v[i]) / bc2_sqrt + eps;
         param[i] = param[i] * decay - step_size * m[i] / denom;
+        if (work) work[i] = bf16_bits(param[i]);
     }
 }
 

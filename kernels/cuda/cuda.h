@@ -119,7 +119,7 @@ int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, c
 double cuda_sum(const float *x, size_t n);
 double cuda_sum_squares(const float *x, size_t n);
 void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
-                float eps, float weight_decay, float grad_scale, int step);
+                float eps, float weight_decay, float grad_scale, int step, uint16_t *work);
 
 static inline unsigned blocks_for(size_t n, unsigned threads) {
     size_t b = (n + threads - 1) / threads;

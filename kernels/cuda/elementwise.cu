@@ -207,7 +207,8 @@ double cuda_sum_squares(const float *x, size_t n) { return reduce(x, n, 1); }
 
 /* torch.optim.AdamW, as kernels/cpu/elementwise.c. */
 __global__ void adamw_k(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
-                        float beta2, float eps, float decay, float step_size, float bc2_sqrt, float grad_scale) {
+                        float beta2, float eps, float decay, float step_size, float bc2_sqrt, float grad_scale,
+                        uint16_t *work) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float g = grad[i] * grad_scale;
         float mi = beta1 * m[i] + (1.0f - beta1) * g;
@@ -215,18 +216,20 @@ __global__ void adamw_k(float *param, const float *grad, float *m, float *v, siz
         m[i] = mi;
         v[i] = vi;
         float denom = sqrtf(vi) / bc2_sqrt + eps;
-        param[i] = param[i] * decay - step_size * mi / denom;
+        float p = param[i] * decay - step_size * mi / denom;
+        param[i] = p;
+        if (work) work[i] = bits_rne(p);
     }
 }
 
 void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
-                float eps, float weight_decay, float grad_scale, int step) {
+                float eps, float weight_decay, float grad_scale, int step, uint16_t *work) {
     if (!n) return;
     double bc1 = 1.0 - pow(beta1, step);
     float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, step));
     float step_size = (float)(lr / bc1), decay = 1.0f - lr * weight_decay;
     adamw_k<<<blocks_for(n, THREADS), THREADS>>>(param, grad, m, v, n, lr, beta1, beta2, eps, decay, step_size,
-                                                 bc2_sqrt, grad_scale);
+                                                 bc2_sqrt, grad_scale, work);
     LAUNCH_CHECK();
 }
 

@@ -84,7 +84,7 @@ int main(int argc, char **argv) {
     TIME("embedding_forward", be->embedding_forward(x, tok, emb, N, C, 0, V), x);
     TIME("embedding_backward", be->embedding_backward(emb, tok, x, N, C, 0, V), emb);
     TIME("add NxC", be->add(x, y, (size_t)N * C), x);
-    TIME("adamw FxC", be->adamw(w, w, g, u, (size_t)F * C, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 3), w);
+    TIME("adamw FxC", be->adamw(w, w, g, u, (size_t)F * C, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 3, NULL), w);
     TIME("sum_squares FxC", sink = (float)be->sum_squares(w, (size_t)F * C), w);
     printf("%s}\n", json);
     free(tok_h);

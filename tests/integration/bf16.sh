@@ -82,6 +82,12 @@ for rc in selective full; do
         pass bf16_recompute_${rc}_bitwise || fail bf16_recompute_${rc}_bitwise "losses differ from recompute none"
 done
 
+# AdamW writes the working copy as it updates (MTRAIN_FUSED_ADAMW=0: a separate conversion pass): the same bits
+MTRAIN_FUSED_ADAMW=0 "$MTRAIN" pretrain r.yaml --set log.dir=unfused --set checkpoint.dir=ck_unfused >/dev/null 2>&1
+[ -s unfused/metrics.jsonl ] && [ "$(metric unfused/metrics.jsonl loss)" = "$(metric ref/metrics.jsonl loss)" ] &&
+    "$PY" "$COMPARE" ck_ref/step-000000020 ck_unfused/step-000000020 0 >"$TMP/cmp" 2>&1 &&
+    pass bf16_fused_adamw_working_copy_bitwise || fail bf16_fused_adamw_working_copy_bitwise "$(cat "$TMP/cmp")"
+
 # 3. Checkpoints: the state is the fp32 master (what an fp32 run saves), and a
 # bf16 run stopped at step 10 resumes bitwise: the same parameters at step 20
 # as the run that never stopped, on one rank and on eight.
@@ -119,6 +125,11 @@ cp -r ck_stop ck_to32 && rm -rf ck_to32/step-000000020 && echo step-000000010 >c
     --inject nan@15 >"$TMP/out" 2>&1 && grep -q '"event":"rewind","step":15,.*"to_step":10' rw/metrics.jsonl &&
     [ "$(step_metric rw/metrics.jsonl 20 | cut -d' ' -f2 | awk '$1 == $1 + 0 && $1 < 6')" != "" ] &&
     pass bf16_rewind_on_nan || fail bf16_rewind_on_nan "$(grep -E 'rewind|error' "$TMP/out" | head -3)"
+# ... bitwise as with the separate conversion pass (a stale working copy after the restore would show)
+MTRAIN_FUSED_ADAMW=0 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=ck_rw0 --set log.dir=rw0 --set rewind.enabled=true \
+    --set rewind.window=5 --inject nan@15 >/dev/null 2>&1
+[ -s rw0/metrics.jsonl ] && [ "$(metric rw/metrics.jsonl loss)" = "$(metric rw0/metrics.jsonl loss)" ] &&
+    pass bf16_rewind_fused_adamw_bitwise || fail bf16_rewind_fused_adamw_bitwise "losses differ after the rewind"
 
 # 4. Bad settings fail before training, naming the key
 expect_exit bf16_precision_unknown 2 "$MTRAIN" pretrain r.yaml --set train.precision=fp16 --dry-run

@@ -418,15 +418,20 @@ static void test_moe(void) {
     free(gw_same);
 }
 
-/* AdamW and the reductions are the fp32 ops themselves (master state) */
+/* AdamW and the reductions are the fp32 ops themselves (master state);
+ * AdamW's working-copy output is to_storage of the updated parameters */
 static void test_optimizer(void) {
     size_t n = 1000;
     float *p = rnd(n), *g = rnd(n), *m = rnd(n), *v = rnd(n);
     for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
     float *p2 = copy_of(p, n), *m2 = copy_of(m, n), *v2 = copy_of(v, n);
-    f32->adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 3);
-    b16->adamw(p2, g, m2, v2, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 3);
+    uint16_t *work = malloc(2 * n), *want = malloc(2 * n);
+    f32->adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 3, NULL);
+    b16->adamw(p2, g, m2, v2, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 3, work);
     check_exact("bf16_adamw_master_fp32", p2, p, n);
+    b16->to_storage((float *)want, p2, n);
+    TEST_RESULT("bf16_adamw_writes_working_copy", !memcmp(work, want, 2 * n), "not to_storage of the update");
+    free(work), free(want);
     TEST_RESULT("bf16_sum_squares_fp32", f32->sum_squares(g, n) == b16->sum_squares(g, n), "differs");
     free(p), free(g), free(m), free(v), free(p2), free(m2), free(v2);
 }

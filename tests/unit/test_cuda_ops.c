@@ -301,8 +301,8 @@ static void test_adamw(size_t n) {
     float *p = frand(n), *g = frand(n), *m = calloc(n, 4), *v = calloc(n, 4);
     float *dP = dev(p, 4 * n), *dG = dev(g, 4 * n), *dM = gpu->alloc(4 * n), *dV = gpu->alloc(4 * n);
     for (int step = 1; step <= 3; step++) {
-        cpu->adamw(p, g, m, v, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, step);
-        gpu->adamw(dP, dG, dM, dV, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, step);
+        cpu->adamw(p, g, m, v, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, step, NULL);
+        gpu->adamw(dP, dG, dM, dV, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, step, NULL);
     }
     compare("cuda_adamw_param", dP, p, n);
     compare("cuda_adamw_m", dM, m, n);

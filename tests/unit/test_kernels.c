@@ -349,7 +349,7 @@ static void test_adamw(void) {
     double *pd = to_double(p, n), *md = calloc(n, 8), *vd = calloc(n, 8);
     double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.5;
     for (int step = 1; step <= 3; step++) {
-        be->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, gs, step);
+        be->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, gs, step, NULL);
         for (int i = 0; i < n; i++) {
             double gi = (double)g[i] * gs;
             pd[i] *= 1 - lr * wd;
