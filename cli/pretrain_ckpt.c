@@ -123,6 +123,7 @@ void save_final_weights(struct run *run, char *path, size_t n) {
     struct ckpt_snapshot local, *sp = &run->snap;
     finish_save(run, 1); /* the snapshot is free once its save is committed */
     if (!r->checkpoint.dir[0]) ckpt_snapshot_init(sp = &local, r, &run->tr.model.table, &L);
+    trainer_settle(&run->tr);
     ckpt_snapshot_take(sp, run->be, run->tr.model.params, &run->tr.opt, &run->st);
     if (run->rank0) checkpoint_prepare(dir, run->st.step);
     comm_barrier(&run->grid.world);
@@ -163,6 +164,7 @@ void save_checkpoint(struct run *run) {
     double t0 = now_seconds();
     finish_save(run, 1); /* a second save waits for the first */
     double waited = now_seconds() - t0;
+    trainer_settle(&run->tr);
     ckpt_snapshot_take(&run->snap, run->be, run->tr.model.params, &run->tr.opt, &run->st);
     if (run->rank0) checkpoint_prepare(r->checkpoint.dir, run->st.step);
     comm_barrier(&run->grid.world);
@@ -191,6 +193,7 @@ void save_checkpoint(struct run *run) {
 int load_checkpoint(struct run *run, const char *step_dir, char *err, size_t errlen) {
     struct transformer *m = &run->tr.model;
     size_t n = m->table.total;
+    trainer_settle(&run->tr); /* no gather may still be writing the parameters */
     float *host = xmalloc(sizeof(float) * 3 * (n ? n : 1));
     struct train_state st;
     err[0] = 0;

@@ -66,6 +66,7 @@ struct parallel_config {
     int first_stage_layers;         /* layers of pipeline stage 0; 0 = an even split */
     int last_stage_layers;          /* layers of the last stage; 0 = an even split */
     int overlap_grad_reduce;        /* bool: data-parallel gradient buckets reduce during backward */
+    int overlap_param_gather;       /* bool: ZeRO-1 gathers each layer's parameters during the next forward */
     char comm[RECIPE_STR_MAX];      /* auto | nccl | mpi: how GPU ranks communicate */
     double grad_bucket_mb;          /* a bucket closes at this many MiB of gradients; 0 = one per layer */
 };

@@ -86,6 +86,7 @@ const struct recipe_key recipe_keys[] = {
     NONNEG(parallel, last_stage_layers, "0", "layers on the last pipeline stage (it also holds the head); 0 = even split"),
     ENUM(parallel, comm, "auto", "auto|nccl|mpi", "how ranks communicate: auto = NCCL between GPU ranks (one GPU each) when libnccl.so.2 loads, else MPI; nccl insists (exit 2 if it cannot); mpi = MPI, GPU tensors staged through host memory"),
     BOOL(parallel, overlap_grad_reduce, "true", "reduce data-parallel gradient buckets (under ZeRO-1: onto the rank owning each part) while backward goes on with the layers below; false = everything after backward"),
+    BOOL(parallel, overlap_param_gather, "true", "under ZeRO-1: gather each layer's updated parameters while the next forward runs the layers before it; false = everything right after AdamW"),
     DBL(parallel, grad_bucket_mb, "0", 0, 1048576, 0, "overlap bucket size: consecutive layers' gradients are reduced together once they reach this many MiB; 0 = one bucket per layer"),
 
     POS(train, seq_len, "128", "tokens per training sequence"),

@@ -224,7 +224,7 @@ int optimizer_step(struct optimizer *o, float *params, const float *grads, doubl
             }
             run_len = take ? n : 0, run_off = off, run_wd = wd;
         }
-        if (!gr->distributed) continue;
+        if (!gr->distributed || (k == 0 && o->defer_gather)) continue;
         /* every DP rank updated its slice: gather the group's parameters back */
         size_t end = gr->base + gr->total, mine = gr->shard_begin < end ? end - gr->shard_begin : 0;
         if (mine > gr->shard_len) mine = gr->shard_len;
@@ -234,6 +234,22 @@ int optimizer_step(struct optimizer *o, float *params, const float *grads, doubl
         o->be->copy(params + gr->base, gr->flat, sizeof(float) * gr->total);
     }
     return fresh;
+}
+
+int optimizer_gather_start(struct optimizer *o, float *params, size_t begin, size_t end) {
+    struct opt_group *g = &o->group[0];
+    if (!g->distributed || begin >= end) return 0;
+    int n = g->dp->size, *counts = xmalloc(sizeof(int) * 2 * n), *displs = counts + n;
+    for (int r = 0; r < n; r++) { /* rank r's shard within [begin, end) */
+        size_t lo = g->base + g->shard_len * r, hi = lo + g->shard_len;
+        if (lo < begin) lo = begin;
+        if (hi > end) hi = end;
+        counts[r] = lo < hi ? (int)(hi - lo) : 0;
+        displs[r] = lo < hi ? (int)(lo - begin) : 0;
+    }
+    int ticket = comm_all_gather_v_start(g->dp, params + begin, counts, displs);
+    free(counts);
+    return ticket;
 }
 
 void optimizer_get_moments(struct optimizer *o, float *m_out, float *v_out) {

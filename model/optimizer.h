@@ -37,6 +37,8 @@ struct optimizer {
     unsigned char *started;    /* per tensor: its reduction was started by a bucket */
     float *shared_scratch;     /* gradients of blocks shared by several TP ranks (kv heads) */
     int step;                  /* completed updates */
+    int defer_gather;          /* ZeRO-1: optimizer_step leaves the dense group's gather to the caller
+                                * (optimizer_gather_start, range by range) */
 };
 
 /* dp reduces the dense tensors' gradients, edp the routed experts' (NULL
@@ -65,6 +67,13 @@ double optimizer_grad_norm(struct optimizer *o, const float *grads, struct comm 
  * ZeRO-sharded: a gathered shard arrives in fp32 and needs converting). */
 int optimizer_step(struct optimizer *o, float *params, const float *grads, double lr, double grad_norm,
                    uint16_t *work);
+/* ZeRO-1 with defer_gather: start gathering the dense group's updated
+ * parameters in [begin, end) (offsets into the flat buffer) from their
+ * owners into params, in place; returns the comm ticket (0 when the group
+ * is not sharded: nothing to gather). Every rank calls it for the same
+ * ranges in the same order; comm_wait_ticket(group[0].dp, ticket)
+ * completes it. */
+int optimizer_gather_start(struct optimizer *o, float *params, size_t begin, size_t end);
 /* Full local moments (gathered over DP under ZeRO) into host buffers of
  * table->total floats each, for checkpoints; and the reverse. */
 void optimizer_get_moments(struct optimizer *o, float *m_out, float *v_out);

@@ -28,6 +28,8 @@ static void layer_grads_done(void *ctx, int layer) {
     }
 }
 
+static void layer_params_needed(void *ctx, int l);
+
 void trainer_create(struct trainer *tr, const struct backend *be, const struct recipe *r, struct grid *g) {
     memset(tr, 0, sizeof *tr);
     tr->recipe = r;
@@ -75,6 +77,12 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     }
     tr->bucket_first = -1;
     tr->bucket_limit = (size_t)(r->parallel.grad_bucket_mb * 1048576.0);
+    if (r->parallel.overlap_param_gather && tr->opt.group[0].distributed) {
+        tr->opt.defer_gather = 1;
+        tr->gather_ticket = xcalloc(r->model.num_layers, sizeof(int));
+        tr->model.layer_params_needed = layer_params_needed;
+        tr->model.layer_params_ctx = tr;
+    }
     if (g->pp > 1) {
         size_t act = act_size(&tr->model, (size_t)tr->model.Ns * tr->model.C);
         tr->send_fwd = be->alloc(act * m * vpp);
@@ -91,6 +99,8 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
 
 void trainer_free(struct trainer *tr) {
     const struct backend *be = tr->model.be;
+    trainer_settle(tr);
+    free(tr->gather_ticket);
     if (tr->send_fwd) {
         be->free(tr->send_fwd);
         be->free(tr->send_bwd);
@@ -263,6 +273,70 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
     return st;
 }
 
+/* ---- ZeRO-1 parameter gather overlapped with the next forward
+ * (parallel.overlap_param_gather): after AdamW the dense group's parameters
+ * outside the main layers are gathered at once and each local layer's
+ * dense tensors start their own gather, in layer order; the forward waits
+ * for layer l's just before running it and refreshes its working copy. */
+
+static void layer_range(const struct trainer *tr, int l, size_t *begin, size_t *end) {
+    const struct param_table *t = &tr->model.table;
+    const struct param_info *a = &t->items[tr->layer_first[l]], *b = &t->items[tr->layer_last[l]];
+    *begin = a->offset, *end = b->offset + b->numel;
+}
+
+/* the working copy of params [begin, end), where there is one */
+static void refresh_weights(struct trainer *tr, size_t begin, size_t end) {
+    struct transformer *m = &tr->model;
+    if (m->weights != m->params && end > begin)
+        m->be->to_storage(act_at(m, m->weights, begin), m->params + begin, end - begin);
+}
+
+static void gather_now(struct trainer *tr, size_t begin, size_t end) {
+    int ticket = optimizer_gather_start(&tr->opt, tr->model.params, begin, end);
+    if (ticket) comm_wait_ticket(tr->opt.group[0].dp, ticket);
+    refresh_weights(tr, begin, end);
+}
+
+static void layer_params_needed(void *ctx, int l) {
+    struct trainer *tr = ctx;
+    if (!tr->gather_ticket[l]) return;
+    size_t begin, end;
+    layer_range(tr, l, &begin, &end);
+    comm_wait_ticket(tr->opt.group[0].dp, tr->gather_ticket[l]);
+    tr->gather_ticket[l] = 0;
+    refresh_weights(tr, begin, end);
+}
+
+void trainer_settle(struct trainer *tr) {
+    if (!tr->gather_ticket) return;
+    for (int l = 0; l < tr->recipe->model.num_layers; l++) layer_params_needed(tr, l);
+}
+
+/* after optimizer_step left the dense group's gather to us */
+static void gather_deferred(struct trainer *tr) {
+    struct optimizer *o = &tr->opt;
+    struct opt_group *g = &o->group[0];
+    int L = tr->recipe->model.num_layers;
+    size_t at = g->base, stop = g->base + g->total, begin, end;
+    for (int l = 0; l < L; l++) { /* the gaps between local layers, and what follows them, now */
+        if (tr->layer_first[l] < 0) continue;
+        layer_range(tr, l, &begin, &end);
+        CHECK(begin >= at);
+        if (begin > at) gather_now(tr, at, begin);
+        at = end;
+    }
+    if (stop > at) gather_now(tr, at, stop);
+    for (int k = 1; k < o->ngroups; k++) /* the routed experts: gathered (or written) by optimizer_step */
+        if (o->group[k].distributed) refresh_weights(tr, o->group[k].base, o->group[k].base + o->group[k].total);
+    for (int l = 0; l < L; l++) {
+        if (tr->layer_first[l] < 0) continue;
+        layer_range(tr, l, &begin, &end);
+        tr->gather_ticket[l] = optimizer_gather_start(o, tr->model.params, begin, end);
+    }
+    tr->model.weights_fresh = 1; /* every layer refreshes its part when its gather is waited for */
+}
+
 void trainer_update(struct trainer *tr, struct step_stats *st, double lr_scale) {
     st->lr = lr_at(&tr->recipe->optimizer, tr->recipe->train.steps, tr->opt.step) * lr_scale;
     /* AdamW writes the bf16 working copy as it updates (MTRAIN_FUSED_ADAMW=0:
@@ -270,9 +344,15 @@ void trainer_update(struct trainer *tr, struct step_stats *st, double lr_scale) 
     struct transformer *m = &tr->model;
     const char *e = getenv("MTRAIN_FUSED_ADAMW");
     uint16_t *work = m->weights != m->params && !(e && !strcmp(e, "0")) ? (uint16_t *)m->weights : NULL;
+    trainer_settle(tr); /* AdamW rewrites this rank's shard, which a pending gather may still be sending */
     m->weights_fresh = optimizer_step(&tr->opt, m->params, m->grads, st->lr, st->grad_norm, work);
+    if (tr->opt.defer_gather) gather_deferred(tr);
     embed_params_sync(tr);
-    if (tr->moe_load) transformer_update_expert_bias(&tr->model, tr->moe_load);
+    if (tr->moe_load) {
+        /* the expert bias lives in the layers' ranges, and every rank moves it alike: after their gathers */
+        if (m->n_moe_layers && m->cfg.moe_bias_update_rate > 0) trainer_settle(tr);
+        transformer_update_expert_bias(m, tr->moe_load);
+    }
 }
 
 struct step_stats trainer_step(struct trainer *tr, const int32_t *samples, int n) {

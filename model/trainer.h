@@ -30,6 +30,7 @@ struct trainer {
     int32_t *inputs, *targets;   /* host staging for one micro batch */
     const struct param_info *embed_shared; /* the embedding (or its copy) when the first and last stage both
                                            * hold it (grid embed_comm): NULL elsewhere */
+    int *gather_ticket;          /* overlapped ZeRO-1 gather: global layer -> its pending gather's ticket (0: none) */
 };
 
 struct step_stats {
@@ -49,6 +50,10 @@ struct step_stats {
 /* g describes the layout (grid_single for one process). */
 void trainer_create(struct trainer *tr, const struct backend *be, const struct recipe *r, struct grid *g);
 void trainer_free(struct trainer *tr);
+/* Complete the parameter gathers still in flight (parallel.overlap_param_gather)
+ * and refresh their working copy: before anything reads or writes the
+ * parameters outside a forward pass (checkpoint snapshots and restores). */
+void trainer_settle(struct trainer *tr);
 /* samples: this data-parallel rank's share of the global batch (global_batch
  * / dp sequences of seq_len+1 tokens). Computes the loss, reduced gradients
  * and their global norm; parameters are untouched, so a caller can still

@@ -720,7 +720,10 @@ double transformer_forward_chunk(struct transformer *m, int slot, int chunk, flo
     int head = m->part.has_head && chunk == m->part.nchunks - 1;
     if (m->part.has_embed && chunk == 0) embed_forward(m, s->tokens, s->acts[l0].x);
     m->moe_collect = dscale != 0.0f;
-    for (int l = l0; l < l1; l++) block_forward(m, s, l, l + 1 < l1 ? s->acts[l + 1].x : head ? s->x_final : out);
+    for (int l = l0; l < l1; l++) {
+        if (m->layer_params_needed) m->layer_params_needed(m->layer_params_ctx, l);
+        block_forward(m, s, l, l + 1 < l1 ? s->acts[l + 1].x : head ? s->x_final : out);
+    }
     if (!head) return 0.0;
     struct head_io h = main_head(m, s);
     double loss = head_forward(m, &h, dscale);

@@ -160,6 +160,10 @@ struct transformer {
      * its gradient buckets can be reduced while backward goes on */
     void (*layer_grads_done)(void *ctx, int layer);
     void *layer_grads_ctx;
+    /* called before each main layer's forward: its parameters must be in
+     * place by then (ZeRO-1's overlapped gather waits for them here) */
+    void (*layer_params_needed)(void *ctx, int layer);
+    void *layer_params_ctx;
     int last_micro_batch;
     /* fp8 tables: the main layers [fp8_begin, fp8_end) run their linear
      * layers' GEMMs in FP8 (transformer_set_fp8); fp8_now: the block being

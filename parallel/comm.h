@@ -31,6 +31,7 @@ struct comm {
      * receives, barriers and comm_all_reduce_sum_f64 stay on MPI. */
     void *nccl;
     size_t host_bytes[2];
+    int tickets;                /* comm_all_gather_v_start's tickets issued so far */
 };
 
 /* sum (or max) in place over the group */
@@ -66,3 +67,10 @@ void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n);
  * comm_wait_all. */
 void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root);
 void comm_wait_all(struct comm *c);
+/* Non-blocking all-gather in place (ZeRO-1's parameters, bucket by bucket):
+ * rank r's piece, counts[r] floats at buf + displs[r], is already in place
+ * on rank r; afterwards every rank holds every piece. Returns a ticket (> 0):
+ * comm_wait_ticket completes that gather and every earlier one of c, and
+ * comm_wait_all completes them all. buf must not be touched in between. */
+int comm_all_gather_v_start(struct comm *c, float *buf, const int *counts, const int *displs);
+void comm_wait_ticket(struct comm *c, int ticket);

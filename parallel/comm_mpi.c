@@ -27,7 +27,8 @@
 struct pending {
     MPI_Request req[MAX_PENDING];
     const struct comm *owner[MAX_PENDING];
-    void *staged[MAX_PENDING]; /* host copy of a staged send, freed when it completes */
+    void *staged[MAX_PENDING]; /* host copy of a staged send (or a gather's count arrays), freed when it completes */
+    int ticket[MAX_PENDING];   /* comm_all_gather_v_start's ticket, 0 for the rest */
     int n;
 };
 static struct pending pending;
@@ -40,12 +41,14 @@ static void enter(const struct comm *c, const char *op) {
     watchdog_enter(op, c->name ? c->name : "?", c->rank, c->size);
 }
 
-static void track(const struct comm *c, MPI_Request r, void *staged) {
+static void track_ticket(const struct comm *c, MPI_Request r, void *staged, int ticket) {
     if (pending.n == MAX_PENDING) die("too many outstanding communication requests");
     pending.req[pending.n] = r;
     pending.staged[pending.n] = staged;
+    pending.ticket[pending.n] = ticket;
     pending.owner[pending.n++] = c;
 }
+static void track(const struct comm *c, MPI_Request r, void *staged) { track_ticket(c, r, staged, 0); }
 
 /* Host staging buffer `which` of at least bytes. */
 static void *host_buf(struct comm *c, int which, size_t bytes) {
@@ -198,20 +201,24 @@ void comm_recv(struct comm *c, void *buf, size_t bytes, int peer, int tag) {
     watchdog_leave();
 }
 
-static void wait_owned(const struct comm *c) {
+/* complete c's requests: all of them (up_to < 0), or its gathers with
+ * tickets up to up_to */
+static void wait_matching(const struct comm *c, int up_to) {
     int kept = 0;
     for (int i = 0; i < pending.n; i++) {
-        if (pending.owner[i] == c) {
+        if (pending.owner[i] == c && (up_to < 0 || (pending.ticket[i] > 0 && pending.ticket[i] <= up_to))) {
             MPI_CHECK(MPI_Wait(&pending.req[i], MPI_STATUS_IGNORE));
             free(pending.staged[i]);
         } else {
             pending.req[kept] = pending.req[i];
             pending.staged[kept] = pending.staged[i];
+            pending.ticket[kept] = pending.ticket[i];
             pending.owner[kept++] = pending.owner[i];
         }
     }
     pending.n = kept;
 }
+static void wait_owned(const struct comm *c) { wait_matching(c, -1); }
 
 void comm_wait_sends(struct comm *c) {
     enter(c, "wait_sends");
@@ -223,6 +230,47 @@ void comm_wait_all(struct comm *c) {
     if (c->nccl) nccl_wait(c);
     enter(c, "wait_all");
     wait_owned(c);
+    watchdog_leave();
+}
+
+int comm_all_gather_v_start(struct comm *c, float *buf, const int *counts, const int *displs) {
+    int ticket = ++c->tickets;
+    if (c->nccl) {
+        nccl_all_gather_v(c, buf, counts, displs, ticket);
+        return ticket;
+    }
+    if (c->size == 1) return ticket;
+    size_t total = 0, end = 0;
+    for (int r = 0; r < c->size; r++) {
+        total += (size_t)counts[r];
+        if ((size_t)displs[r] + (size_t)counts[r] > end) end = (size_t)displs[r] + (size_t)counts[r];
+    }
+    enter(c, "all_gather_v_start");
+    c->bytes += total * sizeof(float), c->calls++;
+    if (c->stage) { /* staged: done at once */
+        float *h = stage_in(c, 0, buf, end * sizeof(float));
+        MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, counts, displs, MPI_FLOAT, handle(c)));
+        stage_back(c, buf, h, end * sizeof(float));
+    } else { /* the count arrays must outlive the call: a copy, freed when it completes */
+        MPI_Request r;
+        int *arrays = xmalloc(sizeof(int) * 2 * c->size);
+        memcpy(arrays, counts, sizeof(int) * c->size);
+        memcpy(arrays + c->size, displs, sizeof(int) * c->size);
+        MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, arrays, arrays + c->size, MPI_FLOAT,
+                                  handle(c), &r));
+        track_ticket(c, r, arrays, ticket);
+    }
+    watchdog_leave();
+    return ticket;
+}
+
+void comm_wait_ticket(struct comm *c, int ticket) {
+    if (c->nccl) {
+        nccl_wait_ticket(c, ticket);
+        return;
+    }
+    enter(c, "wait_ticket");
+    wait_matching(c, ticket);
     watchdog_leave();
 }
 

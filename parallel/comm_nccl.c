@@ -95,11 +95,15 @@ int nccl_available(char *why, size_t n) {
         if (e_ != cudaSuccess) die("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
     } while (0)
 
-/* what a group keeps: the communicator, its stream, its two events */
+/* what a group keeps: the communicator, its stream, its two events, and an
+ * event per outstanding ticket (a ring: a rank has fewer gathers in flight
+ * than layers) */
+#define TICKET_EVENTS 1024
 struct nccl_group {
     ncclComm_t comm;
     cudaStream_t stream;
     cudaEvent_t before, after;
+    cudaEvent_t *ticket_events;
 };
 
 void comm_nccl_init(struct comm *c) {
@@ -124,6 +128,9 @@ void comm_nccl_free(struct comm *c) {
     NCCL_CHECK(nc.destroy(g->comm));
     CUDA_OK(cudaEventDestroy(g->before));
     CUDA_OK(cudaEventDestroy(g->after));
+    if (g->ticket_events)
+        for (int i = 0; i < TICKET_EVENTS; i++) CUDA_OK(cudaEventDestroy(g->ticket_events[i]));
+    free(g->ticket_events);
     CUDA_OK(cudaStreamDestroy(g->stream));
     free(g);
     c->nccl = NULL;
@@ -179,6 +186,32 @@ void nccl_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
     end(g, 0);
 }
 
+/* each piece broadcast from its owner, in place, grouped; the ticket's event
+ * marks its end for nccl_wait_ticket */
+void nccl_all_gather_v(struct comm *c, float *buf, const int *counts, const int *displs, int ticket) {
+    size_t total = 0;
+    for (int r = 0; r < c->size; r++) total += (size_t)counts[r];
+    struct nccl_group *g = begin(c, total * sizeof(float));
+    if (!g->ticket_events) {
+        g->ticket_events = xmalloc(sizeof(cudaEvent_t) * TICKET_EVENTS);
+        for (int i = 0; i < TICKET_EVENTS; i++)
+            CUDA_OK(cudaEventCreateWithFlags(&g->ticket_events[i], cudaEventDisableTiming));
+    }
+    NCCL_CHECK(nc.group_start());
+    for (int r = 0; r < c->size; r++)
+        if (counts[r])
+            NCCL_CHECK(nc.broadcast(buf + displs[r], buf + displs[r], (size_t)counts[r], ncclFloat32, r, g->comm,
+                                    g->stream));
+    NCCL_CHECK(nc.group_end());
+    end(g, 1);
+    CUDA_OK(cudaEventRecord(g->ticket_events[ticket % TICKET_EVENTS], g->stream));
+}
+
+void nccl_wait_ticket(struct comm *c, int ticket) {
+    struct nccl_group *g = c->nccl;
+    if (g->ticket_events) CUDA_OK(cudaStreamWaitEvent(0, g->ticket_events[ticket % TICKET_EVENTS], 0));
+}
+
 /* one grouped send and receive per peer (the rank itself included: a copy) */
 void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts) {
     size_t in_n = 0;
@@ -212,4 +245,6 @@ void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
     CHECK(0);
 }
 void nccl_wait(struct comm *c) { CHECK(0); }
+void nccl_all_gather_v(struct comm *c, float *buf, const int *counts, const int *displs, int ticket) { CHECK(0); }
+void nccl_wait_ticket(struct comm *c, int ticket) { CHECK(0); }
 #endif

@@ -27,3 +27,6 @@ void nccl_broadcast(struct comm *c, void *buf, size_t bytes, int root);
 void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts);
 /* the compute stream waits for every call started on c */
 void nccl_wait(struct comm *c);
+/* comm_all_gather_v_start (one broadcast per piece, grouped) and its wait */
+void nccl_all_gather_v(struct comm *c, float *buf, const int *counts, const int *displs, int ticket);
+void nccl_wait_ticket(struct comm *c, int ticket);

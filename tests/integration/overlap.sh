@@ -1,10 +1,12 @@
 # Data-parallel gradient buckets reduced while backward goes on
 # (parallel.overlap_grad_reduce, parallel.grad_bucket_mb; under ZeRO-1 each
-# bucket is summed onto the ranks owning its parts) against the same run
-# with every reduction after backward: per-step losses within 1e-6 relative
-# and every parameter within 1e-6 after 20 steps, on the CPU under mpiexec
-# with the MPI communicator; the comm event says how many bytes went in
-# buckets.
+# bucket is summed onto the ranks owning its parts), and under ZeRO-1 each
+# layer's updated parameters gathered while the next forward runs the
+# layers before it (parallel.overlap_param_gather), against the same run
+# with every reduction after backward and every gather right after AdamW:
+# per-step losses within 1e-6 relative and every parameter within 1e-6
+# after 20 steps, on the CPU under mpiexec with the MPI communicator; the
+# comm event says how many bytes went in buckets.
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
 "$MTRAIN" data generate --out data >/dev/null || { fail overlap_setup "data generate failed"; exit 1; }
@@ -28,13 +30,16 @@ layouts=(
     "tp2_sp_dp2_zero r.yaml 4 parallel.tp=2 parallel.sequence_parallel=true optimizer.distributed=true"
     "pp2_vpp2_dp2_zero r.yaml 4 parallel.pp=2 parallel.vpp=2 optimizer.distributed=true"
     "moe_ep2_dp4_zero moe.yaml 4 parallel.ep=2 optimizer.distributed=true"
+    "dp2_zero_eval_ckpt r.yaml 2 optimizer.distributed=true train.eval_interval=5 data.valid_fraction=0.1 checkpoint.interval=5"
+    "bf16_dp2_zero r.yaml 2 optimizer.distributed=true train.precision=bf16"
 )
 overlapped() { grep '"event":"comm"' "$1" | grep -o '"dp_overlapped":[0-9]*' | cut -d: -f2 | awk '{s += $1} END {print s + 0}'; }
 for spec in "${layouts[@]}"; do
     set -- $spec
     name=$1 recipe=$2 np=$3; shift 3
     layout_run overlap_${name}_on $np $recipe ${name}_on "$@" || continue
-    layout_run overlap_${name}_off $np $recipe ${name}_off "$@" parallel.overlap_grad_reduce=false || continue
+    layout_run overlap_${name}_off $np $recipe ${name}_off "$@" parallel.overlap_grad_reduce=false \
+        parallel.overlap_param_gather=false || continue
     close_metrics ${name}_off/metrics.jsonl ${name}_on/metrics.jsonl 1 20 loss 1e-6 && pass overlap_${name}_losses ||
         fail overlap_${name}_losses "worst $(worst_metric ${name}_off/metrics.jsonl ${name}_on/metrics.jsonl 1)"
     "$PY" "$COMPARE" ck_${name}_off/step-000000020 ck_${name}_on/step-000000020 1e-6 >"$TMP/cmp" 2>&1 &&
@@ -55,7 +60,8 @@ run_np 2 pretrain r.yaml --set optimizer.distributed=true --set parallel.overlap
     --set checkpoint.dir=ck_mix --set checkpoint.interval=10 --set log.dir=mix --stop-after 10 >/dev/null 2>&1
 run_np 2 pretrain r.yaml --set optimizer.distributed=true --set checkpoint.dir=ck_mix --set checkpoint.interval=10 \
     --set log.dir=mix >mix.out 2>&1
-layout_run overlap_mix_reference 2 r.yaml mix_ref optimizer.distributed=true parallel.overlap_grad_reduce=false &&
+layout_run overlap_mix_reference 2 r.yaml mix_ref optimizer.distributed=true parallel.overlap_grad_reduce=false \
+    parallel.overlap_param_gather=false &&
     grep -q "resumed from ck_mix/step-000000010" mix.out &&
     "$PY" "$COMPARE" ck_mix_ref/step-000000020 ck_mix/step-000000020 1e-6 >"$TMP/cmp" 2>&1 &&
     pass overlap_resumes_checkpoint_without_buckets || fail overlap_resumes_checkpoint_without_buckets "$(tail -2 mix.out; cat "$TMP/cmp")"
