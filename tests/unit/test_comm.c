@@ -132,6 +132,30 @@ static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
     ok = ok_all(agree, ok);
     if (r == 0) TEST_RESULT(nm("comm_started_reductions", sfx), ok, "wrong sums after comm_wait_all");
 
+    /* two in-place gathers of uneven pieces (rank k owns k+1 floats, rank 1 none), started together:
+     * waiting for the second ticket completes both */
+    if (n <= 8) {
+        float a[2][64];
+        int cnt[8], dsp[8], tot = 0;
+        for (int k = 0; k < n; k++) cnt[k] = k == 1 ? 0 : k + 1, dsp[k] = tot, tot += cnt[k];
+        for (int s = 0; s < 2; s++)
+            for (int i = 0; i < 64; i++) a[s][i] = -1;
+        for (int s = 0; s < 2; s++)
+            for (int j = 0; j < cnt[r]; j++) a[s][dsp[r] + j] = (float)(100 * s + 10 * r + j);
+        void *da = put(a[0], sizeof a[0]), *db = put(a[1], sizeof a[1]);
+        int t1 = comm_all_gather_v_start(w, da, cnt, dsp), t2 = comm_all_gather_v_start(w, db, cnt, dsp);
+        comm_wait_ticket(w, t2);
+        get(a[0], da, sizeof a[0]), get(a[1], db, sizeof a[1]);
+        ok = t1 > 0 && t2 > t1;
+        for (int s = 0; s < 2; s++) {
+            for (int k = 0; k < n; k++)
+                for (int j = 0; j < cnt[k]; j++) ok &= a[s][dsp[k] + j] == (float)(100 * s + 10 * k + j);
+            ok &= a[s][tot] == -1;
+        }
+        ok = ok_all(agree, ok);
+        if (r == 0) TEST_RESULT(nm("comm_all_gather_v_tickets", sfx), ok, "wrong pieces after comm_wait_ticket");
+    }
+
     /* a ring of non-blocking sends and blocking receives */
     float token = (float)r, got = -1;
     if (n > 1) {
