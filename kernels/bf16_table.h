@@ -30,7 +30,7 @@
  * fp32 accumulation, bf16 out; dw accumulated in fp32) in place of the
  * widening ones: bf16_matmul_forward, bf16_matmul_backward (kernels/ops.h);
  * with BF16_OWN_ELEMENTWISE, its own rmsnorm_forward, rmsnorm_backward,
- * rope, swiglu_forward, swiglu_backward, add and scale on bf16 storage (the
+ * rope, swiglu_forward, swiglu_backward, add, scale and embedding_backward on bf16 storage (the
  * same numbers as the widening ones, in one pass); with BF16_OWN_ATTENTION,
  * its own attention_forward and attention_backward (the same state as the
  * fp32 table's), which may call ref_attention_forward/backward (below);
@@ -76,10 +76,12 @@ static void adamw(float *param, const float *grad, float *m, float *v, size_t n,
 static void to_storage(float *dst, const float *src, size_t n) { bf16_narrow(dst, src, n); }
 static void from_storage(float *dst, const float *src, size_t n) { bf16_widen(dst, src, n); }
 
+#ifndef BF16_OWN_ELEMENTWISE
 static void embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
                                int V) {
     BF16_INNER.embedding_backward(dtable, tokens, wide(0, dout, (size_t)N * C), N, C, vstart, V);
 }
+#endif
 
 #ifndef BF16_OWN_ELEMENTWISE
 /* norm gains (w) are the fp32 master; rstd is fp32 */

@@ -100,8 +100,9 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
  *   CPU: everything widens: the head's logits (its GEMM's output and its
  *   backward's input, N x V twice), a widened weight matrix, SwiGLU
  *   backward's four operands, attention's.
- *   CUDA: GEMMs, RMSNorm/RoPE/SwiGLU/add/scale, the cross-entropy and
- *   flash attention (head dims 64 and 128) run on bf16 storage; the
+ *   CUDA: GEMMs, RMSNorm/RoPE/SwiGLU/add/scale, the embedding gradient, the
+ *   cross-entropy and flash attention (head dims 64 and 128) run on bf16
+ *   storage; the
  *   reference attention (other head dims) widens its operands: seven slots
  *   of up to N x C, k x C rows under MoE's combine, counted always (an
  *   upper bound). fp8 adds the reference FP8 GEMMs' widened operands (x, w

@@ -106,7 +106,7 @@ static void bf16_matmul_backward(float *dx, float *dw, const float *dout, const 
 }
 #define BF16_OWN_MATMUL
 
-/* RMSNorm, RoPE, SwiGLU, add and scale: the fp32 kernels' bf16 instances
+/* RMSNorm, RoPE, SwiGLU, add, scale and the embedding gradient: the fp32 kernels' bf16 instances
  * (kernels/cuda/storage.cuh), one pass each instead of widen, op, narrow */
 #define BF16_OWN_ELEMENTWISE
 static void rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
@@ -126,6 +126,10 @@ static void swiglu_backward(float *dgate, float *dup, const float *dout, const f
     cuda_bf16_swiglu_backward(dgate, dup, dout, gate, up, n);
 }
 static void add(float *dst, const float *src, size_t n) { cuda_bf16_add(dst, src, n); }
+static void embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
+                               int V) {
+    cuda_bf16_embedding_backward(dtable, tokens, dout, N, C, vstart, V);
+}
 
 /* cross-entropy on the stored logits, gradient stored in place (kernels/cuda/cross_entropy.cu) */
 #define BF16_OWN_CROSS_ENTROPY

@@ -95,6 +95,8 @@ void cuda_bf16_swiglu_forward(float *out, const float *gate, const float *up, si
 void cuda_bf16_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                                size_t n);
 void cuda_bf16_add(float *dst, const float *src, size_t n);
+void cuda_bf16_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
+                                  int V);
 void cuda_bf16_cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale);
 void cuda_bf16_ce_row_max(float *rowmax, const float *logits, int N, int V);
 void cuda_bf16_ce_row_sumexp(float *sumexp, float *target_logit, const float *logits, const int32_t *targets,

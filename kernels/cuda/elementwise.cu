@@ -89,18 +89,21 @@ __global__ void emb_scatter_k(int *perm, const int *counts, const int *offsets, 
     perm[offsets[r] + counts[(size_t)k * V + r] + rank] = n;
 }
 
-__global__ void emb_accumulate_k(float *dtable, const float *dout, const int *perm, const int *offsets, int C) {
+/* dout in storage T (float, or the bf16 table's bf16_t); the table's gradient is fp32 */
+template <typename T>
+__global__ void emb_accumulate_k(float *dtable, const T *dout, const int *perm, const int *offsets, int C) {
     int r = blockIdx.x, begin = offsets[r], end = offsets[r + 1];
     if (begin == end) return;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float x = dtable[(size_t)r * C + c];
-        for (int i = begin; i < end; i++) x += dout[(size_t)perm[i] * C + c];
+        for (int i = begin; i < end; i++) x += ld(dout, (size_t)perm[i] * C + c);
         dtable[(size_t)r * C + c] = x;
     }
 }
 
-void cuda_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
-                             int V) {
+template <typename T>
+static void embedding_backward_t(float *dtable, const int32_t *tokens, const T *dout, int N, int C, int vstart,
+                                 int V) {
     if (N == 0 || C == 0 || V == 0) return;
     int K = (N + EMB_CHUNK - 1) / EMB_CHUNK;
     int *counts = (int *)cuda_scratch(SCRATCH_WORK, sizeof(int) * ((size_t)K * V + V + 1 + N));
@@ -116,6 +119,15 @@ void cuda_embedding_backward(float *dtable, const int32_t *tokens, const float *
     LAUNCH_CHECK();
     emb_accumulate_k<<<V, 256>>>(dtable, dout, perm, offsets, C);
     LAUNCH_CHECK();
+}
+
+void cuda_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
+                             int V) {
+    embedding_backward_t(dtable, tokens, dout, N, C, vstart, V);
+}
+void cuda_bf16_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
+                                  int V) {
+    embedding_backward_t(dtable, tokens, (const bf16_t *)dout, N, C, vstart, V);
 }
 
 /* SwiGLU and the vector helpers are templated on the activations' storage
