@@ -108,10 +108,10 @@ void cuda_bf16_scale(float *x, float s, size_t n);
  * for these head dims and pointers on this device? state: lse [B*H, T] */
 int cuda_flash_attention_usable(int D, int Dv, const void *const *ptrs, int nptrs);
 void cuda_flash_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
-                                  int H, int KVH, int D);
+                                  int H, int KVH, int D, int Dv);
 void cuda_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                    const float *lse, const float *q, const float *k, const float *v, int B, int T,
-                                   int H, int KVH, int D);
+                                   int H, int KVH, int D, int Dv);
 /* FP8 GEMMs with per-tensor current scaling (kernels/cuda/fp8_gemm.cu) on
  * bf16 storage: usable for this shape? (multiples of 16, not turned off) */
 int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts);

@@ -15,9 +15,8 @@
  * With train.deterministic false the dK/dV kernel also adds each kv tile's
  * share of dQ into an fp32 buffer by atomics and the dQ kernel is skipped.
  *
- * Head dims 64 and 128 (D = Dv); DeepSeek-V3's 192/128 needs a kernel with
- * two head widths (the tiles below take D only), so other shapes take the
- * reference path. The kernels are in kernels/cuda/flash_attention.cuh
+ * Head dims (query/key D, value Dv) 64/64, 128/128 and DeepSeek-V3's MLA
+ * 192/128; other shapes take the reference path. The kernels are in kernels/cuda/flash_attention.cuh
  * (shared with a CPU emulation of warps that CI runs); this file gives
  * them the GPU's primitives (ldmatrix, mma.sync, shuffles) and launches
  * them. A warp owns 16 rows of a 64-row tile: lane = 4 g + t holds rows g
@@ -93,13 +92,13 @@ void allow_smem(K kernel, size_t bytes, int *done) {
     *done = 1;
 }
 
-template <int D>
+template <int D, int DV>
 void forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int H, int KVH) {
     static int ready;
-    size_t smem = forward_smem<D>();
-    allow_smem(flash_forward_k<D>, smem, &ready);
+    size_t smem = forward_smem<D, DV>();
+    allow_smem(flash_forward_k<D, DV>, smem, &ready);
     dim3 grid(B * H, (T + TILE - 1) / TILE);
-    flash_forward_k<D><<<grid, THREADS_FA, smem>>>((uint16_t *)out, lse, (const uint16_t *)q, (const uint16_t *)k,
+    flash_forward_k<D, DV><<<grid, THREADS_FA, smem>>>((uint16_t *)out, lse, (const uint16_t *)q, (const uint16_t *)k,
                                                    (const uint16_t *)v, T, H, KVH, 1.0f / sqrtf((float)D) * LOG2E);
     LAUNCH_CHECK();
 }
@@ -114,7 +113,7 @@ __global__ void narrow_dq_k(uint16_t *dq, const float *acc, size_t n) {
 
 int deterministic = 1; /* train.deterministic (cuda_set_deterministic) */
 
-template <int D>
+template <int D, int DV>
 void backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse, const float *q,
               const float *k, const float *v, int B, int T, int H, int KVH) {
     static int ready_dq, ready_dkdv, ready_atomic;
@@ -123,14 +122,14 @@ void backward(float *dq, float *dk, float *dv, const float *dout, const float *o
     float *delta = (float *)cuda_scratch(SCRATCH_WORK, sizeof(float) * rows * (deterministic ? 1 : 1 + D));
     float *dq_acc = delta + rows;
     delta_k<<<blocks_for(rows * 32, THREADS_FA), THREADS_FA>>>(delta, (const uint16_t *)dout, (const uint16_t *)out, B,
-                                                               T, H, D);
+                                                               T, H, DV);
     LAUNCH_CHECK();
     dim3 kv_grid(B * KVH, (T + TILE - 1) / TILE);
     if (!deterministic) { /* dQ by atomics from the dK/dV kernel */
-        size_t smem = dkdv_smem<D, true>();
+        size_t smem = dkdv_smem<D, DV, true>();
         CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * rows * D, 0));
-        allow_smem(flash_dkdv_k<D, true>, smem, &ready_atomic);
-        flash_dkdv_k<D, true><<<kv_grid, THREADS_FA, smem>>>(
+        allow_smem(flash_dkdv_k<D, DV, true>, smem, &ready_atomic);
+        flash_dkdv_k<D, DV, true><<<kv_grid, THREADS_FA, smem>>>(
             (uint16_t *)dk, (uint16_t *)dv, dq_acc, (const uint16_t *)dout, lse, delta, (const uint16_t *)q,
             (const uint16_t *)k, (const uint16_t *)v, T, H, KVH, scale_log2, scale);
         LAUNCH_CHECK();
@@ -138,15 +137,15 @@ void backward(float *dq, float *dk, float *dv, const float *dout, const float *o
         LAUNCH_CHECK();
         return;
     }
-    size_t smem = dq_smem<D>();
-    allow_smem(flash_dq_k<D>, smem, &ready_dq);
-    flash_dq_k<D><<<dim3(B * H, (T + TILE - 1) / TILE), THREADS_FA, smem>>>(
+    size_t smem = dq_smem<D, DV>();
+    allow_smem(flash_dq_k<D, DV>, smem, &ready_dq);
+    flash_dq_k<D, DV><<<dim3(B * H, (T + TILE - 1) / TILE), THREADS_FA, smem>>>(
         (uint16_t *)dq, (const uint16_t *)dout, lse, delta, (const uint16_t *)q, (const uint16_t *)k,
         (const uint16_t *)v, T, H, KVH, scale_log2, scale);
     LAUNCH_CHECK();
-    smem = dkdv_smem<D, false>();
-    allow_smem(flash_dkdv_k<D, false>, smem, &ready_dkdv);
-    flash_dkdv_k<D, false><<<kv_grid, THREADS_FA, smem>>>(
+    smem = dkdv_smem<D, DV, false>();
+    allow_smem(flash_dkdv_k<D, DV, false>, smem, &ready_dkdv);
+    flash_dkdv_k<D, DV, false><<<kv_grid, THREADS_FA, smem>>>(
         (uint16_t *)dk, (uint16_t *)dv, NULL, (const uint16_t *)dout, lse, delta, (const uint16_t *)q,
         (const uint16_t *)k, (const uint16_t *)v, T, H, KVH, scale_log2, scale);
     LAUNCH_CHECK();
@@ -170,23 +169,25 @@ int cuda_flash_attention_usable(int D, int Dv, const void *const *ptrs, int nptr
         CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         enabled = major >= 8 && !(e && !strcmp(e, "reference"));
     }
-    if (!enabled || D != Dv || (D != 64 && D != 128)) return 0;
+    if (!enabled || !((D == 64 && Dv == 64) || (D == 128 && Dv == 128) || (D == 192 && Dv == 128))) return 0;
     for (int i = 0; i < nptrs; i++)
         if (!aligned16(ptrs[i])) return 0;
     return 1;
 }
 
 void cuda_flash_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
-                                  int H, int KVH, int D) {
+                                  int H, int KVH, int D, int Dv) {
     if (!B || !T || !H) return;
-    if (D == 64) forward<64>(out, lse, q, k, v, B, T, H, KVH);
-    else forward<128>(out, lse, q, k, v, B, T, H, KVH);
+    if (D == 64) forward<64, 64>(out, lse, q, k, v, B, T, H, KVH);
+    else if (D == 128) forward<128, 128>(out, lse, q, k, v, B, T, H, KVH);
+    else forward<192, 128>(out, lse, q, k, v, B, T, H, KVH);
 }
 
 void cuda_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                    const float *lse, const float *q, const float *k, const float *v, int B, int T,
-                                   int H, int KVH, int D) {
+                                   int H, int KVH, int D, int Dv) {
     if (!B || !T || !H) return;
-    if (D == 64) backward<64>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH);
-    else backward<128>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH);
+    if (D == 64) backward<64, 64>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH);
+    else if (D == 128) backward<128, 128>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH);
+    else backward<192, 128>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH);
 }

@@ -122,45 +122,45 @@ FA_FN void store_rows(uint16_t *o, size_t stride, const float (*acc)[4], float s
     }
 }
 
-/* Q, then two buffers each of K and V */
-template <int D>
+/* Q, then two buffers each of K and V (query/key head dim D, value head dim DV) */
+template <int D, int DV>
 constexpr size_t forward_smem() {
-    return (size_t)5 * TILE * (D + PAD) * 2;
+    return ((size_t)3 * TILE * (D + PAD) + (size_t)2 * TILE * (DV + PAD)) * 2;
 }
 
 /* grid (B*H, query tiles): the longest (last) query tiles of every pair first */
-template <int D>
+template <int D, int DV>
 FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int T,
                            int H, int KVH, float scale_log2) {
-    constexpr int LD = D + PAD, TL = TILE * LD;
+    constexpr int LD = D + PAD, TL = TILE * LD, LDV = DV + PAD, TLV = TILE * LDV;
     FA_SHARED(smem);
     uint16_t *Qs = smem, *Kb = Qs + TL, *Vb = Kb + 2 * TL;
     int qt = gridDim.y - 1 - blockIdx.y, pair = blockIdx.x, b = pair / H, h = pair % H, kh = h / (H / KVH);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int q0 = qt * TILE, row0 = q0 + warp * 16 + g;
-    size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D;
+    size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D, vstride = (size_t)KVH * DV;
     const uint16_t *qg = q + ((size_t)b * T * H + h) * D;
-    const uint16_t *kg = k + ((size_t)b * T * KVH + kh) * D, *vg = v + ((size_t)b * T * KVH + kh) * D;
+    const uint16_t *kg = k + ((size_t)b * T * KVH + kh) * D, *vg = v + ((size_t)b * T * KVH + kh) * DV;
     load_rows<D, TILE>(Qs, qg, qstride, q0, T);
     load_rows<D, TILE>(Kb, kg, kstride, 0, T);
-    load_rows<D, TILE>(Vb, vg, kstride, 0, T);
+    load_rows<DV, TILE>(Vb, vg, vstride, 0, T);
     cp_async_commit();
 
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0}, o[D / 8][4];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0}, o[DV / 8][4];
     uint32_t qf[D / 16][4]; /* this warp's 16 query rows as A operands, loaded once */
 #pragma unroll
-    for (int nb = 0; nb < D / 8; nb++) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0;
+    for (int nb = 0; nb < DV / 8; nb++) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0;
     int tiles = qt + 1 < (T + TILE - 1) / TILE ? qt + 1 : (T + TILE - 1) / TILE;
     for (int jt = 0; jt < tiles; jt++) {
         int k0 = jt * TILE, cur = jt & 1;
         if (jt + 1 < tiles) { /* prefetch the next tile into the other buffer */
             load_rows<D, TILE>(Kb + (cur ^ 1) * TL, kg, kstride, k0 + TILE, T);
-            load_rows<D, TILE>(Vb + (cur ^ 1) * TL, vg, kstride, k0 + TILE, T);
+            load_rows<DV, TILE>(Vb + (cur ^ 1) * TLV, vg, vstride, k0 + TILE, T);
         }
         cp_async_commit();
         cp_async_wait(1); /* all but the prefetch: this tile (and Q) landed */
         fa_sync();
-        const uint16_t *Ks = Kb + cur * TL, *Vs = Vb + cur * TL;
+        const uint16_t *Ks = Kb + cur * TL, *Vs = Vb + cur * TLV;
         if (jt == 0) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) ldsm(qf[kk], a_addr(Qs, LD, warp * 16, kk * 16, lane));
@@ -196,7 +196,7 @@ FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const u
             m[r] = mn;
             l[r] *= alpha;
 #pragma unroll
-            for (int nb = 0; nb < D / 8; nb++) o[nb][2 * r] *= alpha, o[nb][2 * r + 1] *= alpha;
+            for (int nb = 0; nb < DV / 8; nb++) o[nb][2 * r] *= alpha, o[nb][2 * r + 1] *= alpha;
         }
 #pragma unroll
         for (int nb = 0; nb < TILE / 8; nb++)
@@ -206,7 +206,7 @@ FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const u
                 s[nb][c] = p;
                 l[c >> 1] += p;
             }
-        mma_regs_kmajor<TILE / 16, D / 8>(o, s, Vs, LD, lane);
+        mma_regs_kmajor<TILE / 16, DV / 8>(o, s, Vs, LDV, lane);
         fa_sync(); /* the next iteration's prefetch overwrites this buffer */
     }
     float inv[2];
@@ -217,7 +217,7 @@ FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const u
         int row = row0 + 8 * r;
         if (t == 0 && row < T) lse[(size_t)pair * T + row] = m[r] / LOG2E + logf(l[r]);
     }
-    store_rows<D>(out + ((size_t)b * T * H + h) * D, qstride, o, inv[0], inv[1], row0, T, t);
+    store_rows<DV>(out + ((size_t)b * T * H + h) * DV, (size_t)H * DV, o, inv[0], inv[1], row0, T, t);
 }
 
 /* Delta[pair*T + t] = dO . O of each row (bf16 values, fp32 sum): a warp per row, grid-stride */
@@ -234,29 +234,30 @@ FA_KERNEL(delta_k)(float *delta, const uint16_t *dout, const uint16_t *out, int 
     }
 }
 
-template <int D>
+template <int D, int DV>
 constexpr size_t dq_smem() { /* Q, dO, then two buffers each of K and V */
-    return (size_t)6 * TILE * (D + PAD) * 2;
+    return ((size_t)3 * TILE * (D + PAD) + (size_t)3 * TILE * (DV + PAD)) * 2;
 }
 
 /* dQ = scale * sum over kv tiles of dS K, dS = P (dP - Delta), dP = dO V^T */
-template <int D>
+template <int D, int DV>
 FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse,
                                                          const float *delta, const uint16_t *q, const uint16_t *k,
                                                          const uint16_t *v, int T, int H, int KVH, float scale_log2,
                                                          float scale) {
-    constexpr int LD = D + PAD, TL = TILE * LD;
+    constexpr int LD = D + PAD, TL = TILE * LD, LDV = DV + PAD, TLV = TILE * LDV;
     FA_SHARED(smem);
-    uint16_t *Qs = smem, *dOs = Qs + TL, *Kb = dOs + TL, *Vb = Kb + 2 * TL;
+    uint16_t *Qs = smem, *dOs = Qs + TL, *Kb = dOs + TLV, *Vb = Kb + 2 * TL;
     int qt = gridDim.y - 1 - blockIdx.y, pair = blockIdx.x, b = pair / H, h = pair % H, kh = h / (H / KVH);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int q0 = qt * TILE, row0 = q0 + warp * 16 + g;
     size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D, qoff = ((size_t)b * T * H + h) * D;
-    const uint16_t *kg = k + ((size_t)b * T * KVH + kh) * D, *vg = v + ((size_t)b * T * KVH + kh) * D;
+    size_t ostride = (size_t)H * DV, vstride = (size_t)KVH * DV;
+    const uint16_t *kg = k + ((size_t)b * T * KVH + kh) * D, *vg = v + ((size_t)b * T * KVH + kh) * DV;
     load_rows<D, TILE>(Qs, q + qoff, qstride, q0, T);
-    load_rows<D, TILE>(dOs, dout + qoff, qstride, q0, T);
+    load_rows<DV, TILE>(dOs, dout + ((size_t)b * T * H + h) * DV, ostride, q0, T);
     load_rows<D, TILE>(Kb, kg, kstride, 0, T);
-    load_rows<D, TILE>(Vb, vg, kstride, 0, T);
+    load_rows<DV, TILE>(Vb, vg, vstride, 0, T);
     cp_async_commit();
     float lse2[2], dl[2];
 #pragma unroll
@@ -274,19 +275,19 @@ FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse,
         int k0 = jt * TILE, cur = jt & 1;
         if (jt + 1 < tiles) {
             load_rows<D, TILE>(Kb + (cur ^ 1) * TL, kg, kstride, k0 + TILE, T);
-            load_rows<D, TILE>(Vb + (cur ^ 1) * TL, vg, kstride, k0 + TILE, T);
+            load_rows<DV, TILE>(Vb + (cur ^ 1) * TLV, vg, vstride, k0 + TILE, T);
         }
         cp_async_commit();
         cp_async_wait(1);
         fa_sync();
-        const uint16_t *Ks = Kb + cur * TL, *Vs = Vb + cur * TL;
+        const uint16_t *Ks = Kb + cur * TL, *Vs = Vb + cur * TLV;
         float s[TILE / 8][4], dp[TILE / 8][4];
 #pragma unroll
         for (int nb = 0; nb < TILE / 8; nb++)
 #pragma unroll
             for (int c = 0; c < 4; c++) s[nb][c] = dp[nb][c] = 0;
         mma_rows_nmajor<D / 16, TILE / 8>(s, Qs, warp * 16, Ks, LD, lane);
-        mma_rows_nmajor<D / 16, TILE / 8>(dp, dOs, warp * 16, Vs, LD, lane);
+        mma_rows_nmajor<DV / 16, TILE / 8>(dp, dOs, warp * 16, Vs, LDV, lane);
 #pragma unroll
         for (int nb = 0; nb < TILE / 8; nb++)
 #pragma unroll
@@ -304,15 +305,15 @@ FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse,
 /* query rows per step of the dK/dV kernel: two 16 x D accumulators already
  * hold 128 registers at D = 128 */
 template <int D>
-FA_CONST int dkdv_q_rows() {
+FA_CONST int dkdv_q_rows() { /* query rows per step: the dK and dV accumulators take 2 D / 8 * 4 registers */
     return D > 64 ? 32 : 64;
 }
 /* K and V, then two buffers each of Q, dO, and the rows' lse and Delta;
  * with ATOMIC_DQ also dS^T [TILE][BQ + PAD] */
-template <int D, bool ATOMIC_DQ>
+template <int D, int DV, bool ATOMIC_DQ>
 constexpr size_t dkdv_smem() {
-    return (size_t)(2 * TILE + 4 * dkdv_q_rows<D>()) * (D + PAD) * 2 + (size_t)4 * dkdv_q_rows<D>() * 4 +
-           (ATOMIC_DQ ? (size_t)TILE * (dkdv_q_rows<D>() + PAD) * 2 : 0);
+    return ((size_t)(TILE + 2 * dkdv_q_rows<D>()) * (D + PAD) + (size_t)(TILE + 2 * dkdv_q_rows<D>()) * (DV + PAD)) * 2 +
+           (size_t)4 * dkdv_q_rows<D>() * 4 + (ATOMIC_DQ ? (size_t)TILE * (dkdv_q_rows<D>() + PAD) * 2 : 0);
 }
 
 /* grid (B*KVH, kv tiles): dV = sum P^T dO, dK = scale * sum dS^T Q over the
@@ -322,48 +323,53 @@ constexpr size_t dkdv_smem() {
  * tile's share, added into the fp32 dq_acc [B,T,H,D] with atomics (the
  * order of those sums varies run to run), so no separate dQ kernel
  * recomputes S and dP: five tile GEMMs per step instead of seven. */
-template <int D, bool ATOMIC_DQ>
+template <int D, int DV, bool ATOMIC_DQ>
 FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_t *dout, const float *lse,
                         const float *delta, const uint16_t *q, const uint16_t *k, const uint16_t *v, int T, int H,
                         int KVH, float scale_log2, float scale) {
-    constexpr int LD = D + PAD, BQ = dkdv_q_rows<D>(), QL = BQ * LD, SL = BQ + PAD;
+    constexpr int LD = D + PAD, LDV = DV + PAD, BQ = dkdv_q_rows<D>(), QL = BQ * LD, OL = BQ * LDV, SL = BQ + PAD;
     FA_SHARED(smem);
-    uint16_t *Ks = smem, *Vs = Ks + TILE * LD, *Qb = Vs + TILE * LD, *dOb = Qb + 2 * QL;
-    float *lse_b = reinterpret_cast<float *>(dOb + 2 * QL), *dl_b = lse_b + 2 * BQ;
+    uint16_t *Ks = smem, *Vs = Ks + TILE * LD, *Qb = Vs + TILE * LDV, *dOb = Qb + 2 * QL;
+    float *lse_b = reinterpret_cast<float *>(dOb + 2 * OL), *dl_b = lse_b + 2 * BQ;
     uint16_t *dSs = reinterpret_cast<uint16_t *>(dl_b + 2 * BQ); /* dS^T, kv rows x query columns (ATOMIC_DQ) */
     int pair = blockIdx.x, b = pair / KVH, kh = pair % KVH, group = H / KVH;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int k0 = blockIdx.y * TILE, j0 = k0 + warp * 16 + g; /* this lane's kv rows j0, j0 + 8 */
     int first = k0 / BQ * BQ, ntiles = (T - first + BQ - 1) / BQ, steps = group * ntiles;
     size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D, koff = ((size_t)b * T * KVH + kh) * D;
+    size_t ostride = (size_t)H * DV, vstride = (size_t)KVH * DV, voff = ((size_t)b * T * KVH + kh) * DV;
     /* step st's query tile, its rows' lse (log2 units) and Delta into buffer st & 1 */
     auto fetch = [&](int st) {
         int h = kh * group + st / ntiles, i0 = first + st % ntiles * BQ, buf = st & 1;
-        size_t qoff = ((size_t)b * T * H + h) * D, srow = ((size_t)b * H + h) * T;
+        size_t qoff = ((size_t)b * T * H + h) * D, ooff = ((size_t)b * T * H + h) * DV, srow = ((size_t)b * H + h) * T;
         load_rows<D, BQ>(Qb + buf * QL, q + qoff, qstride, i0, T);
-        load_rows<D, BQ>(dOb + buf * QL, dout + qoff, qstride, i0, T);
+        load_rows<DV, BQ>(dOb + buf * OL, dout + ooff, ostride, i0, T);
         for (int i = threadIdx.x; i < BQ; i += THREADS_FA) {
             lse_b[buf * BQ + i] = i0 + i < T ? lse[srow + i0 + i] * LOG2E : 0.0f;
             dl_b[buf * BQ + i] = i0 + i < T ? delta[srow + i0 + i] : 0.0f;
         }
     };
     load_rows<D, TILE>(Ks, k + koff, kstride, k0, T);
-    load_rows<D, TILE>(Vs, v + koff, kstride, k0, T);
+    load_rows<DV, TILE>(Vs, v + voff, vstride, k0, T);
     fetch(0);
     cp_async_commit();
 
-    float dka[D / 8][4], dva[D / 8][4];
+    float dka[D / 8][4], dva[DV / 8][4];
 #pragma unroll
     for (int nb = 0; nb < D / 8; nb++)
 #pragma unroll
-        for (int c = 0; c < 4; c++) dka[nb][c] = dva[nb][c] = 0;
+        for (int c = 0; c < 4; c++) dka[nb][c] = 0;
+#pragma unroll
+    for (int nb = 0; nb < DV / 8; nb++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) dva[nb][c] = 0;
     for (int st = 0; st < steps; st++) {
         int i0 = first + st % ntiles * BQ, buf = st & 1;
         if (st + 1 < steps) fetch(st + 1);
         cp_async_commit();
         cp_async_wait(1);
         fa_sync();
-        const uint16_t *Qs = Qb + buf * QL, *dOs = dOb + buf * QL;
+        const uint16_t *Qs = Qb + buf * QL, *dOs = dOb + buf * OL;
         const float *lse_s = lse_b + buf * BQ, *dl_s = dl_b + buf * BQ;
         float sT[BQ / 8][4], dpT[BQ / 8][4]; /* S^T and dP^T: kv rows x query columns */
 #pragma unroll
@@ -371,7 +377,7 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_
 #pragma unroll
             for (int c = 0; c < 4; c++) sT[nb][c] = dpT[nb][c] = 0;
         mma_rows_nmajor<D / 16, BQ / 8>(sT, Ks, warp * 16, Qs, LD, lane);
-        mma_rows_nmajor<D / 16, BQ / 8>(dpT, Vs, warp * 16, dOs, LD, lane);
+        mma_rows_nmajor<DV / 16, BQ / 8>(dpT, Vs, warp * 16, dOs, LDV, lane);
 #pragma unroll
         for (int nb = 0; nb < BQ / 8; nb++)
 #pragma unroll
@@ -381,13 +387,14 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_
                 sT[nb][c] = p;
                 dpT[nb][c] = p * (dpT[nb][c] - dl_s[ic]);
             }
-        mma_regs_kmajor<BQ / 16, D / 8>(dva, sT, dOs, LD, lane);
+        mma_regs_kmajor<BQ / 16, DV / 8>(dva, sT, dOs, LDV, lane);
         mma_regs_kmajor<BQ / 16, D / 8>(dka, dpT, Qs, LD, lane);
         if (ATOMIC_DQ) {
             /* dS^T to shared memory, then dQ [BQ x D] = dS (dS^T read transposed) K, the 64 kv rows of
-             * this tile as the contraction: warp w takes query rows 16 (w % MT).. and 8 of the D / 8
-             * column blocks from (w / MT) * 8 */
-            constexpr int MT = BQ / 16;
+             * this tile as the contraction: warp w takes query rows 16 (w % MT).. and NW of the D / 8
+             * column blocks from (w / MT) * NW */
+            constexpr int MT = BQ / 16, NW = D / 8 * MT / 4;
+            static_assert(NW % 2 == 0 && NW * 4 == D / 8 * MT, "dQ column blocks split evenly over the warps");
 #pragma unroll
             for (int nb = 0; nb < BQ / 8; nb++)
 #pragma unroll
@@ -395,16 +402,16 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_
                     *reinterpret_cast<uint32_t *>(dSs + (warp * 16 + g + 8 * r) * SL + nb * 8 + 2 * t) =
                         pack2(dpT[nb][2 * r], dpT[nb][2 * r + 1]);
             fa_sync();
-            int mt = warp % MT, nb0 = warp / MT * 8;
-            float dqa[8][4];
+            int mt = warp % MT, nb0 = warp / MT * NW;
+            float dqa[NW][4];
 #pragma unroll
-            for (int nb = 0; nb < 8; nb++) dqa[nb][0] = dqa[nb][1] = dqa[nb][2] = dqa[nb][3] = 0;
+            for (int nb = 0; nb < NW; nb++) dqa[nb][0] = dqa[nb][1] = dqa[nb][2] = dqa[nb][3] = 0;
 #pragma unroll
             for (int kk = 0; kk < TILE / 16; kk++) {
                 uint32_t a[4]; /* A = dS [query rows][kv rows], stored transposed: ldmatrix .trans */
                 ldsm_t(a, dSs + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * SL + mt * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
-                for (int np = 0; np < 4; np++) {
+                for (int np = 0; np < NW / 2; np++) {
                     uint32_t bq[4];
                     ldsm_t(bq, bk_addr(Ks, LD, kk * 16, (nb0 + 2 * np) * 8, lane));
                     mma(dqa[2 * np], a, bq[0], bq[1]);
@@ -418,7 +425,7 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_
                 if (i >= T) continue;
                 float *row = dq_acc + (((size_t)b * T + i) * H + h) * D + nb0 * 8 + 2 * t;
 #pragma unroll
-                for (int nb = 0; nb < 8; nb++) {
+                for (int nb = 0; nb < NW; nb++) {
                     fa_atomic_add(row + nb * 8, dqa[nb][2 * r] * scale);
                     fa_atomic_add(row + nb * 8 + 1, dqa[nb][2 * r + 1] * scale);
                 }
@@ -427,5 +434,5 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_
         fa_sync(); /* the next step's fetch overwrites this buffer (and dS^T) */
     }
     store_rows<D>(dk + koff, kstride, dka, scale, scale, j0, T, t);
-    store_rows<D>(dv + koff, kstride, dva, 1.0f, 1.0f, j0, T, t);
+    store_rows<DV>(dv + voff, vstride, dva, 1.0f, 1.0f, j0, T, t);
 }

@@ -168,41 +168,41 @@ static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, 
  * and backward against the CPU bf16 op and the CPU fp32 op on the widened
  * inputs; the deterministic backward repeats bitwise (the atomic one,
  * train.deterministic false, only within the tolerance). */
-static void test_attention_mode(int B, int T, int H, int KVH, int D, const char *tag, int deterministic) {
+static void test_attention_mode(int B, int T, int H, int KVH, int D, int Dv, const char *tag, int deterministic) {
     cuda_set_deterministic(deterministic);
-    size_t rows = (size_t)B * T, nq = rows * H * D, nk = rows * KVH * D;
-    float *q = rnd(nq), *k = rnd(nk), *v = rnd(nk), *dout = rnd(nq);
-    float *Q = pack(q, nq), *K = pack(k, nk), *V = pack(v, nk), *DO = pack(dout, nq);
-    float *q32 = unpack(Q, nq), *k32 = unpack(K, nk), *v32 = unpack(V, nk), *do32 = unpack(DO, nq);
-    float *dQ = dev(Q, 2 * nq), *dK = dev(K, 2 * nk), *dV = dev(V, 2 * nk), *dDO = dev(DO, 2 * nq);
+    size_t rows = (size_t)B * T, nq = rows * H * D, nk = rows * KVH * D, nv = rows * KVH * Dv, no = rows * H * Dv;
+    float *q = rnd(nq), *k = rnd(nk), *v = rnd(nv), *dout = rnd(no);
+    float *Q = pack(q, nq), *K = pack(k, nk), *V = pack(v, nv), *DO = pack(dout, no);
+    float *q32 = unpack(Q, nq), *k32 = unpack(K, nk), *v32 = unpack(V, nv), *do32 = unpack(DO, no);
+    float *dQ = dev(Q, 2 * nq), *dK = dev(K, 2 * nk), *dV = dev(V, 2 * nv), *dDO = dev(DO, 2 * no);
     size_t sc = c16->attention_state_floats(B, H, T), sg = g16->attention_state_floats(B, H, T);
-    float *O = malloc(2 * nq), *att = malloc(4 * sc), *dO = g16->alloc(2 * nq), *datt = g16->alloc(4 * sg);
-    float *o32 = malloc(4 * nq), *att32 = malloc(4 * sc);
+    float *O = malloc(2 * no), *att = malloc(4 * sc), *dO = g16->alloc(2 * no), *datt = g16->alloc(4 * sg);
+    float *o32 = malloc(4 * no), *att32 = malloc(4 * sc);
     char name[96];
-    c16->attention_forward(O, att, Q, K, V, B, T, H, KVH, D, D);
-    c32->attention_forward(o32, att32, q32, k32, v32, B, T, H, KVH, D, D);
-    g16->attention_forward(dO, datt, dQ, dK, dV, B, T, H, KVH, D, D);
+    c16->attention_forward(O, att, Q, K, V, B, T, H, KVH, D, Dv);
+    c32->attention_forward(o32, att32, q32, k32, v32, B, T, H, KVH, D, Dv);
+    g16->attention_forward(dO, datt, dQ, dK, dV, B, T, H, KVH, D, Dv);
     snprintf(name, sizeof name, "cuda_bf16_attention_forward_%s", tag);
-    compare(name, dO, O, o32, nq);
-    float *GQ = malloc(2 * nq), *GK = malloc(2 * nk), *GV = malloc(2 * nk);
-    float *gq32 = malloc(4 * nq), *gk32 = malloc(4 * nk), *gv32 = malloc(4 * nk);
-    float *dGQ = g16->alloc(2 * nq), *dGK = g16->alloc(2 * nk), *dGV = g16->alloc(2 * nk);
-    c16->attention_backward(GQ, GK, GV, DO, O, att, Q, K, V, B, T, H, KVH, D, D);
-    c32->attention_backward(gq32, gk32, gv32, do32, o32, att32, q32, k32, v32, B, T, H, KVH, D, D);
-    g16->attention_backward(dGQ, dGK, dGV, dDO, dO, datt, dQ, dK, dV, B, T, H, KVH, D, D);
+    compare(name, dO, O, o32, no);
+    float *GQ = malloc(2 * nq), *GK = malloc(2 * nk), *GV = malloc(2 * nv);
+    float *gq32 = malloc(4 * nq), *gk32 = malloc(4 * nk), *gv32 = malloc(4 * nv);
+    float *dGQ = g16->alloc(2 * nq), *dGK = g16->alloc(2 * nk), *dGV = g16->alloc(2 * nv);
+    c16->attention_backward(GQ, GK, GV, DO, O, att, Q, K, V, B, T, H, KVH, D, Dv);
+    c32->attention_backward(gq32, gk32, gv32, do32, o32, att32, q32, k32, v32, B, T, H, KVH, D, Dv);
+    g16->attention_backward(dGQ, dGK, dGV, dDO, dO, datt, dQ, dK, dV, B, T, H, KVH, D, Dv);
     snprintf(name, sizeof name, "cuda_bf16_attention_backward_dq_%s", tag);
     compare(name, dGQ, GQ, gq32, nq);
     snprintf(name, sizeof name, "cuda_bf16_attention_backward_dk_%s", tag);
     compare(name, dGK, GK, gk32, nk);
     snprintf(name, sizeof name, "cuda_bf16_attention_backward_dv_%s", tag);
-    compare(name, dGV, GV, gv32, nk);
-    float *first[] = {host_of(dGQ, 2 * nq), host_of(dGK, 2 * nk), host_of(dGV, 2 * nk)};
-    g16->attention_backward(dGQ, dGK, dGV, dDO, dO, datt, dQ, dK, dV, B, T, H, KVH, D, D);
-    float *again[] = {host_of(dGQ, 2 * nq), host_of(dGK, 2 * nk), host_of(dGV, 2 * nk)};
+    compare(name, dGV, GV, gv32, nv);
+    float *first[] = {host_of(dGQ, 2 * nq), host_of(dGK, 2 * nk), host_of(dGV, 2 * nv)};
+    g16->attention_backward(dGQ, dGK, dGV, dDO, dO, datt, dQ, dK, dV, B, T, H, KVH, D, Dv);
+    float *again[] = {host_of(dGQ, 2 * nq), host_of(dGK, 2 * nk), host_of(dGV, 2 * nv)};
     if (deterministic) {
         snprintf(name, sizeof name, "cuda_bf16_attention_backward_repeats_%s", tag);
         TEST_RESULT(name, !memcmp(first[0], again[0], 2 * nq) && !memcmp(first[1], again[1], 2 * nk) &&
-                              !memcmp(first[2], again[2], 2 * nk),
+                              !memcmp(first[2], again[2], 2 * nv),
                     "a second backward on the same inputs differs");
     }
     cuda_set_deterministic(1);
@@ -214,7 +214,7 @@ static void test_attention_mode(int B, int T, int H, int KVH, int D, const char 
 }
 
 static void test_attention(int B, int T, int H, int KVH, int D, const char *tag) {
-    test_attention_mode(B, T, H, KVH, D, tag, 1);
+    test_attention_mode(B, T, H, KVH, D, D, tag, 1);
 }
 
 static void test_norm_and_elementwise(int N, int C) {
@@ -331,8 +331,11 @@ int main(void) {
     test_attention(1, 4096, 8, 1, 128, "t4096_gqa8_d128");
     test_attention(1, 4096, 8, 2, 128, "t4096_gqa4_d128");
     test_attention(2, 100, 4, 2, 96, "t100_gqa2_d96_reference_path");
-    test_attention_mode(2, 300, 8, 2, 64, "t300_gqa4_d64_atomic_dq", 0);
-    test_attention_mode(1, 1000, 8, 1, 128, "t1000_gqa8_d128_atomic_dq", 0);
+    test_attention_mode(2, 100, 4, 4, 96, 64, "t100_d96_dv64_reference_path", 1);
+    test_attention_mode(2, 300, 8, 2, 64, 64, "t300_gqa4_d64_atomic_dq", 0);
+    test_attention_mode(1, 1000, 8, 1, 128, 128, "t1000_gqa8_d128_atomic_dq", 0);
+    test_attention_mode(1, 700, 4, 4, 192, 128, "t700_mla_d192_dv128", 1); /* DeepSeek-V3's heads */
+    test_attention_mode(1, 700, 4, 4, 192, 128, "t700_mla_d192_dv128_atomic_dq", 0);
     test_norm_and_elementwise(300, 520); /* C / 4 even: the RoPE head size */
     test_cross_entropy(77, 1500);
     if (cuda_device_has_fp8()) {

@@ -170,54 +170,56 @@ static void check(const char *what, const char *tag, const std::vector<uint16_t>
     printf("\n");
 }
 
-template <int D>
+template <int D, int DV>
 static void run_case(int B, int T, int H, int KVH, const char *tag) {
     const struct backend *c16 = backend_get("cpu", "bf16"), *c32 = backend_get("cpu", "fp32");
-    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * KVH * D;
-    std::vector<uint16_t> q(nq), k(nk), v(nk), dout(nq);
+    size_t nq = (size_t)B * T * H * D, nk = (size_t)B * T * KVH * D, nv = (size_t)B * T * KVH * DV;
+    size_t no = (size_t)B * T * H * DV;
+    std::vector<uint16_t> q(nq), k(nk), v(nv), dout(no);
     for (auto *x : {&q, &k, &v, &dout})
         for (auto &e : *x) e = bf16_bits(rnd());
     /* CPU references: the bf16 table on the stored values, fp32 on them widened */
     size_t ns = c16->attention_state_floats(B, H, T);
-    std::vector<uint16_t> o16(nq), dq16(nq), dk16(nk), dv16(nk);
-    std::vector<float> att(ns), att32(ns), o32(nq), dq32(nq), dk32(nk), dv32(nk);
+    std::vector<uint16_t> o16(no), dq16(nq), dk16(nk), dv16(nv);
+    std::vector<float> att(ns), att32(ns), o32(no), dq32(nq), dk32(nk), dv32(nv);
     std::vector<float> q32 = widen(q), k32 = widen(k), v32 = widen(v), do32 = widen(dout);
     c16->attention_forward((float *)o16.data(), att.data(), (float *)q.data(), (float *)k.data(), (float *)v.data(), B,
-                           T, H, KVH, D, D);
+                           T, H, KVH, D, DV);
     c16->attention_backward((float *)dq16.data(), (float *)dk16.data(), (float *)dv16.data(), (float *)dout.data(),
                             (float *)o16.data(), att.data(), (float *)q.data(), (float *)k.data(), (float *)v.data(), B,
-                            T, H, KVH, D, D);
-    c32->attention_forward(o32.data(), att32.data(), q32.data(), k32.data(), v32.data(), B, T, H, KVH, D, D);
+                            T, H, KVH, D, DV);
+    c32->attention_forward(o32.data(), att32.data(), q32.data(), k32.data(), v32.data(), B, T, H, KVH, D, DV);
     c32->attention_backward(dq32.data(), dk32.data(), dv32.data(), do32.data(), o32.data(), att32.data(), q32.data(),
-                            k32.data(), v32.data(), B, T, H, KVH, D, D);
+                            k32.data(), v32.data(), B, T, H, KVH, D, DV);
 
     /* the kernels, launched as kernels/cuda/flash_attention.cu launches them */
-    std::vector<uint16_t> out(nq), dq(nq), dk(nk), dv(nk);
+    std::vector<uint16_t> out(no), dq(nq), dk(nk), dv(nv);
     std::vector<float> lse((size_t)B * H * T), delta((size_t)B * H * T);
     int tiles = (T + TILE - 1) / TILE;
     float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E;
-    launch(dim3_{(unsigned)(B * H), (unsigned)tiles, 1}, THREADS_FA, forward_smem<D>(),
-           [&]() { flash_forward_k<D>(out.data(), lse.data(), q.data(), k.data(), v.data(), T, H, KVH, scale_log2); });
+    launch(dim3_{(unsigned)(B * H), (unsigned)tiles, 1}, THREADS_FA, forward_smem<D, DV>(), [&]() {
+        flash_forward_k<D, DV>(out.data(), lse.data(), q.data(), k.data(), v.data(), T, H, KVH, scale_log2);
+    });
     check("forward", tag, out, o16, o32);
     launch(dim3_{3, 1, 1}, THREADS_FA, 0, /* fewer blocks than rows: the grid-stride loop covers the rest */
-           [&]() { delta_k(delta.data(), dout.data(), out.data(), B, T, H, D); });
-    launch(dim3_{(unsigned)(B * H), (unsigned)tiles, 1}, THREADS_FA, dq_smem<D>(), [&]() {
-        flash_dq_k<D>(dq.data(), dout.data(), lse.data(), delta.data(), q.data(), k.data(), v.data(), T, H, KVH,
-                      scale_log2, scale);
+           [&]() { delta_k(delta.data(), dout.data(), out.data(), B, T, H, DV); });
+    launch(dim3_{(unsigned)(B * H), (unsigned)tiles, 1}, THREADS_FA, dq_smem<D, DV>(), [&]() {
+        flash_dq_k<D, DV>(dq.data(), dout.data(), lse.data(), delta.data(), q.data(), k.data(), v.data(), T, H, KVH,
+                          scale_log2, scale);
     });
-    launch(dim3_{(unsigned)(B * KVH), (unsigned)tiles, 1}, THREADS_FA, dkdv_smem<D, false>(), [&]() {
-        flash_dkdv_k<D, false>(dk.data(), dv.data(), NULL, dout.data(), lse.data(), delta.data(), q.data(), k.data(),
-                               v.data(), T, H, KVH, scale_log2, scale);
+    launch(dim3_{(unsigned)(B * KVH), (unsigned)tiles, 1}, THREADS_FA, dkdv_smem<D, DV, false>(), [&]() {
+        flash_dkdv_k<D, DV, false>(dk.data(), dv.data(), NULL, dout.data(), lse.data(), delta.data(), q.data(),
+                                   k.data(), v.data(), T, H, KVH, scale_log2, scale);
     });
     check("backward_dq", tag, dq, dq16, dq32);
     check("backward_dk", tag, dk, dk16, dk32);
     check("backward_dv", tag, dv, dv16, dv32);
     /* train.deterministic false: dQ summed with atomics by the dK/dV kernel, then rounded */
     std::vector<float> dq_acc(nq, 0.0f);
-    std::vector<uint16_t> dk2(nk), dv2(nk), dq2(nq);
-    launch(dim3_{(unsigned)(B * KVH), (unsigned)tiles, 1}, THREADS_FA, dkdv_smem<D, true>(), [&]() {
-        flash_dkdv_k<D, true>(dk2.data(), dv2.data(), dq_acc.data(), dout.data(), lse.data(), delta.data(), q.data(),
-                              k.data(), v.data(), T, H, KVH, scale_log2, scale);
+    std::vector<uint16_t> dk2(nk), dv2(nv), dq2(nq);
+    launch(dim3_{(unsigned)(B * KVH), (unsigned)tiles, 1}, THREADS_FA, dkdv_smem<D, DV, true>(), [&]() {
+        flash_dkdv_k<D, DV, true>(dk2.data(), dv2.data(), dq_acc.data(), dout.data(), lse.data(), delta.data(),
+                                  q.data(), k.data(), v.data(), T, H, KVH, scale_log2, scale);
     });
     for (size_t i = 0; i < nq; i++) dq2[i] = bf16_bits(dq_acc[i]);
     check("atomic_backward_dq", tag, dq2, dq16, dq32);
@@ -250,10 +252,11 @@ static void run_case(int B, int T, int H, int KVH, const char *tag) {
 }
 
 int main() {
-    /* partial and several tiles, the diagonal, GQA ratios 1, 2 and 4, head dims 64 and 128 */
-    run_case<64>(1, 1, 2, 2, "t1_mha_d64");
-    run_case<64>(2, 130, 4, 1, "t130_gqa4_d64");
-    run_case<128>(1, 70, 4, 2, "t70_gqa2_d128");
-    run_case<128>(1, 64, 2, 2, "t64_mha_d128");
+    /* partial and several tiles, the diagonal, GQA ratios 1, 2 and 4, head dims 64, 128 and 192/128 */
+    run_case<64, 64>(1, 1, 2, 2, "t1_mha_d64");
+    run_case<64, 64>(2, 130, 4, 1, "t130_gqa4_d64");
+    run_case<128, 128>(1, 70, 4, 2, "t70_gqa2_d128");
+    run_case<128, 128>(1, 64, 2, 2, "t64_mha_d128");
+    run_case<192, 128>(1, 80, 2, 2, "t80_mla_d192_dv128"); /* DeepSeek-V3's MLA heads */
     return failures ? 1 : 0;
 }
