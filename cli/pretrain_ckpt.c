@@ -20,6 +20,7 @@ static void fail_if_any(struct run *run, const char *msg) {
     if (bad == 0) return;
     if (msg[0]) fprintf(stderr, "mtrain: error: %s\n", msg); /* one write: nothing can split the line */
     fflush(NULL);
+    trainer_settle(&run->tr); /* no gather in flight at MPI_Finalize */
     parallel_finalize();
     exit(EXIT_RUNTIME);
 }

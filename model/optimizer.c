@@ -1,3 +1,4 @@
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -239,6 +240,7 @@ int optimizer_step(struct optimizer *o, float *params, const float *grads, doubl
 int optimizer_gather_start(struct optimizer *o, float *params, size_t begin, size_t end) {
     struct opt_group *g = &o->group[0];
     if (!g->distributed || begin >= end) return 0;
+    CHECK(end - begin <= (size_t)INT_MAX); /* MPI's int counts */
     int n = g->dp->size, *counts = xmalloc(sizeof(int) * 2 * n), *displs = counts + n;
     for (int r = 0; r < n; r++) { /* rank r's shard within [begin, end) */
         size_t lo = g->base + g->shard_len * r, hi = lo + g->shard_len;

@@ -195,13 +195,19 @@ static void embed_grads_sum(struct trainer *tr) {
     if (p) comm_all_reduce_sum(&tr->grid->embed_comm, tr->model.grads + p->offset, p->numel);
 }
 
+static void refresh_weights(struct trainer *tr, size_t begin, size_t end);
+
 /* Under ZeRO-1 the two ends' shards split the embedding at different places,
  * so their reduce-scatters may add the data-parallel ranks' gradients in
- * different orders: the first stage's updated embedding is sent to the copy. */
+ * different orders: the first stage's updated embedding is sent to the copy
+ * (and its working copy follows: a deferred gather already converted the
+ * copy's own update). */
 static void embed_params_sync(struct trainer *tr) {
     const struct param_info *p = tr->embed_shared;
-    if (p && tr->opt.group[0].distributed)
+    if (p && tr->opt.group[0].distributed) {
         comm_broadcast(&tr->grid->embed_comm, tr->model.params + p->offset, sizeof(float) * p->numel, 0);
+        refresh_weights(tr, p->offset, p->offset + p->numel);
+    }
 }
 
 /* The MoE statistics of this step over every rank: each (micro batch,
@@ -313,8 +319,9 @@ void trainer_settle(struct trainer *tr) {
     for (int l = 0; l < tr->recipe->model.num_layers; l++) layer_params_needed(tr, l);
 }
 
-/* after optimizer_step left the dense group's gather to us */
-static void gather_deferred(struct trainer *tr) {
+/* after optimizer_step left the dense group's gather to us; adamw_wrote:
+ * AdamW wrote the working copy of the groups it did not shard */
+static void gather_deferred(struct trainer *tr, int adamw_wrote) {
     struct optimizer *o = &tr->opt;
     struct opt_group *g = &o->group[0];
     int L = tr->recipe->model.num_layers;
@@ -328,7 +335,8 @@ static void gather_deferred(struct trainer *tr) {
     }
     if (stop > at) gather_now(tr, at, stop);
     for (int k = 1; k < o->ngroups; k++) /* the routed experts: gathered (or written) by optimizer_step */
-        if (o->group[k].distributed) refresh_weights(tr, o->group[k].base, o->group[k].base + o->group[k].total);
+        if (o->group[k].distributed || !adamw_wrote)
+            refresh_weights(tr, o->group[k].base, o->group[k].base + o->group[k].total);
     for (int l = 0; l < L; l++) {
         if (tr->layer_first[l] < 0) continue;
         layer_range(tr, l, &begin, &end);
@@ -345,14 +353,12 @@ void trainer_update(struct trainer *tr, struct step_stats *st, double lr_scale) 
     const char *e = getenv("MTRAIN_FUSED_ADAMW");
     uint16_t *work = m->weights != m->params && !(e && !strcmp(e, "0")) ? (uint16_t *)m->weights : NULL;
     trainer_settle(tr); /* AdamW rewrites this rank's shard, which a pending gather may still be sending */
+    /* the expert bias (state AdamW skips, read from the fp32 master) moves alike on every rank, so before
+     * the update: under ZeRO-1 the gathers then carry the moved values */
+    if (tr->moe_load) transformer_update_expert_bias(m, tr->moe_load);
     m->weights_fresh = optimizer_step(&tr->opt, m->params, m->grads, st->lr, st->grad_norm, work);
-    if (tr->opt.defer_gather) gather_deferred(tr);
+    if (tr->opt.defer_gather) gather_deferred(tr, work != NULL);
     embed_params_sync(tr);
-    if (tr->moe_load) {
-        /* the expert bias lives in the layers' ranges, and every rank moves it alike: after their gathers */
-        if (m->n_moe_layers && m->cfg.moe_bias_update_rate > 0) trainer_settle(tr);
-        transformer_update_expert_bias(m, tr->moe_load);
-    }
 }
 
 struct step_stats trainer_step(struct trainer *tr, const int32_t *samples, int n) {

@@ -198,7 +198,8 @@ void transformer_init_params(struct transformer *m, uint64_t seed);
  * fp32, or when the optimizer's AdamW wrote it: weights_fresh). The trainer
  * calls it before every forward pass; a writer of the master other than
  * AdamW's fused update (init, loads, a rewind's restore) calls
- * transformer_params_changed, and ZeRO's gather leaves weights_fresh unset. */
+ * transformer_params_changed; ZeRO's gather leaves weights_fresh unset, or
+ * (parallel.overlap_param_gather) the trainer refreshes each gathered range. */
 void transformer_sync_weights(struct transformer *m);
 void transformer_params_changed(struct transformer *m);
 /* Under an fp8 table, the main layers but skip_layers at each end multiply

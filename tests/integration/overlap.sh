@@ -32,6 +32,8 @@ layouts=(
     "moe_ep2_dp4_zero moe.yaml 4 parallel.ep=2 optimizer.distributed=true"
     "dp2_zero_eval_ckpt r.yaml 2 optimizer.distributed=true train.eval_interval=5 data.valid_fraction=0.1 checkpoint.interval=5"
     "bf16_dp2_zero r.yaml 2 optimizer.distributed=true train.precision=bf16"
+    "bf16_pp2_tied_dp2_zero r.yaml 4 parallel.pp=2 model.tie_embeddings=true optimizer.distributed=true train.precision=bf16"
+    "bf16_moe_ep2_zero moe.yaml 2 parallel.ep=2 optimizer.distributed=true train.precision=bf16"
 )
 overlapped() { grep '"event":"comm"' "$1" | grep -o '"dp_overlapped":[0-9]*' | cut -d: -f2 | awk '{s += $1} END {print s + 0}'; }
 for spec in "${layouts[@]}"; do
@@ -49,6 +51,14 @@ for spec in "${layouts[@]}"; do
     [ "$on" -gt 0 ] && [ "$off" = 0 ] && pass overlap_${name}_buckets_used ||
         fail overlap_${name}_buckets_used "dp_overlapped: $on with overlap, $off without"
 done
+
+# the routed experts' working copy when AdamW does not write it (MTRAIN_FUSED_ADAMW=0; their group unsharded
+# at ep2 on two ranks): the same bits
+MTRAIN_FUSED_ADAMW=0 layout_run overlap_bf16_moe_unfused 2 moe.yaml bf16_moe_unfused parallel.ep=2 \
+    optimizer.distributed=true train.precision=bf16 &&
+    close_metrics bf16_moe_ep2_zero_on/metrics.jsonl bf16_moe_unfused/metrics.jsonl 1 20 loss 0 &&
+    pass overlap_bf16_moe_unfused_adamw_same ||
+    fail overlap_bf16_moe_unfused_adamw_same "worst $(worst_metric bf16_moe_ep2_zero_on/metrics.jsonl bf16_moe_unfused/metrics.jsonl 1)"
 
 # one bucket larger than the model is still open when backward ends: reduced with the rest, nothing overlapped
 [ "$(overlapped dp2_zero_one_bucket_on/metrics.jsonl)" -gt 0 ] 2>/dev/null &&
