@@ -59,6 +59,13 @@ FA_FN void load_rows(uint16_t *s, const uint16_t *g, size_t stride, int r0, int 
     }
 }
 
+/* NB 16 x 8 accumulator tiles set to zero */
+template <int NB>
+FA_FN void zero_acc(float (*acc)[4]) {
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0;
+}
+
 FA_FN float quad_max(float v) {
     v = fmaxf(v, fa_shfl_xor(v, 1));
     return fmaxf(v, fa_shfl_xor(v, 2));
@@ -148,8 +155,7 @@ FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const u
 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0}, o[DV / 8][4];
     uint32_t qf[D / 16][4]; /* this warp's 16 query rows as A operands, loaded once */
-#pragma unroll
-    for (int nb = 0; nb < DV / 8; nb++) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0;
+    zero_acc<DV / 8>(o);
     int tiles = qt + 1 < (T + TILE - 1) / TILE ? qt + 1 : (T + TILE - 1) / TILE;
     for (int jt = 0; jt < tiles; jt++) {
         int k0 = jt * TILE, cur = jt & 1;
@@ -166,8 +172,7 @@ FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const u
             for (int kk = 0; kk < D / 16; kk++) ldsm(qf[kk], a_addr(Qs, LD, warp * 16, kk * 16, lane));
         }
         float s[TILE / 8][4];
-#pragma unroll
-        for (int nb = 0; nb < TILE / 8; nb++) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0;
+        zero_acc<TILE / 8>(s);
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
 #pragma unroll
@@ -268,8 +273,7 @@ FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse,
     }
 
     float acc[D / 8][4];
-#pragma unroll
-    for (int nb = 0; nb < D / 8; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0;
+    zero_acc<D / 8>(acc);
     int tiles = qt + 1 < (T + TILE - 1) / TILE ? qt + 1 : (T + TILE - 1) / TILE;
     for (int jt = 0; jt < tiles; jt++) {
         int k0 = jt * TILE, cur = jt & 1;
@@ -282,10 +286,8 @@ FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse,
         fa_sync();
         const uint16_t *Ks = Kb + cur * TL, *Vs = Vb + cur * TLV;
         float s[TILE / 8][4], dp[TILE / 8][4];
-#pragma unroll
-        for (int nb = 0; nb < TILE / 8; nb++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) s[nb][c] = dp[nb][c] = 0;
+        zero_acc<TILE / 8>(s);
+        zero_acc<TILE / 8>(dp);
         mma_rows_nmajor<D / 16, TILE / 8>(s, Qs, warp * 16, Ks, LD, lane);
         mma_rows_nmajor<DV / 16, TILE / 8>(dp, dOs, warp * 16, Vs, LDV, lane);
 #pragma unroll
@@ -355,14 +357,8 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_
     cp_async_commit();
 
     float dka[D / 8][4], dva[DV / 8][4];
-#pragma unroll
-    for (int nb = 0; nb < D / 8; nb++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) dka[nb][c] = 0;
-#pragma unroll
-    for (int nb = 0; nb < DV / 8; nb++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) dva[nb][c] = 0;
+    zero_acc<D / 8>(dka);
+    zero_acc<DV / 8>(dva);
     for (int st = 0; st < steps; st++) {
         int i0 = first + st % ntiles * BQ, buf = st & 1;
         if (st + 1 < steps) fetch(st + 1);
@@ -372,10 +368,8 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_
         const uint16_t *Qs = Qb + buf * QL, *dOs = dOb + buf * OL;
         const float *lse_s = lse_b + buf * BQ, *dl_s = dl_b + buf * BQ;
         float sT[BQ / 8][4], dpT[BQ / 8][4]; /* S^T and dP^T: kv rows x query columns */
-#pragma unroll
-        for (int nb = 0; nb < BQ / 8; nb++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) sT[nb][c] = dpT[nb][c] = 0;
+        zero_acc<BQ / 8>(sT);
+        zero_acc<BQ / 8>(dpT);
         mma_rows_nmajor<D / 16, BQ / 8>(sT, Ks, warp * 16, Qs, LD, lane);
         mma_rows_nmajor<DV / 16, BQ / 8>(dpT, Vs, warp * 16, dOs, LDV, lane);
 #pragma unroll
@@ -404,8 +398,7 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_
             fa_sync();
             int mt = warp % MT, nb0 = warp / MT * NW;
             float dqa[NW][4];
-#pragma unroll
-            for (int nb = 0; nb < NW; nb++) dqa[nb][0] = dqa[nb][1] = dqa[nb][2] = dqa[nb][3] = 0;
+            zero_acc<NW>(dqa);
 #pragma unroll
             for (int kk = 0; kk < TILE / 16; kk++) {
                 uint32_t a[4]; /* A = dS [query rows][kv rows], stored transposed: ldmatrix .trans */
