@@ -29,7 +29,10 @@ void ckpt_snapshot_init(struct ckpt_snapshot *s, const struct recipe *r, const s
     s->host = xmalloc(sizeof(float) * 3 * (t->total ? t->total : 1));
 }
 
-void ckpt_snapshot_free(struct ckpt_snapshot *s) { free(s->host); }
+void ckpt_snapshot_free(struct ckpt_snapshot *s) {
+    free(s->host);
+    json_decref(s->fp8);
+}
 
 void ckpt_snapshot_take(struct ckpt_snapshot *s, const struct backend *be, const float *params,
                         struct optimizer *opt, const struct train_state *st) {
@@ -362,6 +365,7 @@ static void write_manifest(const struct ckpt_snapshot *s, const char *path, json
                           "layout", "tp", L->tp, "pp", L->pp, "vpp", L->vpp, "dp", L->dp, "ep", 1, "cp", 1,
                           "world_size", L->tp * L->pp * L->dp, "files", files, "tensors", tensors, "recipe", recipe);
     CHECK(m);
+    if (s->fp8) CHECK(json_object_set(m, "fp8_amax_history", s->fp8) == 0);
     char hex[17];
     manifest_sum(m, hex);
     CHECK(json_object_set_new(m, MANIFEST_SUM_KEY, json_string(hex)) == 0); /* keeps its place, third */
@@ -624,6 +628,8 @@ struct ckpt_reader *ckpt_reader_open(const char *step_dir, char *err, size_t err
     return rd;
 }
 
+json_t *ckpt_reader_field(const struct ckpt_reader *rd, const char *key) { return json_object_get(rd->man, key); }
+
 const char *ckpt_reader_recipe(const struct ckpt_reader *rd) {
     json_t *r = json_object_get(rd->man, "recipe");
     return json_is_string(r) ? json_string_value(r) : "";
@@ -737,8 +743,10 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
         ckpt_reader_close(rd);
         return -2;
     }
+    /* the amax history is named by tensor, the same for any layout: kept as it is */
     struct ckpt_snapshot s = {.recipe = &r, .state = rd->st,
-                              .layout = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .writer = 1}};
+                              .layout = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .writer = 1},
+                              .fp8 = json_incref(ckpt_reader_field(rd, "fp8_amax_history"))};
     checkpoint_prepare(dst_dir, s.state.step);
     char tmp[4200];
     tmp_step_dir(tmp, sizeof tmp, dst_dir, s.state.step);
@@ -761,6 +769,7 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
                 param_table_free(&table);
             }
     checkpoint_commit(&s, dst_dir);
+    json_decref(s.fp8);
     free(ctx.buf);
     ckpt_reader_close(rd);
     return 0;

@@ -11,6 +11,7 @@
 
 #include "config/recipe.h"
 #include "kernels/ops.h"
+#include "model/fp8_history.h"
 #include "model/optimizer.h"
 #include "model/params.h"
 
@@ -43,6 +44,7 @@ struct ckpt_snapshot {
     struct ckpt_layout layout;
     float *host;                /* params | exp_avg | exp_avg_sq, table->total floats each */
     struct train_state state;
+    struct json_t *fp8;         /* delayed FP8 scaling's amax history for the manifest (owned), or NULL */
 };
 
 void ckpt_snapshot_init(struct ckpt_snapshot *s, const struct recipe *r, const struct param_table *t,
@@ -52,6 +54,16 @@ void ckpt_snapshot_free(struct ckpt_snapshot *s);
  * data-parallel group must call it together (ZeRO-1 gathers the moments). */
 void ckpt_snapshot_take(struct ckpt_snapshot *s, const struct backend *be, const float *params,
                         struct optimizer *opt, const struct train_state *st);
+
+/* Keep h's amax history (NULL: none) in the snapshot, for the manifest's
+ * "fp8_amax_history" (checkpoint/amax_history.c): the same on every rank,
+ * so rank 0's commit writes it once, for any layout. */
+void ckpt_snapshot_set_fp8(struct ckpt_snapshot *s, const struct fp8_history *h);
+/* Replace h's history by the one a committed step saved (sites by name;
+ * entries beyond h's length dropped, missing ones and sites zero; a
+ * checkpoint without one leaves h empty). Returns 0, or -1 with err naming
+ * the manifest and site. */
+int checkpoint_load_fp8_history(const char *step_dir, struct fp8_history *h, char *err, size_t errlen);
 
 /* Saving is three phases so the middle one can run in a background thread:
  * prepare (rank 0, then a barrier), write each writer's shard, and commit
@@ -87,6 +99,8 @@ int checkpoint_read_manifest(const char *step_dir, struct train_state *st, char 
 /* Reading a checkpoint tensor by tensor, whatever layout wrote it. */
 struct ckpt_reader;
 struct ckpt_reader *ckpt_reader_open(const char *step_dir, char *err, size_t errlen, int *rc);
+/* A top-level field of the manifest (borrowed), or NULL. */
+struct json_t *ckpt_reader_field(const struct ckpt_reader *rd, const char *key);
 /* The resolved recipe text the checkpoint was saved with. */
 const char *ckpt_reader_recipe(const struct ckpt_reader *rd);
 /* That recipe, read back through the recipe loader into r. Returns 0, or -1

@@ -167,6 +167,7 @@ void save_checkpoint(struct run *run) {
     double waited = now_seconds() - t0;
     trainer_settle(&run->tr);
     ckpt_snapshot_take(&run->snap, run->be, run->tr.model.params, &run->tr.opt, &run->st);
+    ckpt_snapshot_set_fp8(&run->snap, run->tr.model.fp8_hist);
     if (run->rank0) checkpoint_prepare(r->checkpoint.dir, run->st.step);
     comm_barrier(&run->grid.world);
     int crash = run->o->inject_crash_in_save == run->st.step;
@@ -199,6 +200,8 @@ int load_checkpoint(struct run *run, const char *step_dir, char *err, size_t err
     struct train_state st;
     err[0] = 0;
     int rc = checkpoint_load(step_dir, &m->table, host, host + n, host + 2 * n, &st, err, errlen);
+    /* delayed FP8 scaling continues from the saved amaxes (none saved: from scratch) */
+    if (rc == 0 && m->fp8_hist) rc = checkpoint_load_fp8_history(step_dir, m->fp8_hist, err, errlen);
     /* the worst outcome on any rank decides for all: -2 (other model) over -1 (damaged) over 0 */
     float worst = (float)-rc;
     comm_all_reduce_max(&run->grid.world, &worst, 1);

@@ -81,7 +81,8 @@ struct train_config {
     int eval_batches;
     char device[RECIPE_STR_MAX];    /* auto | cpu | cuda */
     char precision[RECIPE_STR_MAX]; /* fp32 | bf16 | fp8: how the step computes (master weights stay fp32) */
-    char fp8_scaling[RECIPE_STR_MAX]; /* tensor | block */
+    char fp8_scaling[RECIPE_STR_MAX]; /* tensor | block | delayed */
+    int fp8_amax_history;             /* delayed: steps of amax history */
     char fp8_grad_format[RECIPE_STR_MAX]; /* e4m3 | e5m2: output gradients' format */
     int fp8_skip_layers;              /* blocks at each end kept bf16 under fp8 */
     double peak_tflops;             /* per device, for MFU */

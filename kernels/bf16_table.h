@@ -353,8 +353,10 @@ const struct backend BF16_TABLE = {.name = BF16_NAME, .precision = PRECISION_BF1
  * takes 1 x 128 blocks of activations and output gradients along K (dgrad:
  * along M), 128 x 1 along the tokens for the weight gradient's operands,
  * and 128 x 128 blocks of weights. Needs
- *   fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int format)
- * from the device (x in device memory, fp32, row-major). A device with its
+ *   fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int format, int k, float *amax)
+ * from the device (x in device memory, fp32, row-major; k: one block's
+ * fixed scale exponent, or FP8_SCALE_CURRENT; amax: NULL, or where the
+ * tensor's amax is max-accumulated, device memory). A device with its
  * own FP8 GEMMs defines BF16_OWN_FP8 and fp8_matmul_forward/backward, which
  * may fall back on ref_fp8_matmul_forward/backward. */
 #define FP8_BLOCK 128
@@ -366,12 +368,17 @@ const struct backend BF16_TABLE = {.name = BF16_NAME, .precision = PRECISION_BF1
 #define BF16_FP8_BACKWARD ref_fp8_matmul_backward
 #endif
 
-/* s's fp32 widening of the bf16 x [rows, cols], quantised in blocks of br x bc (whole tensor when not block) */
+/* s's fp32 widening of the bf16 operand x [rows, cols], quantised in blocks
+ * of br x bc (block scaling), else as one tensor: by its current amax, or
+ * (delayed scaling) by the exponent its history gave, its amax recorded */
 static float *fp8_operand(int s, const float *x, int rows, int cols, int br, int bc, int format,
-                          struct fp8_recipe recipe) {
+                          struct fp8_recipe recipe, enum fp8_operand which) {
     float *d = wide(s, x, (size_t)rows * cols);
-    if (recipe.scaling == FP8_SCALING_TENSOR) br = rows, bc = cols;
-    fp8_qdq_blocks(d, rows, cols, br, bc, format);
+    int k = FP8_SCALE_CURRENT;
+    float *amax = NULL;
+    if (recipe.scaling != FP8_SCALING_BLOCK) br = rows, bc = cols;
+    if (recipe.scaling == FP8_SCALING_DELAYED) k = recipe.scale_exp[which], amax = recipe.amax + which;
+    fp8_qdq_blocks(d, rows, cols, br, bc, format, k, amax);
     return d;
 }
 
@@ -380,8 +387,9 @@ static void ref_fp8_matmul_forward(float *out, const float *x, const float *w, i
     size_t no = (size_t)N * M;
     if (!no) return;
     float *o = accumulate ? wide(2, out, no) : scratch(2, no);
-    BF16_INNER.matmul_forward(o, fp8_operand(0, x, N, K, 1, FP8_BLOCK, FP8_E4M3, recipe),
-                              fp8_operand(1, w, M, K, FP8_BLOCK, FP8_BLOCK, FP8_E4M3, recipe), N, K, M, accumulate);
+    BF16_INNER.matmul_forward(o, fp8_operand(0, x, N, K, 1, FP8_BLOCK, FP8_E4M3, recipe, FP8_INPUT),
+                              fp8_operand(1, w, M, K, FP8_BLOCK, FP8_BLOCK, FP8_E4M3, recipe, FP8_WEIGHT), N, K, M,
+                              accumulate);
     bf16_narrow(out, o, no);
 }
 
@@ -390,16 +398,17 @@ static void ref_fp8_matmul_backward(float *dx, float *dw, const float *dout, con
     size_t nx = (size_t)N * K;
     int gf = recipe.grad_e5m2 ? FP8_E5M2 : FP8_E4M3;
     if (!N || !M || !K) return;
-    float *wq = fp8_operand(2, w, M, K, FP8_BLOCK, FP8_BLOCK, FP8_E4M3, recipe);
+    float *wq = fp8_operand(2, w, M, K, FP8_BLOCK, FP8_BLOCK, FP8_E4M3, recipe, FP8_WEIGHT);
     if (dx) { /* dx = dout @ w: contraction over M */
         float *d = accumulate_dx ? wide(3, dx, nx) : scratch(3, nx);
-        BF16_INNER.matmul_backward(d, NULL, fp8_operand(0, dout, N, M, 1, FP8_BLOCK, gf, recipe), NULL, wq, N,
-                                   K, M, accumulate_dx);
+        BF16_INNER.matmul_backward(d, NULL, fp8_operand(0, dout, N, M, 1, FP8_BLOCK, gf, recipe, FP8_GRAD), NULL, wq,
+                                   N, K, M, accumulate_dx);
         bf16_narrow(dx, d, nx);
     }
     if (dw) /* dw += dout^T @ x: contraction over the tokens */
-        BF16_INNER.matmul_backward(NULL, dw, fp8_operand(0, dout, N, M, FP8_BLOCK, 1, gf, recipe),
-                                   fp8_operand(1, x, N, K, FP8_BLOCK, 1, FP8_E4M3, recipe), wq, N, K, M, 0);
+        BF16_INNER.matmul_backward(NULL, dw, fp8_operand(0, dout, N, M, FP8_BLOCK, 1, gf, recipe, FP8_GRAD),
+                                   fp8_operand(1, x, N, K, FP8_BLOCK, 1, FP8_E4M3, recipe, FP8_INPUT), wq, N, K, M,
+                                   0);
 }
 
 #ifdef __cplusplus

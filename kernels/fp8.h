@@ -106,6 +106,10 @@ FP8_FN int fp8_scale_exp(float amax, int f) {
     return k > 126 ? 126 : k < -126 ? -126 : k;
 }
 
+/* a scale exponent that is not one: "scale by the tensor's current amax"
+ * (delayed scaling before a tensor has a history) */
+#define FP8_SCALE_CURRENT 1000
+
 /* 2^k as an fp32, -126 <= k <= 127 */
 FP8_FN float fp8_pow2(int k) { return fp8_f32_from_bits((uint32_t)(k + 127) << 23); }
 

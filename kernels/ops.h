@@ -36,14 +36,23 @@ enum precision { PRECISION_FP32 = 0, PRECISION_BF16, PRECISION_FP8 };
 /* How an FP8 GEMM scales its operands into the 8-bit range (kernels/fp8.h):
  * one power-of-two scale per tensor, from its current amax; or one per block
  * along the contraction (activations and gradients 1 x 128, weights
- * 128 x 128: DeepSeek-V3's recipe). */
-enum fp8_scaling { FP8_SCALING_TENSOR = 0, FP8_SCALING_BLOCK };
+ * 128 x 128: DeepSeek-V3's recipe); or one per tensor from the amaxes of
+ * earlier steps (delayed: model/fp8_history.h keeps them). */
+enum fp8_scaling { FP8_SCALING_TENSOR = 0, FP8_SCALING_BLOCK, FP8_SCALING_DELAYED };
+/* The operands of an FP8 GEMM, as the delayed recipe indexes them. */
+enum fp8_operand { FP8_INPUT = 0, FP8_WEIGHT, FP8_GRAD, FP8_OPERANDS };
 /* The FP8 recipe of a GEMM: the scaling, and the format of output
  * gradients: e4m3 (default: 3 mantissa bits, as DeepSeek-V3) or e5m2 (2
  * mantissa bits, 2^13 more range; Transformer Engine's hybrid format). */
 struct fp8_recipe {
     enum fp8_scaling scaling;
     int grad_e5m2;
+    /* delayed scaling only: each operand's scale exponent, from its amax
+     * history (FP8_SCALE_CURRENT: no history yet, its current amax decides),
+     * and where the operands' current amaxes are max-accumulated for the
+     * history (FP8_OPERANDS floats in backend memory; a NaN sticks) */
+    int scale_exp[FP8_OPERANDS];
+    float *amax;
 };
 
 struct backend {

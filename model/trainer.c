@@ -47,9 +47,12 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     transformer_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots,
                        recompute_mode(r->train.recompute));
     tr->model.ep_comm = &g->ep_comm;
-    struct fp8_recipe fp8 = {strcmp(r->train.fp8_scaling, "block") ? FP8_SCALING_TENSOR : FP8_SCALING_BLOCK,
-                             !strcmp(r->train.fp8_grad_format, "e5m2")};
-    transformer_set_fp8(&tr->model, fp8, r->train.fp8_skip_layers);
+    const char *sc = r->train.fp8_scaling;
+    struct fp8_recipe fp8 = {.scaling = !strcmp(sc, "block")     ? FP8_SCALING_BLOCK
+                                        : !strcmp(sc, "delayed") ? FP8_SCALING_DELAYED
+                                                                 : FP8_SCALING_TENSOR,
+                             .grad_e5m2 = !strcmp(r->train.fp8_grad_format, "e5m2")};
+    transformer_set_fp8(&tr->model, fp8, r->train.fp8_skip_layers, r->train.fp8_amax_history);
     transformer_set_moe_sequences(&tr->model, r->train.global_batch);
     optimizer_create(&tr->opt, be, &tr->model.table, &r->optimizer, &g->dp_comm, &g->tp_comm,
                      r->parallel.sequence_parallel, &g->edp_comm);
@@ -265,8 +268,12 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
     m->be->zero(m->grads, sizeof(float) * m->table.total);
     transformer_sync_weights(m);
     transformer_reset_moe_stats(m);
+    if (m->fp8_hist) fp8_history_begin_step(m->fp8_hist);
     double loss = run_schedule(tr, samples, tr->schedule, tr->schedule_len, dscale, 0);
     comm_all_reduce_sum_f64(&tr->grid->world, &loss, 1);
+    /* the step's amaxes (every rank, every micro batch) join the history;
+     * a rejected step's are undone with the rest when the run rewinds */
+    if (m->fp8_hist) fp8_history_end_step(m->fp8_hist, &tr->grid->world);
     st.loss = loss / st.tokens;
     if (tr->moe_load) moe_step_stats(tr, &st);
     if (model_mtp_depth(&r->model)) mtp_step_stats(tr, &st);

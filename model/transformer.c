@@ -445,6 +445,7 @@ void transformer_free(struct transformer *m) {
     free(m->moe_load);
     free(m->mtp), free(m->dmtp), free(m->mtp_loss), free(m->mtp_host);
     moe_host_free(m);
+    if (m->fp8_hist) fp8_history_free(m->fp8_hist), free(m->fp8_hist);
     param_table_free(&m->table);
 }
 
@@ -534,26 +535,42 @@ static void row_parallel_residual(struct transformer *m, float *out, const float
 
 /* A linear layer of the block being run: FP8 GEMMs when it is one of the
  * FP8 blocks (fp8 tables, train.fp8_skip_layers), else the table's. */
+/* the FP8 recipe of a GEMM with weight w (in the working copy): under
+ * delayed scaling its site's exponents and amax record */
+static struct fp8_recipe fp8_recipe_for(const struct transformer *m, const float *w) {
+    if (!m->fp8_hist) return m->fp8;
+    const char *base = (const char *)m->weights;
+    CHECK((const char *)w >= base);
+    int site = fp8_history_site_at(m->fp8_hist, (size_t)((const char *)w - base) / m->be->act_bytes);
+    CHECK(site >= 0); /* every weight of an FP8 block's linear layers is a site */
+    return fp8_history_recipe(m->fp8_hist, m->fp8, site);
+}
+
 void linear_forward(struct transformer *m, float *out, const float *x, const float *w, int N, int K, int M,
                     int accumulate) {
-    if (m->fp8_now) m->be->fp8_matmul_forward(out, x, w, N, K, M, accumulate, m->fp8);
+    if (m->fp8_now) m->be->fp8_matmul_forward(out, x, w, N, K, M, accumulate, fp8_recipe_for(m, w));
     else m->be->matmul_forward(out, x, w, N, K, M, accumulate);
 }
 
 void linear_backward(struct transformer *m, float *dx, float *dw, const float *dout, const float *x, const float *w,
                      int N, int K, int M, int accumulate_dx) {
-    if (m->fp8_now) m->be->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, m->fp8);
+    if (m->fp8_now) m->be->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, fp8_recipe_for(m, w));
     else m->be->matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx);
 }
 
 /* the linear layers of block l run in FP8 from here on, or not */
 static void fp8_block(struct transformer *m, int l) { m->fp8_now = l >= m->fp8_begin && l < m->fp8_end; }
 
-void transformer_set_fp8(struct transformer *m, struct fp8_recipe recipe, int skip_layers) {
+void transformer_set_fp8(struct transformer *m, struct fp8_recipe recipe, int skip_layers, int history_length) {
     m->fp8_begin = m->fp8_end = 0;
     m->fp8 = recipe;
     if (m->be->precision != PRECISION_FP8) return;
     m->fp8_begin = skip_layers, m->fp8_end = m->L - skip_layers;
+    if (recipe.scaling == FP8_SCALING_DELAYED) {
+        m->fp8_hist = xmalloc(sizeof *m->fp8_hist);
+        fp8_history_create(m->fp8_hist, m->be, &m->cfg, &m->table, m->fp8_begin, m->fp8_end, history_length,
+                           recipe.grad_e5m2);
+    }
 }
 
 /* rmsnorm of residual rows into the full-row input of the next linears */

@@ -12,6 +12,7 @@
 
 #include "config/recipe.h"
 #include "kernels/ops.h"
+#include "model/fp8_history.h"
 #include "model/params.h"
 #include "parallel/comm.h"
 
@@ -170,6 +171,7 @@ struct transformer {
      * run is one of them */
     int fp8_begin, fp8_end, fp8_now;
     struct fp8_recipe fp8;
+    struct fp8_history *fp8_hist; /* delayed scaling's amax history (model/fp8_history.h), else NULL */
 };
 
 /* Activation storage holds elements of be->act_bytes bytes (kernels/ops.h,
@@ -204,8 +206,9 @@ void transformer_sync_weights(struct transformer *m);
 void transformer_params_changed(struct transformer *m);
 /* Under an fp8 table, the main layers but skip_layers at each end multiply
  * their linear layers in FP8 with this recipe (nothing otherwise; the
- * embedding, head, routers and MTP modules always stay in the table's bf16). */
-void transformer_set_fp8(struct transformer *m, struct fp8_recipe recipe, int skip_layers);
+ * embedding, head, routers and MTP modules always stay in the table's bf16);
+ * delayed scaling keeps history_length steps of amaxes (m->fp8_hist). */
+void transformer_set_fp8(struct transformer *m, struct fp8_recipe recipe, int skip_layers, int history_length);
 /* The matmul_forward / matmul_backward of the blocks' linear layers: the
  * table's, or its FP8 GEMMs in an FP8 block (model/moe.c, model/mla.c). */
 void linear_forward(struct transformer *m, float *out, const float *x, const float *w, int N, int K, int M,

@@ -54,12 +54,15 @@ static void bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int r
 }
 
 /* Each br x bc block of the row-major x [rows, cols] (edge blocks smaller)
- * through its FP8 code: scaled by 2^k from the block's amax, rounded,
- * scaled back. Blocks with a non-finite amax pass through, so a NaN or an
- * infinity reaches the loss and the step is rewound, as in bf16. */
-static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int format) {
+ * through its FP8 code: scaled by 2^k from the block's amax (or by the
+ * given 2^k: delayed scaling, one block), rounded, scaled back. Blocks with
+ * a non-finite amax pass through, so a NaN or an infinity reaches the loss
+ * and the step is rewound, as in bf16. amax_out (NULL: none) takes the max
+ * of itself and the blocks' amaxes; a NaN sticks. */
+static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int format, int k_fixed, float *amax_out) {
     int nbr = (rows + br - 1) / br, nbc = (cols + bc - 1) / bc;
-#pragma omp parallel for schedule(static) if ((size_t)rows * cols > 65536)
+    float worst = 0;
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols > 65536) reduction(max : worst)
     for (int b = 0; b < nbr * nbc; b++) {
         int r0 = b / nbc * br, c0 = b % nbc * bc;
         int r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
@@ -69,11 +72,13 @@ static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int for
                 float a = fabsf(x[(size_t)r * cols + c]);
                 if (a > amax || a != a) amax = a; /* NaN sticks */
             }
+        worst = isfinite(amax) ? (amax > worst ? amax : worst) : INFINITY;
         if (!isfinite(amax)) continue;
-        int k = fp8_scale_exp(amax, format);
+        int k = k_fixed == FP8_SCALE_CURRENT ? fp8_scale_exp(amax, format) : k_fixed;
         for (int r = r0; r < r1; r++)
             for (int c = c0; c < c1; c++) x[(size_t)r * cols + c] = fp8_qdq(x[(size_t)r * cols + c], k, format);
     }
+    if (amax_out && (worst > *amax_out || !isfinite(worst))) *amax_out = isfinite(worst) ? worst : NAN;
 }
 
 /* the cross-entropy's chunks: 4 MiB of fp32 here (tests reach several chunks with small shapes) */

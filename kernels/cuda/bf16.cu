@@ -238,16 +238,17 @@ __global__ void block_amax_k(unsigned *amax, const float *x, int rows, int cols,
     }
 }
 
-__global__ void block_qdq_k(float *x, const unsigned *amax, int rows, int cols, int br, int bc, int nbc, int format) {
+__global__ void block_qdq_k(float *x, const unsigned *amax, int rows, int cols, int br, int bc, int nbc, int format,
+                            int k_fixed) {
     size_t n = (size_t)rows * cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         int r = (int)(i / cols), c = (int)(i % cols);
         float a = __uint_as_float(amax[(size_t)(r / br) * nbc + c / bc]);
-        if (isfinite(a)) x[i] = fp8_qdq(x[i], fp8_scale_exp(a, format), format);
+        if (isfinite(a)) x[i] = fp8_qdq(x[i], k_fixed == FP8_SCALE_CURRENT ? fp8_scale_exp(a, format) : k_fixed, format);
     }
 }
 
-static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int format) {
+static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int format, int k_fixed, float *amax_out) {
     size_t n = (size_t)rows * cols;
     if (!n) return;
     int nbc = (cols + bc - 1) / bc;
@@ -263,11 +264,15 @@ static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int for
     unsigned grid = nb == 1 ? (blocks_for(n, THREADS) < 1024 ? blocks_for(n, THREADS) : 1024) : blocks_for(n, THREADS);
     block_amax_k<<<grid, THREADS>>>(amax, x, rows, cols, br, bc, nbc, nb == 1);
     LAUNCH_CHECK();
-    block_qdq_k<<<blocks_for(n, THREADS), THREADS>>>(x, amax, rows, cols, br, bc, nbc, format);
+    if (amax_out) {
+        CHECK(nb == 1);
+        cuda_fp8_record_amax(amax_out, amax);
+    }
+    block_qdq_k<<<blocks_for(n, THREADS), THREADS>>>(x, amax, rows, cols, br, bc, nbc, format, k_fixed);
     LAUNCH_CHECK();
 }
 
-/* FP8 GEMMs: per-tensor scaling on FP8 tensor cores (kernels/cuda/fp8_gemm.cu)
+/* FP8 GEMMs: per-tensor scaling (current or delayed) on FP8 tensor cores (kernels/cuda/fp8_gemm.cu)
  * where the shape allows it (dimensions multiples of 16); block scaling and
  * other shapes take the reference path (quantise-dequantise, fp32 GEMM). */
 #define BF16_OWN_FP8
@@ -279,16 +284,16 @@ static void ref_fp8_matmul_backward(float *dx, float *dw, const float *dout, con
 static void fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
                                struct fp8_recipe recipe) {
     const void *outs[] = {out};
-    if (recipe.scaling != FP8_SCALING_TENSOR || !cuda_fp8_gemm_usable(N, K, M, outs, 1) ||
-        cuda_fp8_forward(out, x, w, N, K, M, accumulate))
+    if (recipe.scaling == FP8_SCALING_BLOCK || !cuda_fp8_gemm_usable(N, K, M, outs, 1) ||
+        cuda_fp8_forward(out, x, w, N, K, M, accumulate, recipe))
         ref_fp8_matmul_forward(out, x, w, N, K, M, accumulate, recipe);
 }
 
 static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
                                 int M, int accumulate_dx, struct fp8_recipe recipe) {
     const void *outs[] = {dx, dw};
-    if (recipe.scaling != FP8_SCALING_TENSOR || !cuda_fp8_gemm_usable(N, K, M, outs, 2) ||
-        cuda_fp8_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe.grad_e5m2))
+    if (recipe.scaling == FP8_SCALING_BLOCK || !cuda_fp8_gemm_usable(N, K, M, outs, 2) ||
+        cuda_fp8_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe))
         ref_fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe);
 }
 

@@ -112,12 +112,16 @@ void cuda_flash_attention_forward(float *out, float *lse, const float *q, const 
 void cuda_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                    const float *lse, const float *q, const float *k, const float *v, int B, int T,
                                    int H, int KVH, int D, int Dv);
-/* FP8 GEMMs with per-tensor current scaling (kernels/cuda/fp8_gemm.cu) on
- * bf16 storage: usable for this shape? (multiples of 16, not turned off) */
+/* FP8 GEMMs with per-tensor current or delayed scaling
+ * (kernels/cuda/fp8_gemm.cu) on bf16 storage: usable for this shape?
+ * (multiples of 16, not turned off) */
 int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts);
-int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate);
+int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
+                     struct fp8_recipe recipe);
 int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M,
-                      int accumulate_dx, int grad_e5m2);
+                      int accumulate_dx, struct fp8_recipe recipe);
+/* fold the amax bits *amax (device) into the delayed-scaling record *out (device), a NaN sticking */
+void cuda_fp8_record_amax(float *out, const unsigned *amax);
 double cuda_sum(const float *x, size_t n);
 double cuda_sum_squares(const float *x, size_t n);
 void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,

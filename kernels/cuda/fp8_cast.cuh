@@ -18,20 +18,30 @@ __global__ void amax_bf16_k(unsigned *amax, const uint16_t *x, size_t n) {
     if ((threadIdx.x & 31) == 0) atomicMax(amax, run);
 }
 
-/* the scale 2^k for *amax; *inv = 2^-k, or NaN when the tensor holds an
+/* fold a tensor's amax (bits) into a delayed-scaling record (an fp32 in
+ * device memory): a non-finite amax as NaN, whose bits beat every other
+ * value's, so it sticks. One thread. */
+__global__ void record_amax_k(unsigned *out, const unsigned *amax) {
+    unsigned a = *amax;
+    atomicMax(out, a >= 0x7f800000u ? 0x7fc00000u : a);
+}
+
+/* the scale 2^k for *amax, or the given 2^k (delayed scaling: k_fixed is
+ * not FP8_SCALE_CURRENT); *inv = 2^-k, or NaN when the tensor holds an
  * infinity or NaN (the codes would saturate it; a NaN scale makes the
  * GEMM's output NaN, so the step is rejected as the reference path's is) */
-__device__ inline float cast_scale(const unsigned *amax, int format, float *inv) {
+__device__ inline float cast_scale(const unsigned *amax, int format, int k_fixed, float *inv) {
     float a = __uint_as_float(*amax);
-    int k = fp8_scale_exp(isfinite(a) ? a : 0.0f, format);
+    int k = k_fixed != FP8_SCALE_CURRENT ? k_fixed : fp8_scale_exp(isfinite(a) ? a : 0.0f, format);
     if (inv && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
         *inv = isfinite(a) ? fp8_pow2(-k) : __uint_as_float(0x7fc00000u);
     return fp8_pow2(k);
 }
 
-/* codes of x [rows, cols] scaled by 2^k (k from *amax), row-major */
-__global__ void cast_k(uint8_t *q, float *inv, const uint16_t *x, size_t n, const unsigned *amax, int format) {
-    float s = cast_scale(amax, format, inv);
+/* codes of x [rows, cols] scaled by 2^k (k from *amax, or k_fixed), row-major */
+__global__ void cast_k(uint8_t *q, float *inv, const uint16_t *x, size_t n, const unsigned *amax, int format,
+                       int k_fixed) {
+    float s = cast_scale(amax, format, k_fixed, inv);
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         q[i] = fp8_bits(widen1(x[i]) * s, format);
 }
@@ -41,9 +51,9 @@ __global__ void cast_k(uint8_t *q, float *inv, const uint16_t *x, size_t n, cons
  * 32 x 8 threads, grid (cols / 32, rows / 32) rounded up */
 #define TT 32
 __global__ void cast_t_k(uint8_t *qt, float *inv, const uint16_t *x, int rows, int cols, const unsigned *amax,
-                         int format) {
+                         int format, int k_fixed) {
     __shared__ uint8_t tile[TT][TT + 4];
-    float s = cast_scale(amax, format, inv);
+    float s = cast_scale(amax, format, k_fixed, inv);
     int r0 = blockIdx.y * TT, c0 = blockIdx.x * TT;
     for (int i = threadIdx.y; i < TT; i += blockDim.y) {
         int r = r0 + i, c = c0 + threadIdx.x;

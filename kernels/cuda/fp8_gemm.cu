@@ -1,7 +1,8 @@
-/* FP8 GEMMs with per-tensor current scaling on FP8 tensor cores (cuBLASLt),
+/* FP8 GEMMs with per-tensor scaling on FP8 tensor cores (cuBLASLt),
  * for the fp8 table's linear layers. Each bf16 operand is cast once per use:
  * its amax (max of |x| over the tensor, by bits: non-negative floats order
- * like their bits), the power-of-two scale 2^k of kernels/fp8.h, and the
+ * like their bits), the power-of-two scale 2^k of kernels/fp8.h (or, under
+ * delayed scaling, the recipe's 2^k, the amax recorded for the history), the
  * 8-bit codes of x * 2^k (round to nearest even, saturating), written in the
  * layout the GEMM needs; the GEMM multiplies codes, sums in fp32 and applies
  * the two dequantisation scales 2^-k from device memory (scale pointers), so
@@ -39,10 +40,18 @@ static uint8_t *slot(int s, size_t bytes) {
     return codes[s];
 }
 
-/* operand i (0 input, 1 weight, 2 gradient): cast x [rows, cols] into the
- * slots asked for; returns the device address of its inverse scale */
+void cuda_fp8_record_amax(float *out, const unsigned *amax) {
+    record_amax_k<<<1, 1>>>((unsigned *)out, amax);
+    LAUNCH_CHECK();
+}
+
+/* operand i (FP8_INPUT, FP8_WEIGHT, FP8_GRAD): cast x [rows, cols] into the
+ * slots asked for, scaled by its current amax or (delayed scaling) by the
+ * recipe's exponent, its amax recorded; returns the device address of its
+ * inverse scale */
 static const float *cast(int i, const float *x, int rows, int cols, int format, int s_rows, int s_cols,
-                         uint8_t **q, uint8_t **qt) {
+                         uint8_t **q, uint8_t **qt, struct fp8_recipe recipe) {
+    int delayed = recipe.scaling == FP8_SCALING_DELAYED, k = delayed ? recipe.scale_exp[i] : FP8_SCALE_CURRENT;
     size_t n = (size_t)rows * cols;
     if (!words) CUDA_CHECK(cudaMalloc(&words, 6 * sizeof(unsigned)));
     unsigned *amax = words + i;
@@ -51,15 +60,16 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
     unsigned grid = blocks_for(n, THREADS) < 1024 ? blocks_for(n, THREADS) : 1024;
     amax_bf16_k<<<grid, THREADS>>>(amax, (const uint16_t *)x, n);
     LAUNCH_CHECK();
+    if (delayed) cuda_fp8_record_amax(recipe.amax + i, amax);
     *q = s_rows >= 0 ? slot(s_rows, n) : NULL;
     *qt = s_cols >= 0 ? slot(s_cols, n) : NULL;
     if (*q) {
-        cast_k<<<blocks_for(n, THREADS), THREADS>>>(*q, inv, (const uint16_t *)x, n, amax, format);
+        cast_k<<<blocks_for(n, THREADS), THREADS>>>(*q, inv, (const uint16_t *)x, n, amax, format, k);
         LAUNCH_CHECK();
     }
     if (*qt) {
         dim3 grid((cols + TT - 1) / TT, (rows + TT - 1) / TT);
-        cast_t_k<<<grid, dim3(TT, 8)>>>(*qt, *q ? NULL : inv, (const uint16_t *)x, rows, cols, amax, format);
+        cast_t_k<<<grid, dim3(TT, 8)>>>(*qt, *q ? NULL : inv, (const uint16_t *)x, rows, cols, amax, format, k);
         LAUNCH_CHECK();
     }
     return inv;
@@ -84,10 +94,11 @@ int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts
 /* out [N, M] (bf16) = x [N, K] w [M, K]^T (+ out); 0, or -1 where
  * cuBLASLt has no FP8 algorithm for it (nothing written: the caller takes
  * the reference path) */
-int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
+int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
+                     struct fp8_recipe recipe) {
     uint8_t *qx, *qw, *unused;
-    const float *sx = cast(0, x, N, K, FP8_E4M3, X_CODES, -1, &qx, &unused);
-    const float *sw = cast(1, w, M, K, FP8_E4M3, W_CODES, -1, &qw, &unused);
+    const float *sx = cast(FP8_INPUT, x, N, K, FP8_E4M3, X_CODES, -1, &qx, &unused, recipe);
+    const float *sw = cast(FP8_WEIGHT, w, M, K, FP8_E4M3, W_CODES, -1, &qw, &unused, recipe);
     return lt_matmul(0, 1, N, M, K, qx, CUDA_R_8F_E4M3, K, qw, CUDA_R_8F_E4M3, K, accumulate ? 1.0f : 0.0f, out,
                      CUDA_R_16BF, M, sx, sw);
 }
@@ -97,19 +108,19 @@ int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, i
  * written; the plans of a shape are found on its first step, so a later
  * GEMM failing after an earlier one wrote is not expected and dies) */
 int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M,
-                      int accumulate_dx, int grad_e5m2) {
-    int gf = grad_e5m2 ? FP8_E5M2 : FP8_E4M3, wrote = 0;
+                      int accumulate_dx, struct fp8_recipe recipe) {
+    int gf = recipe.grad_e5m2 ? FP8_E5M2 : FP8_E4M3, wrote = 0;
     uint8_t *qg, *qgt, *qwt, *qxt, *unused;
-    const float *sg = cast(2, dout, N, M, gf, dx ? G_CODES : -1, dw ? GT_CODES : -1, &qg, &qgt);
+    const float *sg = cast(FP8_GRAD, dout, N, M, gf, dx ? G_CODES : -1, dw ? GT_CODES : -1, &qg, &qgt, recipe);
     if (dx) { /* dx = dout (w^T)^T: w's codes transposed, [K, M] */
-        const float *sw = cast(1, w, M, K, FP8_E4M3, -1, WT_CODES, &unused, &qwt);
+        const float *sw = cast(FP8_WEIGHT, w, M, K, FP8_E4M3, -1, WT_CODES, &unused, &qwt, recipe);
         if (lt_matmul(0, 1, N, K, M, qg, fp8_type(gf), M, qwt, CUDA_R_8F_E4M3, M, accumulate_dx ? 1.0f : 0.0f, dx,
                       CUDA_R_16BF, K, sg, sw))
             return -1;
         wrote = 1;
     }
     if (dw) { /* dw += dout^T (x^T)^T: [M, N] and [K, N] codes */
-        const float *sx = cast(0, x, N, K, FP8_E4M3, -1, XT_CODES, &unused, &qxt);
+        const float *sx = cast(FP8_INPUT, x, N, K, FP8_E4M3, -1, XT_CODES, &unused, &qxt, recipe);
         if (lt_matmul(0, 1, M, K, N, qgt, fp8_type(gf), N, qxt, CUDA_R_8F_E4M3, N, 1.0f, dw, CUDA_R_32F, K, sg, sx)) {
             if (wrote) die("cuBLASLt has no FP8 algorithm for the weight gradient %dx%dx%d", M, K, N);
             return -1;

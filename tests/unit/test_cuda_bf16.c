@@ -341,12 +341,12 @@ int main(void) {
     if (cuda_device_has_fp8()) {
         const struct backend *g8 = backend_get("cuda", "fp8"), *c8 = backend_get("cpu", "fp8");
         /* 300 x 520 x 130: the reference path; multiples of 16: cuBLASLt's FP8 GEMMs */
-        test_fp8_matmul(g8, c8, (struct fp8_recipe){FP8_SCALING_TENSOR, 0}, 300, 520, 130, "tensor_reference");
-        test_fp8_matmul(g8, c8, (struct fp8_recipe){FP8_SCALING_BLOCK, 0}, 300, 520, 130, "block");
-        test_fp8_matmul(g8, c8, (struct fp8_recipe){FP8_SCALING_TENSOR, 1}, 300, 520, 130, "tensor_e5m2_reference");
-        test_fp8_matmul(g8, c8, (struct fp8_recipe){FP8_SCALING_TENSOR, 0}, 256, 512, 144, "tensor");
-        test_fp8_matmul(g8, c8, (struct fp8_recipe){FP8_SCALING_TENSOR, 1}, 256, 512, 144, "tensor_e5m2");
-        test_fp8_matmul(g8, c8, (struct fp8_recipe){FP8_SCALING_BLOCK, 0}, 256, 512, 144, "block_16");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 0}, 300, 520, 130, "tensor_reference");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 300, 520, 130, "block");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 1}, 300, 520, 130, "tensor_e5m2_reference");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 0}, 256, 512, 144, "tensor");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 1}, 256, 512, 144, "tensor_e5m2");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 256, 512, 144, "block_16");
     } else {
         printf("SKIP cuda_fp8: this GPU has no FP8 tensor cores\n");
     }

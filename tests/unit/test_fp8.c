@@ -291,6 +291,89 @@ static void test_gemms(const struct backend *fp8, struct fp8_recipe sc, const ch
     free(twice), free(twice_x);
 }
 
+/* x through one fixed exponent k (delayed scaling), or its own amax's (k = FP8_SCALE_CURRENT) */
+static void ref_qdq_fixed(float *x, size_t n, int k, int f) {
+    if (k == FP8_SCALE_CURRENT) {
+        ref_qdq(x, 1, (int)n, 1, (int)n, f);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) x[i] = ref_qdq_value(x[i], k, f);
+}
+
+static float amax_of(const float *x, size_t n) {
+    float a = 0;
+    for (size_t i = 0; i < n; i++) a = fmaxf(a, fabsf(x[i]));
+    return a;
+}
+
+/* Delayed scaling: each operand through the exponent its history gave (one
+ * with more headroom than its amax needs, one that saturates its largest
+ * values, one not yet known: its current amax's), against the reference
+ * quantisation with those exponents; the current amaxes recorded exactly,
+ * the largest over calls kept; a NaN recorded as NaN and passed through. */
+static void test_delayed(const struct backend *fp8, int grad_e5m2) {
+    const int N = 96, K = 144, M = 80, gf = grad_e5m2 ? FP8_E5M2 : FP8_E4M3;
+    float *x = operand(N, K), *w = operand(M, K), *dout = operand(N, M);
+    float *xb = pack(x, (size_t)N * K), *wb = pack(w, (size_t)M * K), *db = pack(dout, (size_t)N * M);
+    float ax = amax_of(x, (size_t)N * K), aw = amax_of(w, (size_t)M * K), ag = amax_of(dout, (size_t)N * M);
+    struct fp8_recipe sc = {.scaling = FP8_SCALING_DELAYED, .grad_e5m2 = grad_e5m2};
+    sc.scale_exp[FP8_INPUT] = ref_scale_exp(ax, FP8_E4M3) - 3;
+    sc.scale_exp[FP8_WEIGHT] = ref_scale_exp(aw, FP8_E4M3) + 2;
+    sc.scale_exp[FP8_GRAD] = FP8_SCALE_CURRENT;
+    sc.amax = fp8->alloc(sizeof(float) * FP8_OPERANDS);
+    float *xq = dup(x, (size_t)N * K), *wq = dup(w, (size_t)M * K), *dq = dup(dout, (size_t)N * M);
+    ref_qdq_fixed(xq, (size_t)N * K, sc.scale_exp[FP8_INPUT], FP8_E4M3);
+    ref_qdq_fixed(wq, (size_t)M * K, sc.scale_exp[FP8_WEIGHT], FP8_E4M3);
+    ref_qdq_fixed(dq, (size_t)N * M, sc.scale_exp[FP8_GRAD], gf);
+    double *out_ref = gemm_ref(xq, wq, N, M, K, 0, 1), *dx_ref = gemm_ref(dq, wq, N, K, M, 0, 0);
+    double *dw_ref = gemm_ref(dq, xq, M, K, N, 1, 0);
+    const char *tag = grad_e5m2 ? "_e5m2" : "";
+    char name[96];
+
+    float *out = fp8->alloc(sizeof(uint16_t) * N * M), rec[FP8_OPERANDS];
+    fp8->fp8_matmul_forward(out, xb, wb, N, K, M, 0, sc);
+    float *o = unpack(out, (size_t)N * M);
+    double e = err(o, out_ref, (size_t)N * M);
+    fp8->to_host(rec, sc.amax, sizeof rec);
+    snprintf(name, sizeof name, "fp8_delayed%s_forward", tag);
+    TEST_RESULT(name, e <= 0x1p-8, "error %.3g against the reference with the given exponents (tol 2^-8)", e);
+    snprintf(name, sizeof name, "fp8_delayed%s_forward_records_amax", tag);
+    TEST_RESULT(name, rec[0] == ax && rec[1] == aw && rec[2] == 0, "recorded %g %g %g, amaxes %g %g (and 0)", rec[0],
+                rec[1], rec[2], ax, aw);
+    /* the saturating weight exponent is really used: current scaling differs */
+    float *cur = fp8->alloc(sizeof(uint16_t) * N * M);
+    fp8->fp8_matmul_forward(cur, xb, wb, N, K, M, 0, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR});
+    float *c = unpack(cur, (size_t)N * M);
+    snprintf(name, sizeof name, "fp8_delayed%s_differs_from_current", tag);
+    TEST_RESULT(name, err(c, out_ref, (size_t)N * M) > 4 * e, "current scaling %.3g, delayed %.3g from the delayed "
+                "reference", err(c, out_ref, (size_t)N * M), e);
+
+    float *dx = fp8->alloc(sizeof(uint16_t) * N * K), *dw = fp8->alloc(sizeof(float) * M * K);
+    fp8->fp8_matmul_backward(dx, dw, db, xb, wb, N, K, M, 0, sc);
+    float *g = unpack(dx, (size_t)N * K), *gw = malloc(sizeof(float) * M * K);
+    fp8->to_host(gw, dw, sizeof(float) * M * K);
+    fp8->to_host(rec, sc.amax, sizeof rec);
+    double ed = err(g, dx_ref, (size_t)N * K), ew = err(gw, dw_ref, (size_t)M * K);
+    snprintf(name, sizeof name, "fp8_delayed%s_backward", tag);
+    TEST_RESULT(name, ed <= 0x1p-8 && ew <= 1e-4, "dgrad %.3g (tol 2^-8), wgrad %.3g (tol 1e-4)", ed, ew);
+    snprintf(name, sizeof name, "fp8_delayed%s_backward_records_amax", tag);
+    TEST_RESULT(name, rec[0] == ax && rec[1] == aw && rec[2] == ag, "recorded %g %g %g, amaxes %g %g %g", rec[0],
+                rec[1], rec[2], ax, aw, ag);
+
+    /* a NaN in the input: recorded as NaN, and it reaches the output */
+    x[7] = NAN;
+    float *xn = pack(x, (size_t)N * K);
+    fp8->fp8_matmul_forward(out, xn, wb, N, K, M, 0, sc);
+    fp8->to_host(rec, sc.amax, sizeof rec);
+    float *on = unpack(out, (size_t)N * M);
+    snprintf(name, sizeof name, "fp8_delayed%s_nan_recorded_and_passed", tag);
+    TEST_RESULT(name, isnan(rec[0]) && isnan(on[0]) && !isnan(on[M]), "record %g, row 0 %g, row 1 %g", rec[0], on[0],
+                on[M]);
+    fp8->free(out), fp8->free(cur), fp8->free(dx), fp8->free(dw), fp8->free(sc.amax);
+    free(x), free(w), free(dout), free(xb), free(wb), free(db), free(xn), free(xq), free(wq), free(dq), free(o),
+        free(c), free(g), free(gw), free(on), free(out_ref), free(dx_ref), free(dw_ref);
+}
+
 /* A block holding a NaN passes through, so the loss sees it. */
 static void test_nan_passes(const struct backend *fp8) {
     int N = 4, K = 8, M = 3;
@@ -299,7 +382,7 @@ static void test_nan_passes(const struct backend *fp8) {
     for (int i = 0; i < 24; i++) w[i] = 0.25f;
     x[5] = NAN;
     float *xb = pack(x, 32), *wb = pack(w, 24), *out = fp8->alloc(sizeof(uint16_t) * N * M);
-    fp8->fp8_matmul_forward(out, xb, wb, N, K, M, 0, (struct fp8_recipe){FP8_SCALING_TENSOR, 0});
+    fp8->fp8_matmul_forward(out, xb, wb, N, K, M, 0, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 0});
     float *o = unpack(out, (size_t)N * M);
     TEST_RESULT("fp8_nan_reaches_output", isnan(o[0]) && o[3] == 1.0f, "row 0 %g, row 1 %g", o[0], o[3]);
     fp8->free(out), free(xb), free(wb), free(o);
@@ -317,10 +400,12 @@ int main(void) {
                                      fp8->fp8_matmul_forward && !backend_get("cpu", "bf16")->fp8_matmul_forward,
                 "backend_get(cpu, fp8) is not a 2-byte fp8 table");
     if (!fp8) TEST_EXIT();
-    test_gemms(fp8, (struct fp8_recipe){FP8_SCALING_TENSOR, 0}, "tensor");
-    test_gemms(fp8, (struct fp8_recipe){FP8_SCALING_BLOCK, 0}, "block");
-    test_gemms(fp8, (struct fp8_recipe){FP8_SCALING_TENSOR, 1}, "tensor_e5m2");
-    test_gemms(fp8, (struct fp8_recipe){FP8_SCALING_BLOCK, 1}, "block_e5m2");
+    test_gemms(fp8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 0}, "tensor");
+    test_gemms(fp8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, "block");
+    test_gemms(fp8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 1}, "tensor_e5m2");
+    test_gemms(fp8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 1}, "block_e5m2");
+    test_delayed(fp8, 0);
+    test_delayed(fp8, 1);
     test_nan_passes(fp8);
     TEST_EXIT();
 }

@@ -3,8 +3,9 @@
  * a bf16 tensor, and its codes row-major and transposed (through the
  * shared-memory tile), bitwise against kernels/fp8.h's host functions, for
  * both formats, shapes that do and do not fill the 32 x 32 tiles, values
- * spanning many binades, and a tensor holding an infinity (its inverse
- * scale is NaN). */
+ * spanning many binades, a tensor holding an infinity (its inverse
+ * scale is NaN), delayed scaling's given exponents (one that saturates the
+ * largest values) and its amax record (a non-finite amax sticks as NaN). */
 #include "tests/unit/cuda_emulation.h"
 
 extern "C" {
@@ -24,7 +25,7 @@ static void result(int ok, const char *what, const char *tag, const char *why) {
     if (!ok) failures++;
 }
 
-static void run_case(int rows, int cols, int format, int with_inf, const char *tag) {
+static void run_case(int rows, int cols, int format, int with_inf, int k_shift, const char *tag) {
     size_t n = (size_t)rows * cols;
     std::vector<uint16_t> x(n);
     for (size_t i = 0; i < n; i++) x[i] = bf16_bits(ldexpf(rnd(), (int)(i % 23) - 11)); /* 2^-11 .. 2^11 */
@@ -33,6 +34,9 @@ static void run_case(int rows, int cols, int format, int with_inf, const char *t
     float amax = 0;
     for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(bf16_to_float(x[i])));
     int k = fp8_scale_exp(std::isfinite(amax) ? amax : 0.0f, format);
+    /* delayed scaling: an exponent k_shift binades off the current one (k_fixed), else the current one */
+    int k_fixed = k_shift ? k + k_shift : FP8_SCALE_CURRENT;
+    k += k_shift;
     std::vector<uint8_t> want(n), want_t(n);
     for (size_t i = 0; i < n; i++) {
         want[i] = fp8_bits(bf16_to_float(x[i]) * fp8_pow2(k), format);
@@ -45,18 +49,41 @@ static void run_case(int rows, int cols, int format, int with_inf, const char *t
            "differs from the host's");
     std::vector<uint8_t> q(n, 0xaa), qt(n, 0xaa);
     float inv = 0, inv_t = 0;
-    emu_launch(dim3_{2, 1, 1}, dim3_{64, 1, 1}, [&]() { cast_k(q.data(), &inv, x.data(), n, &dev_amax, format); });
+    emu_launch(dim3_{2, 1, 1}, dim3_{64, 1, 1}, [&]() { cast_k(q.data(), &inv, x.data(), n, &dev_amax, format, k_fixed); });
     dim3_ tiles{(unsigned)(cols + TT - 1) / TT, (unsigned)(rows + TT - 1) / TT, 1};
-    emu_launch(tiles, dim3_{TT, 8, 1}, [&]() { cast_t_k(qt.data(), &inv_t, x.data(), rows, cols, &dev_amax, format); });
+    emu_launch(tiles, dim3_{TT, 8, 1}, [&]() { cast_t_k(qt.data(), &inv_t, x.data(), rows, cols, &dev_amax, format, k_fixed); });
     result(q == want, "codes", tag, "not bitwise the host's");
     result(qt == want_t, "codes_transposed", tag, "not bitwise the host's, transposed");
     int inv_ok = with_inf ? std::isnan(inv) && std::isnan(inv_t) : inv == fp8_pow2(-k) && inv_t == inv;
     result(inv_ok, "inverse_scale", tag, with_inf ? "not NaN for a tensor holding an infinity" : "not 2^-k");
 }
 
+/* the delayed-scaling record: the max of the amaxes folded in, NaN for a
+ * non-finite one, and NaN stays (the GPU launches it with one thread; the
+ * emulator runs whole warps: 32 identical atomic maxima, the same result) */
+static void record_case() {
+    float rec = 0.0f;
+    unsigned rec_bits = 0, a;
+    float amaxes[] = {0.5f, 3.0f, 1.0f};
+    for (float v : amaxes) {
+        a = __float_as_uint(v);
+        emu_launch(dim3_{1, 1, 1}, dim3_{32, 1, 1}, [&]() { record_amax_k(&rec_bits, &a); });
+    }
+    rec = __uint_as_float(rec_bits);
+    result(rec == 3.0f, "record", "max", "not the largest amax");
+    a = 0x7f800000u; /* an infinity */
+    emu_launch(dim3_{1, 1, 1}, dim3_{32, 1, 1}, [&]() { record_amax_k(&rec_bits, &a); });
+    a = __float_as_uint(5.0f);
+    emu_launch(dim3_{1, 1, 1}, dim3_{32, 1, 1}, [&]() { record_amax_k(&rec_bits, &a); });
+    result(std::isnan(__uint_as_float(rec_bits)), "record", "nonfinite_sticks", "an infinity did not leave NaN");
+}
+
 int main() {
-    run_case(45, 70, FP8_E4M3, 0, "e4m3_45x70");
-    run_case(64, 32, FP8_E5M2, 0, "e5m2_64x32");
-    run_case(33, 40, FP8_E4M3, 1, "e4m3_with_inf");
+    run_case(45, 70, FP8_E4M3, 0, 0, "e4m3_45x70");
+    run_case(64, 32, FP8_E5M2, 0, 0, "e5m2_64x32");
+    run_case(33, 40, FP8_E4M3, 1, 0, "e4m3_with_inf");
+    run_case(45, 70, FP8_E4M3, 0, 3, "e4m3_delayed_saturating");
+    run_case(64, 32, FP8_E5M2, 0, -2, "e5m2_delayed_headroom");
+    record_case();
     return failures ? 1 : 0;
 }
