@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training throughput on one GPU, in one run: mtrain (fp32, TF32, bf16, and
-# fp8 with per-tensor and block scaling, every block in FP8)
+# fp8 with per-tensor current, block and delayed scaling, every block in FP8)
 # against what a user would run instead, PyTorch with Hugging Face
 # LlamaForCausalLM, fp32 master weights + torch.autocast(bfloat16), SDPA
 # attention and fused AdamW, eager and torch.compile (issue 9). Shapes:
@@ -25,7 +25,7 @@ BUILD=${BUILD:-build/rel}
 STEPS=${STEPS:-5}
 PY=${PYTHON:-python3}
 SHAPES=${SHAPES:-124m 8b}
-RUNS=${RUNS:-mtrain-fp32 mtrain-tf32 mtrain-bf16 mtrain-fp8 mtrain-fp8-block torch-bf16 torch-bf16-compile torch-fp8 attention fp8-gemm}
+RUNS=${RUNS:-mtrain-fp32 mtrain-tf32 mtrain-bf16 mtrain-fp8 mtrain-fp8-block mtrain-fp8-delayed torch-bf16 torch-bf16-compile torch-fp8 attention fp8-gemm}
 mkdir -p build/bench
 if ! "$BUILD/bench/bench_train" 1 64 4 4 128 256 1 16 1 cuda >/dev/null 2>&1; then
     echo "train_gpu: no CUDA device here; skipped"; exit 0
@@ -39,11 +39,12 @@ for shape in $SHAPES; do
         8b) dims="4 4096 32 8 14336 128256 1 8192" ;;
         *) echo "train_gpu: unknown shape $shape"; exit 2 ;;
     esac
-    for p in fp32:0 tf32:1 bf16:0 fp8:0 fp8-block:0; do
+    for p in fp32:0 tf32:1 bf16:0 fp8:0 fp8-block:0 fp8-delayed:0; do
         has "mtrain-${p%%:*}" || continue
         precision=${p%%:*} scaling=tensor
         [ "$precision" = tf32 ] && precision=fp32
         [ "$precision" = fp8-block ] && precision=fp8 scaling=block
+        [ "$precision" = fp8-delayed ] && precision=fp8 scaling=delayed
         r=$("$BUILD/bench/bench_train" $dims "$STEPS" cuda "${p#*:}" "$precision" $scaling 2>&1 | tail -1)
         echo "{\"shape\":\"$shape\",\"run\":\"mtrain ${p%%:*}\",\"r\":${r:-null}}" >>"$out"
     done

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kernels/bf16.h"
+#include "kernels/fp8.h"
 #include "kernels/ops.h"
 #include "tests/unit/check.h"
 
@@ -136,10 +137,15 @@ static double normwise_diff(const float *a, const float *b, size_t n) {
  * gradient within 1e-5 (the reference path) or 2e-4 (cuBLASLt's FP8 GEMMs,
  * per-tensor scaling at dimensions that are multiples of 16: the tensor
  * cores sum the products in their own order and width). Rows of different
- * magnitudes make block scaling differ from per-tensor scaling. */
+ * magnitudes make block scaling differ from per-tensor scaling. Delayed
+ * scaling (the exponents in sc) also records the operands' amaxes: the
+ * GPU's record equals the CPU's exactly. */
 static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, struct fp8_recipe sc, int N, int K,
                             int M, const char *tag) {
-    int fast = sc.scaling == FP8_SCALING_TENSOR && N % 16 == 0 && K % 16 == 0 && M % 16 == 0;
+    int fast = sc.scaling != FP8_SCALING_BLOCK && N % 16 == 0 && K % 16 == 0 && M % 16 == 0;
+    int delayed = sc.scaling == FP8_SCALING_DELAYED;
+    struct fp8_recipe scg = sc, scc = sc;
+    if (delayed) scg.amax = g8->alloc(sizeof(float) * FP8_OPERANDS), scc.amax = c8->alloc(sizeof(float) * FP8_OPERANDS);
     double wtol = fast ? 2e-4 : 1e-5;
     size_t nx = (size_t)N * K, nw = (size_t)M * K, no = (size_t)N * M;
     float *x = rnd(nx), *w = rnd(nw), *dout = rnd(no);
@@ -149,16 +155,25 @@ static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, 
     float *dGX = g16->alloc(2 * nx), *dDW = g16->alloc(4 * nw);
     float *O = malloc(2 * no), *GX = malloc(2 * nx), *DW = calloc(nw, 4);
     char name[80];
-    c8->fp8_matmul_forward(O, X, W, N, K, M, 0, sc);
-    g8->fp8_matmul_forward(dO, dX, dW, N, K, M, 0, sc);
-    c8->fp8_matmul_backward(GX, DW, D, X, W, N, K, M, 0, sc);
-    g8->fp8_matmul_backward(dGX, dDW, dD, dX, dW, N, K, M, 0, sc);
+    c8->fp8_matmul_forward(O, X, W, N, K, M, 0, scc);
+    g8->fp8_matmul_forward(dO, dX, dW, N, K, M, 0, scg);
+    c8->fp8_matmul_backward(GX, DW, D, X, W, N, K, M, 0, scc);
+    g8->fp8_matmul_backward(dGX, dDW, dD, dX, dW, N, K, M, 0, scg);
     float *ho = host_of(dO, 2 * no), *hx = host_of(dGX, 2 * nx);
     float *go = unpack(ho, no), *co = unpack(O, no), *gx = unpack(hx, nx), *cx = unpack(GX, nx), *gw = host_of(dDW, 4 * nw);
     double eo = normwise_diff(go, co, no), ex = normwise_diff(gx, cx, nx), ew = normwise_diff(gw, DW, nw);
     snprintf(name, sizeof name, "cuda_fp8_%s_matmul_vs_cpu_fp8", tag);
     TEST_RESULT(name, eo <= 4e-3 && ex <= 4e-3 && ew <= wtol, "forward %.3g, dgrad %.3g (tol 4e-3), wgrad %.3g (%g)",
                 eo, ex, ew, wtol);
+    if (delayed) {
+        float rg[FP8_OPERANDS], rc[FP8_OPERANDS];
+        g8->to_host(rg, scg.amax, sizeof rg);
+        memcpy(rc, scc.amax, sizeof rc);
+        snprintf(name, sizeof name, "cuda_fp8_%s_amax_record", tag);
+        TEST_RESULT(name, !memcmp(rg, rc, sizeof rg) && rc[0] > 0, "GPU %g %g %g, CPU %g %g %g", rg[0], rg[1], rg[2],
+                    rc[0], rc[1], rc[2]);
+        g8->free(scg.amax), c8->free(scc.amax);
+    }
     free(x), free(w), free(dout), free(X), free(W), free(D), free(O), free(GX), free(DW);
     free(ho), free(hx), free(go), free(co), free(gx), free(cx), free(gw);
     g16->free(dX), g16->free(dW), g16->free(dD), g16->free(dO), g16->free(dGX), g16->free(dDW);
@@ -347,6 +362,10 @@ int main(void) {
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 0}, 256, 512, 144, "tensor");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 1}, 256, 512, 144, "tensor_e5m2");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 256, 512, 144, "block_16");
+        /* delayed: exponents with headroom, saturating, and not yet known (the current amax's) */
+        struct fp8_recipe d = {.scaling = FP8_SCALING_DELAYED, .scale_exp = {-2, 9, FP8_SCALE_CURRENT}};
+        test_fp8_matmul(g8, c8, d, 256, 512, 144, "delayed");
+        test_fp8_matmul(g8, c8, d, 300, 520, 130, "delayed_reference");
     } else {
         printf("SKIP cuda_fp8: this GPU has no FP8 tensor cores\n");
     }
