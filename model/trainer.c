@@ -135,58 +135,74 @@ static void stage_micro_batch(struct trainer *tr, const int32_t *samples, int mb
 
 /* ---- pipeline plumbing: virtual stage vs = chunk * pp + pp_rank ---- */
 
-static int tag(struct trainer *tr, int mb, int vs, int backward) {
-    return ((mb * tr->grid->pp * tr->model.part.nchunks) + vs) * 2 + backward;
-}
-
 static float *send_buf(struct trainer *tr, float *base, int mb, int chunk) {
     return act_at(&tr->model, base, ((size_t)mb * tr->model.part.nchunks + chunk) * tr->model.Ns * tr->model.C);
 }
 
-/* Run a list of forwards/backwards; returns this rank's summed token loss
- * (counted on TP rank 0 of the last stage only). */
+/* The receive an item needs, added to the group: a forward's input (after
+ * giving a micro batch its slot on its first visit) or a backward's output
+ * gradient. */
+static void add_receive(struct trainer *tr, const int32_t *samples, struct sched_item it, int eval,
+                        struct comm_p2p *ops, int *nops, int *free_slots, int *nfree, int *next_slot) {
+    struct transformer *m = &tr->model;
+    struct grid *g = tr->grid;
+    if (it.op == SCHED_FORWARD && it.chunk == 0) {
+        int slot = eval ? 0 : *nfree ? free_slots[--*nfree] : (*next_slot)++;
+        CHECK(slot < m->nslots);
+        tr->slot_of[it.mb] = slot;
+        stage_micro_batch(tr, samples, it.mb, slot);
+    }
+    struct sched_links l = schedule_links(it, g->pp, m->part.nchunks, g->pp_rank);
+    if (l.recv_from < 0) return;
+    void *buf = it.op == SCHED_FORWARD ? transformer_chunk_input(m, tr->slot_of[it.mb], it.chunk) : tr->recv_grad;
+    ops[(*nops)++] = (struct comm_p2p){buf, act_size(m, (size_t)m->Ns * m->C), l.recv_from, 1};
+}
+
+/* Run a list of forwards/backwards a unit at a time (parallel/schedule.h),
+ * each after one exchange with the neighbours: the previous unit's results
+ * out, this unit's inputs in. Returns this rank's summed token loss (counted
+ * on TP rank 0 of the last stage only). */
 static double run_schedule(struct trainer *tr, const int32_t *samples, const struct sched_item *s, int n,
                            float dscale, int eval) {
     struct transformer *m = &tr->model;
     struct grid *g = tr->grid;
-    int pp = g->pp, last_vs = pp * m->part.nchunks - 1;
+    int pp = g->pp, vpp = m->part.nchunks;
     size_t act_bytes = act_size(m, (size_t)m->Ns * m->C);
-    int next_slot = 0, free_slots[64], nfree = 0;
+    int next_slot = 0, free_slots[64], nfree = 0, nops = 0;
+    struct comm_p2p ops[COMM_EXCHANGE_MAX];
     double loss = 0;
-    for (int i = 0; i < n; i++) {
-        int mb = s[i].mb, c = s[i].chunk, vs = c * pp + g->pp_rank;
-        if (s[i].op == SCHED_FORWARD) {
-            if (c == 0) { /* first visit of this micro batch on this rank: give it a slot */
-                int slot = eval ? 0 : nfree ? free_slots[--nfree] : next_slot++;
-                CHECK(slot < m->nslots);
-                tr->slot_of[mb] = slot;
-                stage_micro_batch(tr, samples, mb, slot);
+    for (int i = 0; i < n;) {
+        int unit = schedule_unit(s, n, i, vpp);
+        for (int k = i; k < i + unit; k++)
+            add_receive(tr, samples, s[k], eval, ops, &nops, free_slots, &nfree, &next_slot);
+        comm_exchange(&g->pp_comm, ops, nops);
+        nops = 0;
+        for (int k = i; k < i + unit; k++) {
+            int mb = s[k].mb, c = s[k].chunk, slot = tr->slot_of[mb];
+            struct sched_links l = schedule_links(s[k], pp, vpp, g->pp_rank);
+            float *out = NULL;
+            if (s[k].op == SCHED_FORWARD) {
+                out = l.send_to >= 0 ? send_buf(tr, tr->send_fwd, mb, c) : NULL;
+                double lk = transformer_forward_chunk(m, slot, c, out, dscale);
+                if (l.send_to < 0 && g->tp_rank == 0) loss += lk; /* the last virtual stage */
+            } else {
+                m->last_micro_batch = !eval && mb == tr->micro_batches - 1;
+                transformer_backward_chunk(m, slot, c, tr->recv_grad);
+                if (l.send_to >= 0) {
+                    out = send_buf(tr, tr->send_bwd, mb, c);
+                    m->be->copy(out, m->d_resid, act_bytes);
+                }
+                if (c == 0) {
+                    CHECK(nfree < 64);
+                    free_slots[nfree++] = slot;
+                }
             }
-            int slot = tr->slot_of[mb];
-            if (vs > 0)
-                comm_recv(&g->pp_comm, transformer_chunk_input(m, slot, c), act_bytes, (vs - 1) % pp, tag(tr, mb, vs, 0));
-            float *out = vs < last_vs ? send_buf(tr, tr->send_fwd, mb, c) : NULL;
-            double l = transformer_forward_chunk(m, slot, c, out, dscale);
-            if (vs == last_vs && g->tp_rank == 0) loss += l;
-            if (vs < last_vs) comm_send(&g->pp_comm, out, act_bytes, (vs + 1) % pp, tag(tr, mb, vs + 1, 0));
-        } else {
-            int slot = tr->slot_of[mb];
-            m->last_micro_batch = !eval && mb == tr->micro_batches - 1;
-            if (vs < last_vs) comm_recv(&g->pp_comm, tr->recv_grad, act_bytes, (vs + 1) % pp, tag(tr, mb, vs, 1));
-            transformer_backward_chunk(m, slot, c, tr->recv_grad);
-            if (vs > 0) {
-                float *out = send_buf(tr, tr->send_bwd, mb, c);
-                m->be->copy(out, m->d_resid, act_bytes);
-                comm_send(&g->pp_comm, out, act_bytes, (vs - 1) % pp, tag(tr, mb, vs - 1, 1));
-            }
-            if (c == 0) {
-                CHECK(nfree < 64);
-                free_slots[nfree++] = slot;
-            }
+            if (out) ops[nops++] = (struct comm_p2p){out, act_bytes, l.send_to, 0};
         }
+        i += unit;
     }
+    comm_exchange(&g->pp_comm, ops, nops); /* the last unit's results */
     m->last_micro_batch = 0;
-    comm_wait_sends(&g->pp_comm);
     return loss;
 }
 

@@ -4,7 +4,7 @@
  * buffers) and hands a group's collectives to NCCL (parallel/comm_nccl.h)
  * when the group has an NCCL communicator. Every call adds its payload to bytes (the buffer a
  * collective reduces or gathers: n elements for an all-reduce, size * n for a
- * reduce-scatter's input or an all-gather's output; the message for a send),
+ * reduce-scatter's input or an all-gather's output; the messages it sends),
  * for the communication-volume benchmark. A group of size 1 makes every collective a
  * no-op (or a copy), so single-rank code pays nothing. */
 #pragma once
@@ -26,9 +26,9 @@ struct comm {
      * correct, not fast. comm_all_reduce_sum_f64 always takes host memory. */
     const struct backend *stage;
     void *host[2];              /* staging buffers (grown on demand) */
-    /* Non-NULL: the group's float collectives run on NCCL with device
-     * buffers (parallel/comm_nccl.h), even for a group of one; sends,
-     * receives, barriers and comm_all_reduce_sum_f64 stay on MPI. */
+    /* Non-NULL: the group's float collectives and exchanges run on NCCL
+     * with device buffers (parallel/comm_nccl.h), even for a group of one;
+     * barriers and comm_all_reduce_sum_f64 stay on MPI. */
     void *nccl;
     size_t host_bytes[2];
     int tickets;                /* comm_all_gather_v_start's tickets issued so far */
@@ -43,11 +43,22 @@ void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t
 /* in: n floats; out: size * n floats, rank-major */
 void comm_all_gather(struct comm *c, const float *in, float *out, size_t n);
 void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root);
-/* Point to point: sends are non-blocking and complete in comm_wait_sends, so
- * the caller keeps the buffer alive until then; recv blocks. */
-void comm_send(struct comm *c, const void *buf, size_t bytes, int peer, int tag);
-void comm_recv(struct comm *c, void *buf, size_t bytes, int peer, int tag);
-void comm_wait_sends(struct comm *c);
+/* Point to point, as one group: every send and receive of ops is posted at
+ * once and the call completes when all are done (the host returns at once
+ * over NCCL, where the compute stream waits for them). Transfers from one
+ * rank to another meet in the order they are posted, within a group and
+ * across groups: there are no tags (NCCL has none), so both ends must post
+ * them in the same order. A group completes only when each of its transfers
+ * has met its peer's, so a send blocks like a receive: the pipeline's groups
+ * are planned in parallel/schedule.h. */
+struct comm_p2p {
+    void *buf;
+    size_t bytes;
+    int peer;
+    int recv;   /* 1: receive into buf, 0: send buf */
+};
+#define COMM_EXCHANGE_MAX 8 /* transfers in one group */
+void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n);
 /* in and out: size blocks of n floats each */
 void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n);
 /* Variable-size all-to-all: in holds send_counts[r] floats for each rank r in

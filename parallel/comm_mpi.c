@@ -22,12 +22,12 @@
         }                                                                                   \
     } while (0)
 
-/* Outstanding non-blocking requests of this process (sends and collectives). */
+/* Outstanding non-blocking requests of this process (collectives). */
 #define MAX_PENDING 4096
 struct pending {
     MPI_Request req[MAX_PENDING];
     const struct comm *owner[MAX_PENDING];
-    void *staged[MAX_PENDING]; /* host copy of a staged send (or a gather's count arrays), freed when it completes */
+    void *staged[MAX_PENDING]; /* a gather's count arrays, freed when it completes */
     int ticket[MAX_PENDING];   /* comm_all_gather_v_start's ticket, 0 for the rest */
     int n;
 };
@@ -179,25 +179,40 @@ void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
     watchdog_leave();
 }
 
-void comm_send(struct comm *c, const void *buf, size_t bytes, int peer, int tag) {
-    MPI_Request r;
-    c->bytes += bytes, c->calls++;
-    enter(c, "send");
-    void *staged = NULL;
-    if (c->stage) { /* a copy of its own: the caller may reuse buf before the send completes */
-        staged = xmalloc(bytes ? bytes : 1);
-        c->stage->to_host(staged, buf, bytes);
+/* Every transfer posted non-blocking, then all waited for: MPI's order of
+ * matching (one tag per communicator, non-overtaking) is NCCL's. Device
+ * buffers go through host copies of their own, sends copied in before the
+ * posting, receives copied home after the wait. */
+void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n) {
+    size_t sent = 0;
+    for (int i = 0; i < n; i++) sent += ops[i].recv ? 0 : ops[i].bytes;
+    if (c->nccl) {
+        nccl_exchange(c, ops, n);
+        return;
     }
-    MPI_CHECK(MPI_Isend(staged ? staged : buf, (int)bytes, MPI_BYTE, peer, tag, handle(c), &r));
-    track(c, r, staged);
-    watchdog_leave();
-}
-
-void comm_recv(struct comm *c, void *buf, size_t bytes, int peer, int tag) {
-    enter(c, "recv");
-    void *h = stage_out(c, 0, buf, bytes);
-    MPI_CHECK(MPI_Recv(h, (int)bytes, MPI_BYTE, peer, tag, handle(c), MPI_STATUS_IGNORE));
-    stage_back(c, buf, h, bytes);
+    if (!n) return;
+    c->bytes += sent, c->calls++;
+    enter(c, "exchange");
+    MPI_Request req[COMM_EXCHANGE_MAX];
+    MPI_Status status[COMM_EXCHANGE_MAX]; /* not MPI_STATUSES_IGNORE: gcc misreads its annotation */
+    void *host[COMM_EXCHANGE_MAX] = {0};
+    CHECK(n <= COMM_EXCHANGE_MAX);
+    for (int i = 0; i < n; i++) {
+        const struct comm_p2p *o = &ops[i];
+        CHECK(o->bytes <= INT32_MAX);
+        void *b = o->buf;
+        if (c->stage) {
+            b = host[i] = xmalloc(o->bytes ? o->bytes : 1);
+            if (!o->recv) c->stage->to_host(b, o->buf, o->bytes);
+        }
+        if (o->recv) MPI_CHECK(MPI_Irecv(b, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &req[i]));
+        else MPI_CHECK(MPI_Isend(b, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &req[i]));
+    }
+    MPI_CHECK(MPI_Waitall(n, req, status));
+    for (int i = 0; i < n; i++) {
+        if (host[i] && ops[i].recv) c->stage->from_host(ops[i].buf, host[i], ops[i].bytes);
+        free(host[i]);
+    }
     watchdog_leave();
 }
 
@@ -219,12 +234,6 @@ static void wait_matching(const struct comm *c, int up_to) {
     pending.n = kept;
 }
 static void wait_owned(const struct comm *c) { wait_matching(c, -1); }
-
-void comm_wait_sends(struct comm *c) {
-    enter(c, "wait_sends");
-    wait_owned(c);
-    watchdog_leave();
-}
 
 void comm_wait_all(struct comm *c) {
     if (c->nccl) nccl_wait(c);

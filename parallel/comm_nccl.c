@@ -5,7 +5,10 @@
  * after itself; a blocking call makes the compute stream wait for that event
  * at once (the host does not wait: a later copy to the host is ordered
  * behind it), a started one (gradient buckets) only in nccl_wait, so
- * backward keeps computing while the bucket is reduced. */
+ * backward keeps computing while the bucket is reduced. The pipeline's
+ * exchanges are blocking calls of their group: the compute stream waits for
+ * the whole group, and the group's stream for the compute before it, so a
+ * buffer is never written by a receive while a kernel still reads it. */
 #include <stdio.h>
 #include <string.h>
 
@@ -228,6 +231,23 @@ void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
     end(g, 0);
 }
 
+/* the pipeline's transfers: one NCCL group, in the order given (NCCL
+ * matches a pair's sends and receives in issue order) */
+void nccl_exchange(struct comm *c, const struct comm_p2p *ops, int n) {
+    size_t sent = 0;
+    for (int i = 0; i < n; i++) sent += ops[i].recv ? 0 : ops[i].bytes;
+    if (!n) return;
+    struct nccl_group *g = begin(c, sent);
+    NCCL_CHECK(nc.group_start());
+    for (int i = 0; i < n; i++) {
+        const struct comm_p2p *o = &ops[i];
+        if (o->recv) NCCL_CHECK(nc.recv(o->buf, o->bytes, ncclUint8, o->peer, g->comm, g->stream));
+        else NCCL_CHECK(nc.send(o->buf, o->bytes, ncclUint8, o->peer, g->comm, g->stream));
+    }
+    NCCL_CHECK(nc.group_end());
+    end(g, 0);
+}
+
 #else /* no CUDA in this build: no NCCL; nothing sets comm->nccl */
 
 int nccl_available(char *why, size_t n) {
@@ -247,4 +267,5 @@ void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
 void nccl_wait(struct comm *c) { CHECK(0); }
 void nccl_all_gather_v(struct comm *c, float *buf, const int *counts, const int *displs, int ticket) { CHECK(0); }
 void nccl_wait_ticket(struct comm *c, int ticket) { CHECK(0); }
+void nccl_exchange(struct comm *c, const struct comm_p2p *ops, int n) { CHECK(0); }
 #endif

@@ -3,12 +3,12 @@
  * group, ordered against the compute stream by events. libnccl.so.2 is
  * loaded when first asked for (dlopen), so mtrain starts and runs on the CPU
  * and over MPI where NCCL is absent. comm_mpi.c hands a group's calls here
- * when comm->nccl is set; point-to-point calls (the pipeline's sends) stay
- * on MPI, staged through host memory. */
+ * when comm->nccl is set, the pipeline's exchanges included. */
 #pragma once
 #include <stddef.h>
 
 struct comm;
+struct comm_p2p;
 
 /* NCCL can be used in this build on this machine: 1, or 0 with why filled. */
 int nccl_available(char *why, size_t n);
@@ -30,3 +30,5 @@ void nccl_wait(struct comm *c);
 /* comm_all_gather_v_start (one broadcast per piece, grouped) and its wait */
 void nccl_all_gather_v(struct comm *c, float *buf, const int *counts, const int *displs, int ticket);
 void nccl_wait_ticket(struct comm *c, int ticket);
+/* comm_exchange: the group's sends and receives in one NCCL group */
+void nccl_exchange(struct comm *c, const struct comm_p2p *ops, int n);

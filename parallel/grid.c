@@ -147,8 +147,8 @@ int grid_ranks_sharing_gpu(struct grid *g) {
 }
 
 void grid_use_nccl(struct grid *g) {
-    struct comm *cs[] = {&g->tp_comm, &g->dp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
-    for (int i = 0; i < 5; i++)
+    struct comm *cs[] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
+    for (int i = 0; i < 6; i++)
         if (cs[i]->size > 1) comm_nccl_init(cs[i]);
 }
 

@@ -35,9 +35,9 @@ void grid_free(struct grid *g);
 /* The model's groups (tp, dp, pp) carry device memory of backend be: their
  * calls stage it through host buffers (see struct comm). world stays host. */
 void grid_stage_device(struct grid *g, const struct backend *be);
-/* GPU ranks: the groups whose collectives carry device tensors (tp, dp, ep,
- * edp, embed) get NCCL communicators, each of size > 1 (collective over the
- * world; the GPU must be chosen). The pipeline's sends stay staged MPI. */
+/* GPU ranks: the groups that carry device tensors (tp, dp, pp, ep, edp,
+ * embed) get NCCL communicators, each of size > 1 (collective over the
+ * world; the GPU must be chosen). */
 void grid_use_nccl(struct grid *g);
 /* How many other ranks drive this rank's GPU (the same host and PCI bus id;
  * collective over the world): NCCL needs a GPU per rank. Whether each rank

@@ -80,7 +80,7 @@ void schedule_print_summary(FILE *out, int pp, int vpp, int m) {
                 "up to %d micro batches in flight\n", r, what, warmup, total - warmup, warmup, in_flight);
     }
     double bubble = 0;
-    if (schedule_simulate(pp, vpp, m, 2.0, &bubble) == 0)
+    if (schedule_simulate(pp, vpp, m, 0, 2.0, &bubble) == 0)
         fprintf(out, "  bubble fraction %.1f%% (simulated: a backward costs 2 forwards, communication free; ideal "
                 "(pp-1)/(vpp*m+pp-1) = %.1f%%)\n", 100 * bubble, 100.0 * (pp - 1) / ((double)vpp * m + pp - 1));
     else
@@ -88,48 +88,131 @@ void schedule_print_summary(FILE *out, int pp, int vpp, int m) {
     free(s);
 }
 
-int schedule_simulate(int pp, int vpp, int m, double backward_cost, double *bubble) {
-    int per = 2 * m * vpp, nvs = pp * vpp;
+struct sched_links schedule_links(struct sched_item it, int pp, int vpp, int rank) {
+    int vs = it.chunk * pp + rank, last = pp * vpp - 1;
+    struct sched_links l = {-1, -1};
+    if (it.op == SCHED_FORWARD) {
+        if (vs > 0) l.recv_from = (vs - 1) % pp;
+        if (vs < last) l.send_to = (vs + 1) % pp;
+    } else {
+        if (vs < last) l.recv_from = (vs + 1) % pp;
+        if (vs > 0) l.send_to = (vs - 1) % pp;
+    }
+    return l;
+}
+
+int schedule_unit(const struct sched_item *s, int n, int i, int vpp) {
+    return vpp > 1 && i + 1 < n && s[i].op == SCHED_FORWARD && s[i + 1].op == SCHED_BACKWARD ? 2 : 1;
+}
+
+/* ---- simulation of the grouped exchanges ---- */
+
+/* a transfer: its channel (sender * pp + receiver), its place in the
+ * channel's order, and the message: kind, micro batch, receiving virtual stage */
+struct xfer { int send, ch, seq, backward, mb, vs; };
+
+struct sim_channels {          /* per channel and direction: what was posted, in order */
+    int cap, *count[2];        /* [0] sends, [1] receives */
+    struct xfer *posted[2];
+    double *at[2];
+};
+
+struct sim_rank {
+    const struct sched_item *s;
+    int n, pos, unit;          /* next item; items the posted group precedes */
+    struct xfer group[4], out[2];
+    int ngroup, nout, done;    /* nout: the last unit's sends, posted with the next group */
+    double clock;
+};
+
+static void sim_post(struct sim_channels *c, struct sim_rank *r, struct xfer x) {
+    int d = !x.send, k = c->count[d][x.ch]++;
+    CHECK(k < c->cap);
+    x.seq = k;
+    c->posted[d][(size_t)x.ch * c->cap + k] = x;
+    c->at[d][(size_t)x.ch * c->cap + k] = r->clock;
+    r->group[r->ngroup++] = x;
+}
+
+/* post rank me's next group: the last unit's sends and the next unit's receives */
+static void sim_post_group(struct sim_channels *c, struct sim_rank *r, int pp, int vpp, int me) {
+    r->ngroup = 0;
+    for (int i = 0; i < r->nout; i++) sim_post(c, r, r->out[i]);
+    r->nout = 0;
+    r->unit = r->pos < r->n ? schedule_unit(r->s, r->n, r->pos, vpp) : 0;
+    for (int i = r->pos; i < r->pos + r->unit; i++) {
+        struct sched_item it = r->s[i];
+        struct sched_links l = schedule_links(it, pp, vpp, me);
+        int vs = it.chunk * pp + me;
+        if (l.recv_from >= 0)
+            sim_post(c, r, (struct xfer){0, l.recv_from * pp + me, 0, it.op == SCHED_BACKWARD, it.mb, vs});
+    }
+    r->done = !r->ngroup && !r->unit;
+}
+
+/* rank me's group, if every transfer in it has met its peer's: run the unit
+ * after it (its sends wait for the next group). 1 progressed, 0 waiting, -2
+ * a receive meets another message. */
+static int sim_advance(struct sim_channels *c, struct sim_rank *r, int pp, int vpp, int me, double backward_cost,
+                       double *busy) {
+    double t = r->clock;
+    for (int i = 0; i < r->ngroup; i++) {
+        struct xfer x = r->group[i];
+        int d = x.send; /* the peer's direction */
+        if (c->count[d][x.ch] <= x.seq) return 0;
+        size_t at = (size_t)x.ch * c->cap + x.seq;
+        struct xfer y = c->posted[d][at];
+        if (y.backward != x.backward || y.mb != x.mb || y.vs != x.vs) return -2;
+        if (c->at[d][at] > t) t = c->at[d][at];
+    }
+    r->clock = t;
+    for (int i = r->pos; i < r->pos + r->unit; i++) {
+        struct sched_item it = r->s[i];
+        struct sched_links l = schedule_links(it, pp, vpp, me);
+        int vs = it.chunk * pp + me, bw = it.op == SCHED_BACKWARD;
+        double cost = bw ? backward_cost : 1.0;
+        r->clock += cost, *busy += cost;
+        if (l.send_to >= 0) r->out[r->nout++] = (struct xfer){1, me * pp + l.send_to, 0, bw, it.mb, bw ? vs - 1 : vs + 1};
+    }
+    r->pos += r->unit;
+    sim_post_group(c, r, pp, vpp, me);
+    return 1;
+}
+
+int schedule_simulate(int pp, int vpp, int m, int forward_only, double backward_cost, double *bubble) {
+    int per = 2 * m * vpp;
     struct sched_item *s = xmalloc(sizeof *s * per * pp);
-    int *len = xcalloc(pp, sizeof *len), *pos = xcalloc(pp, sizeof *pos);
-    double *clock = xcalloc(pp, sizeof *clock), busy = 0;
-    /* finish time of forward / backward of (micro batch, virtual stage); < 0 = not yet */
-    double *fdone = xmalloc(sizeof(double) * m * nvs), *bdone = xmalloc(sizeof(double) * m * nvs);
-    for (int i = 0; i < m * nvs; i++) fdone[i] = bdone[i] = -1;
-    for (int r = 0; r < pp; r++) len[r] = schedule_build(s + r * per, pp, vpp, r, m);
+    struct sim_rank *r = xcalloc(pp, sizeof *r);
+    struct sim_channels c = {.cap = per};
+    for (int d = 0; d < 2; d++) {
+        c.count[d] = xcalloc((size_t)pp * pp, sizeof(int));
+        c.posted[d] = xmalloc(sizeof(struct xfer) * pp * pp * per);
+        c.at[d] = xmalloc(sizeof(double) * pp * pp * per);
+    }
+    for (int i = 0; i < pp; i++) {
+        r[i].s = s + i * per;
+        r[i].n = forward_only ? schedule_build_forward(s + i * per, vpp, m) : schedule_build(s + i * per, pp, vpp, i, m);
+        sim_post_group(&c, &r[i], pp, vpp, i);
+    }
+    double busy = 0;
     int progressed = 1, rc = 0;
-    while (progressed) {
+    while (progressed && !rc) {
         progressed = 0;
-        for (int r = 0; r < pp; r++) {
-            while (pos[r] < len[r]) {
-                struct sched_item it = s[r * per + pos[r]];
-                int vs = it.chunk * pp + r;
-                double ready = clock[r];
-                if (it.op == SCHED_FORWARD && vs > 0) { /* needs the previous stage's activation */
-                    double t = fdone[it.mb * nvs + vs - 1];
-                    if (t < 0) break;
-                    ready = t > ready ? t : ready;
-                }
-                if (it.op == SCHED_BACKWARD && vs < nvs - 1) { /* needs the next stage's gradient */
-                    double t = bdone[it.mb * nvs + vs + 1];
-                    if (t < 0) break;
-                    ready = t > ready ? t : ready;
-                }
-                double cost = it.op == SCHED_FORWARD ? 1.0 : backward_cost;
-                clock[r] = ready + cost;
-                busy += cost;
-                (it.op == SCHED_FORWARD ? fdone : bdone)[it.mb * nvs + vs] = clock[r];
-                pos[r]++;
+        for (int i = 0; i < pp && !rc; i++)
+            while (!r[i].done) {
+                int a = sim_advance(&c, &r[i], pp, vpp, i, backward_cost, &busy);
+                if (a < 0) rc = a;
+                if (a <= 0) break;
                 progressed = 1;
             }
-        }
     }
     double end = 0;
-    for (int r = 0; r < pp; r++) {
-        if (pos[r] < len[r]) rc = -1;
-        if (clock[r] > end) end = clock[r];
+    for (int i = 0; i < pp; i++) {
+        if (!rc && !r[i].done) rc = -1;
+        if (r[i].clock > end) end = r[i].clock;
     }
     if (bubble) *bubble = rc ? 1.0 : 1.0 - busy / (end * pp);
-    free(s), free(len), free(pos), free(clock), free(fdone), free(bdone);
+    for (int d = 0; d < 2; d++) free(c.count[d]), free(c.posted[d]), free(c.at[d]);
+    free(s), free(r);
     return rc;
 }

@@ -22,7 +22,7 @@ int main(int argc, char **argv) {
                 int pp = pps[a], vpp = vpps[v], m = ms[b];
                 if (vpp > 1 && m % pp) continue; /* interleaved needs m % pp == 0 */
                 double bubble = 1.0;
-                int rc = schedule_simulate(pp, vpp, m, backward_cost, &bubble);
+                int rc = schedule_simulate(pp, vpp, m, 0, backward_cost, &bubble);
                 struct sched_item *s = malloc(sizeof *s * 2 * m * vpp);
                 int n = schedule_build(s, pp, vpp, 0, m);
                 int in_flight = schedule_max_in_flight(s, n, vpp);

@@ -156,19 +156,26 @@ static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
         if (r == 0) TEST_RESULT(nm("comm_all_gather_v_tickets", sfx), ok, "wrong pieces after comm_wait_ticket");
     }
 
-    /* a ring of non-blocking sends and blocking receives */
-    float token = (float)r, got = -1;
+    /* one exchange group around the ring: two messages to the next rank and
+     * one to the previous, received in posting order (no tags) */
+    float mine[3] = {(float)r, 100.0f + r, 200.0f + r}, got[3] = {-1, -1, -1};
+    int next = (r + 1) % n, prev = (r + n - 1) % n;
     if (n > 1) {
-        void *dt = put(&token, sizeof token), *dg = put(&got, sizeof got);
-        comm_send(w, dt, sizeof token, (r + 1) % n, 7);
-        comm_recv(w, dg, sizeof got, (r + n - 1) % n, 7);
-        comm_wait_sends(w);
-        get(&token, dt, sizeof token), get(&got, dg, sizeof got);
+        void *dm[3], *dg[3];
+        for (int i = 0; i < 3; i++) dm[i] = put(&mine[i], sizeof(float)), dg[i] = put(&got[i], sizeof(float));
+        struct comm_p2p ops[6] = {
+            {dg[0], sizeof(float), prev, 1}, {dm[0], sizeof(float), next, 0}, {dm[1], sizeof(float), next, 0},
+            {dg[1], sizeof(float), prev, 1}, {dm[2], sizeof(float), prev, 0}, {dg[2], sizeof(float), next, 1},
+        };
+        uint64_t before = w->bytes;
+        comm_exchange(w, ops, 6);
+        ok = w->bytes - before == 3 * sizeof(float);
+        for (int i = 0; i < 3; i++) get(&mine[i], dm[i], sizeof(float)), get(&got[i], dg[i], sizeof(float));
     } else {
-        got = token;
+        got[0] = mine[0], got[1] = mine[1], got[2] = mine[2], ok = 1;
     }
-    ok = ok_all(agree, got == (float)((r + n - 1) % n));
-    if (r == 0) TEST_RESULT(nm("comm_send_recv_ring", sfx), ok, "got %g", got);
+    ok = ok_all(agree, ok && got[0] == (float)prev && got[1] == 100.0f + prev && got[2] == 200.0f + next);
+    if (r == 0) TEST_RESULT(nm("comm_exchange_ring", sfx), ok, "got %g %g %g", got[0], got[1], got[2]);
 }
 
 /* The same calls over NCCL on device memory, where every rank of this node
@@ -190,7 +197,7 @@ static void check_nccl(struct grid *g) {
     }
     struct comm nw = g->world; /* the world's MPI group, with an NCCL communicator of its own */
     nw.host[0] = nw.host[1] = NULL, nw.host_bytes[0] = nw.host_bytes[1] = 0, nw.bytes = 0;
-    nw.stage = &cuda_backend; /* the ring's sends stay on MPI, staged */
+    nw.stage = &cuda_backend;
     comm_nccl_init(&nw);
     mem = &cuda_backend;
     check_calls(&nw, &g->world, "_nccl");

@@ -27,7 +27,7 @@ static void check_complete(int pp, int vpp, int m) {
         if (vpp == 1) ok &= schedule_max_in_flight(s, n, vpp) <= pp - r;
     }
     double bubble;
-    ok &= schedule_simulate(pp, vpp, m, 2.0, &bubble) == 0;
+    ok &= schedule_simulate(pp, vpp, m, 0, 2.0, &bubble) == 0;
     TEST_RESULT(name, ok, "incomplete schedule or deadlock");
 }
 
@@ -35,9 +35,40 @@ static void check_bubble(int pp, int vpp, int m) {
     char name[96];
     snprintf(name, sizeof name, "schedule_bubble_pp%d_vpp%d_m%d", pp, vpp, m);
     double bubble, want = (double)(pp - 1) / (m * vpp + pp - 1);
-    int rc = schedule_simulate(pp, vpp, m, 2.0, &bubble);
+    int rc = schedule_simulate(pp, vpp, m, 0, 2.0, &bubble);
     /* equal-cost stages: the simulated bubble is the analytic one */
     TEST_RESULT(name, rc == 0 && fabs(bubble - want) < 0.02, "bubble %.4f, analytic %.4f", bubble, want);
+}
+
+/* The grouped exchanges (comm_exchange, as NCCL needs them) of every layout
+ * up to pp 8, vpp 4, 32 micro batches: no deadlock, and every receive meets
+ * the message it expects in posting order; training and evaluation order. */
+static void check_exchanges(void) {
+    int layouts = 0, bad = 0, first[4] = {0};
+    for (int pp = 2; pp <= 8; pp++)
+        for (int vpp = 1; vpp <= 4; vpp++)
+            for (int m = 1; m <= 32; m++) {
+                if (vpp > 1 && m % pp) continue;
+                for (int fwd = 0; fwd < 2; fwd++, layouts++)
+                    if (schedule_simulate(pp, vpp, m, fwd, 2.0, NULL) != 0 && !bad++)
+                        first[0] = pp, first[1] = vpp, first[2] = m, first[3] = fwd;
+            }
+    TEST_RESULT("schedule_exchanges_match", layouts > 400 && bad == 0,
+                "%d of %d layouts deadlock or mismatch (first: pp %d vpp %d m %d%s)", bad, layouts, first[0], first[1],
+                first[2], first[3] ? " forward-only" : "");
+}
+
+/* The units: interleaved schedules pair each steady forward with the
+ * backward after it (an exchange around every item deadlocks them), 1F1B
+ * exchanges around every item (pairing there doubles the bubble). */
+static void check_units(void) {
+    struct sched_item s[64];
+    int n = schedule_build(s, 2, 2, 0, 4), pairs = 0;
+    for (int i = 0; i < n; i += schedule_unit(s, n, i, 2)) pairs += schedule_unit(s, n, i, 2) == 2;
+    int n1 = schedule_build(s, 4, 1, 1, 8), singles = 1;
+    for (int i = 0; i < n1; i++) singles &= schedule_unit(s, n1, i, 1) == 1;
+    /* rank 0 of pp 2, vpp 2, m 4: warm-up 4 forwards, 4 steady pairs, 4 backwards */
+    TEST_RESULT("schedule_units", pairs == 4 && singles, "%d steady pairs (want 4), 1F1B singles %d", pairs, singles);
 }
 
 static void check_lr(void) {
@@ -66,6 +97,8 @@ int main(void) {
     check_bubble(4, 1, 16);
     check_bubble(4, 2, 8);
     check_bubble(2, 2, 4);
+    check_exchanges();
+    check_units();
     check_lr();
     TEST_EXIT();
 }
