@@ -3,10 +3,23 @@
 # one time-limited call on a lent GPU machine (scripts/device/pack.sh packs the
 # build; unpack it first, as pack.sh prints). Run from the repository root:
 #
+#   bash scripts/device/gpu_checks.sh quick     # the acceptance-critical subset, in priority order,
+#                                               # within BUDGET seconds (default 480): one call of a
+#                                               # 15-minute device allowance (see below)
 #   bash scripts/device/gpu_checks.sh tests     # unit + end-to-end GPU checks (~5 min)
 #   bash scripts/device/gpu_checks.sh bench124m # train_gpu.sh on the 124M shape
 #   bash scripts/device/gpu_checks.sh bench8b   # train_gpu.sh on the 8B-shaped stack
 #   bash scripts/device/gpu_checks.sh attention # attention alone, FP8 GEMM rates, comm
+#
+# quick: a session lent a GPU gets 15 minutes of device time in all, the
+# machine's start included, so one call of about 9 minutes is what there is.
+# It runs, most important first, each under what is left of BUDGET: the
+# CUDA op tests with flash attention and FP8 GEMMs (test_cuda_bf16), the
+# attention benchmark at head dim 128, the 8B-shaped stack (mtrain bf16 and
+# fp8, PyTorch bf16 eager), the 124M (mtrain bf16, PyTorch compile), the
+# end-to-end checks (gpu_pretrain.sh), then the rest of the op tests. What
+# the budget cut off is named (SKIP ... budget), and the log is copied to
+# OUT after every step, so a call killed at its limit still returns it.
 #
 # Each phase prints its checks' PASS/FAIL/SKIP lines and ends with one
 # summary line; with OUT set (the device tool's output folder) it also
@@ -24,8 +37,43 @@ run() { # NAME CMD...: its output into the log and on the screen
     echo "== $1" | tee -a "$log"
     shift
     "$@" 2>&1 | tee -a "$log"
+    return "${PIPESTATUS[0]}"
+}
+start=$SECONDS
+BUDGET=${BUDGET:-480}
+save() { # the log and benchmark JSON so far into OUT
+    [ -n "$OUT" ] || return 0
+    mkdir -p "$OUT"
+    cp "$log" "$OUT/gpu_checks_$phase.log"
+    cp build/bench/*.json "$OUT/" 2>/dev/null
+    return 0
+}
+within() { # NAME CMD...: run under what is left of BUDGET, or skip it
+    local left=$((BUDGET - (SECONDS - start)))
+    if [ "$left" -lt 20 ]; then
+        echo "SKIP $1: budget (${BUDGET}s) spent" | tee -a "$log"
+        return 0
+    fi
+    local name=$1
+    shift
+    run "$name" timeout -k 5 "$left" "$@"
+    [ $? = 124 ] && echo "FAIL $name: cut off at the budget (${BUDGET}s)" | tee -a "$log"
+    echo "   ($name: $((SECONDS - start))s of ${BUDGET}s used)" | tee -a "$log"
+    # each benchmark's table apart (train_gpu.sh rewrites train_gpu.json)
+    [ -f build/bench/train_gpu.json ] && mv build/bench/train_gpu.json "build/bench/train_gpu_$name.json"
+    save
 }
 case $phase in
+    quick)
+        nvidia-smi -L 2>&1 | tee -a "$log"
+        within test_cuda_bf16 build/rel/tests/test_cuda_bf16
+        within attention env SHAPES= RUNS=attention ATTENTION_DIMS=128 bash scripts/bench/train_gpu.sh
+        within bench8b env SHAPES=8b RUNS="mtrain-bf16 torch-bf16 mtrain-fp8" STEPS=4 bash scripts/bench/train_gpu.sh
+        within bench124m env SHAPES=124m RUNS="mtrain-bf16 torch-bf16-compile" STEPS=5 bash scripts/bench/train_gpu.sh
+        within gpu_pretrain bash tests/integration/gpu_pretrain.sh
+        within test_cuda_ops build/rel/tests/test_cuda_ops
+        within test_comm build/rel/tests/test_comm
+        ;;
     tests)
         nvidia-smi -L 2>&1 | tee -a "$log"
         run test_cuda_ops build/rel/tests/test_cuda_ops
@@ -50,14 +98,10 @@ case $phase in
         run train_gpu env SHAPES= RUNS="attention fp8-gemm" bash scripts/bench/train_gpu.sh
         run comm bash scripts/bench/comm.sh
         ;;
-    *) echo "usage: gpu_checks.sh tests|bench124m|bench8b|attention" >&2; exit 2 ;;
+    *) echo "usage: gpu_checks.sh quick|tests|bench124m|bench8b|attention" >&2; exit 2 ;;
 esac
 p=$(grep -cE '^\s*PASS' "$log") f=$(grep -cE '^\s*FAIL' "$log") s=$(grep -cE '^\s*SKIP' "$log")
-if [ -n "$OUT" ]; then
-    mkdir -p "$OUT"
-    cp "$log" "$OUT/gpu_checks_$phase.log"
-    cp build/bench/*.json "$OUT/" 2>/dev/null
-fi
+save
 rm -f "$log"
 echo "$p passed, $f failed, $s skipped"
 [ "$f" = 0 ]
