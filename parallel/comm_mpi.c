@@ -180,7 +180,10 @@ void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
 }
 
 /* Every transfer posted non-blocking, then all waited for: MPI's order of
- * matching (one tag per communicator, non-overtaking) is NCCL's. Device
+ * matching (one tag per communicator, non-overtaking) is NCCL's, and sends
+ * are synchronous (MPI_Issend completes only once its receive has started),
+ * as NCCL's are, so a grouping that would hang over NCCL hangs here too
+ * instead of passing on MPI's buffering of small messages. Device
  * buffers go through host copies of their own, sends copied in before the
  * posting, receives copied home after the wait. */
 void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n) {
@@ -206,7 +209,7 @@ void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n) {
             if (!o->recv) c->stage->to_host(b, o->buf, o->bytes);
         }
         if (o->recv) MPI_CHECK(MPI_Irecv(b, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &req[i]));
-        else MPI_CHECK(MPI_Isend(b, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &req[i]));
+        else MPI_CHECK(MPI_Issend(b, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &req[i]));
     }
     MPI_CHECK(MPI_Waitall(n, req, status));
     for (int i = 0; i < n; i++) {

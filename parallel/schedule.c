@@ -102,7 +102,12 @@ struct sched_links schedule_links(struct sched_item it, int pp, int vpp, int ran
 }
 
 int schedule_unit(const struct sched_item *s, int n, int i, int vpp) {
-    return vpp > 1 && i + 1 < n && s[i].op == SCHED_FORWARD && s[i + 1].op == SCHED_BACKWARD ? 2 : 1;
+    if (vpp == 1 || i + 1 >= n || s[i].op != SCHED_FORWARD || s[i + 1].op != SCHED_BACKWARD) return 1;
+    /* steady only: when the warm-up takes every forward (m = pp), the last
+     * forward and the first backward are not a pair (pairing them deadlocks) */
+    int leading = 0;
+    while (leading < n && s[leading].op == SCHED_FORWARD) leading++;
+    return 2 * leading < n ? 2 : 1;
 }
 
 /* ---- simulation of the grouped exchanges ---- */

@@ -40,7 +40,8 @@ struct sched_links { int recv_from, send_to; };
 struct sched_links schedule_links(struct sched_item it, int pp, int vpp, int rank);
 /* How many items from s[i] on run between two exchanges (1 or 2). 1F1B
  * exchanges around every item; interleaved, a steady forward and the
- * backward after it share one exchange (one item each deadlocks there). */
+ * backward after it share one exchange (one item each deadlocks there;
+ * without a steady phase, m = pp, every item is a unit). */
 int schedule_unit(const struct sched_item *s, int n, int i, int vpp);
 
 /* Run all ranks' schedules (training; forward_only: evaluation's order) with

@@ -40,6 +40,15 @@ for spec in "${layouts[@]}"; do
     params_close par_$name ck_ref/step-000000020 ck_$name/step-000000020
 done
 
+# interleaved with every forward in the warm-up (m = pp = 3): no steady phase,
+# one exchange per item (pairing the last forward with the first backward hangs)
+sed 's/num_layers: 4/num_layers: 6/' r.yaml >r6.yaml
+"$MTRAIN" pretrain r6.yaml --set train.global_batch=6 --set log.dir=ref6 --set checkpoint.dir=ck_ref6 >/dev/null 2>&1 ||
+    fail par_reference_run_6_layers "exit $?"
+layout_run par_pp3_vpp2_m3 3 r6.yaml pp3_vpp2_m3 parallel.pp=3 parallel.vpp=2 train.global_batch=6 &&
+    close_metrics ref6/metrics.jsonl pp3_vpp2_m3/metrics.jsonl 1 20 && pass par_pp3_vpp2_m3_losses ||
+    fail par_pp3_vpp2_m3_losses "$(paste <(metric ref6/metrics.jsonl loss) <(metric pp3_vpp2_m3/metrics.jsonl loss) | head -4 | tr '\n' ' ')"
+
 # weights in through model.init_from: every rank keeps its block of each tensor
 "$MTRAIN" pretrain r.yaml --set checkpoint.dir= --set checkpoint.interval=0 --set train.steps=3 --set optimizer.warmup_steps=1 \
     --set log.dir=init_src >/dev/null 2>&1
