@@ -261,7 +261,7 @@ int cmd_eval(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     static struct model_source src;
     char err[8448];
-    if ((rc = model_source_open(&src, o.model, o.recipe, 0, err, sizeof err))) {
+    if ((rc = model_source_open(&src, o.model, o.recipe, err, sizeof err))) {
         fprintf(stderr, "mtrain: error: %s\n", err);
         return rc;
     }

@@ -18,7 +18,7 @@ static void usage(FILE *out) {
             "MODEL is a checkpoint step directory or checkpoint directory (any parallel layout), a run's\n"
             "LOG_DIR (or LOG_DIR/model.safetensors: the model from model.recipe.yaml beside it or --recipe\n"
             "FILE), or a "
-            "Hugging Face directory (config.json + model.safetensors; Llama or Mixtral).\n\n"
+            "Hugging Face directory (config.json + model.safetensors; Llama, Mixtral or DeepSeek-V3).\n\n"
             "  --prompt TEXT        text to continue, encoded with --tokenizer (no BOS is added)\n"
             "  --tokenizer SPEC     bytes | hf:FILE | tiktoken:FILE; decodes the output too\n"
             "  --prompt-ids LIST    the prompt as token ids (comma separated)\n"
@@ -239,7 +239,7 @@ int cmd_generate(int argc, char **argv) {
         return EXIT_USAGE;
     }
     static struct model_source src;
-    if ((rc = model_source_open(&src, o.model, o.recipe, 1, err, sizeof err))) {
+    if ((rc = model_source_open(&src, o.model, o.recipe, err, sizeof err))) {
         fprintf(stderr, "mtrain: error: %s\n", err);
         tokenizer_close(tok);
         return rc;

@@ -158,11 +158,6 @@ int hf_config_read(const char *path, struct model_config *cfg, char *err, size_t
     int moe = type && !strcmp(type, "mixtral");
     if (json_is_object(c) && type && !strcmp(type, "deepseek_v3")) {
         rc = deepseek_config_read(c, path, cfg, err, errlen);
-        if (rc) { /* generate/eval reach this too: say that fixing the file would not be enough for them */
-            size_t n = strlen(err);
-            snprintf(err + n, errlen - n, "; note: model_type deepseek_v3 is not supported by generate yet "
-                     "(eval and convert read it)");
-        }
         goto out;
     }
     if (!json_is_object(c) || !type || (strcmp(type, "llama") && !moe)) {
@@ -229,14 +224,6 @@ out:
 }
 
 /* ---- resolving ---- */
-
-static int family_ok(const struct model_config *m, const char *what, char *err, size_t errlen) {
-    if (!strcmp(m->arch, "llama") || !strcmp(m->arch, "mixtral")) return 0;
-    snprintf(err, errlen, "%s: model.arch \"%s\" is not supported by generate yet (llama and mixtral are; eval "
-             "takes it)", what,
-             m->arch);
-    return EXIT_USAGE;
-}
 
 /* The model of a weights file: --recipe, else model.recipe.yaml or config.json beside it. */
 static int weights_model(struct model_source *s, const char *file, const char *recipe_path, char *err, size_t errlen) {
@@ -307,12 +294,10 @@ int model_source_resolve(struct model_source *s, const char *path, const char *r
     return resolve(s, path, recipe_path, err, errlen);
 }
 
-int model_source_open(struct model_source *s, const char *path, const char *recipe_path, int decoding, char *err,
-                      size_t errlen) {
+int model_source_open(struct model_source *s, const char *path, const char *recipe_path, char *err, size_t errlen) {
     int rc = model_source_resolve(s, path, recipe_path, err, errlen);
     if (rc) return rc;
     const struct model_config *m = &s->recipe.model;
-    if (decoding && (rc = family_ok(m, s->path, err, errlen))) return rc;
     s->max_positions = m->max_seq_len ? m->max_seq_len : s->recipe.train.seq_len;
     return 0;
 }

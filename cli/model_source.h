@@ -23,14 +23,10 @@ struct model_source {
 };
 
 /* Resolve path (recipe_path, or NULL, gives the model of a bare weights
- * file). `decoding`: the model is for generate's KV-cache decoder, which
- * has no multi-head latent attention (Llama and Mixtral only); eval runs the
- * training forward and takes every family. Returns 0, or EXIT_USAGE /
+ * file) for generate or eval: every family. Returns 0, or EXIT_USAGE /
  * EXIT_RUNTIME with a message in err. */
-int model_source_open(struct model_source *s, const char *path, const char *recipe_path, int decoding, char *err,
-                      size_t errlen);
-/* The same for any model family (convert --hf), without generate/eval's
- * check that the family can be decoded. */
+int model_source_open(struct model_source *s, const char *path, const char *recipe_path, char *err, size_t errlen);
+/* The same without the position limit (convert --hf). */
 int model_source_resolve(struct model_source *s, const char *path, const char *recipe_path, char *err, size_t errlen);
 /* Fill the parameters of m (created for s->recipe.model, whole model).
  * Returns 0, or EXIT_RUNTIME / EXIT_USAGE with a message in err. Prints

@@ -158,10 +158,10 @@ static void ref_attention_backward(float *dq, float *dk, float *dv, const float 
 }
 
 static void attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,
-                             int D) {
-    size_t no = (size_t)n * H * D, nk = (size_t)Tk * KVH * D;
+                             int D, int Dv) {
+    size_t nq = (size_t)n * H * D, no = (size_t)n * H * Dv, nk = (size_t)Tk * KVH * D, nv = (size_t)Tk * KVH * Dv;
     float *o = scratch(3, no);
-    BF16_INNER.attention_decode(o, wide(0, q, no), wide(1, k, nk), wide(2, v, nk), n, Tk, H, KVH, D);
+    BF16_INNER.attention_decode(o, wide(0, q, nq), wide(1, k, nk), wide(2, v, nv), n, Tk, H, KVH, D, Dv);
     bf16_narrow(out, o, no);
 }
 

@@ -110,10 +110,11 @@ struct backend {
 
     /* Incremental decoding against a KV cache: n queries q[n,H,D] at the
      * last n positions Tk-n .. Tk-1 of one sequence attend causally to the
-     * cached keys/values k,v[Tk,KVH,D] (rows [0, Tk), the queries' own
-     * positions included) -> out[n,H,D]. No state is kept (inference only). */
+     * cached keys k[Tk,KVH,D] and values v[Tk,KVH,Dv] (rows [0, Tk), the
+     * queries' own positions included; Dv = D except in MLA) -> out[n,H,Dv],
+     * scores scaled by 1/sqrt(D). No state is kept (inference only). */
     void (*attention_decode)(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H,
-                             int KVH, int D);
+                             int KVH, int D, int Dv);
 
     /* dst[r*ldd + c] = (or += if accumulate) src[r*lds + c] for r < rows, c < cols:
      * a block of columns between row-major matrices (MLA's per-head splits). */

@@ -9,8 +9,8 @@
 #include "kernels/cpu/cpu.h"
 
 void cpu_attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,
-                          int D) {
-    int group = H / KVH, ldk = KVH * D;
+                          int D, int Dv) {
+    int group = H / KVH, ldk = KVH * D, ldv = KVH * Dv;
     float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel
     {
@@ -20,7 +20,7 @@ void cpu_attention_decode(float *out, const float *q, const float *k, const floa
             for (int h = 0; h < H; h++) {
                 int last = Tk - n + i; /* the query's own position: keys [0, last] are visible */
                 const float *qi = q + ((size_t)i * H + h) * D;
-                const float *kh = k + (size_t)(h / group) * D, *vh = v + (size_t)(h / group) * D;
+                const float *kh = k + (size_t)(h / group) * D, *vh = v + (size_t)(h / group) * Dv;
                 float maxv = -INFINITY;
                 for (int j = 0; j <= last; j++) {
                     const float *kj = kh + (size_t)j * ldk;
@@ -31,12 +31,12 @@ void cpu_attention_decode(float *out, const float *q, const float *k, const floa
                 }
                 float sum = 0;
                 for (int j = 0; j <= last; j++) sum += p[j] = expf(p[j] - maxv);
-                float inv = 1.0f / sum, *o = out + ((size_t)i * H + h) * D;
-                for (int d = 0; d < D; d++) o[d] = 0;
+                float inv = 1.0f / sum, *o = out + ((size_t)i * H + h) * Dv;
+                for (int d = 0; d < Dv; d++) o[d] = 0;
                 for (int j = 0; j <= last; j++) {
-                    const float *vj = vh + (size_t)j * ldk;
+                    const float *vj = vh + (size_t)j * ldv;
                     float w = p[j] * inv;
-                    for (int d = 0; d < D; d++) o[d] += w * vj[d];
+                    for (int d = 0; d < Dv; d++) o[d] += w * vj[d];
                 }
             }
         free(p);

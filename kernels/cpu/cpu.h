@@ -24,7 +24,7 @@ void cpu_attention_forward(float *out, float *att, const float *q, const float *
 void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *att,
                             const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv);
 void cpu_attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,
-                          int D);
+                          int D, int Dv);
 void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
 void cpu_cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale);

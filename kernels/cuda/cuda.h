@@ -63,7 +63,7 @@ size_t cuda_attention_state_floats(int B, int H, int T);
 void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *att,
                              const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv);
 void cuda_attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,
-                           int D);
+                           int D, int Dv);
 void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
 void cuda_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E, int k);

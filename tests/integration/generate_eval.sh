@@ -76,6 +76,65 @@ print(f"  long prompt: max |kv - full| {err:.3g}", file=sys.stderr)
 sys.exit(0 if err <= 1e-5 else 1)
 PY
 
+# DeepSeek-V3 (latent attention with YaRN, with and without the query
+# latent; a dense layer, then sigmoid group-limited routing with a shared
+# expert; an MTP module, which generation does not run): the KV-cache
+# decoder's logits equal the full forward's, for a long prompt fed in pieces
+# and for every token generated one at a time; its HF export generates the same
+cat >ds.yaml <<'YAML'
+model: {arch: deepseek_v3, vocab_size: 264, hidden_size: 32, num_layers: 3, num_heads: 4, num_kv_heads: 4,
+        intermediate_size: 64, q_lora_rank: 16, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 4,
+        v_head_dim: 6, rope_scaling_type: yarn, rope_scaling_factor: 4, rope_original_max_pos: 80,
+        yarn_mscale: 1.0, yarn_mscale_all_dim: 0.7, max_seq_len: 320, first_k_dense: 1, num_experts: 4,
+        experts_per_token: 2, moe_intermediate_size: 16, moe_shared_experts: 1, moe_score_func: sigmoid,
+        moe_n_group: 2, moe_topk_group: 1, moe_routed_scaling: 2.5, moe_bias_update_rate: 1e-2,
+        moe_aux_loss_coef: 0, mtp_depth: 1}
+train: {seq_len: 32, micro_batch: 2, global_batch: 4, steps: 12}
+optimizer: {lr: 1e-2, warmup_steps: 2}
+data: {path: data, valid_fraction: 0.1}
+checkpoint: {interval: 12}
+log: {interval: 100}
+YAML
+for v in q_latent:16 q_proj:0; do
+    name=${v%:*}
+    "$MTRAIN" pretrain ds.yaml --set model.q_lora_rank=${v#*:} --set checkpoint.dir=ck-$name --set log.dir=run-$name \
+        >out 2>&1 || { fail gen_deepseek_${name}_train "exit $?: $(tail -2 out)"; continue; }
+    gen ck-$name --prompt-ids $ids --max-tokens 1 --json --json-top 5 >long.json &&
+        "$MTRAIN" eval ck-$name --ids $ids --dump full.json >/dev/null 2>>err || fail gen_deepseek_${name}_runs "$(cat err)"
+    "$PY" - <<'PY' && pass gen_deepseek_${name}_long_prompt_matches_full_forward ||
+import json, sys
+g = json.load(open("long.json"))["steps"][0]
+f = json.load(open("full.json"))["positions"][-1]
+full = dict(zip(f["top_ids"], f["top_logits"]))
+err = max(abs(l - full.get(i, 1e9)) for i, l in zip(g["top_ids"], g["top_logits"]))
+print(f"  deepseek long prompt: max |kv - full| {err:.3g}", file=sys.stderr)
+sys.exit(0 if err <= 1e-5 else 1)
+PY
+        fail gen_deepseek_${name}_long_prompt_matches_full_forward "see above"
+    # 24 tokens one at a time: each step's logits against the full forward of prompt + tokens so far
+    gen ck-$name --prompt-ids $P --max-tokens 24 --stop-id -1 --json --json-top 5 >steps.json ||
+        fail gen_deepseek_${name}_steps "$(cat err)"
+    all=$("$PY" -c "import json; print(','.join(str(t) for t in [$P] + json.load(open('steps.json'))['ids'][:-1]))")
+    "$MTRAIN" eval ck-$name --ids $all --dump full.json >/dev/null 2>err || fail gen_deepseek_${name}_steps_eval "$(cat err)"
+    "$PY" - $(echo $P | tr ',' ' ' | wc -w) <<'PY' && pass gen_deepseek_${name}_decode_steps_match_full_forward ||
+import json, sys
+np_ = int(sys.argv[1])
+steps = json.load(open("steps.json"))["steps"]
+pos = json.load(open("full.json"))["positions"]
+err = 0
+for i, g in enumerate(steps):
+    full = dict(zip(pos[np_ - 1 + i]["top_ids"], pos[np_ - 1 + i]["top_logits"]))
+    err = max(err, max(abs(l - full.get(t, 1e9)) for t, l in zip(g["top_ids"], g["top_logits"])))
+print(f"  deepseek {len(steps)} decode steps: max |kv - full| {err:.3g}", file=sys.stderr)
+sys.exit(0 if len(steps) == 24 and err <= 1e-5 else 1)
+PY
+        fail gen_deepseek_${name}_decode_steps_match_full_forward "see above"
+done
+"$MTRAIN" convert ck-q_latent --hf hf-ds >/dev/null 2>&1 || fail gen_deepseek_export "convert --hf failed"
+gen ck-q_latent --prompt-ids $P --max-tokens 20 >x.txt && gen hf-ds --prompt-ids $P --max-tokens 20 >y.txt &&
+    [ -s x.txt ] && cmp -s x.txt y.txt && pass gen_deepseek_checkpoint_tokens_equal_export ||
+    fail gen_deepseek_checkpoint_tokens_equal_export "$(cat x.txt y.txt err)"
+
 # multi-rank checkpoints (tp 2 dense, ep 2 MoE) give what their exports give
 for spec in "dense tp2 parallel.tp=2" "moe ep2 parallel.ep=2"; do
     set -- $spec
@@ -127,9 +186,9 @@ expect_exit eval_ids_too_long 2 "$MTRAIN" eval ck --ids $long
 expect_exit eval_empty_valid_split 2 "$MTRAIN" eval ck --data data --valid-fraction 0
 expect_exit eval_seq_len_too_long 2 "$MTRAIN" eval ck --data data --seq-len 400
 expect_exit eval_missing_data 1 "$MTRAIN" eval ck --data nodata
-mkdir -p ds && cp -r hf ds/hfx && sed -i 's/"llama"/"deepseek_v3"/' ds/hfx/config.json
-expect_exit gen_refuses_other_family 2 "$MTRAIN" generate ds/hfx --prompt-ids 1
-expect_output gen_refuses_other_family_message "deepseek_v3.*not supported"
+mkdir -p other && cp -r hf other/hfx && sed -i 's/"llama"/"gpt2"/' other/hfx/config.json
+expect_exit gen_refuses_other_family 2 "$MTRAIN" generate other/hfx --prompt-ids 1
+expect_output gen_refuses_other_family_message '"gpt2" is not supported'
 expect_exit gen_help 0 "$MTRAIN" help generate
 expect_exit eval_help 0 "$MTRAIN" eval --help
 exit $FAILED

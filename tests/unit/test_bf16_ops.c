@@ -241,13 +241,13 @@ static void test_attention(int H, int KVH, int D, int Dv, const char *tag) {
     check_act(name, gk.X, dk, nk, dk_s);
     snprintf(name, sizeof name, "bf16_attention_backward_dv_%s", tag);
     check_act(name, gv.X, dv, nv, dv_s);
-    if (Dv == D) { /* decode: the last 3 positions of sequence 0 against its cache */
+    { /* decode: the last 3 positions of sequence 0 against its cache */
         int n = 3;
-        size_t off = (size_t)(T - n) * H * D, nd = (size_t)n * H * D;
+        size_t off = (size_t)(T - n) * H * D, nd = (size_t)n * H * Dv;
         float *od = malloc(4 * nd), *od_s = malloc(4 * nd), *OD = malloc(2 * nd);
-        f32->attention_decode(od, q.x + off, k.x, v.x, n, T, H, KVH, D);
-        f32->attention_decode(od_s, q.xr + off, k.xr, v.xr, n, T, H, KVH, D);
-        b16->attention_decode(OD, (const float *)((const uint16_t *)q.X + off), k.X, v.X, n, T, H, KVH, D);
+        f32->attention_decode(od, q.x + off, k.x, v.x, n, T, H, KVH, D, Dv);
+        f32->attention_decode(od_s, q.xr + off, k.xr, v.xr, n, T, H, KVH, D, Dv);
+        b16->attention_decode(OD, (const float *)((const uint16_t *)q.X + off), k.X, v.X, n, T, H, KVH, D, Dv);
         snprintf(name, sizeof name, "bf16_attention_decode_%s", tag);
         check_act(name, OD, od, nd, od_s);
         free(od), free(od_s), free(OD);

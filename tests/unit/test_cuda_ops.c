@@ -185,13 +185,13 @@ static void test_copy_cols(int rows, int ld, int cols) {
     gpu->free(dS), gpu->free(dDst);
 }
 
-static void test_attention_decode(int n, int Tk, int H, int KVH, int D, const char *name) {
-    size_t nq = (size_t)n * H * D, nk = (size_t)Tk * KVH * D;
-    float *q = frand(nq), *k = frand(nk), *v = frand(nk), *out = malloc(sizeof(float) * nq);
-    float *dQ = dev(q, 4 * nq), *dK = dev(k, 4 * nk), *dV = dev(v, 4 * nk), *dOut = gpu->alloc(4 * nq);
-    cpu->attention_decode(out, q, k, v, n, Tk, H, KVH, D);
-    gpu->attention_decode(dOut, dQ, dK, dV, n, Tk, H, KVH, D);
-    compare(name, dOut, out, nq);
+static void test_attention_decode(int n, int Tk, int H, int KVH, int D, int Dv, const char *name) {
+    size_t nq = (size_t)n * H * D, nk = (size_t)Tk * KVH * D, nv = (size_t)Tk * KVH * Dv, no = (size_t)n * H * Dv;
+    float *q = frand(nq), *k = frand(nk), *v = frand(nv), *out = malloc(sizeof(float) * no);
+    float *dQ = dev(q, 4 * nq), *dK = dev(k, 4 * nk), *dV = dev(v, 4 * nv), *dOut = gpu->alloc(4 * no);
+    cpu->attention_decode(out, q, k, v, n, Tk, H, KVH, D, Dv);
+    gpu->attention_decode(dOut, dQ, dK, dV, n, Tk, H, KVH, D, Dv);
+    compare(name, dOut, out, no);
     gpu->free(dQ), gpu->free(dK), gpu->free(dV), gpu->free(dOut);
     free(q), free(k), free(v), free(out);
 }
@@ -426,9 +426,10 @@ int main(void) {
     test_attention(2, 67, 4, 1, 16, 16, "mqa_d16_t67", 1);
     test_attention(2, 67, 4, 4, 24, 16, "mla_value_dim", 0); /* MLA: qk head 192, v head 128, here 24 / 16 */
     test_copy_cols(37, 29, 13);
-    test_attention_decode(1, 300, 8, 2, 64, "cuda_attention_decode_one_query");
-    test_attention_decode(37, 37, 4, 1, 128, "cuda_attention_decode_prefill_d128");
-    test_attention_decode(5, 2000, 6, 6, 16, "cuda_attention_decode_chunk_t2000");
+    test_attention_decode(1, 300, 8, 2, 64, 64, "cuda_attention_decode_one_query");
+    test_attention_decode(37, 37, 4, 1, 128, 128, "cuda_attention_decode_prefill_d128");
+    test_attention_decode(5, 2000, 6, 6, 16, 16, "cuda_attention_decode_chunk_t2000");
+    test_attention_decode(3, 70, 4, 4, 192, 128, "cuda_attention_decode_mla_192_128");
     test_swiglu(100003);
     test_cross_entropy(77, 1500);
     test_vocab_parallel_ce(77, 1500);

@@ -222,14 +222,16 @@ static void test_attention(int H, int KVH, int Dv, const char *fwd_name, const c
 
 /* The last n of Tk causal positions against the cached keys: the same rows
  * as full causal attention over the whole sequence. */
-static void test_attention_decode(int n, int Tk, int H, int KVH, const char *name) {
+static void test_attention_decode(int n, int Tk, int H, int KVH, int Dv, const char *name) {
     int D = gD;
-    size_t nq = (size_t)Tk * H * D, nk = (size_t)Tk * KVH * D;
-    float *q = frand(nq), *k = frand(nk), *v = frand(nk), *out = malloc(sizeof(float) * n * H * D);
-    double *qd = to_double(q, nq), *kd = to_double(k, nk), *vd = to_double(v, nk), *ref = malloc(sizeof(double) * nq);
+    gDv = Dv;
+    size_t nq = (size_t)Tk * H * D, nk = (size_t)Tk * KVH * D, nv = (size_t)Tk * KVH * Dv, no = (size_t)Tk * H * Dv;
+    float *q = frand(nq), *k = frand(nk), *v = frand(nv), *out = malloc(sizeof(float) * n * H * Dv);
+    double *qd = to_double(q, nq), *kd = to_double(k, nk), *vd = to_double(v, nv), *ref = malloc(sizeof(double) * no);
     ref_attention(ref, qd, kd, vd, 1, Tk, H, KVH, D);
-    be->attention_decode(out, q + (size_t)(Tk - n) * H * D, k, v, n, Tk, H, KVH, D);
-    check_close(name, out, ref + (size_t)(Tk - n) * H * D, (size_t)n * H * D, 1e-5);
+    be->attention_decode(out, q + (size_t)(Tk - n) * H * D, k, v, n, Tk, H, KVH, D, Dv);
+    check_close(name, out, ref + (size_t)(Tk - n) * H * Dv, (size_t)n * H * Dv, 1e-5);
+    gDv = 0;
     free(q), free(k), free(v), free(out), free(qd), free(kd), free(vd), free(ref);
 }
 
@@ -572,9 +574,10 @@ int main(void) {
     test_attention(4, 1, 8, "attention_forward_mqa", "attention_backward_mqa");
     test_attention(4, 4, 6, "attention_forward_value_dim", "attention_backward_value_dim");
     test_copy_cols();
-    test_attention_decode(1, 9, 4, 2, "attention_decode_one_query_gqa");
-    test_attention_decode(5, 5, 4, 1, "attention_decode_prefill_mqa");
-    test_attention_decode(3, 11, 4, 4, "attention_decode_chunk_mha");
+    test_attention_decode(1, 9, 4, 2, gD, "attention_decode_one_query_gqa");
+    test_attention_decode(5, 5, 4, 1, gD, "attention_decode_prefill_mqa");
+    test_attention_decode(3, 11, 4, 4, gD, "attention_decode_chunk_mha");
+    test_attention_decode(3, 11, 4, 4, gD / 2 + 3, "attention_decode_mla_value_heads");
     test_swiglu();
     test_cross_entropy();
     test_embedding();
