@@ -9,7 +9,7 @@ CHECKS="gpu_pretrain_runs gpu_pretrain_device_line gpu_mfu_and_memory gpu_matche
 gpu_resume_bitwise gpu_checkpoint_resumes_on_cpu gpu_tf32_close gpu_zero_single_rank gpu_layout_tp2_sp gpu_layout_pp2
 gpu_layout_dp2_zero gpu_layout_tp2_pp2 gpu_mixtral_matches_cpu gpu_mixtral_deterministic gpu_mixtral_layout_ep2_tp2
 gpu_deepseek_matches_cpu gpu_deepseek_mtp_matches_cpu gpu_deepseek_deterministic gpu_deepseek_layout_tp2_ep2
-gpu_generate_matches_cpu gpu_eval_split_matches_cpu gpu_bf16_runs gpu_bf16_device_line gpu_bf16_tracks_cpu_fp32
+gpu_generate_matches_cpu gpu_generate_deepseek_matches_cpu gpu_eval_split_matches_cpu gpu_bf16_runs gpu_bf16_device_line gpu_bf16_tracks_cpu_fp32
 gpu_bf16_close_to_cpu_bf16 gpu_bf16_deterministic gpu_bf16_resume_bitwise gpu_bf16_checkpoint_resumes_on_cpu
 gpu_fp8_runs gpu_fp8_close_to_cpu_fp8 gpu_fp8_deterministic gpu_fp8_delayed_close_to_cpu gpu_fp8_delayed_resume_bitwise
 gpu_nccl_single_rank_bitwise gpu_nccl_shared_gpu_refused
@@ -260,6 +260,10 @@ fi
 a=$("$MTRAIN" generate g --prompt-ids 1,2,3,4 --max-tokens 24 --device cuda --print-ids 2>/dev/null | tail -1)
 b=$("$MTRAIN" generate g --prompt-ids 1,2,3,4 --max-tokens 24 --device cpu --print-ids 2>/dev/null | tail -1)
 [ -n "$a" ] && [ "$a" = "$b" ] && pass gpu_generate_matches_cpu || fail gpu_generate_matches_cpu "'$a' vs '$b'"
+a=$("$MTRAIN" generate dg --prompt-ids 1,2,3,4 --max-tokens 24 --device cuda --print-ids 2>/dev/null | tail -1)
+b=$("$MTRAIN" generate dg --prompt-ids 1,2,3,4 --max-tokens 24 --device cpu --print-ids 2>/dev/null | tail -1)
+[ -n "$a" ] && [ "$a" = "$b" ] && pass gpu_generate_deepseek_matches_cpu ||
+    fail gpu_generate_deepseek_matches_cpu "'$a' vs '$b'"
 "$MTRAIN" eval g --data data --split all --batches 2 --device cuda --json 2>/dev/null | grep -o '"loss":[^,}]*' | cut -d: -f2 >eg.loss
 "$MTRAIN" eval g --data data --split all --batches 2 --device cpu --json 2>/dev/null | grep -o '"loss":[^,}]*' | cut -d: -f2 >ec.loss
 close gpu_eval_split_matches_cpu eg.loss ec.loss 1e-5 1
