@@ -62,19 +62,29 @@ a, b, c = (json.load(open(f)) for f in ("e1.json", "e2.json", "e3.json"))
 sys.exit(0 if abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"]) and c["samples"] == 10 and a["tokens"] == 12 * 32 else 1)
 PY
 
+# logits_match CHECK GEN_JSON FULL_JSON FIRST STEPS: the top logits of each of
+# STEPS generated steps (generate --json) equal the full forward's (eval
+# --dump) at positions FIRST, FIRST+1, ... (FIRST -1: the last position)
+logits_match() {
+    "$PY" - "$@" <<'PY' && pass "$1" || fail "$1" "see above"
+import json, sys
+name, steps, pos, first, want = sys.argv[1], *(json.load(open(f)) for f in sys.argv[2:4]), *map(int, sys.argv[4:6])
+steps, pos = steps["steps"], pos["positions"]
+first = first if first >= 0 else len(pos) - 1
+err = 0
+for i, g in enumerate(steps):
+    full = dict(zip(pos[first + i]["top_ids"], pos[first + i]["top_logits"]))
+    err = max(err, max(abs(l - full.get(t, 1e9)) for t, l in zip(g["top_ids"], g["top_logits"])))
+print(f"  {name}: {len(steps)} steps, max |kv - full| {err:.3g}", file=sys.stderr)
+sys.exit(0 if len(steps) == want and err <= 1e-5 else 1)
+PY
+}
+
 # a long prompt is fed to the cache in pieces of 256: its next-token logits equal the full forward's
 ids=$("$PY" -c "import random; random.seed(1); print(','.join(str(random.randrange(256)) for _ in range(300)))")
 gen ck --prompt-ids $ids --max-tokens 1 --json --json-top 5 >long.json || fail gen_long_prompt "$(cat err)"
 "$MTRAIN" eval ck --ids $ids --dump full.json >/dev/null 2>err || fail gen_long_prompt_eval "$(cat err)"
-"$PY" - <<'PY' && pass gen_long_prompt_chunks_match_full_forward || fail gen_long_prompt_chunks_match_full_forward "see above"
-import json, sys
-g = json.load(open("long.json"))["steps"][0]
-f = json.load(open("full.json"))["positions"][-1]
-full = dict(zip(f["top_ids"], f["top_logits"]))
-err = max(abs(l - full.get(i, 1e9)) for i, l in zip(g["top_ids"], g["top_logits"]))
-print(f"  long prompt: max |kv - full| {err:.3g}", file=sys.stderr)
-sys.exit(0 if err <= 1e-5 else 1)
-PY
+logits_match gen_long_prompt_chunks_match_full_forward long.json full.json -1 1
 
 # DeepSeek-V3 (latent attention with YaRN, with and without the query
 # latent; a dense layer, then sigmoid group-limited routing with a shared
@@ -101,34 +111,14 @@ for v in q_latent:16 q_proj:0; do
         >out 2>&1 || { fail gen_deepseek_${name}_train "exit $?: $(tail -2 out)"; continue; }
     gen ck-$name --prompt-ids $ids --max-tokens 1 --json --json-top 5 >long.json &&
         "$MTRAIN" eval ck-$name --ids $ids --dump full.json >/dev/null 2>>err || fail gen_deepseek_${name}_runs "$(cat err)"
-    "$PY" - <<'PY' && pass gen_deepseek_${name}_long_prompt_matches_full_forward ||
-import json, sys
-g = json.load(open("long.json"))["steps"][0]
-f = json.load(open("full.json"))["positions"][-1]
-full = dict(zip(f["top_ids"], f["top_logits"]))
-err = max(abs(l - full.get(i, 1e9)) for i, l in zip(g["top_ids"], g["top_logits"]))
-print(f"  deepseek long prompt: max |kv - full| {err:.3g}", file=sys.stderr)
-sys.exit(0 if err <= 1e-5 else 1)
-PY
-        fail gen_deepseek_${name}_long_prompt_matches_full_forward "see above"
+    logits_match gen_deepseek_${name}_long_prompt_matches_full_forward long.json full.json -1 1
     # 24 tokens one at a time: each step's logits against the full forward of prompt + tokens so far
     gen ck-$name --prompt-ids $P --max-tokens 24 --stop-id -1 --json --json-top 5 >steps.json ||
         fail gen_deepseek_${name}_steps "$(cat err)"
     all=$("$PY" -c "import json; print(','.join(str(t) for t in [$P] + json.load(open('steps.json'))['ids'][:-1]))")
     "$MTRAIN" eval ck-$name --ids $all --dump full.json >/dev/null 2>err || fail gen_deepseek_${name}_steps_eval "$(cat err)"
-    "$PY" - $(echo $P | tr ',' ' ' | wc -w) <<'PY' && pass gen_deepseek_${name}_decode_steps_match_full_forward ||
-import json, sys
-np_ = int(sys.argv[1])
-steps = json.load(open("steps.json"))["steps"]
-pos = json.load(open("full.json"))["positions"]
-err = 0
-for i, g in enumerate(steps):
-    full = dict(zip(pos[np_ - 1 + i]["top_ids"], pos[np_ - 1 + i]["top_logits"]))
-    err = max(err, max(abs(l - full.get(t, 1e9)) for t, l in zip(g["top_ids"], g["top_logits"])))
-print(f"  deepseek {len(steps)} decode steps: max |kv - full| {err:.3g}", file=sys.stderr)
-sys.exit(0 if len(steps) == 24 and err <= 1e-5 else 1)
-PY
-        fail gen_deepseek_${name}_decode_steps_match_full_forward "see above"
+    logits_match gen_deepseek_${name}_decode_steps_match_full_forward steps.json full.json \
+        $(($(echo $P | tr ',' ' ' | wc -w) - 1)) 24
 done
 "$MTRAIN" convert ck-q_latent --hf hf-ds >/dev/null 2>&1 || fail gen_deepseek_export "convert --hf failed"
 gen ck-q_latent --prompt-ids $P --max-tokens 20 >x.txt && gen hf-ds --prompt-ids $P --max-tokens 20 >y.txt &&
