@@ -66,6 +66,7 @@ within() { # NAME CMD...: run under what is left of BUDGET, or skip it
 }
 case $phase in
     quick)
+        rm -f build/bench/train_gpu_*.json # a warm machine keeps the last call's
         nvidia-smi -L 2>&1 | tee -a "$log"
         within test_cuda_bf16 build/rel/tests/test_cuda_bf16
         within attention env SHAPES= RUNS=attention ATTENTION_DIMS=128 bash scripts/bench/train_gpu.sh
