@@ -40,9 +40,14 @@
 #define BF16_SLOTS 8
 static float *bf16_slot[BF16_SLOTS];
 static size_t bf16_cap[BF16_SLOTS];
+/* an FP8 GEMM input's codes (dequantised) kept in a slot for the next GEMM
+ * of its group (fp8_recipe.input_group): which x they came from; any other
+ * use of the slot forgets them */
+static struct { unsigned group; const float *x; int rows, cols, br, bc; } bf16_kept[BF16_SLOTS];
 
 /* fp32 scratch of n floats in slot s (the table's alloc zeroes it when it grows) */
 static float *scratch(int s, size_t n) {
+    bf16_kept[s].group = 0;
     if (n > bf16_cap[s]) {
         if (bf16_slot[s]) BF16_INNER.free(bf16_slot[s]);
         bf16_slot[s] = (float *)BF16_INNER.alloc(sizeof(float) * n);
@@ -373,12 +378,20 @@ const struct backend BF16_TABLE = {.name = BF16_NAME, .precision = PRECISION_BF1
  * (delayed scaling) by the exponent its history gave, its amax recorded */
 static float *fp8_operand(int s, const float *x, int rows, int cols, int br, int bc, int format,
                           struct fp8_recipe recipe, enum fp8_operand which) {
+    int grouped = which == FP8_INPUT && recipe.input_group && recipe.scaling != FP8_SCALING_DELAYED;
+    if (grouped && bf16_kept[s].group == recipe.input_group && bf16_kept[s].x == x && bf16_kept[s].rows == rows &&
+        bf16_kept[s].cols == cols && bf16_kept[s].br == br && bf16_kept[s].bc == bc)
+        return bf16_slot[s]; /* the group's previous GEMM made these codes */
     float *d = wide(s, x, (size_t)rows * cols);
     int k = FP8_SCALE_CURRENT;
     float *amax = NULL;
-    if (recipe.scaling != FP8_SCALING_BLOCK) br = rows, bc = cols;
     if (recipe.scaling == FP8_SCALING_DELAYED) k = recipe.scale_exp[which], amax = recipe.amax + which;
-    fp8_qdq_blocks(d, rows, cols, br, bc, format, k, amax);
+    fp8_qdq_blocks(d, rows, cols, recipe.scaling == FP8_SCALING_BLOCK ? br : rows,
+                   recipe.scaling == FP8_SCALING_BLOCK ? bc : cols, format, k, amax);
+    if (grouped) {
+        bf16_kept[s].group = recipe.input_group, bf16_kept[s].x = x;
+        bf16_kept[s].rows = rows, bf16_kept[s].cols = cols, bf16_kept[s].br = br, bf16_kept[s].bc = bc;
+    }
     return d;
 }
 

@@ -53,6 +53,12 @@ struct fp8_recipe {
      * history (FP8_OPERANDS floats in backend memory; a NaN sticks) */
     int scale_exp[FP8_OPERANDS];
     float *amax;
+    /* Non-zero: this GEMM belongs to a group of consecutive FP8 GEMMs that
+     * read one input x (q/k/v, gate/up; the model numbers each group), so
+     * the input's FP8 codes a GEMM of the same group made from the same x
+     * (pointer and shape) may be reused instead of cast again. Current and
+     * block scaling only (the codes depend on x alone). */
+    unsigned input_group;
 };
 
 struct backend {

@@ -170,6 +170,11 @@ struct transformer {
      * layers' GEMMs in FP8 (transformer_set_fp8); fp8_now: the block being
      * run is one of them */
     int fp8_begin, fp8_end, fp8_now;
+    /* the group of linears reading one input being run (0: none), and the
+     * groups numbered so far: the FP8 GEMMs reuse the input's codes within
+     * a group (fp8_recipe.input_group; MTRAIN_FP8_REUSE=0 turns it off) */
+    unsigned fp8_input_group, fp8_groups;
+    int fp8_reuse;
     struct fp8_recipe fp8;
     struct fp8_history *fp8_hist; /* delayed scaling's amax history (model/fp8_history.h), else NULL */
 };

@@ -30,8 +30,13 @@ enum { X_CODES, XT_CODES, W_CODES, WT_CODES, G_CODES, GT_CODES, SLOTS };
 static uint8_t *codes[SLOTS];
 static size_t cap[SLOTS];
 static unsigned *words; /* amax[3], then inverse scales (floats) [3] */
+/* the input's codes kept in X_CODES / XT_CODES for the next GEMM of its
+ * group (fp8_recipe.input_group): the x they came from; its inverse scale
+ * stays in words[3 + FP8_INPUT] until the next input cast */
+static struct { unsigned group; const float *x; int rows, cols; } kept[SLOTS];
 
 static uint8_t *slot(int s, size_t bytes) {
+    kept[s].group = 0;
     if (bytes > cap[s]) {
         if (codes[s]) CUDA_CHECK(cudaFree(codes[s]));
         CUDA_CHECK(cudaMalloc(&codes[s], bytes));
@@ -56,6 +61,14 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
     if (!words) CUDA_CHECK(cudaMalloc(&words, 6 * sizeof(unsigned)));
     unsigned *amax = words + i;
     float *inv = (float *)(words + 3 + i);
+    int want = s_rows >= 0 ? s_rows : s_cols, grouped = i == FP8_INPUT && recipe.input_group && !delayed;
+    if (grouped && (s_rows < 0 || s_cols < 0) && kept[want].group == recipe.input_group && kept[want].x == x &&
+        kept[want].rows == rows && kept[want].cols == cols) { /* the group's previous GEMM cast this x */
+        *q = s_rows >= 0 ? codes[want] : NULL;
+        *qt = s_cols >= 0 ? codes[want] : NULL;
+        return inv;
+    }
+    if (i == FP8_INPUT) kept[X_CODES].group = kept[XT_CODES].group = 0; /* words[3] changes below */
     CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof *amax, 0));
     unsigned grid = blocks_for(n, THREADS) < 1024 ? blocks_for(n, THREADS) : 1024;
     amax_bf16_k<<<grid, THREADS>>>(amax, (const uint16_t *)x, n);
@@ -72,6 +85,8 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
         cast_t_k<<<grid, dim3(TT, 8)>>>(*qt, *q ? NULL : inv, (const uint16_t *)x, rows, cols, amax, format, k);
         LAUNCH_CHECK();
     }
+    if (grouped && (s_rows < 0 || s_cols < 0)) kept[want].group = recipe.input_group, kept[want].x = x,
+                                                 kept[want].rows = rows, kept[want].cols = cols;
     return inv;
 }
 

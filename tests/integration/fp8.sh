@@ -94,6 +94,13 @@ for fam in r moe deepseek; do
         pass fp8_${fam}_delayed_tracks_bf16 ||
         fail fp8_${fam}_delayed_tracks_bf16 "worst $(worst_metric ${fam}_bf16/metrics.jsonl ${fam}_fp8d/metrics.jsonl 1)"
 done
+# the linears reading one input (q/k/v, gate/up, shared experts) cast it once
+# (fp8_recipe.input_group): bitwise the losses of casting it for every GEMM
+for fam in r moe deepseek; do
+    MTRAIN_FP8_REUSE=0 "$MTRAIN" pretrain $fam.yaml --set log.dir=${fam}_noreuse --set checkpoint.dir=ck_${fam}_noreuse \
+        >"$TMP/out" 2>&1 && cmp -s <(metric ${fam}_fp8/metrics.jsonl loss) <(metric ${fam}_noreuse/metrics.jsonl loss) &&
+        pass fp8_${fam}_input_reuse_bitwise || fail fp8_${fam}_input_reuse_bitwise "$(tail -2 "$TMP/out")"
+done
 # e5m2 gradients (train.fp8_grad_format): another computation, as close over 20 steps
 "$MTRAIN" pretrain r.yaml --set train.fp8_grad_format=e5m2 --set log.dir=r_e5m2 --set checkpoint.dir=ck_r_e5m2 \
     >"$TMP/out" 2>&1 && close_metrics r_bf16/metrics.jsonl r_e5m2/metrics.jsonl 1 20 loss 0.01 &&

@@ -388,6 +388,50 @@ static void test_nan_passes(const struct backend *fp8) {
     fp8->free(out), free(xb), free(wb), free(o);
 }
 
+/* Input groups (fp8_recipe.input_group): the second GEMM of a group on the
+ * same x reuses the first one's codes: bitwise what casting again gives
+ * (forward and weight gradient); x rewritten in between shows the codes
+ * really are reused (the group's contract: nothing changes x inside it),
+ * and a new group, or no group, casts again. */
+static void test_input_groups(const struct backend *fp8, enum fp8_scaling scaling, const char *tag) {
+    const int N = 64, K = 256, M = 48;
+    float *x = operand(N, K), *w1 = operand(M, K), *w2 = operand(M, K), *dout = operand(N, M);
+    float *xb = pack(x, (size_t)N * K), *w1b = pack(w1, (size_t)M * K), *w2b = pack(w2, (size_t)M * K);
+    float *db = pack(dout, (size_t)N * M);
+    struct fp8_recipe plain = {.scaling = scaling}, g7 = {.scaling = scaling, .input_group = 7};
+    struct fp8_recipe g8 = {.scaling = scaling, .input_group = 8}, g9 = {.scaling = scaling, .input_group = 9};
+    size_t no = (size_t)N * M, nw = (size_t)M * K;
+    float *a = fp8->alloc(2 * no), *b = fp8->alloc(2 * no), *dwa = fp8->alloc(4 * nw), *dwb = fp8->alloc(4 * nw);
+    char name[96];
+    fp8->fp8_matmul_forward(a, xb, w2b, N, K, M, 0, plain);
+    fp8->fp8_matmul_forward(b, xb, w1b, N, K, M, 0, g7);
+    fp8->fp8_matmul_forward(b, xb, w2b, N, K, M, 0, g7); /* reuses x's codes */
+    int same = !memcmp(a, b, 2 * no);
+    /* x halved in place: the same group still multiplies the old codes, another group the new ones */
+    for (size_t i = 0; i < (size_t)N * K; i++) x[i] *= 0.5f;
+    float *xh = pack(x, (size_t)N * K);
+    memcpy(xb, xh, 2 * (size_t)N * K);
+    fp8->fp8_matmul_forward(b, xb, w2b, N, K, M, 0, g7);
+    int reused = !memcmp(a, b, 2 * no);
+    fp8->fp8_matmul_forward(b, xb, w2b, N, K, M, 0, g8);
+    int recast = memcmp(a, b, 2 * no) != 0;
+    fp8->fp8_matmul_forward(a, xb, w2b, N, K, M, 0, plain);
+    recast &= !memcmp(a, b, 2 * no);
+    /* the weight gradient's transposed input codes */
+    fp8->zero(dwa, 4 * nw), fp8->zero(dwb, 4 * nw);
+    fp8->fp8_matmul_backward(NULL, dwa, db, xb, w2b, N, K, M, 0, plain);
+    fp8->fp8_matmul_backward(NULL, dwb, db, xb, w1b, N, K, M, 0, g9);
+    fp8->zero(dwb, 4 * nw);
+    fp8->fp8_matmul_backward(NULL, dwb, db, xb, w2b, N, K, M, 0, g9); /* reuses them */
+    same &= !memcmp(dwa, dwb, 4 * nw);
+    snprintf(name, sizeof name, "fp8_input_group_same_numbers_%s", tag);
+    TEST_RESULT(name, same, "a grouped GEMM differs from casting its input again");
+    snprintf(name, sizeof name, "fp8_input_group_reuses_codes_%s", tag);
+    TEST_RESULT(name, reused && recast, "reused %d (want 1), recast in a new group %d (want 1)", reused, recast);
+    fp8->free(a), fp8->free(b), fp8->free(dwa), fp8->free(dwb);
+    free(x), free(w1), free(w2), free(dout), free(xb), free(w1b), free(w2b), free(db), free(xh);
+}
+
 int main(void) {
     build_values(FP8_E4M3);
     build_values(FP8_E5M2);
@@ -407,5 +451,7 @@ int main(void) {
     test_delayed(fp8, 0);
     test_delayed(fp8, 1);
     test_nan_passes(fp8);
+    test_input_groups(fp8, FP8_SCALING_TENSOR, "tensor");
+    test_input_groups(fp8, FP8_SCALING_BLOCK, "block");
     TEST_EXIT();
 }
