@@ -566,13 +566,15 @@ void linear_backward(struct transformer *m, float *dx, float *dw, const float *d
 /* Around linears that read one input one after the other (nothing else in
  * between): their FP8 GEMMs may cast the input once (kernels/ops.h,
  * fp8_recipe.input_group). Not under delayed scaling: each weight's site
- * has its own input scale there. */
-static void same_input_begin(struct transformer *m) {
-    if (!m->fp8_reuse || m->fp8_hist) return;
-    if (++m->fp8_groups == 0) m->fp8_groups = 1; /* 0 means no group */
-    m->fp8_input_group = m->fp8_groups;
+ * has its own input scale there. Groups are numbered for the process: the
+ * kept codes are the backend's, whichever model runs. */
+void transformer_same_input(struct transformer *m, int begin) {
+    static unsigned groups;
+    m->fp8_input_group = 0;
+    if (!begin || !m->fp8_reuse || m->fp8_hist) return;
+    if (++groups == 0) groups = 1; /* 0 means no group */
+    m->fp8_input_group = groups;
 }
-static void same_input_end(struct transformer *m) { m->fp8_input_group = 0; }
 
 /* the linear layers of block l run in FP8 from here on, or not */
 static void fp8_block(struct transformer *m, int l) { m->fp8_now = l >= m->fp8_begin && l < m->fp8_end; }
@@ -632,10 +634,10 @@ static struct layer_acts *acts_of(struct transformer *m, struct act_slot *s, int
 static void swiglu_block_forward(struct transformer *m, struct layer_acts *a, const struct layer_weights *w, int F,
                                  float *out) {
     const struct backend *be = m->be;
-    same_input_begin(m);
+    transformer_same_input(m, 1);
     linear_forward(m, a->gate, a->ln2, w->wgate, m->N, m->C, F, 0);
     linear_forward(m, a->up, a->ln2, w->wup, m->N, m->C, F, 0);
-    same_input_end(m);
+    transformer_same_input(m, 0);
     be->swiglu_forward(a->h, a->gate, a->up, (size_t)m->N * F);
     row_parallel_residual(m, out, a->xmid, a->h, w->wdown, F);
 }
@@ -650,11 +652,11 @@ static void block_forward(struct transformer *m, struct act_slot *s, int l, floa
     if (m->mla) {
         mla_forward(m, a, l);
     } else {
-        same_input_begin(m);
+        transformer_same_input(m, 1);
         linear_forward(m, a->q, a->ln1, w->wq, N, C, QD, 0);
         linear_forward(m, a->k, a->ln1, w->wk, N, C, KD, 0);
         linear_forward(m, a->v, a->ln1, w->wv, N, C, KD, 0);
-        same_input_end(m);
+        transformer_same_input(m, 0);
         be->rope(a->q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 0);
         be->rope(a->k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 0);
     }
@@ -781,10 +783,10 @@ static float *swiglu_block_backward(struct transformer *m, struct layer_acts *a,
     if (m->recompute == RECOMPUTE_SELECTIVE) be->swiglu_forward(a->h, a->gate, a->up, (size_t)N * F);
     linear_backward(m, m->d_h, dw->wdown, grad_full_rows(m), a->h, w->wdown, N, F, C, 0);
     be->swiglu_backward(m->d_gate, m->d_up, m->d_h, a->gate, a->up, (size_t)N * F);
-    same_input_begin(m);
+    transformer_same_input(m, 1);
     linear_backward(m, m->d_ln_full, dw->wgate, m->d_gate, a->ln2, w->wgate, N, C, F, 0);
     linear_backward(m, m->d_ln_full, dw->wup, m->d_up, a->ln2, w->wup, N, C, F, 1);
-    same_input_end(m);
+    transformer_same_input(m, 0);
     return reduce_rows(m, m->d_ln_full, m->d_ln);
 }
 
@@ -833,11 +835,11 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     } else {
         be->rope(m->d_q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 1);
         be->rope(m->d_k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 1);
-        same_input_begin(m);
+        transformer_same_input(m, 1);
         linear_backward(m, m->d_ln_full, dw->wq, m->d_q, a->ln1, w->wq, N, C, QD, 0);
         linear_backward(m, m->d_ln_full, dw->wk, m->d_k, a->ln1, w->wk, N, C, KD, 1);
         linear_backward(m, m->d_ln_full, dw->wv, m->d_v, a->ln1, w->wv, N, C, KD, 1);
-        same_input_end(m);
+        transformer_same_input(m, 0);
     }
     d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
     be->rmsnorm_backward(m->d_resid, dw->ln1_w, d_ln, a->x, w->ln1_w, a->rstd1, Ns, C, 1);

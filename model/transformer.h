@@ -173,7 +173,7 @@ struct transformer {
     /* the group of linears reading one input being run (0: none), and the
      * groups numbered so far: the FP8 GEMMs reuse the input's codes within
      * a group (fp8_recipe.input_group; MTRAIN_FP8_REUSE=0 turns it off) */
-    unsigned fp8_input_group, fp8_groups;
+    unsigned fp8_input_group;
     int fp8_reuse;
     struct fp8_recipe fp8;
     struct fp8_history *fp8_hist; /* delayed scaling's amax history (model/fp8_history.h), else NULL */
@@ -214,6 +214,9 @@ void transformer_params_changed(struct transformer *m);
  * embedding, head, routers and MTP modules always stay in the table's bf16);
  * delayed scaling keeps history_length steps of amaxes (m->fp8_hist). */
 void transformer_set_fp8(struct transformer *m, struct fp8_recipe recipe, int skip_layers, int history_length);
+/* Begin (1) or end (0) a group of linears that read one input one after
+ * the other: their FP8 GEMMs cast it once (fp8_recipe.input_group). */
+void transformer_same_input(struct transformer *m, int begin);
 /* The matmul_forward / matmul_backward of the blocks' linear layers: the
  * table's, or its FP8 GEMMs in an FP8 block (model/moe.c, model/mla.c). */
 void linear_forward(struct transformer *m, float *out, const float *x, const float *w, int N, int K, int M,

@@ -1,5 +1,6 @@
 /* FP8 GEMMs with per-tensor scaling on FP8 tensor cores (cuBLASLt),
- * for the fp8 table's linear layers. Each bf16 operand is cast once per use:
+ * for the fp8 table's linear layers. Each bf16 operand is cast once per use
+ * (an input once per group of GEMMs reading it, fp8_recipe.input_group):
  * its amax (max of |x| over the tensor, by bits: non-negative floats order
  * like their bits), the power-of-two scale 2^k of kernels/fp8.h (or, under
  * delayed scaling, the recipe's 2^k, the amax recorded for the history), the

@@ -60,8 +60,7 @@ mlast=$(grep '"mtp_loss"' run/metrics.jsonl | tail -1 | sed 's/.*"mtp_loss":\([^
     pass deepseek_tiny_mtp_loss_recorded || fail deepseek_tiny_mtp_loss_recorded "mtp_loss $mfirst -> $mlast"
 grep -q "| mtp " out && pass deepseek_tiny_mtp_loss_printed || fail deepseek_tiny_mtp_loss_printed "$(grep step out | tail -1)"
 # mtrain eval runs DeepSeek-V3 through the training forward: its valid split
-# equals the run's own validation at step 40 (same samples, same forward);
-# generate refuses it (its KV-cache decoder has no MLA)
+# equals the run's own validation at step 40 (same samples, same forward)
 want=$("$PY" -c "import json; print([json.loads(l)['val_loss'] for l in open('run/metrics.jsonl') if '\"eval\"' in l][-1])")
 OMP_NUM_THREADS=2 "$MTRAIN" eval run --data data --split valid --batches 4 --batch-size 8 --json >ev.json 2>err ||
     fail deepseek_eval_runs "$(tail -2 err)"
