@@ -179,6 +179,58 @@ static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, 
     g16->free(dX), g16->free(dW), g16->free(dD), g16->free(dO), g16->free(dGX), g16->free(dDW);
 }
 
+/* FP8 input groups (fp8_recipe.input_group) on the GPU: a grouped GEMM is
+ * bitwise the ungrouped one, also when the group's GEMMs take different
+ * paths (M 130: the reference path; 144: the tensor-core path), forward and
+ * weight gradient; and the tensor-core path really reuses the codes: x
+ * halved in place inside a group leaves the output as it was, a new group
+ * sees the change. */
+static void test_fp8_input_groups(const struct backend *g8, struct fp8_recipe sc, const char *tag) {
+    const int N = 256, K = 512, M1 = 130, M = 144;
+    size_t nx = (size_t)N * K, no = (size_t)N * M, nw = (size_t)M * K;
+    float *x = rnd(nx), *w1 = rnd((size_t)M1 * K), *w2 = rnd(nw), *dout = rnd(no);
+    float *X = pack(x, nx), *W1 = pack(w1, (size_t)M1 * K), *W2 = pack(w2, nw), *D = pack(dout, no);
+    float *dX = dev(X, 2 * nx), *dW1 = dev(W1, 2 * (size_t)M1 * K), *dW2 = dev(W2, 2 * nw), *dD = dev(D, 2 * no);
+    float *dA = g16->alloc(2 * no), *dB = g16->alloc(2 * (size_t)N * M1), *dC = g16->alloc(2 * no);
+    float *gA = g16->alloc(4 * nw), *gC = g16->alloc(4 * nw);
+    struct fp8_recipe plain = sc, g1 = sc, g2 = sc, g3 = sc;
+    g1.input_group = 1001, g2.input_group = 1002, g3.input_group = 1003;
+    char name[96];
+    g8->fp8_matmul_forward(dA, dX, dW2, N, K, M, 0, plain);
+    g8->fp8_matmul_forward(dB, dX, dW1, N, K, M1, 0, g1); /* reference path first */
+    g8->fp8_matmul_forward(dC, dX, dW2, N, K, M, 0, g1);  /* then the tensor-core path */
+    float *a = host_of(dA, 2 * no), *c = host_of(dC, 2 * no);
+    int same = !memcmp(a, c, 2 * no);
+    g16->zero(gA, 4 * nw), g16->zero(gC, 4 * nw);
+    g8->fp8_matmul_backward(NULL, gA, dD, dX, dW2, N, K, M, 0, plain);
+    g8->fp8_matmul_backward(NULL, gC, dD, dX, dW2, N, K, M, 0, g2);
+    g16->zero(gC, 4 * nw);
+    g8->fp8_matmul_backward(NULL, gC, dD, dX, dW2, N, K, M, 0, g2); /* the kept transposed codes */
+    float *ga = host_of(gA, 4 * nw), *gc = host_of(gC, 4 * nw);
+    same &= !memcmp(ga, gc, 4 * nw);
+    snprintf(name, sizeof name, "cuda_fp8_input_group_same_numbers_%s", tag);
+    TEST_RESULT(name, same, "a grouped GEMM differs from the ungrouped one");
+    /* reuse: the group g3 casts x, x is halved in place, g3 again: the old output */
+    g8->fp8_matmul_forward(dC, dX, dW2, N, K, M, 0, g3);
+    for (size_t i = 0; i < nx; i++) x[i] *= 0.5f;
+    free(X);
+    X = pack(x, nx);
+    g16->from_host(dX, X, 2 * nx);
+    g8->fp8_matmul_forward(dC, dX, dW2, N, K, M, 0, g3);
+    free(c);
+    c = host_of(dC, 2 * no);
+    int reused = !memcmp(a, c, 2 * no);
+    g8->fp8_matmul_forward(dC, dX, dW2, N, K, M, 0, g1); /* an old group number, other codes kept since: cast */
+    free(c);
+    c = host_of(dC, 2 * no);
+    int recast = memcmp(a, c, 2 * no) != 0;
+    snprintf(name, sizeof name, "cuda_fp8_input_group_reuses_codes_%s", tag);
+    TEST_RESULT(name, reused && recast, "reused %d, recast %d (want 1, 1)", reused, recast);
+    free(x), free(w1), free(w2), free(dout), free(X), free(W1), free(W2), free(D), free(a), free(c), free(ga), free(gc);
+    g16->free(dX), g16->free(dW1), g16->free(dW2), g16->free(dD), g16->free(dA), g16->free(dB), g16->free(dC);
+    g16->free(gA), g16->free(gC);
+}
+
 /* Causal GQA attention (the flash kernels at head dims 64 and 128): forward
  * and backward against the CPU bf16 op and the CPU fp32 op on the widened
  * inputs; the deterministic backward repeats bitwise (the atomic one,
@@ -366,6 +418,7 @@ int main(void) {
         struct fp8_recipe d = {.scaling = FP8_SCALING_DELAYED, .scale_exp = {-2, 9, FP8_SCALE_CURRENT}};
         test_fp8_matmul(g8, c8, d, 256, 512, 144, "delayed");
         test_fp8_matmul(g8, c8, d, 300, 520, 130, "delayed_reference");
+        test_fp8_input_groups(g8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR}, "tensor");
     } else {
         printf("SKIP cuda_fp8: this GPU has no FP8 tensor cores\n");
     }
