@@ -378,6 +378,7 @@ const struct backend BF16_TABLE = {.name = BF16_NAME, .precision = PRECISION_BF1
  * (delayed scaling) by the exponent its history gave, its amax recorded */
 static float *fp8_operand(int s, const float *x, int rows, int cols, int br, int bc, int format,
                           struct fp8_recipe recipe, enum fp8_operand which) {
+    if (recipe.scaling != FP8_SCALING_BLOCK) br = rows, bc = cols;
     int grouped = which == FP8_INPUT && recipe.input_group && recipe.scaling != FP8_SCALING_DELAYED;
     if (grouped && bf16_kept[s].group == recipe.input_group && bf16_kept[s].x == x && bf16_kept[s].rows == rows &&
         bf16_kept[s].cols == cols && bf16_kept[s].br == br && bf16_kept[s].bc == bc)
@@ -386,8 +387,7 @@ static float *fp8_operand(int s, const float *x, int rows, int cols, int br, int
     int k = FP8_SCALE_CURRENT;
     float *amax = NULL;
     if (recipe.scaling == FP8_SCALING_DELAYED) k = recipe.scale_exp[which], amax = recipe.amax + which;
-    fp8_qdq_blocks(d, rows, cols, recipe.scaling == FP8_SCALING_BLOCK ? br : rows,
-                   recipe.scaling == FP8_SCALING_BLOCK ? bc : cols, format, k, amax);
+    fp8_qdq_blocks(d, rows, cols, br, bc, format, k, amax);
     if (grouped) {
         bf16_kept[s].group = recipe.input_group, bf16_kept[s].x = x;
         bf16_kept[s].rows = rows, bf16_kept[s].cols = cols, bf16_kept[s].br = br, bf16_kept[s].bc = bc;

@@ -48,7 +48,7 @@ static void track_ticket(const struct comm *c, MPI_Request r, void *staged, int 
     pending.ticket[pending.n] = ticket;
     pending.owner[pending.n++] = c;
 }
-static void track(const struct comm *c, MPI_Request r, void *staged) { track_ticket(c, r, staged, 0); }
+static void track(const struct comm *c, MPI_Request r) { track_ticket(c, r, NULL, 0); }
 
 /* Host staging buffer `which` of at least bytes. */
 static void *host_buf(struct comm *c, int which, size_t bytes) {
@@ -187,14 +187,13 @@ void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
  * buffers go through host copies of their own, sends copied in before the
  * posting, receives copied home after the wait. */
 void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n) {
-    size_t sent = 0;
-    for (int i = 0; i < n; i++) sent += ops[i].recv ? 0 : ops[i].bytes;
     if (c->nccl) {
         nccl_exchange(c, ops, n);
         return;
     }
     if (!n) return;
-    c->bytes += sent, c->calls++;
+    for (int i = 0; i < n; i++) c->bytes += ops[i].recv ? 0 : ops[i].bytes;
+    c->calls++;
     enter(c, "exchange");
     MPI_Request req[COMM_EXCHANGE_MAX];
     MPI_Status status[COMM_EXCHANGE_MAX]; /* not MPI_STATUSES_IGNORE: gcc misreads its annotation */
@@ -299,7 +298,7 @@ void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n) {
         MPI_Request r;
         c->bytes += n * sizeof(float), c->calls++;
         MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, handle(c), &r));
-        track(c, r, NULL);
+        track(c, r);
     }
     watchdog_leave();
 }
@@ -320,7 +319,7 @@ void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root) {
     } else {
         MPI_Request r;
         MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : buf, me ? buf : NULL, (int)n, MPI_FLOAT, MPI_SUM, root, handle(c), &r));
-        track(c, r, NULL);
+        track(c, r);
     }
     watchdog_leave();
 }

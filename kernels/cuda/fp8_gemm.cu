@@ -62,8 +62,10 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
     if (!words) CUDA_CHECK(cudaMalloc(&words, 6 * sizeof(unsigned)));
     unsigned *amax = words + i;
     float *inv = (float *)(words + 3 + i);
-    int want = s_rows >= 0 ? s_rows : s_cols, grouped = i == FP8_INPUT && recipe.input_group && !delayed;
-    if (grouped && (s_rows < 0 || s_cols < 0) && kept[want].group == recipe.input_group && kept[want].x == x &&
+    /* an input cast into one layout may be its group's (the kept codes are per layout) */
+    int want = s_rows >= 0 ? s_rows : s_cols;
+    int grouped = i == FP8_INPUT && recipe.input_group && !delayed && (s_rows < 0 || s_cols < 0);
+    if (grouped && kept[want].group == recipe.input_group && kept[want].x == x &&
         kept[want].rows == rows && kept[want].cols == cols) { /* the group's previous GEMM cast this x */
         *q = s_rows >= 0 ? codes[want] : NULL;
         *qt = s_cols >= 0 ? codes[want] : NULL;
@@ -86,8 +88,7 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
         cast_t_k<<<grid, dim3(TT, 8)>>>(*qt, *q ? NULL : inv, (const uint16_t *)x, rows, cols, amax, format, k);
         LAUNCH_CHECK();
     }
-    if (grouped && (s_rows < 0 || s_cols < 0)) kept[want].group = recipe.input_group, kept[want].x = x,
-                                                 kept[want].rows = rows, kept[want].cols = cols;
+    if (grouped) kept[want].group = recipe.input_group, kept[want].x = x, kept[want].rows = rows, kept[want].cols = cols;
     return inv;
 }
 
