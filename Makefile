@@ -119,7 +119,7 @@ fuzz: $(BUILD)/mtrain $(FUZZ_BIN)
 unit-tests: $(TEST_BIN) $(TOOL_BIN) $(FUZZ_BIN)
 
 # The README's test command. Prints one summary line "N passed, N failed[, N skipped]".
-test: build/.deps-test mtrain $(TEST_BIN) $(TOOL_BIN) $(FUZZ_BIN)
+test: build/.deps-test mtrain $(TEST_BIN) $(TOOL_BIN) $(FUZZ_BIN) $(BENCH_BIN)
 	BUILD=$(BUILD) bash tests/run.sh
 
 bench: mtrain $(BENCH_BIN)

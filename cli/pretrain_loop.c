@@ -21,6 +21,7 @@
 #include "data/blend.h"
 #include "data/dataset.h"
 #include "kernels/cpu/blas_check.h"
+#include "kernels/profile.h"
 #include "model/flops.h"
 #include "model/trainer.h"
 #include "parallel/comm_nccl.h"
@@ -448,6 +449,8 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     }
     run.be = backend_get(r->train.device, r->train.precision);
     if (!run.be) return EXIT_RUNTIME;
+    int profiling = profile_requested(), profiled_from = 0; /* MTRAIN_PROFILE: where each step's time goes */
+    if (profiling) run.be = backend_profiled(run.be);
     install_signals(); /* before the (possibly long) load, so a signal then is not fatal */
     setup(&run);
     watchdog_phase(WATCHDOG_LOAD, 0);
@@ -520,6 +523,8 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
             abort();
         }
         if (one_step(&run, step)) continue;
+        if (profiling && !profiled_from && step < r->train.steps) profile_reset(), profiled_from = step;
+        int counting = profile_counting(0); /* steps only: not evaluation, not saving */
         /* automatic hang timeout: settled by this rank's first steps */
         double hang_timeout = watchdog_step_done();
         if (hang_timeout > 0)
@@ -530,8 +535,10 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         if (save || run.commit_pending) watchdog_phase(WATCHDOG_SAVE, step);
         if (save) save_checkpoint(&run);
         finish_save(&run, 0);
+        profile_counting(counting);
     }
     watchdog_phase(WATCHDOG_END, run.st.step);
+    if (profiling && run.rank0) profile_report(stdout, run.st.step - (profiled_from ? profiled_from : first - 1));
     char path[RECIPE_PATH_MAX + 32];
     save_final_weights(&run, path, sizeof path);
     log_comm(&run, run.st.step - first + 1);

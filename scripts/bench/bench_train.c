@@ -9,11 +9,15 @@
  * the middle of a deep model) with FP8_SCALING tensor (default) or block. Prints one JSON
  * object: median step time, tokens/s, achieved GFLOP/s
  * (model_flops_per_token x tokens/s), the backend's matmul GFLOP/s and the
- * device memory in use after the steps (mtrain allocates all of it up front). */
+ * device memory in use after the steps (mtrain allocates all of it up front).
+ * With MTRAIN_PROFILE=1 the timed steps run on the profiled table
+ * (kernels/profile.h; slower: each op is waited for) and its table per step
+ * goes to stderr. */
 #include <omp.h>
 #include <string.h>
 
 #include "config/common.h"
+#include "kernels/profile.h"
 #include "model/flops.h"
 #include "model/trainer.h"
 
@@ -63,6 +67,8 @@ int main(int argc, char **argv) {
     const char *precision = argc > 12 ? argv[12] : "fp32";
     const struct backend *be = backend_get(argc > 10 ? argv[10] : "cpu", precision);
     if (!be) return 1;
+    int profiling = profile_requested();
+    if (profiling) be = backend_profiled(be);
     int tf32 = argc > 11 && atoi(argv[11]);
     if (!strcmp(be->name, "cuda")) cuda_set_tf32(tf32);
     static struct recipe r;
@@ -90,12 +96,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < B * (T + 1); i++) samples[i] = (int32_t)((s = s * 6364136223846793005ull + 1) >> 33) % r.model.vocab_size;
     double *times = xmalloc(sizeof(double) * steps), loss = 0;
     trainer_step(&tr, samples, B); /* warm-up: first touch of every buffer */
+    if (profiling) profile_reset();
     for (int i = 0; i < steps; i++) {
         double t0 = now_seconds();
         loss = trainer_step(&tr, samples, B).loss;
         sync(be, tr.model.params); /* the optimizer's kernels too */
         times[i] = now_seconds() - t0;
     }
+    if (profiling) profile_report(stderr, steps), profile_counting(0);
     double step_s = median(times, steps), tokens = (double)B * T;
     double flops = model_flops_per_token(&r.model, T) * tokens;
     double g1 = sgemm_gflops(be, B * T, r.model.hidden_size, r.model.intermediate_size);

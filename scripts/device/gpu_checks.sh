@@ -17,7 +17,7 @@
 # CUDA op tests with flash attention and FP8 GEMMs (test_cuda_bf16), the
 # attention benchmark at head dim 128, the 8B-shaped stack (mtrain bf16 and
 # fp8, PyTorch bf16 eager), the 124M (mtrain bf16, PyTorch compile), the
-# end-to-end checks (gpu_pretrain.sh), then the rest of the op tests, and
+# 8B step op by op (MTRAIN_PROFILE, bf16 and fp8), the end-to-end checks (gpu_pretrain.sh), then the rest of the op tests, and
 # last the speed targets' verdicts (scripts/bench/acceptance.py). What
 # the budget cut off is named (SKIP ... budget), and the log is copied to
 # OUT after every step, so a call killed at its limit still returns it.
@@ -40,6 +40,7 @@ run() { # NAME CMD...: its output into the log and on the screen
     "$@" 2>&1 | tee -a "$log"
     return "${PIPESTATUS[0]}"
 }
+DIMS_8B="4 4096 32 8 14336 128256 1 8192" # bench_train's 8B-shaped stack (train_gpu.sh's 8b)
 start=$SECONDS
 BUDGET=${BUDGET:-480}
 save() { # the log and benchmark JSON so far into OUT
@@ -72,6 +73,9 @@ case $phase in
         within attention env SHAPES= RUNS=attention ATTENTION_DIMS=128 bash scripts/bench/train_gpu.sh
         within bench8b env SHAPES=8b RUNS="mtrain-bf16 torch-bf16 mtrain-fp8" STEPS=4 bash scripts/bench/train_gpu.sh
         within bench124m env SHAPES=124m RUNS="mtrain-bf16 torch-bf16-compile" STEPS=5 bash scripts/bench/train_gpu.sh
+        # where the 8B step's time goes, op by op (kernels/profile.h), for the next round of speed work
+        within profile8b_bf16 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 2 cuda 0 bf16
+        within profile8b_fp8 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 2 cuda 0 fp8 tensor
         within gpu_pretrain bash tests/integration/gpu_pretrain.sh
         within test_cuda_ops build/rel/tests/test_cuda_ops
         within test_comm build/rel/tests/test_comm
@@ -97,6 +101,8 @@ case $phase in
     bench8b)
         run train_gpu env SHAPES=8b RUNS="mtrain-bf16 mtrain-fp8 mtrain-fp8-block torch-bf16 torch-bf16-compile torch-fp8" \
             bash scripts/bench/train_gpu.sh
+        run profile8b_bf16 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 2 cuda 0 bf16
+        run profile8b_fp8 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 2 cuda 0 fp8 tensor
         ;;
     attention)
         run train_gpu env SHAPES= RUNS="attention fp8-gemm" bash scripts/bench/train_gpu.sh

@@ -1,0 +1,340 @@
+/* The profiled backend table (kernels/profile.h): every op of the wrapped
+ * table, then a wait for the device (a one-byte read-back through the
+ * table's own to_host; a no-op's worth on the CPU), its time added to its
+ * (op, shape) row. FLOP counts are model/flops.c's: 2NKM a GEMM, causal
+ * attention B T^2 H (D + Dv) forward and twice that backward; other ops
+ * count none. */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config/common.h"
+#include "kernels/profile.h"
+
+struct row {
+    char op[28], shape[52];
+    long calls;
+    double seconds, flops;
+};
+
+static const struct backend *in;
+static struct backend table;
+static struct row rows[PROFILE_ENTRIES];
+static int nrows, counting = 1;
+static double since, paused, paused_at; /* wall time since the reset, less what was not counted */
+static char *probe; /* one byte of device memory to read back */
+
+int profile_requested(void) {
+    const char *e = getenv("MTRAIN_PROFILE");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+void profile_reset(void) {
+    nrows = 0;
+    since = paused_at = now_seconds();
+    paused = 0;
+}
+
+int profile_counting(int on) {
+    int was = counting;
+    double t = now_seconds();
+    if (was && !on) paused_at = t;
+    if (!was && on) paused += t - paused_at;
+    counting = on;
+    return was;
+}
+
+static double begin(void) { return counting ? now_seconds() : 0; }
+
+static int find(const char *op, const char *shape) {
+    for (int i = 0; i < nrows; i++)
+        if (!strcmp(rows[i].op, op) && !strcmp(rows[i].shape, shape)) return i;
+    return -1;
+}
+
+/* waits for the op, then adds its time to its row; once the table is nearly
+ * full, new shapes share one "other" row per op (the last row, when even
+ * those no longer fit) */
+static void done(double t0, const char *op, double flops, const char *fmt, ...) {
+    if (!counting) return;
+    char c;
+    in->to_host(&c, probe, 1);
+    double dt = now_seconds() - t0;
+    char shape[sizeof rows[0].shape];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(shape, sizeof shape, fmt, ap);
+    va_end(ap);
+    int i = find(op, shape);
+    if (i < 0 && nrows >= PROFILE_ENTRIES / 2) i = find(op, strcpy(shape, "other"));
+    if (i < 0 && nrows == PROFILE_ENTRIES) i = PROFILE_ENTRIES - 1;
+    if (i < 0) {
+        i = nrows++;
+        memset(&rows[i], 0, sizeof rows[i]);
+        snprintf(rows[i].op, sizeof rows[i].op, "%s", op);
+        snprintf(rows[i].shape, sizeof rows[i].shape, "%s", shape);
+    }
+    rows[i].calls++;
+    rows[i].seconds += dt;
+    rows[i].flops += flops;
+}
+
+static double gemm(int N, int K, int M) { return 2.0 * N * K * M; }
+static double attention(int B, int T, int H, int D, int Dv) { return (double)B * T * T * H * (D + Dv); }
+
+static void p_zero(void *p, size_t bytes) {
+    double t = begin();
+    in->zero(p, bytes);
+    done(t, "zero", 0, "%zu bytes", bytes);
+}
+static void p_to_host(void *dst, const void *src, size_t bytes) {
+    double t = begin();
+    in->to_host(dst, src, bytes);
+    done(t, "to_host", 0, "%zu bytes", bytes);
+}
+static void p_from_host(void *dst, const void *src, size_t bytes) {
+    double t = begin();
+    in->from_host(dst, src, bytes);
+    done(t, "from_host", 0, "%zu bytes", bytes);
+}
+static void p_copy(void *dst, const void *src, size_t bytes) {
+    double t = begin();
+    in->copy(dst, src, bytes);
+    done(t, "copy", 0, "%zu bytes", bytes);
+}
+static void p_embedding_forward(float *out, const int32_t *tokens, const float *table_, int N, int C, int vstart,
+                                int V) {
+    double t = begin();
+    in->embedding_forward(out, tokens, table_, N, C, vstart, V);
+    done(t, "embedding_forward", 0, "%dx%d", N, C);
+}
+static void p_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
+                                 int V) {
+    double t = begin();
+    in->embedding_backward(dtable, tokens, dout, N, C, vstart, V);
+    done(t, "embedding_backward", 0, "%dx%d", N, C);
+}
+static void p_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
+    double t = begin();
+    in->rmsnorm_forward(out, rstd, x, w, N, C, eps);
+    done(t, "rmsnorm_forward", 0, "%dx%d", N, C);
+}
+static void p_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                               const float *rstd, int N, int C, int accumulate) {
+    double t = begin();
+    in->rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C, accumulate);
+    done(t, "rmsnorm_backward", 0, "%dx%d", N, C);
+}
+static void p_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
+    double t = begin();
+    in->matmul_forward(out, x, w, N, K, M, accumulate);
+    done(t, "matmul_forward", gemm(N, K, M), "%dx%dx%d", N, K, M);
+}
+static void p_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
+                              int M, int accumulate_dx) {
+    double t = begin();
+    in->matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx);
+    done(t, "matmul_backward", gemm(N, K, M) * (!!dx + !!dw), "%s %dx%dx%d", dx ? (dw ? "dx+dw" : "dx") : "dw", N,
+         K, M);
+}
+static void p_rope(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse) {
+    double t = begin();
+    in->rope(x, cos, sin, B, T, H, D, inverse);
+    done(t, inverse ? "rope_backward" : "rope", 0, "%dx%dx%dx%d", B, T, H, D);
+}
+static void p_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
+                                int H, int KVH, int D, int Dv) {
+    double t = begin();
+    in->attention_forward(out, att, q, k, v, B, T, H, KVH, D, Dv);
+    done(t, "attention_forward", attention(B, T, H, D, Dv), "B%d T%d H%d/%d D%d/%d", B, T, H, KVH, D, Dv);
+}
+static void p_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                 const float *att, const float *q, const float *k, const float *v, int B, int T,
+                                 int H, int KVH, int D, int Dv) {
+    double t = begin();
+    in->attention_backward(dq, dk, dv, dout, out, att, q, k, v, B, T, H, KVH, D, Dv);
+    done(t, "attention_backward", 2 * attention(B, T, H, D, Dv), "B%d T%d H%d/%d D%d/%d", B, T, H, KVH, D, Dv);
+}
+static void p_attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H,
+                               int KVH, int D, int Dv) {
+    double t = begin();
+    in->attention_decode(out, q, k, v, n, Tk, H, KVH, D, Dv);
+    done(t, "attention_decode", 0, "n%d Tk%d", n, Tk);
+}
+static void p_copy_cols(float *dst, int ldd, const float *src, int lds, int rows_, int cols, int accumulate) {
+    double t = begin();
+    in->copy_cols(dst, ldd, src, lds, rows_, cols, accumulate);
+    done(t, "copy_cols", 0, "%dx%d", rows_, cols);
+}
+static void p_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+    double t = begin();
+    in->swiglu_forward(out, gate, up, n);
+    done(t, "swiglu_forward", 0, "%zu", n);
+}
+static void p_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                              size_t n) {
+    double t = begin();
+    in->swiglu_backward(dgate, dup, dout, gate, up, n);
+    done(t, "swiglu_backward", 0, "%zu", n);
+}
+static void p_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E,
+                                int k) {
+    double t = begin();
+    in->moe_route_forward(probs, lse, idx, w, logits, n, E, k);
+    done(t, "moe_route_forward", 0, "%dx%d top%d", n, E, k);
+}
+static void p_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse,
+                                 const int32_t *idx, const float *w, const float *aux_coef, float z_scale, int n,
+                                 int E, int k) {
+    double t = begin();
+    in->moe_route_backward(dlogits, dw, probs, lse, idx, w, aux_coef, z_scale, n, E, k);
+    done(t, "moe_route_backward", 0, "%dx%d top%d", n, E, k);
+}
+static void p_moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const float *logits, const float *bias,
+                                        int n, int E, int k, int n_group, int topk_group, float scaling) {
+    double t = begin();
+    in->moe_route_sigmoid_forward(scores, idx, w, logits, bias, n, E, k, n_group, topk_group, scaling);
+    done(t, "moe_route_sigmoid_forward", 0, "%dx%d top%d", n, E, k);
+}
+static void p_moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
+                                         const float *w, const float *aux_coef, int n, int E, int k, float scaling) {
+    double t = begin();
+    in->moe_route_sigmoid_backward(dlogits, dw, scores, idx, w, aux_coef, n, E, k, scaling);
+    done(t, "moe_route_sigmoid_backward", 0, "%dx%d top%d", n, E, k);
+}
+static void p_gather_rows(float *out, const float *x, const int32_t *rows_, int n, int C) {
+    double t = begin();
+    in->gather_rows(out, x, rows_, n, C);
+    done(t, "gather_rows", 0, "C%d", C); /* n varies with the routing */
+}
+static void p_moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
+                          int accumulate) {
+    double t = begin();
+    in->moe_combine(out, y, pos, w, n, k, C, accumulate);
+    done(t, "moe_combine", 0, "%dx%d top%d", n, C, k);
+}
+static void p_moe_combine_backward(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
+                                   const float *w, int n, int k, int C) {
+    double t = begin();
+    in->moe_combine_backward(dy, dw, dout, y, pos, w, n, k, C);
+    done(t, "moe_combine_backward", 0, "%dx%d top%d", n, C, k);
+}
+static void p_cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale) {
+    double t = begin();
+    in->cross_entropy(losses, logits, targets, N, V, dscale);
+    done(t, "cross_entropy", 0, "%dx%d", N, V);
+}
+static void p_ce_row_max(float *rowmax, const float *logits, int N, int V) {
+    double t = begin();
+    in->ce_row_max(rowmax, logits, N, V);
+    done(t, "ce_row_max", 0, "%dx%d", N, V);
+}
+static void p_ce_row_sumexp(float *sumexp, float *target_logit, const float *logits, const int32_t *targets,
+                            const float *rowmax, int N, int V, int vstart) {
+    double t = begin();
+    in->ce_row_sumexp(sumexp, target_logit, logits, targets, rowmax, N, V, vstart);
+    done(t, "ce_row_sumexp", 0, "%dx%d", N, V);
+}
+static void p_ce_finish(float *losses, float *logits, const int32_t *targets, const float *rowmax,
+                        const float *sumexp, const float *target_logit, int N, int V, int vstart, float dscale) {
+    double t = begin();
+    in->ce_finish(losses, logits, targets, rowmax, sumexp, target_logit, N, V, vstart, dscale);
+    done(t, "ce_finish", 0, "%dx%d", N, V);
+}
+static void p_to_storage(float *dst, const float *src, size_t n) {
+    double t = begin();
+    in->to_storage(dst, src, n);
+    done(t, "to_storage", 0, "%zu", n);
+}
+static void p_from_storage(float *dst, const float *src, size_t n) {
+    double t = begin();
+    in->from_storage(dst, src, n);
+    done(t, "from_storage", 0, "%zu", n);
+}
+static void p_add(float *dst, const float *src, size_t n) {
+    double t = begin();
+    in->add(dst, src, n);
+    done(t, "add", 0, "%zu", n);
+}
+static void p_scale(float *x, float s, size_t n) {
+    double t = begin();
+    in->scale(x, s, n);
+    done(t, "scale", 0, "%zu", n);
+}
+static double p_sum(const float *x, size_t n) {
+    double t = begin(), r = in->sum(x, n);
+    done(t, "sum", 0, "%zu", n);
+    return r;
+}
+static double p_sum_squares(const float *x, size_t n) {
+    double t = begin(), r = in->sum_squares(x, n);
+    done(t, "sum_squares", 0, "%zu", n);
+    return r;
+}
+static void p_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, float grad_scale, int step, uint16_t *work) {
+    double t = begin();
+    in->adamw(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step, work);
+    done(t, "adamw", 0, "%zu", n);
+}
+static void p_fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
+                                 struct fp8_recipe recipe) {
+    double t = begin();
+    in->fp8_matmul_forward(out, x, w, N, K, M, accumulate, recipe);
+    done(t, "fp8_matmul_forward", gemm(N, K, M), "%dx%dx%d", N, K, M);
+}
+static void p_fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N,
+                                  int K, int M, int accumulate_dx, struct fp8_recipe recipe) {
+    double t = begin();
+    in->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe);
+    done(t, "fp8_matmul_backward", gemm(N, K, M) * (!!dx + !!dw), "%s %dx%dx%d",
+         dx ? (dw ? "dx+dw" : "dx") : "dw", N, K, M);
+}
+
+/* each op the inner table has, timed; what it lacks stays NULL */
+#define WRAP(op) table.op = inner->op ? p_##op : NULL
+const struct backend *backend_profiled(const struct backend *inner) {
+    if (in == inner) return &table;
+    if (in) die("backend_profiled: one table per process (%s already profiled)", in->name);
+    in = inner;
+    table = *inner; /* name, precision, sizes, alloc/free, device queries */
+    probe = inner->alloc(16);
+    WRAP(zero), WRAP(to_host), WRAP(from_host), WRAP(copy);
+    WRAP(embedding_forward), WRAP(embedding_backward), WRAP(rmsnorm_forward), WRAP(rmsnorm_backward);
+    WRAP(matmul_forward), WRAP(matmul_backward), WRAP(rope), WRAP(attention_forward), WRAP(attention_backward);
+    WRAP(attention_decode), WRAP(copy_cols), WRAP(swiglu_forward), WRAP(swiglu_backward);
+    WRAP(moe_route_forward), WRAP(moe_route_backward), WRAP(moe_route_sigmoid_forward);
+    WRAP(moe_route_sigmoid_backward), WRAP(gather_rows), WRAP(moe_combine), WRAP(moe_combine_backward);
+    WRAP(cross_entropy), WRAP(ce_row_max), WRAP(ce_row_sumexp), WRAP(ce_finish), WRAP(to_storage);
+    WRAP(from_storage), WRAP(add), WRAP(scale), WRAP(sum), WRAP(sum_squares), WRAP(adamw);
+    WRAP(fp8_matmul_forward), WRAP(fp8_matmul_backward);
+    profile_reset();
+    return &table;
+}
+
+static int by_time(const void *a, const void *b) {
+    double x = ((const struct row *)a)->seconds, y = ((const struct row *)b)->seconds;
+    return (x < y) - (x > y);
+}
+
+void profile_report(FILE *f, int steps) {
+    if (steps < 1) steps = 1;
+    double wall = (now_seconds() - since - paused - (counting ? 0 : now_seconds() - paused_at)) / steps, ops = 0;
+    struct row *sorted = xmalloc(sizeof(struct row) * (nrows ? nrows : 1));
+    memcpy(sorted, rows, sizeof(struct row) * nrows);
+    qsort(sorted, nrows, sizeof *sorted, by_time);
+    for (int i = 0; i < nrows; i++) ops += sorted[i].seconds / steps;
+    fprintf(f, "profile (%s %s, MTRAIN_PROFILE): %d step%s, %.2f ms a step; its ops %.2f ms (%.1f%%), each waited for; "
+               "the rest is host work and communication\n",
+            in ? in->name : "-", in ? precision_name(in->precision) : "-", steps, steps == 1 ? "" : "s", wall * 1e3,
+            ops * 1e3, wall > 0 ? 100 * ops / wall : 0);
+    fprintf(f, "%10s %7s %10s %9s  %-26s %s\n", "ms/step", "share", "calls/step", "TFLOP/s", "op", "shape");
+    for (int i = 0; i < nrows; i++) {
+        const struct row *r = &sorted[i];
+        char rate[16] = "-";
+        if (r->flops > 0 && r->seconds > 0) snprintf(rate, sizeof rate, "%.1f", r->flops / r->seconds / 1e12);
+        fprintf(f, "%10.3f %6.1f%% %10.1f %9s  %-26s %s\n", r->seconds / steps * 1e3,
+                ops > 0 ? 100 * r->seconds / steps / ops : 0, (double)r->calls / steps, rate, r->op, r->shape);
+    }
+    free(sorted);
+}
