@@ -273,7 +273,7 @@ static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int for
 }
 
 /* FP8 GEMMs: per-tensor scaling (current or delayed) on FP8 tensor cores (kernels/cuda/fp8_gemm.cu)
- * where the shape allows it (dimensions multiples of 16); block scaling and
+ * where the shape allows it (K and M multiples of 16, any N); block scaling and
  * other shapes take the reference path (quantise-dequantise, fp32 GEMM). */
 #define BF16_OWN_FP8
 static void ref_fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,

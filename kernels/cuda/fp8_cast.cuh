@@ -46,15 +46,18 @@ __global__ void cast_k(uint8_t *q, float *inv, const uint16_t *x, size_t n, cons
         q[i] = fp8_bits(widen1(x[i]) * s, format);
 }
 
-/* the same codes transposed, qt [cols, rows], through a 32 x 32 tile in
- * shared memory so both the reads and the writes run along rows; blocks of
- * 32 x 8 threads, grid (cols / 32, rows / 32) rounded up */
+/* the same codes transposed, qt [cols, ld] (ld >= rows: columns rows .. ld-1
+ * of qt are zero codes, padding a contraction over the rows to the GEMM's
+ * multiple of 16; ld at most rows rounded up to 32), through a 32 x 32 tile in shared memory
+ * so both the reads and the writes run along rows; blocks of 32 x 8
+ * threads, grid (rows / 32, cols / 32) rounded up (rows on x: its limit is
+ * 2^31 - 1 blocks, y's 65535) */
 #define TT 32
-__global__ void cast_t_k(uint8_t *qt, float *inv, const uint16_t *x, int rows, int cols, const unsigned *amax,
+__global__ void cast_t_k(uint8_t *qt, float *inv, const uint16_t *x, int rows, int cols, int ld, const unsigned *amax,
                          int format, int k_fixed) {
     __shared__ uint8_t tile[TT][TT + 4];
     float s = cast_scale(amax, format, k_fixed, inv);
-    int r0 = blockIdx.y * TT, c0 = blockIdx.x * TT;
+    int r0 = blockIdx.x * TT, c0 = blockIdx.y * TT;
     for (int i = threadIdx.y; i < TT; i += blockDim.y) {
         int r = r0 + i, c = c0 + threadIdx.x;
         if (r < rows && c < cols) tile[i][threadIdx.x] = fp8_bits(widen1(x[(size_t)r * cols + c]) * s, format);
@@ -62,6 +65,6 @@ __global__ void cast_t_k(uint8_t *qt, float *inv, const uint16_t *x, int rows, i
     __syncthreads();
     for (int j = threadIdx.y; j < TT; j += blockDim.y) {
         int c = c0 + j, r = r0 + threadIdx.x;
-        if (r < rows && c < cols) qt[(size_t)c * rows + r] = tile[threadIdx.x][j];
+        if (r < ld && c < cols) qt[(size_t)c * ld + r] = r < rows ? tile[threadIdx.x][j] : 0;
     }
 }

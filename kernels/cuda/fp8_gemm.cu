@@ -14,8 +14,12 @@
  * operands have the contraction as their inner dimension. So dgrad uses
  * the weight's codes transposed ([K, M]) and wgrad the transposes of the
  * output gradient and the input ([M, N], [K, N]); a tiled cast writes them.
- * Leading dimensions must be multiples of 16 bytes: usable only when N, K
- * and M are multiples of 16 (the caller falls back on the reference path).
+ * Leading dimensions must be multiples of 16 bytes: usable when K and M are
+ * multiples of 16 (else the caller falls back on the reference path). The
+ * token count N is free (MoE experts get any number of rows): forward and
+ * dgrad do not contract over it, and wgrad's transposed operands are
+ * written [M, Np] and [K, Np], Np = N rounded up to 16, the extra columns
+ * zero codes (they add nothing to the sums).
  * Code buffers grow to the largest operand and are reused. */
 #include <stdlib.h>
 #include <string.h>
@@ -51,10 +55,13 @@ void cuda_fp8_record_amax(float *out, const unsigned *amax) {
     LAUNCH_CHECK();
 }
 
+/* rows rounded up to 16: the row length of a transposed operand's codes */
+static int padded(int rows) { return (rows + 15) / 16 * 16; }
+
 /* operand i (FP8_INPUT, FP8_WEIGHT, FP8_GRAD): cast x [rows, cols] into the
- * slots asked for, scaled by its current amax or (delayed scaling) by the
- * recipe's exponent, its amax recorded; returns the device address of its
- * inverse scale */
+ * slots asked for (s_cols: transposed, [cols, padded(rows)]), scaled by its
+ * current amax or (delayed scaling) by the recipe's exponent, its amax
+ * recorded; returns the device address of its inverse scale */
 static const float *cast(int i, const float *x, int rows, int cols, int format, int s_rows, int s_cols,
                          uint8_t **q, uint8_t **qt, struct fp8_recipe recipe) {
     int delayed = recipe.scaling == FP8_SCALING_DELAYED, k = delayed ? recipe.scale_exp[i] : FP8_SCALE_CURRENT;
@@ -78,14 +85,15 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
     LAUNCH_CHECK();
     if (delayed) cuda_fp8_record_amax(recipe.amax + i, amax);
     *q = s_rows >= 0 ? slot(s_rows, n) : NULL;
-    *qt = s_cols >= 0 ? slot(s_cols, n) : NULL;
+    *qt = s_cols >= 0 ? slot(s_cols, (size_t)cols * padded(rows)) : NULL;
     if (*q) {
         cast_k<<<blocks_for(n, THREADS), THREADS>>>(*q, inv, (const uint16_t *)x, n, amax, format, k);
         LAUNCH_CHECK();
     }
     if (*qt) {
-        dim3 grid((cols + TT - 1) / TT, (rows + TT - 1) / TT);
-        cast_t_k<<<grid, dim3(TT, 8)>>>(*qt, *q ? NULL : inv, (const uint16_t *)x, rows, cols, amax, format, k);
+        dim3 grid((rows + TT - 1) / TT, (cols + TT - 1) / TT);
+        cast_t_k<<<grid, dim3(TT, 8)>>>(*qt, *q ? NULL : inv, (const uint16_t *)x, rows, cols, padded(rows), amax,
+                                        format, k);
         LAUNCH_CHECK();
     }
     if (grouped) kept[want].group = recipe.input_group, kept[want].x = x, kept[want].rows = rows, kept[want].cols = cols;
@@ -95,14 +103,14 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
 static cudaDataType_t fp8_type(int format) { return format == FP8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
 
 /* MTRAIN_FP8_GEMM=reference turns this path off (docs/model.md); the
- * outputs must be 16-byte aligned (the code buffers are) */
+ * outputs must be 16-byte aligned (the code buffers are); any N > 0 */
 int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts) {
     static int enabled = -1;
     if (enabled < 0) {
         const char *e = getenv("MTRAIN_FP8_GEMM");
         enabled = !(e && !strcmp(e, "reference"));
     }
-    if (!enabled || N <= 0 || K <= 0 || M <= 0 || N % 16 || K % 16 || M % 16) return 0;
+    if (!enabled || N <= 0 || K <= 0 || M <= 0 || K % 16 || M % 16) return 0;
     for (int i = 0; i < nouts; i++)
         if ((uintptr_t)outs[i] & 15) return 0;
     return 1;
@@ -136,9 +144,11 @@ int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, c
             return -1;
         wrote = 1;
     }
-    if (dw) { /* dw += dout^T (x^T)^T: [M, N] and [K, N] codes */
+    if (dw) { /* dw += dout^T (x^T)^T: [M, Np] and [K, Np] codes, the contraction padded with zeros */
         const float *sx = cast(FP8_INPUT, x, N, K, FP8_E4M3, -1, XT_CODES, &unused, &qxt, recipe);
-        if (lt_matmul(0, 1, M, K, N, qgt, fp8_type(gf), N, qxt, CUDA_R_8F_E4M3, N, 1.0f, dw, CUDA_R_32F, K, sg, sx)) {
+        int Np = padded(N);
+        if (lt_matmul(0, 1, M, K, Np, qgt, fp8_type(gf), Np, qxt, CUDA_R_8F_E4M3, Np, 1.0f, dw, CUDA_R_32F, K, sg,
+                      sx)) {
             if (wrote) die("cuBLASLt has no FP8 algorithm for the weight gradient %dx%dx%d", M, K, N);
             return -1;
         }

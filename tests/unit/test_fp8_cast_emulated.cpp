@@ -1,7 +1,8 @@
 /* The FP8 cast kernels (kernels/cuda/fp8_cast.cuh, the source the GPU
  * build compiles) on the CPU under tests/unit/cuda_emulation.h: the amax of
  * a bf16 tensor, and its codes row-major and transposed (through the
- * shared-memory tile), bitwise against kernels/fp8.h's host functions, for
+ * shared-memory tile, rows padded to a multiple of 16 with zero codes),
+ * bitwise against kernels/fp8.h's host functions, for
  * both formats, shapes that do and do not fill the 32 x 32 tiles, values
  * spanning many binades, a tensor holding an infinity (its inverse
  * scale is NaN), delayed scaling's given exponents (one that saturates the
@@ -37,23 +38,26 @@ static void run_case(int rows, int cols, int format, int with_inf, int k_shift, 
     /* delayed scaling: an exponent k_shift binades off the current one (k_fixed), else the current one */
     int k_fixed = k_shift ? k + k_shift : FP8_SCALE_CURRENT;
     k += k_shift;
-    std::vector<uint8_t> want(n), want_t(n);
+    /* the transposed codes' rows padded to a multiple of 16 with zero codes (fp8_gemm.cu's wgrad) */
+    int ld = (rows + 15) / 16 * 16;
+    std::vector<uint8_t> want(n), want_t((size_t)cols * ld, 0);
     for (size_t i = 0; i < n; i++) {
         want[i] = fp8_bits(bf16_to_float(x[i]) * fp8_pow2(k), format);
-        want_t[(i % cols) * rows + i / cols] = want[i];
+        want_t[(i % cols) * ld + i / cols] = want[i];
     }
 
     unsigned dev_amax = 0;
     emu_launch(dim3_{3, 1, 1}, dim3_{64, 1, 1}, [&]() { amax_bf16_k(&dev_amax, x.data(), n); });
     result(__uint_as_float(dev_amax) == amax || (with_inf && std::isinf(__uint_as_float(dev_amax))), "amax", tag,
            "differs from the host's");
-    std::vector<uint8_t> q(n, 0xaa), qt(n, 0xaa);
+    std::vector<uint8_t> q(n, 0xaa), qt((size_t)cols * ld, 0xaa);
     float inv = 0, inv_t = 0;
     emu_launch(dim3_{2, 1, 1}, dim3_{64, 1, 1}, [&]() { cast_k(q.data(), &inv, x.data(), n, &dev_amax, format, k_fixed); });
-    dim3_ tiles{(unsigned)(cols + TT - 1) / TT, (unsigned)(rows + TT - 1) / TT, 1};
-    emu_launch(tiles, dim3_{TT, 8, 1}, [&]() { cast_t_k(qt.data(), &inv_t, x.data(), rows, cols, &dev_amax, format, k_fixed); });
+    dim3_ tiles{(unsigned)(rows + TT - 1) / TT, (unsigned)(cols + TT - 1) / TT, 1};
+    emu_launch(tiles, dim3_{TT, 8, 1},
+               [&]() { cast_t_k(qt.data(), &inv_t, x.data(), rows, cols, ld, &dev_amax, format, k_fixed); });
     result(q == want, "codes", tag, "not bitwise the host's");
-    result(qt == want_t, "codes_transposed", tag, "not bitwise the host's, transposed");
+    result(qt == want_t, "codes_transposed", tag, "not bitwise the host's, transposed (zero codes in the padding)");
     int inv_ok = with_inf ? std::isnan(inv) && std::isnan(inv_t) : inv == fp8_pow2(-k) && inv_t == inv;
     result(inv_ok, "inverse_scale", tag, with_inf ? "not NaN for a tensor holding an infinity" : "not 2^-k");
 }
@@ -81,6 +85,8 @@ static void record_case() {
 int main() {
     run_case(45, 70, FP8_E4M3, 0, 0, "e4m3_45x70");
     run_case(64, 32, FP8_E5M2, 0, 0, "e5m2_64x32");
+    run_case(37, 48, FP8_E4M3, 0, 0, "e4m3_37x48_padded"); /* 37 rows: 11 padding, in the second tile row */
+    run_case(7, 40, FP8_E5M2, 0, 0, "e5m2_7x40_padded");
     run_case(33, 40, FP8_E4M3, 1, 0, "e4m3_with_inf");
     run_case(45, 70, FP8_E4M3, 0, 3, "e4m3_delayed_saturating");
     run_case(64, 32, FP8_E5M2, 0, -2, "e5m2_delayed_headroom");
