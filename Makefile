@@ -40,6 +40,24 @@ ifeq ($(CUDA),1)
   CFLAGS   += -DMTRAIN_CUDA -I$(CUDA_HOME)/include
   LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 endif
+# tests/integration/nccl_mock.sh: parallel/comm_nccl.c on the CPU, through a
+# libnccl.so.2 over MPI and CUDA runtime memory calls on host memory
+# (tests/mock/), preloaded in front of the real libcudart (its symbols carry
+# that library's version, read from its soname)
+MOCK_LIBS :=
+ifeq ($(CUDA),1)
+  CUDART_SONAME := $(shell objdump -p $(CUDA_HOME)/lib64/libcudart.so 2>/dev/null | sed -n 's/^ *SONAME *//p')
+  MOCK_LIBS := $(BUILD)/mock/libnccl.so.2 $(BUILD)/mock/libcudart_mock.so
+endif
+MOCK_CFLAGS := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fPIC -shared -I/usr/include/x86_64-linux-gnu/mpich
+$(BUILD)/mock/libnccl.so.2: tests/mock/nccl_mock.c
+	@mkdir -p $(dir $@)
+	$(CC) $(MOCK_CFLAGS) -Wl,-soname,libnccl.so.2 -o $@ $< -lmpich
+$(BUILD)/mock/libcudart_mock.so: tests/mock/cudart_mock.c
+	@mkdir -p $(dir $@)
+	printf '%s {\n  global: cuda*; mock_*;\n  local: *;\n};\n' '$(CUDART_SONAME)' >$(BUILD)/mock/cudart_mock.map
+	$(CC) $(MOCK_CFLAGS) -Wl,--version-script=$(BUILD)/mock/cudart_mock.map -o $@ $<
+
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TEST_CXX_SRC := $(wildcard tests/unit/test_*.cpp)
 TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%) $(TEST_CXX_SRC:tests/unit/%.cpp=$(BUILD)/tests/%)
@@ -119,7 +137,7 @@ fuzz: $(BUILD)/mtrain $(FUZZ_BIN)
 unit-tests: $(TEST_BIN) $(TOOL_BIN) $(FUZZ_BIN)
 
 # The README's test command. Prints one summary line "N passed, N failed[, N skipped]".
-test: build/.deps-test mtrain $(TEST_BIN) $(TOOL_BIN) $(FUZZ_BIN) $(BENCH_BIN)
+test: build/.deps-test mtrain $(TEST_BIN) $(TOOL_BIN) $(FUZZ_BIN) $(BENCH_BIN) $(MOCK_LIBS)
 	BUILD=$(BUILD) bash tests/run.sh
 
 bench: mtrain $(BENCH_BIN)

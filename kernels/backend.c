@@ -30,6 +30,14 @@ static const struct backend *with_precision(int cuda, const char *device, const 
     return be && !why ? be : NULL;
 }
 
+const struct backend *backend_in_device_memory(const struct backend *cpu) {
+    static struct backend table;
+    CHECK(!strcmp(cpu->name, "cpu") && cuda_backend.alloc && (!table.name || table.precision == cpu->precision));
+    table = *cpu;
+    table.alloc = cuda_backend.alloc, table.free = cuda_backend.free;
+    return &table;
+}
+
 /* "auto" takes the GPU when this build has the CUDA backend and the machine
  * has a device; "cuda" insists on one. */
 const struct backend *backend_get(const char *name, const char *precision) {

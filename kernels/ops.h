@@ -241,6 +241,11 @@ const char *backend_precision_error(const char *device, const char *precision);
 extern const struct backend cpu_backend, cpu_bf16_backend, cpu_fp8_backend;
 /* kernels/cuda; empty tables in builds without it */
 extern const struct backend cuda_backend, cuda_bf16_backend, cuda_fp8_backend;
+/* The CPU table cpu with the CUDA backend's alloc and free: host-side
+ * kernels on memory from cudaMalloc. Only for tests under the mock CUDA
+ * runtime (tests/mock/, where that memory is host memory), so that the
+ * NCCL path sees exactly the buffers a GPU run hands it. One per process. */
+const struct backend *backend_in_device_memory(const struct backend *cpu);
 /* "fp32", "bf16", "fp8" */
 const char *precision_name(enum precision p);
 /* This GPU's tensor cores multiply FP8 (compute capability 8.9 or newer);

@@ -314,7 +314,11 @@ void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root) {
     int me = c->rank == root;
     if (c->stage) { /* staged: done at once */
         float *h = stage_in(c, 0, buf, n * sizeof(float));
-        MPI_CHECK(MPI_Reduce(me ? MPI_IN_PLACE : h, me ? h : NULL, (int)n, MPI_FLOAT, MPI_SUM, root, handle(c)));
+        /* MPI_Ireduce and a wait, not MPI_Reduce: Debian 12's MPICH 4.0.2 (ch4:ucx) crashes in a blocking
+         * in-place reduce onto a root other than 0 from about 1000 floats on (test_comm's large reduce) */
+        MPI_Request r;
+        MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : h, me ? h : NULL, (int)n, MPI_FLOAT, MPI_SUM, root, handle(c), &r));
+        MPI_CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE));
         if (me) stage_back(c, buf, h, n * sizeof(float));
     } else {
         MPI_Request r;

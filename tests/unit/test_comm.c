@@ -4,6 +4,7 @@
  * on GPU memory where each rank has a GPU (skipped with the reason
  * elsewhere). Run alone (size 1: the no-op paths, and NCCL's group of one)
  * by the unit pass, and under mpiexec -n 4 by tests/integration/comm.sh. */
+#include <mpi.h>
 #include <string.h>
 
 #include "kernels/ops.h"
@@ -132,6 +133,23 @@ static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
     ok = ok_all(agree, ok);
     if (r == 0) TEST_RESULT(nm("comm_started_reductions", sfx), ok, "wrong sums after comm_wait_all");
 
+    /* a larger in-place sum onto a root other than 0 (4096 floats: MPICH 4.0.2's blocking in-place
+     * MPI_Reduce crashes there, parallel/comm_mpi.c) */
+    {
+        enum { BIG = 4096 };
+        float *big = malloc(sizeof(float) * BIG);
+        for (int i = 0; i < BIG; i++) big[i] = (float)(r + i % 5);
+        d = put(big, sizeof(float) * BIG);
+        comm_reduce_sum_start(w, d, BIG, n - 1);
+        comm_wait_all(w);
+        get(big, d, sizeof(float) * BIG);
+        ok = 1;
+        for (int i = 0; i < BIG && r == n - 1; i++) ok &= big[i] == n * (n - 1) / 2.0f + n * (i % 5);
+        free(big);
+        ok = ok_all(agree, ok);
+        if (r == 0) TEST_RESULT(nm("comm_reduce_large_onto_last", sfx), ok, "wrong sums");
+    }
+
     /* two in-place gathers of uneven pieces (rank k owns k+1 floats, rank 1 none), started together:
      * waiting for the second ticket completes both */
     if (n <= 8) {
@@ -180,7 +198,7 @@ static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
 
 /* The same calls over NCCL on device memory, where every rank of this node
  * has a GPU of its own; skipped with the reason elsewhere. */
-static void check_nccl(struct grid *g) {
+static int check_nccl(struct grid *g) {
     char why[320] = "";
     if (!cuda_backend_available()) snprintf(why, sizeof why, "no CUDA device (or no CUDA backend in this build)");
     else nccl_available(why, sizeof why);
@@ -193,7 +211,7 @@ static void check_nccl(struct grid *g) {
     comm_all_reduce_max(&g->world, &bad, 1);
     if (bad) {
         if (g->world_rank == 0) printf("SKIP comm_nccl: %s\n", why[0] ? why : "another rank cannot use NCCL");
-        return;
+        return 0;
     }
     struct comm nw = g->world; /* the world's MPI group, with an NCCL communicator of its own */
     nw.host[0] = nw.host[1] = NULL, nw.host_bytes[0] = nw.host_bytes[1] = 0, nw.bytes = 0;
@@ -206,6 +224,34 @@ static void check_nccl(struct grid *g) {
     if (g->world_rank == 0) TEST_RESULT("comm_nccl_counts_payload", ok, "no bytes counted");
     comm_nccl_free(&nw);
     comm_free_staging(&nw);
+    return 1;
+}
+
+/* The grid's groups over NCCL (grid_use_nccl, as a GPU run sets them up):
+ * each group of more than one rank gets its own communicator; a sum over
+ * it equals MPI's over the same group. */
+static void check_nccl_grid(struct grid *g) {
+    grid_use_nccl(g);
+    struct comm *cs[] = {&g->tp_comm, &g->dp_comm};
+    int ok = 1, groups = 0;
+    for (int i = 0; i < 2; i++) {
+        struct comm *c = cs[i];
+        if (c->size < 2) continue;
+        groups++;
+        float v = (float)(g->world_rank + 1), want = v;
+        ok &= c->nccl != NULL;
+        MPI_Allreduce(MPI_IN_PLACE, &want, 1, MPI_FLOAT, MPI_SUM, *(MPI_Comm *)c->handle);
+        mem = &cuda_backend;
+        void *d = put(&v, sizeof v);
+        comm_all_reduce_sum(c, d, 1);
+        get(&v, d, sizeof v);
+        mem = NULL;
+        ok &= v == want;
+    }
+    ok = ok_all(&g->world, ok);
+    char name[64];
+    snprintf(name, sizeof name, "comm_nccl_grid_groups_tp%d_dp%d", g->tp, g->dp);
+    if (g->world_rank == 0 && groups) TEST_RESULT(name, ok, "a group's NCCL sum differs from MPI's");
 }
 
 int main(int argc, char **argv) {
@@ -227,7 +273,7 @@ int main(int argc, char **argv) {
     check_calls(w, w, "_staged");
     mem = NULL;
     w->stage = NULL;
-    check_nccl(&g);
+    int nccl = check_nccl(&g);
 
     /* the grid's groups: tp pairs when the world is even */
     x[0] = 1;
@@ -237,6 +283,7 @@ int main(int argc, char **argv) {
     if (r == 0) TEST_RESULT(name, ok, "group sizes or sums wrong");
     ok = ok_all(w, w->bytes > 0 || n == 1);
     if (r == 0) TEST_RESULT("comm_counts_payload", ok, "no bytes counted");
+    if (nccl) check_nccl_grid(&g); /* last: the grid's groups then run over NCCL */
     comm_barrier(w);
     grid_free(&g);
     parallel_finalize();

@@ -1,0 +1,85 @@
+# parallel/comm_nccl.c run on the CPU: test_comm's NCCL pass (every comm.h
+# call, the pipeline's grouped exchange, started reductions and gathers with
+# their tickets, the grid's groups each with a communicator of their own)
+# on 1, 2 and 4 ranks, against a libnccl.so.2 over MPI (tests/mock/nccl_mock.c,
+# found first on LD_LIBRARY_PATH by comm_nccl.c's dlopen) and CUDA runtime
+# memory, stream and event calls on host memory (tests/mock/cudart_mock.c,
+# preloaded). Then mtrain pretrain itself over NCCL in eight layouts (dp with
+# gradient buckets, tp with sequence parallelism, interleaved pp with tied
+# embeddings, ZeRO-1 with parameter gathers, tp x pp in bf16, MoE expert
+# parallelism, DeepSeek-V3, FP8), its CPU ranks' buffers in the mock's
+# device memory (MTRAIN_TEST_NCCL_ON_CPU): bitwise the losses of the same
+# layout over MPI. Every buffer NCCL is handed must come from cudaMalloc, so
+# a host pointer reaching an NCCL group fails here as on a GPU. What it
+# checks: the NCCL code path's bootstrap, arguments (counts, types, roots,
+# peers, in-place forms, group brackets), bookkeeping and which buffers go
+# where; what it cannot: stream ordering on a GPU and NCCL itself
+# (tests/unit/test_comm.c runs against the real library where each rank
+# has a GPU; scripts/device/gpu_checks.sh).
+source "$(dirname "$0")/../lib.sh"
+MOCK=$(build_path mock)
+TEST_COMM=$(build_path tests/test_comm)
+if [ ! -f "$MOCK/libnccl.so.2" ] || [ ! -f "$MOCK/libcudart_mock.so" ]; then
+    skip nccl_mock "this build has no CUDA backend (CUDA=0): no NCCL path to run"
+    exit 0
+fi
+export MOCK_NCCL_DIR=$TMP LD_LIBRARY_PATH=$MOCK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# sanitized builds: the preloaded mock comes before the sanitizer's runtime
+export ASAN_OPTIONS=verify_asan_link_order=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}
+for n in 1 2 4; do
+    LD_PRELOAD=$MOCK/libcudart_mock.so timeout 300 mpiexec -n $n "$TEST_COMM" >"$TMP/np$n.out" 2>&1
+    rc=$?
+    lines=$(grep -E '^(PASS|FAIL|SKIP) [a-z_0-9]*nccl' "$TMP/np$n.out")
+    echo "$lines" | grep -E '^(PASS|FAIL|SKIP) ' | sed -E "s/^(PASS|FAIL|SKIP) ([a-z_0-9]+)/\1 \2_mock_np$n/"
+    # the NCCL pass ran whole: its last check (and, on several ranks, the grid's groups) reported, nothing failed
+    grid=1
+    [ $n -gt 1 ] && grid=$(echo "$lines" | grep -c '^PASS comm_nccl_grid_groups')
+    [ "$rc" = 0 ] && echo "$lines" | grep -q '^PASS comm_nccl_counts_payload' && [ "$grid" = 1 ] &&
+        ! echo "$lines" | grep -qE '^(FAIL|SKIP)' && pass nccl_mock_np${n}_all_ran ||
+        fail nccl_mock_np${n}_all_ran "exit $rc: $(tail -3 "$TMP/np$n.out")"
+done
+
+# the trainer over NCCL, layout by layout, against the same layout over MPI
+cd "$TMP"
+"$MTRAIN" data generate --out data --docs 200 --frame-tokens 4096 >/dev/null || { fail nccl_mock_setup "data generate failed"; exit 1; }
+cat >r.yaml <<'YAML'
+model: {vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64}
+train: {seq_len: 16, micro_batch: 2, global_batch: 8, steps: 6, seed: 7, device: cpu, threads: 1}
+optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 2, eps: 1e-4}
+data: {path: data}
+log: {interval: 100}
+YAML
+sed 's/vocab_size: 264/arch: mixtral, vocab_size: 264/; s/intermediate_size: 64}/intermediate_size: 64, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 48}/' \
+    r.yaml >moe.yaml
+sed 's/vocab_size: 264, .*intermediate_size: 64}/arch: deepseek_v3, vocab_size: 264, hidden_size: 32, num_layers: 3, num_heads: 4, num_kv_heads: 4, intermediate_size: 64, q_lora_rank: 16, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 8, v_head_dim: 8, first_k_dense: 1, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 24, moe_shared_experts: 1, moe_score_func: sigmoid, moe_n_group: 2, moe_topk_group: 1, moe_aux_loss_coef: 0, moe_bias_update_rate: 1e-3}/' \
+    r.yaml >ds.yaml
+export OMP_NUM_THREADS=1
+layouts=(
+    "dp2 r.yaml 2"
+    "tp2_sp r.yaml 2 parallel.tp=2 parallel.sequence_parallel=true"
+    "pp2_vpp2_tied r.yaml 2 parallel.pp=2 parallel.vpp=2 model.tie_embeddings=true"
+    "dp4_zero r.yaml 4 optimizer.distributed=true parallel.grad_bucket_mb=0.02"
+    "bf16_tp2_pp2 r.yaml 4 parallel.tp=2 parallel.pp=2 train.precision=bf16"
+    "moe_ep2_dp2 moe.yaml 2 parallel.ep=2"
+    "deepseek_ep2_tp2 ds.yaml 4 parallel.ep=2 parallel.tp=2"
+    "fp8_tp2_dp2 r.yaml 4 parallel.tp=2 train.precision=fp8 train.fp8_skip_layers=0"
+)
+losses() { grep '"loss"' "$1" 2>/dev/null | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
+for spec in "${layouts[@]}"; do
+    set -- $spec
+    name=$1 recipe=$2 np=$3; shift 3
+    sets=()
+    for kv in "$@"; do sets+=(--set "$kv"); done
+    for comm in mpi nccl; do
+        MTRAIN_TEST_NCCL_ON_CPU=1 LD_PRELOAD=$MOCK/libcudart_mock.so timeout 300 mpiexec -n $np "$MTRAIN" pretrain \
+            $recipe "${sets[@]}" --set parallel.comm=$comm --set log.dir=${name}_$comm >${name}_$comm.out 2>&1 ||
+            echo "exit $?" >>${name}_$comm.out
+    done
+    a=$(losses ${name}_mpi/metrics.jsonl) b=$(losses ${name}_nccl/metrics.jsonl)
+    if grep -q "; nccl)" ${name}_nccl.out && [ "$(echo "$a" | grep -c .)" = 6 ] && [ "$a" = "$b" ]; then
+        pass nccl_mock_pretrain_${name}_same_losses
+    else
+        fail nccl_mock_pretrain_${name}_same_losses "mpi: $(echo $a | head -c 80) / nccl: $(echo $b | head -c 80): $(tail -2 ${name}_nccl.out)"
+    fi
+done
+exit $FAILED
