@@ -33,7 +33,8 @@ struct run {
     const struct pretrain_opts *o;
     const struct backend *be;
     const char *comm_name;   /* "nccl", "mpi" or "none" (one rank): how the groups communicate (parallel.comm) */
-    int nccl_on_cpu;         /* MTRAIN_TEST_NCCL_ON_CPU (tests/integration/nccl_mock.sh): CPU ranks may take NCCL */
+    int gpu_comm_on_cpu;     /* MTRAIN_TEST_GPU_COMM_ON_CPU (tests/integration/nccl_mock.sh): CPU ranks
+                              * communicate as GPU ranks do: NCCL, or MPI staged through host buffers */
     struct grid grid;
     int rank0;               /* world rank 0 prints and writes the metrics */
     struct prefetcher *train;    /* training batches, read ahead in a thread */

@@ -305,7 +305,7 @@ static int starts_fresh(const struct run *run) {
 static void choose_comm(struct run *run) {
     const struct recipe *r = run->r;
     struct grid *g = &run->grid;
-    int gpu = !strcmp(run->be->name, "cuda") || run->nccl_on_cpu, want = strcmp(r->parallel.comm, "mpi") != 0;
+    int gpu = !strcmp(run->be->name, "cuda") || run->gpu_comm_on_cpu, want = strcmp(r->parallel.comm, "mpi") != 0;
     char why[320] = "";
     run->comm_name = g->world_size == 1 ? "none" : "mpi";
     if (!want) return;
@@ -342,7 +342,10 @@ static void setup(struct run *run) {
     if (starts_fresh(run)) logdir_claim(run, NULL);
     watchdog_start(&run->grid, r->train.hang_timeout_s);
     /* GPU ranks: one device per rank on a node */
-    if (run->nccl_on_cpu) cuda_use_device(run->grid.local_rank);
+    if (run->gpu_comm_on_cpu) {
+        cuda_use_device(run->grid.local_rank);
+        grid_stage_device(&run->grid, run->be);
+    }
     if (!strcmp(run->be->name, "cuda")) {
         cuda_use_device(run->grid.local_rank);
         grid_stage_device(&run->grid, run->be); /* the pipeline's sends, and every group under MPI */
@@ -450,10 +453,11 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     }
     run.be = backend_get(r->train.device, r->train.precision);
     if (!run.be) return EXIT_RUNTIME;
-    /* a test of the NCCL path without GPUs (tests/integration/nccl_mock.sh, with mock NCCL and CUDA runtime
-     * libraries): CPU ranks whose buffers come from cudaMalloc, so NCCL gets only what a GPU run gives it */
-    if (getenv("MTRAIN_TEST_NCCL_ON_CPU") && !strcmp(run.be->name, "cpu"))
-        run.be = backend_in_device_memory(run.be), run.nccl_on_cpu = 1;
+    /* a test of the GPU ranks' communication without GPUs (tests/integration/nccl_mock.sh, with stand-in NCCL
+     * and CUDA runtime libraries): CPU ranks whose buffers come from cudaMalloc and move through cudaMemcpy,
+     * so NCCL and the MPI staging get only what a GPU run gives them */
+    if (getenv("MTRAIN_TEST_GPU_COMM_ON_CPU") && !strcmp(run.be->name, "cpu"))
+        run.be = backend_in_device_memory(run.be), run.gpu_comm_on_cpu = 1;
     int profiling = profile_requested(), profiled_from = 0; /* MTRAIN_PROFILE: where each step's time goes */
     if (profiling) run.be = backend_profiled(run.be);
     install_signals(); /* before the (possibly long) load, so a signal then is not fatal */

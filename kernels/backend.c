@@ -34,7 +34,8 @@ const struct backend *backend_in_device_memory(const struct backend *cpu) {
     static struct backend table;
     CHECK(!strcmp(cpu->name, "cpu") && cuda_backend.alloc && (!table.name || table.precision == cpu->precision));
     table = *cpu;
-    table.alloc = cuda_backend.alloc, table.free = cuda_backend.free;
+    table.alloc = cuda_backend.alloc, table.free = cuda_backend.free, table.zero = cuda_backend.zero;
+    table.to_host = cuda_backend.to_host, table.from_host = cuda_backend.from_host, table.copy = cuda_backend.copy;
     return &table;
 }
 

@@ -241,10 +241,11 @@ const char *backend_precision_error(const char *device, const char *precision);
 extern const struct backend cpu_backend, cpu_bf16_backend, cpu_fp8_backend;
 /* kernels/cuda; empty tables in builds without it */
 extern const struct backend cuda_backend, cuda_bf16_backend, cuda_fp8_backend;
-/* The CPU table cpu with the CUDA backend's alloc and free: host-side
- * kernels on memory from cudaMalloc. Only for tests under the mock CUDA
- * runtime (tests/mock/, where that memory is host memory), so that the
- * NCCL path sees exactly the buffers a GPU run hands it. One per process. */
+/* The CPU table cpu with the CUDA backend's memory ops (alloc, free, zero,
+ * copies): host-side kernels on memory from cudaMalloc, moved by
+ * cudaMemcpy. Only for tests under the stand-in CUDA runtime (tests/mock/,
+ * where that memory is host memory it keeps account of), so that NCCL and
+ * the MPI staging see exactly the buffers a GPU run hands them. */
 const struct backend *backend_in_device_memory(const struct backend *cpu);
 /* "fp32", "bf16", "fp8" */
 const char *precision_name(enum precision p);

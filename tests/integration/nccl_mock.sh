@@ -8,9 +8,11 @@
 # gradient buckets, tp with sequence parallelism, interleaved pp with tied
 # embeddings, ZeRO-1 with parameter gathers, tp x pp in bf16, MoE expert
 # parallelism, DeepSeek-V3, FP8), its CPU ranks' buffers in the mock's
-# device memory (MTRAIN_TEST_NCCL_ON_CPU): bitwise the losses of the same
-# layout over MPI. Every buffer NCCL is handed must come from cudaMalloc, so
-# a host pointer reaching an NCCL group fails here as on a GPU. What it
+# device memory (MTRAIN_TEST_GPU_COMM_ON_CPU), over NCCL and over MPI staged
+# through host buffers as GPU ranks do: both bitwise the losses of the plain
+# CPU run of the layout. Every buffer NCCL is handed must come from
+# cudaMalloc, and every cudaMemcpy's device side too, so a host pointer
+# reaching an NCCL group or the staging fails here as on a GPU. What it
 # checks: the NCCL code path's bootstrap, arguments (counts, types, roots,
 # peers, in-place forms, group brackets), bookkeeping and which buffers go
 # where; what it cannot: stream ordering on a GPU and NCCL itself
@@ -70,16 +72,18 @@ for spec in "${layouts[@]}"; do
     name=$1 recipe=$2 np=$3; shift 3
     sets=()
     for kv in "$@"; do sets+=(--set "$kv"); done
+    # plain: CPU ranks over MPI on host memory; staged and nccl: as GPU ranks, through the stand-in runtime
+    OMP_NUM_THREADS=1 timeout 300 mpiexec -n $np "$MTRAIN" pretrain $recipe "${sets[@]}" --set log.dir=${name}_plain \
+        >${name}_plain.out 2>&1 || echo "exit $?" >>${name}_plain.out
     for comm in mpi nccl; do
-        MTRAIN_TEST_NCCL_ON_CPU=1 LD_PRELOAD=$MOCK/libcudart_mock.so timeout 300 mpiexec -n $np "$MTRAIN" pretrain \
+        MTRAIN_TEST_GPU_COMM_ON_CPU=1 LD_PRELOAD=$MOCK/libcudart_mock.so timeout 300 mpiexec -n $np "$MTRAIN" pretrain \
             $recipe "${sets[@]}" --set parallel.comm=$comm --set log.dir=${name}_$comm >${name}_$comm.out 2>&1 ||
             echo "exit $?" >>${name}_$comm.out
     done
-    a=$(losses ${name}_mpi/metrics.jsonl) b=$(losses ${name}_nccl/metrics.jsonl)
-    if grep -q "; nccl)" ${name}_nccl.out && [ "$(echo "$a" | grep -c .)" = 6 ] && [ "$a" = "$b" ]; then
-        pass nccl_mock_pretrain_${name}_same_losses
-    else
-        fail nccl_mock_pretrain_${name}_same_losses "mpi: $(echo $a | head -c 80) / nccl: $(echo $b | head -c 80): $(tail -2 ${name}_nccl.out)"
-    fi
+    a=$(losses ${name}_plain/metrics.jsonl) b=$(losses ${name}_mpi/metrics.jsonl) c=$(losses ${name}_nccl/metrics.jsonl)
+    [ "$(echo "$a" | grep -c .)" = 6 ] && [ "$a" = "$b" ] && pass nccl_mock_pretrain_${name}_staged_mpi_same_losses ||
+        fail nccl_mock_pretrain_${name}_staged_mpi_same_losses "plain: $(echo $a | head -c 80) / staged: $(echo $b | head -c 80): $(tail -2 ${name}_mpi.out)"
+    grep -q "; nccl)" ${name}_nccl.out && [ -n "$a" ] && [ "$a" = "$c" ] && pass nccl_mock_pretrain_${name}_nccl_same_losses ||
+        fail nccl_mock_pretrain_${name}_nccl_same_losses "plain: $(echo $a | head -c 80) / nccl: $(echo $c | head -c 80): $(tail -2 ${name}_nccl.out)"
 done
 exit $FAILED
