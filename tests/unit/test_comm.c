@@ -196,6 +196,118 @@ static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
     if (r == 0) TEST_RESULT(nm("comm_exchange_ring", sfx), ok, "got %g %g %g", got[0], got[1], got[2]);
 }
 
+/* Every call again at sizes where MPI libraries switch to their large-message
+ * algorithms and rendezvous protocols (a million floats a rank): the small
+ * checks above run the eager paths only. Values are small integers, so
+ * every sum is exact. */
+static void check_large(struct comm *w, struct comm *agree, const char *sfx) {
+    enum { L = 1 << 20 };
+    int n = w->size, r = w->rank, ok;
+    float *a = malloc(sizeof(float) * L * (n > 4 ? n : 4)), *b = malloc(sizeof(float) * L * (n > 4 ? n : 4));
+    void *d, *d2;
+    size_t per = L / n; /* a rank's block */
+
+    for (size_t i = 0; i < L; i++) a[i] = (float)(r + i % 7);
+    comm_all_reduce_sum(w, d = put(a, sizeof(float) * L), L);
+    get(a, d, sizeof(float) * L);
+    ok = 1;
+    for (size_t i = 0; i < L; i++) ok &= a[i] == n * (n - 1) / 2.0f + n * (float)(i % 7);
+    ok = ok_all(agree, ok);
+    if (r == 0) TEST_RESULT(nm("comm_large_all_reduce_sum", sfx), ok, "wrong sums");
+
+    for (size_t i = 0; i < per * n; i++) a[i] = (float)(r + i % 5);
+    comm_reduce_scatter_sum(w, d = put(a, sizeof(float) * per * n), d2 = put(b, sizeof(float) * per), per);
+    get(a, d, sizeof(float) * per * n), get(b, d2, sizeof(float) * per);
+    ok = 1;
+    for (size_t i = 0; i < per; i++) ok &= b[i] == n * (n - 1) / 2.0f + n * (float)((r * per + i) % 5);
+    ok = ok_all(agree, ok);
+    if (r == 0) TEST_RESULT(nm("comm_large_reduce_scatter_sum", sfx), ok, "wrong block");
+
+    for (size_t i = 0; i < per; i++) a[i] = (float)(r * 3 + i % 3);
+    comm_all_gather(w, d = put(a, sizeof(float) * per), d2 = put(b, sizeof(float) * per * n), per);
+    get(a, d, sizeof(float) * per), get(b, d2, sizeof(float) * per * n);
+    ok = 1;
+    for (size_t i = 0; i < per * n; i++) ok &= b[i] == (float)((i / per) * 3 + (i % per) % 3);
+    ok = ok_all(agree, ok);
+    if (r == 0) TEST_RESULT(nm("comm_large_all_gather", sfx), ok, "wrong blocks");
+
+    for (size_t i = 0; i < L; i++) a[i] = r == n - 1 ? (float)(i % 11) : -1.0f;
+    comm_broadcast(w, d = put(a, sizeof(float) * L), sizeof(float) * L, n - 1);
+    get(a, d, sizeof(float) * L);
+    ok = 1;
+    for (size_t i = 0; i < L; i++) ok &= a[i] == (float)(i % 11);
+    ok = ok_all(agree, ok);
+    if (r == 0) TEST_RESULT(nm("comm_large_broadcast", sfx), ok, "wrong values");
+
+    /* rank r sends (k + 1) * per / n floats of value r * 10 + k to rank k */
+    int sc[64], rc[64];
+    size_t so = 0, ro = 0;
+    for (int k = 0; k < n && n <= 64; k++) {
+        sc[k] = (int)((k + 1) * per / n), rc[k] = (int)((r + 1) * per / n);
+        for (int j = 0; j < sc[k]; j++) a[so + j] = (float)(r * 10 + k);
+        so += sc[k], ro += rc[k];
+    }
+    if (n <= 64) {
+        comm_all_to_all_v(w, d = put(a, sizeof(float) * so), sc, d2 = put(b, sizeof(float) * ro), rc);
+        get(a, d, sizeof(float) * so), get(b, d2, sizeof(float) * ro);
+    }
+    ok = 1;
+    for (int k = 0, o = 0; k < n && n <= 64; k++)
+        for (int j = 0; j < rc[k]; j++) ok &= b[o++] == (float)(k * 10 + r);
+    ok = ok_all(agree, ok);
+    if (r == 0) TEST_RESULT(nm("comm_large_all_to_all_v", sfx), ok, "wrong exchange");
+
+    /* started: an all-reduce and a sum onto each rank in turn (ZeRO-1's buckets), then one wait */
+    for (size_t i = 0; i < L; i++) a[i] = (float)(r + i % 3), b[i] = (float)(2 * r + i % 4);
+    d = put(a, sizeof(float) * L), d2 = put(b, sizeof(float) * L);
+    comm_all_reduce_sum_start(w, d, L);
+    for (int k = 0; k < n; k++) comm_reduce_sum_start(w, (float *)d2 + k * per, per, k);
+    comm_wait_all(w);
+    get(a, d, sizeof(float) * L), get(b, d2, sizeof(float) * L);
+    ok = 1;
+    for (size_t i = 0; i < L; i++) ok &= a[i] == n * (n - 1) / 2.0f + n * (float)(i % 3);
+    for (size_t i = r * per; i < (r + 1) * per; i++) ok &= b[i] == n * (float)(n - 1) + n * (float)(i % 4);
+    ok = ok_all(agree, ok);
+    if (r == 0) TEST_RESULT(nm("comm_large_started_reductions", sfx), ok, "wrong sums after comm_wait_all");
+
+    /* an in-place gather of each rank's block (ZeRO-1's parameters) */
+    int cnt[64], dsp[64];
+    for (int k = 0; k < n && n <= 64; k++) cnt[k] = (int)per, dsp[k] = (int)(k * per);
+    for (size_t i = 0; i < per * n; i++) a[i] = i / per == (size_t)r ? (float)(r + i % 9) : -1.0f;
+    if (n <= 64) {
+        d = put(a, sizeof(float) * per * n);
+        comm_wait_ticket(w, comm_all_gather_v_start(w, d, cnt, dsp));
+        get(a, d, sizeof(float) * per * n);
+    }
+    ok = 1;
+    for (size_t i = 0; i < per * n && n <= 64; i++) ok &= a[i] == (float)(i / per + i % 9);
+    ok = ok_all(agree, ok);
+    if (r == 0) TEST_RESULT(nm("comm_large_all_gather_v", sfx), ok, "wrong pieces");
+
+    /* the pipeline's exchange with large messages: to the next rank and back from the previous, both ways */
+    if (n > 1) {
+        int next = (r + 1) % n, prev = (r + n - 1) % n;
+        for (size_t i = 0; i < L; i++) a[i] = (float)(r * 4 + i % 4), b[i] = -1;
+        float *c = malloc(sizeof(float) * L);
+        for (size_t i = 0; i < L; i++) c[i] = -1;
+        void *da = put(a, sizeof(float) * L), *db = put(b, sizeof(float) * L), *dc = put(c, sizeof(float) * L);
+        struct comm_p2p ops[4] = {
+            {db, sizeof(float) * L, prev, 1}, {da, sizeof(float) * L, next, 0},
+            {da, sizeof(float) * L, prev, 0}, {dc, sizeof(float) * L, next, 1},
+        };
+        comm_exchange(w, ops, 4);
+        get(a, da, sizeof(float) * L), get(b, db, sizeof(float) * L), get(c, dc, sizeof(float) * L);
+        ok = 1;
+        for (size_t i = 0; i < L; i++) ok &= b[i] == (float)(prev * 4 + i % 4) && c[i] == (float)(next * 4 + i % 4);
+        free(c);
+    } else {
+        ok = 1;
+    }
+    ok = ok_all(agree, ok);
+    if (r == 0) TEST_RESULT(nm("comm_large_exchange", sfx), ok, "wrong messages");
+    free(a), free(b);
+}
+
 /* The same calls over NCCL on device memory, where every rank of this node
  * has a GPU of its own; skipped with the reason elsewhere. */
 static int check_nccl(struct grid *g) {
@@ -219,6 +331,7 @@ static int check_nccl(struct grid *g) {
     comm_nccl_init(&nw);
     mem = &cuda_backend;
     check_calls(&nw, &g->world, "_nccl");
+    check_large(&nw, &g->world, "_nccl");
     mem = NULL;
     int ok = ok_all(&g->world, nw.bytes > 0);
     if (g->world_rank == 0) TEST_RESULT("comm_nccl_counts_payload", ok, "no bytes counted");
@@ -266,11 +379,13 @@ int main(int argc, char **argv) {
     float x[8];
 
     check_calls(w, w, "");
+    check_large(w, w, "");
     /* the same through host staging (GPU ranks under parallel.comm mpi), with
      * the CPU backend standing in for device memory */
     w->stage = &cpu_backend;
     mem = &cpu_backend;
     check_calls(w, w, "_staged");
+    check_large(w, w, "_staged");
     mem = NULL;
     w->stage = NULL;
     int nccl = check_nccl(&g);
