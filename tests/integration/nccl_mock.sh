@@ -12,7 +12,9 @@
 # through host buffers as GPU ranks do: both bitwise the losses of the plain
 # CPU run of the layout. Every buffer NCCL is handed must come from
 # cudaMalloc, and every cudaMemcpy's device side too, so a host pointer
-# reaching an NCCL group or the staging fails here as on a GPU. What it
+# reaching an NCCL group or the staging fails here as on a GPU. Last, the
+# bad configurations of GPU ranks (two ranks on one GPU under NCCL, fp8 on
+# a GPU without FP8 tensor cores) exit 2 with one message. What it
 # checks: the NCCL code path's bootstrap, arguments (counts, types, roots,
 # peers, in-place forms, group brackets), bookkeeping and which buffers go
 # where; what it cannot: stream ordering on a GPU and NCCL itself
@@ -86,4 +88,26 @@ for spec in "${layouts[@]}"; do
     grep -q "; nccl)" ${name}_nccl.out && [ -n "$a" ] && [ "$a" = "$c" ] && pass nccl_mock_pretrain_${name}_nccl_same_losses ||
         fail nccl_mock_pretrain_${name}_nccl_same_losses "plain: $(echo $a | head -c 80) / nccl: $(echo $c | head -c 80): $(tail -2 ${name}_nccl.out)"
 done
+
+# bad configurations of GPU ranks stop before training with exit 2 and one message from rank 0 (issue 12):
+# more ranks on a node than GPUs under parallel.comm nccl (auto falls back to staged MPI with one warning),
+# and fp8 on a GPU without FP8 tensor cores (compute capability 8.0)
+gpu_run() { # NAME NP VAR=VALUE ARGS...: mtrain pretrain r.yaml as GPU ranks on the stand-in runtime
+    local name=$1 np=$2 var=$3; shift 3
+    env MTRAIN_TEST_GPU_COMM_ON_CPU=1 LD_PRELOAD=$MOCK/libcudart_mock.so "$var" timeout 120 mpiexec -n $np \
+        "$MTRAIN" pretrain r.yaml --set log.dir=$name "$@" >$name.out 2>&1
+}
+gpu_run shared_nccl 2 MOCK_CUDA_DEVICES=1 --set parallel.comm=nccl
+rc=$?
+[ $rc = 2 ] && [ "$(grep -c 'drives the same GPU' shared_nccl.out)" = 1 ] && [ ! -s shared_nccl/metrics.jsonl ] &&
+    pass nccl_mock_ranks_sharing_a_gpu_exit_2 || fail nccl_mock_ranks_sharing_a_gpu_exit_2 "exit $rc: $(tail -2 shared_nccl.out)"
+gpu_run shared_auto 2 MOCK_CUDA_DEVICES=1 --set parallel.comm=auto
+rc=$?
+[ $rc = 0 ] && grep -q '; mpi)' shared_auto.out && [ "$(grep -c 'communicate over MPI' shared_auto.out)" = 1 ] &&
+    pass nccl_mock_ranks_sharing_a_gpu_auto_falls_back ||
+    fail nccl_mock_ranks_sharing_a_gpu_auto_falls_back "exit $rc: $(grep -m2 -E 'warning|ranks' shared_auto.out)"
+gpu_run fp8_ampere 2 MOCK_CUDA_CC=80 --set train.device=cuda --set train.precision=fp8
+rc=$?
+[ $rc = 2 ] && [ "$(grep -c 'no FP8 tensor cores' fp8_ampere.out)" = 1 ] && pass nccl_mock_fp8_without_fp8_gpu_exit_2 ||
+    fail nccl_mock_fp8_without_fp8_gpu_exit_2 "exit $rc: $(tail -2 fp8_ampere.out)"
 exit $FAILED

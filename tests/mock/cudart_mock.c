@@ -4,7 +4,8 @@
  * without a GPU, it makes "device" memory host memory and runs everything
  * at once in issue order (streams and events are tokens; the order they
  * impose holds trivially). MOCK_CUDA_DEVICES devices (default 8), each
- * with its own PCI bus id. Kernels cannot run: only memory, streams and
+ * with its own PCI bus id, of compute capability MOCK_CUDA_CC (default 90:
+ * 9.0, Hopper). Kernels cannot run: only memory, streams and
  * events. It remembers what cudaMalloc handed out, so a host pointer where
  * device memory belongs fails as it would on a GPU: in cudaFree, cudaMemset,
  * cudaMemcpy (by its direction) and, through mock_cuda_is_device, in the
@@ -57,6 +58,15 @@ cudaError_t cudaSetDevice(int d) {
 }
 cudaError_t cudaDeviceGetPCIBusId(char *buf, int len, int d) {
     snprintf(buf, len, "0000:%02x:00.0", 0x10 + d);
+    return cudaSuccess;
+}
+/* the compute capability (attributes 75 and 76, driver_types.h); nothing else is asked */
+cudaError_t cudaDeviceGetAttribute(int *v, int attr, int d) {
+    const char *e = getenv("MOCK_CUDA_CC");
+    int cc = e && *e ? atoi(e) : 90;
+    if (d < 0 || d >= devices()) return cudaErrorInvalidDevice;
+    if (attr != 75 && attr != 76) return cudaErrorInvalidValue;
+    *v = attr == 75 ? cc / 10 : cc % 10;
     return cudaSuccess;
 }
 const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "mock CUDA error"; }
