@@ -86,7 +86,7 @@ static void bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int r
 static void gemm_bf16(int transA, int transB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                       float beta, float *C, int ldc, int c_fp32) {
     cudaDataType_t ct = c_fp32 ? CUDA_R_32F : CUDA_R_16BF;
-    if (!lt_matmul(transA, transB, M, N, K, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, beta, C, ct, ldc, NULL, NULL))
+    if (!lt_matmul(transA, transB, M, N, K, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, beta, C, ct, ldc, NULL, NULL, 0))
         return;
     cublasOperation_t ta = transA ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
     float alpha = 1.0f;

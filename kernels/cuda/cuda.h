@@ -44,10 +44,12 @@ void gemm_rm(int transA, int transB, int M, int N, int K, float alpha, const flo
 /* Row-major C[M,N] = op(A) op(B) (times *a_scale * *b_scale when given:
  * device scalars, FP8 operands) + beta C through cuBLASLt with fp32
  * accumulation, the algorithm chosen once per shape (kernels/cuda/lt_gemm.cu).
+ * fast_accum: FP8 only, cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM (the
+ * tensor cores' own accumulation, without periodic promotion to fp32).
  * 0, or -1 (nothing done) where cuBLASLt has no algorithm for it. */
 int lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDataType_t a_type, int lda, const void *B,
                cudaDataType_t b_type, int ldb, float beta, void *C, cudaDataType_t c_type, int ldc,
-               const float *a_scale, const float *b_scale);
+               const float *a_scale, const float *b_scale, int fast_accum);
 
 /* The ops of the other kernel files (semantics in kernels/ops.h). */
 void cuda_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V);

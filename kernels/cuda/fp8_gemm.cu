@@ -116,6 +116,19 @@ int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts
     return 1;
 }
 
+/* The forward GEMM accumulates in the tensor cores' own (fast) mode, the
+ * gradients' GEMMs promote to fp32 as they go: Transformer Engine's and
+ * torchao's default split (they accept the forward's small precision loss
+ * for its speed, not the gradients'). MTRAIN_FP8_FAST_ACCUM=0 turns it off. */
+static int fast_accum(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("MTRAIN_FP8_FAST_ACCUM");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
 /* out [N, M] (bf16) = x [N, K] w [M, K]^T (+ out); 0, or -1 where
  * cuBLASLt has no FP8 algorithm for it (nothing written: the caller takes
  * the reference path) */
@@ -125,7 +138,7 @@ int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, i
     const float *sx = cast(FP8_INPUT, x, N, K, FP8_E4M3, X_CODES, -1, &qx, &unused, recipe);
     const float *sw = cast(FP8_WEIGHT, w, M, K, FP8_E4M3, W_CODES, -1, &qw, &unused, recipe);
     return lt_matmul(0, 1, N, M, K, qx, CUDA_R_8F_E4M3, K, qw, CUDA_R_8F_E4M3, K, accumulate ? 1.0f : 0.0f, out,
-                     CUDA_R_16BF, M, sx, sw);
+                     CUDA_R_16BF, M, sx, sw, fast_accum());
 }
 
 /* dx [N, K] (bf16) = dout [N, M] w [M, K] (+ dx), dw [M, K] (fp32) += dout^T x;
@@ -140,7 +153,7 @@ int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, c
     if (dx) { /* dx = dout (w^T)^T: w's codes transposed, [K, M] */
         const float *sw = cast(FP8_WEIGHT, w, M, K, FP8_E4M3, -1, WT_CODES, &unused, &qwt, recipe);
         if (lt_matmul(0, 1, N, K, M, qg, fp8_type(gf), M, qwt, CUDA_R_8F_E4M3, M, accumulate_dx ? 1.0f : 0.0f, dx,
-                      CUDA_R_16BF, K, sg, sw))
+                      CUDA_R_16BF, K, sg, sw, 0))
             return -1;
         wrote = 1;
     }
@@ -148,7 +161,7 @@ int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, c
         const float *sx = cast(FP8_INPUT, x, N, K, FP8_E4M3, -1, XT_CODES, &unused, &qxt, recipe);
         int Np = padded(N);
         if (lt_matmul(0, 1, M, K, Np, qgt, fp8_type(gf), Np, qxt, CUDA_R_8F_E4M3, Np, 1.0f, dw, CUDA_R_32F, K, sg,
-                      sx)) {
+                      sx, 0)) {
             if (wrote) die("cuBLASLt has no FP8 algorithm for the weight gradient %dx%dx%d", M, K, N);
             return -1;
         }

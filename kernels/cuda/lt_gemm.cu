@@ -15,7 +15,7 @@
 #define WORKSPACE_BYTES ((size_t)32 << 20)
 
 struct plan_key {
-    int ta, tb, M, N, K, lda, ldb, ldc, beta_zero, scaled;
+    int ta, tb, M, N, K, lda, ldb, ldc, beta_zero, scaled, fast_accum;
     int a_type, b_type, c_type, align_a, align_b, align_c;
 };
 
@@ -72,6 +72,10 @@ static int make_plan(struct plan *p, const struct plan_key *k) {
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac));
+    if (k->fast_accum) {
+        int8_t on = 1;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof on));
+    }
     if (k->scaled) { /* the heuristic must see the scale pointers' presence; any device address will do here */
         const float *dummy = (const float *)workspace;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof dummy));
@@ -92,7 +96,7 @@ static int make_plan(struct plan *p, const struct plan_key *k) {
 
 int lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDataType_t a_type, int lda, const void *B,
                cudaDataType_t b_type, int ldb, float beta, void *C, cudaDataType_t c_type, int ldc,
-               const float *a_scale, const float *b_scale) {
+               const float *a_scale, const float *b_scale, int fast_accum) {
     if (!M || !N) return 0;
     if ((a_scale != NULL) != (b_scale != NULL)) die("lt_matmul: one operand scaled, the other not");
     if (!K) { /* an empty contraction (an expert without tokens): C = beta C */
@@ -102,7 +106,7 @@ int lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDa
         return 0;
     }
     /* all ints, no padding: compared with memcmp */
-    struct plan_key key = {transA, transB, M, N, K, lda, ldb, ldc, beta == 0.0f, a_scale != NULL,
+    struct plan_key key = {transA, transB, M, N, K, lda, ldb, ldc, beta == 0.0f, a_scale != NULL, fast_accum != 0,
                             (int)a_type, (int)b_type, (int)c_type, alignment(A), alignment(B), alignment(C)};
     struct plan *p = NULL;
     for (int i = 0; i < nplans && !p; i++)
