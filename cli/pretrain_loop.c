@@ -547,7 +547,13 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         profile_counting(counting);
     }
     watchdog_phase(WATCHDOG_END, run.st.step);
-    if (profiling && run.rank0) profile_report(stdout, run.st.step - (profiled_from ? profiled_from : first - 1));
+    if (profiling && run.rank0) {
+        int steps = run.st.step - (profiled_from ? profiled_from : first - 1);
+        char *json = profile_json(steps);
+        event(&run, "%s", json);
+        free(json);
+        profile_report(stdout, steps);
+    }
     char path[RECIPE_PATH_MAX + 32];
     save_final_weights(&run, path, sizeof path);
     log_comm(&run, run.st.step - first + 1);

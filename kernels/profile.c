@@ -317,13 +317,40 @@ static int by_time(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-void profile_report(FILE *f, int steps) {
-    if (steps < 1) steps = 1;
-    double wall = (now_seconds() - since - paused - (counting ? 0 : now_seconds() - paused_at)) / steps, ops = 0;
+/* the rows most time first (the caller frees them), the wall and op seconds per step */
+static struct row *sorted_rows(int steps, double *wall, double *ops) {
+    *wall = (now_seconds() - since - paused - (counting ? 0 : now_seconds() - paused_at)) / steps, *ops = 0;
     struct row *sorted = xmalloc(sizeof(struct row) * (nrows ? nrows : 1));
     memcpy(sorted, rows, sizeof(struct row) * nrows);
     qsort(sorted, nrows, sizeof *sorted, by_time);
-    for (int i = 0; i < nrows; i++) ops += sorted[i].seconds / steps;
+    for (int i = 0; i < nrows; i++) *ops += sorted[i].seconds / steps;
+    return sorted;
+}
+
+char *profile_json(int steps) {
+    if (steps < 1) steps = 1;
+    double wall, ops;
+    struct row *sorted = sorted_rows(steps, &wall, &ops);
+    size_t cap = 256 + (size_t)nrows * 160, n = 0; /* a row: names under 80 characters, numbers */
+    char *out = xmalloc(cap);
+    n += snprintf(out + n, cap - n, "{\"event\":\"profile\",\"steps\":%d,\"step_ms\":%.4f,\"ops_ms\":%.4f,\"rows\":[",
+                  steps, wall * 1e3, ops * 1e3);
+    for (int i = 0; i < nrows; i++) {
+        const struct row *r = &sorted[i];
+        char rate[32] = "null";
+        if (r->flops > 0 && r->seconds > 0) snprintf(rate, sizeof rate, "%.2f", r->flops / r->seconds / 1e12);
+        n += snprintf(out + n, cap - n, "%s{\"op\":\"%s\",\"shape\":\"%s\",\"ms\":%.4f,\"calls\":%.2f,\"tflops\":%s}",
+                      i ? "," : "", r->op, r->shape, r->seconds / steps * 1e3, (double)r->calls / steps, rate);
+    }
+    snprintf(out + n, cap - n, "]}");
+    free(sorted);
+    return out;
+}
+
+void profile_report(FILE *f, int steps) {
+    if (steps < 1) steps = 1;
+    double wall, ops;
+    struct row *sorted = sorted_rows(steps, &wall, &ops);
     fprintf(f, "profile (%s %s, MTRAIN_PROFILE): %d step%s, %.2f ms a step; its ops %.2f ms (%.1f%%), each waited for; "
                "the rest is host work and communication\n",
             in ? in->name : "-", in ? precision_name(in->precision) : "-", steps, steps == 1 ? "" : "s", wall * 1e3,

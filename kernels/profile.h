@@ -27,3 +27,7 @@ int profile_counting(int on);
  * steps they cover), most time first, with the wall time per step since the
  * reset beside them: the difference is host work and communication. */
 void profile_report(FILE *f, int steps);
+/* The same as one JSON object (metrics.jsonl's "profile" event): steps,
+ * step_ms, ops_ms and rows [{op, shape, ms, calls, tflops (null: no FLOP
+ * count)}] per step, most time first. The caller frees it. */
+char *profile_json(int steps);

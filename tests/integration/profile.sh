@@ -3,8 +3,9 @@
 # counts what the model calls: 2 layers x 7 linears + the head = 15 matmuls
 # forward and 15 backward per micro batch, 2 micro batches a step, one
 # cross-entropy each; evaluation is left out; the rows add up to the
-# header's total, which is no more than the step's wall time; only rank 0
-# prints under mpiexec; bench_train prints it on stderr.
+# header's total, which is no more than the step's wall time; the same
+# table is metrics.jsonl's profile event; only rank 0 prints under mpiexec;
+# bench_train prints it on stderr.
 source "$(dirname "$0")/../lib.sh"
 BENCH_TRAIN=$(build_path bench/bench_train)
 cd "$TMP"
@@ -34,6 +35,16 @@ for precision in fp32 bf16; do
     f=$(calls $out matmul_forward) g=$(calls $out matmul_backward) c=$(calls $out cross_entropy)
     [ "$f" = 30 ] && [ "$g" = 30 ] && [ "$c" = 2 ] && pass profile_${precision}_counts_the_model ||
         fail profile_${precision}_counts_the_model "matmul forward $f, backward $g, cross-entropy $c a step (want 30, 30, 2)"
+    # the same table as metrics.jsonl's profile event
+    "$PY" - prof_$precision/metrics.jsonl <<'PYEOF' && pass profile_${precision}_event || fail profile_${precision}_event "$(grep -c profile prof_$precision/metrics.jsonl) events"
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1]) if '"event":"profile"' in l]
+assert len(ev) == 1, len(ev)
+e = ev[0]
+mf = sum(r["calls"] for r in e["rows"] if r["op"] == "matmul_forward")
+assert e["steps"] == 11 and mf == 30 and abs(sum(r["ms"] for r in e["rows"]) - e["ops_ms"]) < 1e-3 * len(e["rows"]) + 0.01, (e["steps"], mf)
+assert all((r["tflops"] is None) == (r["op"] not in ("matmul_forward", "matmul_backward", "attention_forward", "attention_backward")) for r in e["rows"])
+PYEOF
     # the rows' ms add up to the header's total (rounding: 1e-3 ms a row), which the wall time bounds
     awk '/^profile/ {for (i = 1; i < NF; i++) {if ($(i + 1) == "ms" && $(i + 2) == "a") wall = $i; if ($i == "ops") ops = $(i + 1)}}
          $4 ~ /^([0-9.]+|-)$/ && $1 ~ /^[0-9.]+$/ {sum += $1; n++}
