@@ -134,29 +134,4 @@ static inline unsigned blocks_for(size_t n, unsigned threads) {
     return (unsigned)(b < 65535u * 32u ? b : 65535u * 32u);
 }
 
-/* Sum over a block of blockDim.x (a power of two <= 1024) values in a fixed
- * tree order: bitwise repeatable. buf holds blockDim.x elements. */
-template <typename T>
-__device__ inline T block_sum(T v, T *buf) {
-    buf[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
-        __syncthreads();
-    }
-    T r = buf[0];
-    __syncthreads();
-    return r;
-}
-
-__device__ inline float block_max(float v, float *buf) {
-    buf[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) buf[threadIdx.x] = fmaxf(buf[threadIdx.x], buf[threadIdx.x + s]);
-        __syncthreads();
-    }
-    float r = buf[0];
-    __syncthreads();
-    return r;
-}
+#include "kernels/cuda/block_reduce.cuh"

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/storage.cuh"
 
 #define THREADS 256
@@ -192,21 +193,14 @@ void cuda_bf16_swiglu_backward(float *dgate, float *dup, const float *dout, cons
 void cuda_bf16_add(float *dst, const float *src, size_t n) { LAUNCH_N(add_k<B16>, n, (B16 *)dst, (const B16 *)src, n); }
 void cuda_bf16_scale(float *x, float s, size_t n) { LAUNCH_N(scale_k<B16>, n, (B16 *)x, s, n); }
 
-/* A fixed grid of partial sums in double, added on the host in order. */
-#define REDUCE_BLOCKS 256
-__global__ void reduce_k(double *part, const float *x, size_t n, int square) {
-    __shared__ double buf[THREADS];
-    double acc = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        acc += square ? (double)x[i] * x[i] : (double)x[i];
-    acc = block_sum(acc, buf);
-    if (threadIdx.x == 0) part[blockIdx.x] = acc;
-}
-
+/* A fixed grid of partial sums in double, added on the host in order
+ * (kernels/cuda/reduce.cuh): 1024 blocks of 256 threads, 16-byte loads. */
+#define REDUCE_BLOCKS 1024
 static double reduce(const float *x, size_t n, int square) {
     if (!n) return 0.0;
-    double *part = (double *)cuda_scratch(SCRATCH_WORK, sizeof(double) * REDUCE_BLOCKS), host[REDUCE_BLOCKS];
-    reduce_k<<<REDUCE_BLOCKS, THREADS>>>(part, x, n, square);
+    static double host[REDUCE_BLOCKS];
+    double *part = (double *)cuda_scratch(SCRATCH_WORK, sizeof(double) * REDUCE_BLOCKS);
+    reduce_k<THREADS><<<REDUCE_BLOCKS, THREADS>>>(part, x, n, square);
     LAUNCH_CHECK();
     CUDA_CHECK(cudaMemcpy(host, part, sizeof host, cudaMemcpyDeviceToHost));
     double total = 0;

@@ -28,6 +28,11 @@ struct dim3_ {
 static thread_local dim3_ threadIdx, blockIdx;
 static dim3_ gridDim, blockDim;
 
+/* CUDA's 16-byte vector of four floats */
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+
 #define __global__
 #define __device__
 #define __host__
