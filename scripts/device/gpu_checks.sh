@@ -74,8 +74,8 @@ case $phase in
         within bench8b env SHAPES=8b RUNS="mtrain-bf16 torch-bf16 mtrain-fp8" STEPS=4 bash scripts/bench/train_gpu.sh
         within bench124m env SHAPES=124m RUNS="mtrain-bf16 torch-bf16-compile" STEPS=5 bash scripts/bench/train_gpu.sh
         # where the 8B step's time goes, op by op (kernels/profile.h), for the next round of speed work
-        within profile8b_bf16 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 2 cuda 0 bf16
-        within profile8b_fp8 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 2 cuda 0 fp8 tensor
+        within profile8b_bf16 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 1 cuda 0 bf16
+        within profile8b_fp8 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 1 cuda 0 fp8 tensor
         within gpu_pretrain bash tests/integration/gpu_pretrain.sh
         within test_cuda_ops build/rel/tests/test_cuda_ops
         within test_comm build/rel/tests/test_comm
@@ -101,8 +101,8 @@ case $phase in
     bench8b)
         run train_gpu env SHAPES=8b RUNS="mtrain-bf16 mtrain-fp8 mtrain-fp8-block torch-bf16 torch-bf16-compile torch-fp8" \
             bash scripts/bench/train_gpu.sh
-        run profile8b_bf16 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 2 cuda 0 bf16
-        run profile8b_fp8 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 2 cuda 0 fp8 tensor
+        run profile8b_bf16 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 1 cuda 0 bf16
+        run profile8b_fp8 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 1 cuda 0 fp8 tensor
         ;;
     attention)
         run train_gpu env SHAPES= RUNS="attention fp8-gemm" bash scripts/bench/train_gpu.sh
