@@ -35,6 +35,29 @@ static struct pending pending;
 
 static MPI_Comm handle(const struct comm *c) { return *(MPI_Comm *)c->handle; }
 
+/* MPI counts are ints: an element-wise call (all-reduce, reduce, broadcast)
+ * on more elements than one call takes goes in pieces of at most this many
+ * (2^30; a real model's gradients under data parallelism without buckets
+ * are several times 2^31 floats). MTRAIN_TEST_MPI_CHUNK sets it smaller, so
+ * tests run the pieces (tests/integration/comm.sh). */
+static size_t chunk_elems(void) {
+    static size_t m;
+    if (!m) {
+        const char *e = getenv("MTRAIN_TEST_MPI_CHUNK");
+        m = e && atol(e) > 0 ? (size_t)atol(e) : (size_t)1 << 30;
+    }
+    return m;
+}
+static int piece(size_t n, size_t off) { return (int)(n - off < chunk_elems() ? n - off : chunk_elems()); }
+
+/* a per-rank count of a call that cannot go in pieces (its blocks interleave) */
+static int rank_count(const struct comm *c, size_t n, const char *op) {
+    if (n > (size_t)INT32_MAX)
+        die("%s over group %s: %zu elements per rank exceed one MPI call's count (%d)", op, c->name ? c->name : "?", n,
+            INT32_MAX);
+    return (int)n;
+}
+
 /* Every call that reaches MPI is marked for the hang watchdog, so a rank
  * stuck waiting for a dead peer can say where. */
 static void enter(const struct comm *c, const char *op) {
@@ -95,7 +118,8 @@ static void local_copy(const struct comm *c, void *out, const void *in, size_t b
 static void all_reduce(struct comm *c, float *buf, size_t n, MPI_Op op) {
     c->bytes += n * sizeof(float), c->calls++;
     float *h = stage_in(c, 0, buf, n * sizeof(float));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, op, handle(c)));
+    for (size_t o = 0; o < n; o += piece(n, o))
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, h + o, piece(n, o), MPI_FLOAT, op, handle(c)));
     stage_back(c, buf, h, n * sizeof(float));
 }
 
@@ -125,7 +149,8 @@ void comm_all_reduce_sum_f64(struct comm *c, double *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
     c->bytes += n * sizeof(double), c->calls++;
     enter(c, "all_reduce_sum_f64");
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, handle(c)));
+    for (size_t o = 0; o < n; o += piece(n, o))
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + o, piece(n, o), MPI_DOUBLE, MPI_SUM, handle(c)));
     watchdog_leave();
 }
 
@@ -142,7 +167,7 @@ void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t
     c->bytes += in_bytes, c->calls++;
     enter(c, "reduce_scatter_sum");
     float *hin = stage_in(c, 0, in, in_bytes), *hout = stage_out(c, 1, out, out_bytes);
-    MPI_CHECK(MPI_Reduce_scatter_block(hin, hout, (int)n, MPI_FLOAT, MPI_SUM, handle(c)));
+    MPI_CHECK(MPI_Reduce_scatter_block(hin, hout, rank_count(c, n, "reduce_scatter"), MPI_FLOAT, MPI_SUM, handle(c)));
     stage_back(c, out, hout, out_bytes);
     watchdog_leave();
 }
@@ -160,7 +185,8 @@ void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
     c->bytes += out_bytes, c->calls++;
     enter(c, "all_gather");
     float *hin = stage_in(c, 0, in, in_bytes), *hout = stage_out(c, 1, out, out_bytes);
-    MPI_CHECK(MPI_Allgather(hin, (int)n, MPI_FLOAT, hout, (int)n, MPI_FLOAT, handle(c)));
+    int k = rank_count(c, n, "all_gather");
+    MPI_CHECK(MPI_Allgather(hin, k, MPI_FLOAT, hout, k, MPI_FLOAT, handle(c)));
     stage_back(c, out, hout, out_bytes);
     watchdog_leave();
 }
@@ -174,7 +200,8 @@ void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
     c->bytes += bytes, c->calls++;
     enter(c, "broadcast");
     void *h = stage_in(c, 0, buf, bytes);
-    MPI_CHECK(MPI_Bcast(h, (int)bytes, MPI_BYTE, root, handle(c)));
+    for (size_t o = 0; o < bytes; o += piece(bytes, o))
+        MPI_CHECK(MPI_Bcast((char *)h + o, piece(bytes, o), MPI_BYTE, root, handle(c)));
     stage_back(c, buf, h, bytes);
     watchdog_leave();
 }
@@ -295,10 +322,12 @@ void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n) {
     if (c->stage) { /* staged: done at once */
         all_reduce(c, buf, n, MPI_SUM);
     } else {
-        MPI_Request r;
         c->bytes += n * sizeof(float), c->calls++;
-        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, handle(c), &r));
-        track(c, r);
+        for (size_t o = 0; o < n; o += piece(n, o)) {
+            MPI_Request r;
+            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + o, piece(n, o), MPI_FLOAT, MPI_SUM, handle(c), &r));
+            track(c, r);
+        }
     }
     watchdog_leave();
 }
@@ -316,14 +345,20 @@ void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root) {
         float *h = stage_in(c, 0, buf, n * sizeof(float));
         /* MPI_Ireduce and a wait, not MPI_Reduce: Debian 12's MPICH 4.0.2 (ch4:ucx) crashes in a blocking
          * in-place reduce onto a root other than 0 from about 1000 floats on (test_comm's large reduce) */
-        MPI_Request r;
-        MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : h, me ? h : NULL, (int)n, MPI_FLOAT, MPI_SUM, root, handle(c), &r));
-        MPI_CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE));
+        for (size_t o = 0; o < n; o += piece(n, o)) {
+            MPI_Request r;
+            MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : h + o, me ? h + o : NULL, piece(n, o), MPI_FLOAT, MPI_SUM, root,
+                                  handle(c), &r));
+            MPI_CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE));
+        }
         if (me) stage_back(c, buf, h, n * sizeof(float));
     } else {
-        MPI_Request r;
-        MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : buf, me ? buf : NULL, (int)n, MPI_FLOAT, MPI_SUM, root, handle(c), &r));
-        track(c, r);
+        for (size_t o = 0; o < n; o += piece(n, o)) {
+            MPI_Request r;
+            MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : buf + o, me ? buf + o : NULL, piece(n, o), MPI_FLOAT, MPI_SUM,
+                                  root, handle(c), &r));
+            track(c, r);
+        }
     }
     watchdog_leave();
 }
@@ -345,7 +380,8 @@ void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n) {
     c->bytes += bytes, c->calls++;
     enter(c, "all_to_all");
     float *hin = stage_in(c, 0, in, bytes), *hout = stage_out(c, 1, out, bytes);
-    MPI_CHECK(MPI_Alltoall(hin, (int)n, MPI_FLOAT, hout, (int)n, MPI_FLOAT, handle(c)));
+    int k = rank_count(c, n, "all_to_all");
+    MPI_CHECK(MPI_Alltoall(hin, k, MPI_FLOAT, hout, k, MPI_FLOAT, handle(c)));
     stage_back(c, out, hout, bytes);
     watchdog_leave();
 }

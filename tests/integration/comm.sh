@@ -1,7 +1,13 @@
 # The comm layer's collectives under mpiexec with 4 ranks (see tests/unit/test_comm.c),
-# and parallel.comm's checks.
+# also with MPI calls cut into small pieces (counts past an int), and parallel.comm's checks.
 source "$(dirname "$0")/../lib.sh"
 OMP_NUM_THREADS=1 timeout 120 mpiexec -n 4 "$(build_path tests/test_comm)" || FAILED=1
+# again with MPI calls cut into pieces of 100000 elements (MTRAIN_TEST_MPI_CHUNK; 2^30 otherwise, where MPI's int
+# counts end): the million-float checks then go in pieces
+MTRAIN_TEST_MPI_CHUNK=100000 OMP_NUM_THREADS=1 timeout 120 mpiexec -n 4 "$(build_path tests/test_comm)" >"$TMP/chunked" 2>&1 ||
+    FAILED=1
+grep -E '^(PASS|FAIL|SKIP) comm_large' "$TMP/chunked" | sed -E 's/^(PASS|FAIL|SKIP) ([a-z_0-9]+)/\1 \2_mpi_pieces/'
+[ "$FAILED" = 0 ] || tail -5 "$TMP/chunked"
 
 # parallel.comm nccl where NCCL cannot run (CPU ranks) stops before training:
 # exit 2, one message from rank 0 naming the key (docs/parallelism.md)
