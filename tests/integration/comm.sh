@@ -29,4 +29,13 @@ rc=$?
 OMP_NUM_THREADS=1 timeout 120 mpiexec -n 2 "$MTRAIN" pretrain r.yaml --set log.dir=auto >"$TMP/out" 2>&1 &&
     grep -q '"comm":"mpi"' auto/metrics.jsonl && grep -q 'ep 1; mpi)' "$TMP/out" && pass comm_auto_on_cpu_is_mpi ||
     fail comm_auto_on_cpu_is_mpi "$(tail -2 "$TMP/out")"
+# a run whose gradient all-reduce goes to MPI in pieces (of 1000 floats) trains as the same run in one piece
+# (two ranks: a sum of two is the same in any order)
+for chunk in 0 1000; do
+    MTRAIN_TEST_MPI_CHUNK=$chunk OMP_NUM_THREADS=1 timeout 120 mpiexec -n 2 "$MTRAIN" pretrain r.yaml \
+        --set parallel.overlap_grad_reduce=false --set train.steps=4 --set log.dir=pieces$chunk >/dev/null 2>&1
+done
+a=$(grep -o '"loss":[^,]*' pieces0/metrics.jsonl 2>/dev/null) b=$(grep -o '"loss":[^,]*' pieces1000/metrics.jsonl 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] && pass comm_gradient_in_mpi_pieces_same_losses ||
+    fail comm_gradient_in_mpi_pieces_same_losses "$(echo $a | head -c 100) / $(echo $b | head -c 100)"
 exit $FAILED
