@@ -513,7 +513,7 @@ static int assemble(struct open_files *o, json_t *tensors, const struct param_in
                     float *out, char *err, size_t errlen) {
     size_t i;
     json_t *e;
-    int found = 0;
+    int64_t found = 0; /* elements placed: a tensor may hold more than 2^31 */
     float *buf = NULL;
     int64_t rows = p->shape[0], cols = p->ndim > 1 ? p->shape[1] : 1;
     int64_t lr = p->local_shape[0], lc = p->ndim > 1 ? p->local_shape[1] : 1;
@@ -558,7 +558,7 @@ static int assemble(struct open_files *o, json_t *tensors, const struct param_in
         for (int64_t r = ir0; r < ir1; r++)
             memcpy(out + (r - r0) * lc + (ic0 - c0), buf + (r - sr0) * (sc1 - sc0) + (ic0 - sc0),
                    sizeof(float) * (ic1 - ic0));
-        found += (int)((ir1 - ir0) * (ic1 - ic0));
+        found += (ir1 - ir0) * (ic1 - ic0);
         seen[src_part] = 1;
     }
     free(buf);

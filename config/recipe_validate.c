@@ -159,6 +159,13 @@ static int check_sizes(const struct recipe *r) {
     if (tokens > INT_MAX)
         return verr(r, "train.micro_batch", "micro_batch * seq_len = %d * %d = %lld tokens is more than %d",
                     t->micro_batch, t->seq_len, tokens, INT_MAX);
+    /* a MoE layer's token exchange counts the elements it sends one peer in int (MPI's counts): at worst every
+     * routed copy of the micro batch's tokens, hidden_size elements each */
+    long long routed = tokens * (m->num_experts > 0 ? m->experts_per_token : 0) * m->hidden_size;
+    if (routed > INT_MAX)
+        return verr(r, "train.micro_batch", "micro_batch * seq_len * experts_per_token * hidden_size = %lld * %d * %d = "
+                    "%lld elements a MoE layer may send one rank, more than %d: use a smaller micro_batch",
+                    tokens, m->experts_per_token, m->hidden_size, routed, INT_MAX);
     return 0;
 }
 
