@@ -458,7 +458,8 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
      * so NCCL and the MPI staging get only what a GPU run gives them */
     if (getenv("MTRAIN_TEST_GPU_COMM_ON_CPU") && !strcmp(run.be->name, "cpu"))
         run.be = backend_in_device_memory(run.be), run.gpu_comm_on_cpu = 1;
-    int profiling = profile_requested(), profiled_from = 0; /* MTRAIN_PROFILE: where each step's time goes */
+    /* MTRAIN_PROFILE: where each step's time goes, over the steps run after the first (a rewound one included) */
+    int profiling = profile_requested(), profiled = -1;
     if (profiling) run.be = backend_profiled(run.be);
     install_signals(); /* before the (possibly long) load, so a signal then is not fatal */
     setup(&run);
@@ -531,8 +532,10 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
             fprintf(stderr, "mtrain: injected crash at step %d\n", step);
             abort();
         }
-        if (one_step(&run, step)) continue;
-        if (profiling && !profiled_from && step < r->train.steps) profile_reset(), profiled_from = step;
+        int rewound = one_step(&run, step);
+        if (profiled >= 0) profiled++;
+        if (rewound) continue;
+        if (profiling && profiled < 0 && step < r->train.steps) profile_reset(), profiled = 0;
         int counting = profile_counting(0); /* steps only: not evaluation, not saving */
         /* automatic hang timeout: settled by this rank's first steps */
         double hang_timeout = watchdog_step_done();
@@ -548,7 +551,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     }
     watchdog_phase(WATCHDOG_END, run.st.step);
     if (profiling && run.rank0) {
-        int steps = run.st.step - (profiled_from ? profiled_from : first - 1);
+        int steps = profiled >= 0 ? profiled : run.st.step - first + 1; /* a one-step run: that step */
         char *json = profile_json(steps);
         event(&run, "%s", json);
         free(json);

@@ -331,18 +331,21 @@ char *profile_json(int steps) {
     if (steps < 1) steps = 1;
     double wall, ops;
     struct row *sorted = sorted_rows(steps, &wall, &ops);
-    size_t cap = 256 + (size_t)nrows * 160, n = 0; /* a row: names under 80 characters, numbers */
-    char *out = xmalloc(cap);
-    n += snprintf(out + n, cap - n, "{\"event\":\"profile\",\"steps\":%d,\"step_ms\":%.4f,\"ops_ms\":%.4f,\"rows\":[",
-                  steps, wall * 1e3, ops * 1e3);
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    if (!f) die("profile: open_memstream failed");
+    fprintf(f, "{\"event\":\"profile\",\"steps\":%d,\"step_ms\":%.4f,\"ops_ms\":%.4f,\"rows\":[", steps, wall * 1e3,
+            ops * 1e3);
     for (int i = 0; i < nrows; i++) {
         const struct row *r = &sorted[i];
-        char rate[32] = "null";
-        if (r->flops > 0 && r->seconds > 0) snprintf(rate, sizeof rate, "%.2f", r->flops / r->seconds / 1e12);
-        n += snprintf(out + n, cap - n, "%s{\"op\":\"%s\",\"shape\":\"%s\",\"ms\":%.4f,\"calls\":%.2f,\"tflops\":%s}",
-                      i ? "," : "", r->op, r->shape, r->seconds / steps * 1e3, (double)r->calls / steps, rate);
+        fprintf(f, "%s{\"op\":\"%s\",\"shape\":\"%s\",\"ms\":%.4f,\"calls\":%.2f,\"tflops\":", i ? "," : "", r->op,
+                r->shape, r->seconds / steps * 1e3, (double)r->calls / steps);
+        if (r->flops > 0 && r->seconds > 0) fprintf(f, "%.2f}", r->flops / r->seconds / 1e12);
+        else fprintf(f, "null}");
     }
-    snprintf(out + n, cap - n, "]}");
+    fprintf(f, "]}");
+    if (fclose(f) != 0) die("profile: cannot write the profile event");
     free(sorted);
     return out;
 }

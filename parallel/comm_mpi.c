@@ -44,7 +44,7 @@ static size_t chunk_elems(void) {
     static size_t m;
     if (!m) {
         const char *e = getenv("MTRAIN_TEST_MPI_CHUNK");
-        m = e && atol(e) > 0 ? (size_t)atol(e) : (size_t)1 << 30;
+        m = e && atol(e) > 0 && atol(e) < (1l << 30) ? (size_t)atol(e) : (size_t)1 << 30;
     }
     return m;
 }
@@ -366,7 +366,7 @@ void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root) {
 void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n) {
     size_t bytes = (size_t)c->size * n * sizeof(float);
     if (c->nccl && n) {
-        CHECK(n < (size_t)INT32_MAX);
+        CHECK(n <= (size_t)INT32_MAX);
         int *counts = xmalloc(sizeof(int) * c->size);
         for (int r = 0; r < c->size; r++) counts[r] = (int)n;
         nccl_all_to_all_v(c, in, counts, out, counts);

@@ -13,7 +13,8 @@
  * Hopper's FP8 GEMMs take only the "TN" layout: in row-major terms both
  * operands have the contraction as their inner dimension. So dgrad uses
  * the weight's codes transposed ([K, M]) and wgrad the transposes of the
- * output gradient and the input ([M, N], [K, N]); a tiled cast writes them.
+ * output gradient and the input ([M, Np], [K, Np], below); a tiled cast
+ * writes them.
  * Leading dimensions must be multiples of 16 bytes: usable when K and M are
  * multiples of 16 (else the caller falls back on the reference path). The
  * token count N is free (MoE experts get any number of rows): forward and

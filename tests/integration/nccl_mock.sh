@@ -78,11 +78,16 @@ for spec in "${layouts[@]}"; do
     OMP_NUM_THREADS=1 timeout 300 mpiexec -n $np "$MTRAIN" pretrain $recipe "${sets[@]}" --set log.dir=${name}_plain \
         >${name}_plain.out 2>&1 || echo "exit $?" >>${name}_plain.out
     for comm in mpi nccl; do
-        MTRAIN_TEST_GPU_COMM_ON_CPU=1 LD_PRELOAD=$MOCK/libcudart_mock.so timeout 300 mpiexec -n $np "$MTRAIN" pretrain \
+        MOCK_CUDA_REPORT=${name}_$comm.mallocs MTRAIN_TEST_GPU_COMM_ON_CPU=1 LD_PRELOAD=$MOCK/libcudart_mock.so \
+            timeout 300 mpiexec -n $np "$MTRAIN" pretrain \
             $recipe "${sets[@]}" --set parallel.comm=$comm --set log.dir=${name}_$comm >${name}_$comm.out 2>&1 ||
             echo "exit $?" >>${name}_$comm.out
     done
     a=$(losses ${name}_plain/metrics.jsonl) b=$(losses ${name}_mpi/metrics.jsonl) c=$(losses ${name}_nccl/metrics.jsonl)
+    # the hook really ran: every rank allocated through the stand-in's cudaMalloc
+    for comm in mpi nccl; do
+        [ "$(awk '$2 > 0' ${name}_$comm.mallocs 2>/dev/null | wc -l)" = "$np" ] || b="$b (no cudaMalloc: hook off?)"
+    done
     [ "$(echo "$a" | grep -c .)" = 6 ] && [ "$a" = "$b" ] && pass nccl_mock_pretrain_${name}_staged_mpi_same_losses ||
         fail nccl_mock_pretrain_${name}_staged_mpi_same_losses "plain: $(echo $a | head -c 80) / staged: $(echo $b | head -c 80): $(tail -2 ${name}_mpi.out)"
     grep -q "; nccl)" ${name}_nccl.out && [ -n "$a" ] && [ "$a" = "$c" ] && pass nccl_mock_pretrain_${name}_nccl_same_losses ||

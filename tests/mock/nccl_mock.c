@@ -103,12 +103,15 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
     return ncclSuccess;
 }
 
-/* [p, p + bytes) is device memory, or there is no cudart mock to ask */
+/* [p, p + bytes) is device memory (the CUDA runtime stand-in must be preloaded: without it nothing could say) */
 static int device(const void *p, size_t bytes) {
     static int (*is_device)(const void *, size_t);
-    static int looked;
-    if (!looked) is_device = (int (*)(const void *, size_t))dlsym(RTLD_DEFAULT, "mock_cuda_is_device"), looked = 1;
-    return !bytes || !is_device || is_device(p, bytes);
+    if (!is_device) is_device = (int (*)(const void *, size_t))dlsym(RTLD_DEFAULT, "mock_cuda_is_device");
+    if (!is_device) {
+        fprintf(stderr, "nccl_mock: mock_cuda_is_device not found: preload tests/mock/cudart_mock.c's library\n");
+        abort();
+    }
+    return !bytes || is_device(p, bytes);
 }
 
 static MPI_Datatype type(int t) { return t == ncclUint8 ? MPI_BYTE : t == ncclFloat32 ? MPI_FLOAT : MPI_DATATYPE_NULL; }
