@@ -49,7 +49,7 @@ ifeq ($(CUDA),1)
   CUDART_SONAME := $(shell objdump -p $(CUDA_HOME)/lib64/libcudart.so 2>/dev/null | sed -n 's/^ *SONAME *//p')
   MOCK_LIBS := $(BUILD)/mock/libnccl.so.2 $(BUILD)/mock/libcudart_mock.so
 endif
-MOCK_CFLAGS := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fPIC -shared -I/usr/include/x86_64-linux-gnu/mpich
+MOCK_CFLAGS := -O2 -g -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fPIC -shared -I/usr/include/x86_64-linux-gnu/mpich -I$(CUDA_HOME)/include
 $(BUILD)/mock/libnccl.so.2: tests/mock/nccl_mock.c
 	@mkdir -p $(dir $@)
 	$(CC) $(MOCK_CFLAGS) -Wl,-soname,libnccl.so.2 -o $@ $< -lmpich

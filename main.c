@@ -11,6 +11,7 @@ static const struct command commands[] = {
     {"convert", cmd_convert, "reshard a checkpoint, show its manifest, export to Hugging Face"},
     {"generate", cmd_generate, "continue a prompt with a trained model (greedy or sampled, KV cache)"},
     {"eval", cmd_eval, "loss and perplexity over a dataset split, or per-token losses of given ids"},
+    {"env", cmd_env, "what this build and each rank see: CUDA, BLAS, MPI, NCCL, GPU binding"},
     {"version", cmd_version, "print the version"},
     {"help", cmd_help, "show help for mtrain or a subcommand"},
 };

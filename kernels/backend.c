@@ -72,6 +72,12 @@ int cuda_device_pci_id(char *buf, int n) {
     if (n > 0) buf[0] = 0;
     return 0;
 }
+int cuda_device_describe(int dev, char *buf, int n) {
+    (void)dev;
+    if (n > 0) buf[0] = 0;
+    return 0;
+}
+void cuda_versions(char *buf, int n) { snprintf(buf, n, "none (this build has no CUDA backend)"); }
 void cuda_set_tf32(int on) { (void)on; }
 void cuda_set_deterministic(int on) { (void)on; }
 void cuda_use_device(int local_rank) { (void)local_rank; }

@@ -263,6 +263,11 @@ int cuda_device_count(void);
 const char *cuda_device_error(void); /* why cuda_device_count() said 0 */
 /* The PCI bus id of the current GPU ("0000:1b:00.0") into buf; 0 without one. */
 int cuda_device_pci_id(char *buf, int n);
+/* GPU dev in words into buf ("NVIDIA H100 80GB HBM3, compute capability 9.0,
+ * 79.1 GiB, PCI 0000:1b:00.0"); 0 without it. */
+int cuda_device_describe(int dev, char *buf, int n);
+/* The CUDA runtime, driver and cuBLASLt versions in words into buf (mtrain env). */
+void cuda_versions(char *buf, int n);
 /* Bind this process to GPU local_rank % devices (one GPU per rank on a node). */
 void cuda_use_device(int local_rank);
 

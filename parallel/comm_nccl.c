@@ -9,6 +9,7 @@
  * exchanges are blocking calls of their group: the compute stream waits for
  * the whole group, and the group's stream for the compute before it, so a
  * buffer is never written by a receive while a kernel still reads it. */
+#define _GNU_SOURCE /* dladdr */
 #include <stdio.h>
 #include <string.h>
 
@@ -47,6 +48,7 @@ static struct {
     ncclResult_t (*recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
     ncclResult_t (*group_start)(void);
     ncclResult_t (*group_end)(void);
+    ncclResult_t (*get_version)(int *); /* optional: only reported */
 } nc;
 static char load_error[256];
 
@@ -77,8 +79,24 @@ static int load(void) {
             return 0;
         }
     }
+    nc.get_version = (ncclResult_t(*)(int *))dlsym(lib, "ncclGetVersion");
     nc.lib = lib;
     return 1;
+}
+
+void nccl_describe(char *buf, size_t n) {
+    if (!load()) {
+        snprintf(buf, n, "not loadable: %s", load_error);
+        return;
+    }
+    int v = 0;
+    Dl_info info;
+    const char *file = dladdr((void *)nc.init_rank, &info) && info.dli_fname ? info.dli_fname : "?";
+    if (nc.get_version && nc.get_version(&v) == ncclSuccess && v > 0) /* 2.9 on: major*10000 + minor*100 + patch */
+        snprintf(buf, n, "%d.%d.%d (%s)", v >= 10000 ? v / 10000 : v / 1000, v >= 10000 ? v / 100 % 100 : v / 100 % 10,
+                 v % 100, file);
+    else
+        snprintf(buf, n, "version unknown (%s)", file);
 }
 
 int nccl_available(char *why, size_t n) {
@@ -254,6 +272,7 @@ int nccl_available(char *why, size_t n) {
     snprintf(why, n, "this build of mtrain has no CUDA backend");
     return 0;
 }
+void nccl_describe(char *buf, size_t n) { snprintf(buf, n, "not used: this build of mtrain has no CUDA backend"); }
 void comm_nccl_init(struct comm *c) { die("group %s: this build of mtrain has no NCCL", c->name); }
 void comm_nccl_free(struct comm *c) { (void)c; }
 void nccl_all_reduce(struct comm *c, float *buf, size_t n, int max, int start) { CHECK(0); }

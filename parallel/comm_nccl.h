@@ -12,6 +12,9 @@ struct comm_p2p;
 
 /* NCCL can be used in this build on this machine: 1, or 0 with why filled. */
 int nccl_available(char *why, size_t n);
+/* The loaded NCCL's version and file ("2.27.3 (/usr/lib/libnccl.so.2)") into
+ * buf, or why none loads (mtrain env). */
+void nccl_describe(char *buf, size_t n);
 /* Make c's calls NCCL's: rank 0 of the group makes the unique id, MPI
  * broadcasts it over c's MPI communicator, every rank joins (collective over
  * c; the GPU must already be chosen). Works for a group of one too. */

@@ -40,6 +40,18 @@ int parallel_world_size(void) {
     return n;
 }
 
+void parallel_library_version(char *buf, int n) {
+    char v[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    if (MPI_Get_library_version(v, &len) != MPI_SUCCESS) len = 0;
+    v[len < (int)sizeof v ? len : (int)sizeof v - 1] = 0;
+    char *nl = strchr(v, '\n');
+    if (nl) *nl = 0;
+    for (char *t = v; *t; t++)
+        if (*t == '\t') *t = ' ';
+    snprintf(buf, n, "%s", v[0] ? v : "unknown");
+}
+
 int parallel_world_rank(void) {
     int r = 0;
     if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &r);

@@ -27,6 +27,8 @@ void parallel_init(int *argc, char ***argv);
 void parallel_finalize(void);
 /* World size and rank after parallel_init. */
 int parallel_world_size(void);
+/* The MPI library's version line ("MPICH Version: 4.0.2 ...") into buf. */
+void parallel_library_version(char *buf, int n);
 int parallel_world_rank(void);
 /* Build the grid for the recipe's layout; dp = world / (tp*cp*pp). The
  * layout must already be validated for this world size. */

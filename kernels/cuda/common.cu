@@ -66,6 +66,31 @@ extern "C" int cuda_device_pci_id(char *buf, int n) {
     return 1;
 }
 
+extern "C" int cuda_device_describe(int dev, char *buf, int n) {
+    if (n > 0) buf[0] = 0;
+    if (dev < 0 || dev >= cuda_device_count()) return 0;
+    cudaDeviceProp prop;
+    char pci[32] = "";
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    CUDA_CHECK(cudaDeviceGetPCIBusId(pci, sizeof pci, dev));
+    snprintf(buf, n, "%s, compute capability %d.%d, %.1f GiB, PCI %s", prop.name, prop.major, prop.minor,
+             prop.totalGlobalMem / 1073741824.0, pci);
+    return 1;
+}
+
+/* x.y from CUDA's 1000 * major + 10 * minor */
+static void cuda_version_text(char *buf, int n, int v) { snprintf(buf, n, "%d.%d", v / 1000, v % 1000 / 10); }
+
+extern "C" void cuda_versions(char *buf, int n) {
+    int rt = 0, drv = 0;
+    char r[16] = "?", d[32] = "none (no driver)";
+    if (cudaRuntimeGetVersion(&rt) == cudaSuccess) cuda_version_text(r, sizeof r, rt);
+    if (cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0) cuda_version_text(d, sizeof d, drv);
+    cudaGetLastError(); /* a missing driver is an answer here, not an error to keep */
+    size_t lt = cuda_blaslt_version(); /* major * 10000 + minor * 100 + patch */
+    snprintf(buf, n, "runtime %s, driver %s, cuBLASLt %zu.%zu.%zu", r, d, lt / 10000, lt / 100 % 100, lt % 100);
+}
+
 /* FP8 tensor cores: compute capability 8.9 (Ada) and 9.0 (Hopper) on */
 extern "C" int cuda_device_has_fp8(void) {
     if (cuda_device_count() <= 0) return 0;

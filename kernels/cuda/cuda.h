@@ -47,6 +47,8 @@ void gemm_rm(int transA, int transB, int M, int N, int K, float alpha, const flo
  * fast_accum: FP8 only, cuBLASLt's CUBLASLT_MATMUL_DESC_FAST_ACCUM (the
  * tensor cores' own accumulation, without periodic promotion to fp32).
  * 0, or -1 (nothing done) where cuBLASLt has no algorithm for it. */
+/* cublasLtGetVersion(): major * 10000 + minor * 100 + patch */
+size_t cuda_blaslt_version(void);
 int lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDataType_t a_type, int lda, const void *B,
                cudaDataType_t b_type, int ldb, float beta, void *C, cudaDataType_t c_type, int ldc,
                const float *a_scale, const float *b_scale, int fast_accum);

@@ -31,6 +31,8 @@ static void *workspace;
 static struct plan plans[PLANS];
 static int nplans, victim;
 
+size_t cuda_blaslt_version(void) { return cublasLtGetVersion(); }
+
 /* the largest power of two (<= 256) dividing the address: what the heuristic may assume */
 static int alignment(const void *p) {
     uintptr_t a = (uintptr_t)p;

@@ -69,6 +69,7 @@ case $phase in
     quick)
         rm -f build/bench/train_gpu_*.json # a warm machine keeps the last call's
         nvidia-smi -L 2>&1 | tee -a "$log"
+        run env ./mtrain env # CUDA driver/runtime, cuBLASLt, NCCL versions and the GPU as mtrain sees them
         within test_cuda_bf16 build/rel/tests/test_cuda_bf16
         within attention env SHAPES= RUNS=attention ATTENTION_DIMS=128 bash scripts/bench/train_gpu.sh
         within bench8b env SHAPES=8b RUNS="mtrain-bf16 torch-bf16 mtrain-fp8" STEPS=4 bash scripts/bench/train_gpu.sh

@@ -11,14 +11,10 @@
  * cudaMemcpy (by its direction) and, through mock_cuda_is_device, in the
  * NCCL mock's calls. The symbols carry libcudart's version (the map the
  * Makefile writes) so they interpose on the binaries' versioned references. */
+#include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef int cudaError_t;
-typedef void *cudaStream_t;
-typedef void *cudaEvent_t;
-enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorInvalidDevice = 101 };
 
 static int device;
 static long mallocs; /* cudaMalloc calls: MOCK_CUDA_REPORT=FILE writes the count at exit */
@@ -68,7 +64,7 @@ cudaError_t cudaDeviceGetPCIBusId(char *buf, int len, int d) {
     return cudaSuccess;
 }
 /* the compute capability (attributes 75 and 76, driver_types.h); nothing else is asked */
-cudaError_t cudaDeviceGetAttribute(int *v, int attr, int d) {
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr attr, int d) {
     const char *e = getenv("MOCK_CUDA_CC");
     int cc = e && *e ? atoi(e) : 90;
     if (d < 0 || d >= devices()) return cudaErrorInvalidDevice;
@@ -76,6 +72,19 @@ cudaError_t cudaDeviceGetAttribute(int *v, int attr, int d) {
     *v = attr == 75 ? cc / 10 : cc % 10;
     return cudaSuccess;
 }
+/* an H100-like device of compute capability MOCK_CUDA_CC (mtrain env) */
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int d) {
+    if (d < 0 || d >= devices()) return cudaErrorInvalidDevice;
+    const char *e = getenv("MOCK_CUDA_CC");
+    int cc = e && *e ? atoi(e) : 90;
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "Mock GPU %d", d);
+    prop->major = cc / 10, prop->minor = cc % 10;
+    prop->totalGlobalMem = (size_t)80 << 30;
+    prop->pciBusID = 0x10 + d;
+    return cudaSuccess;
+}
+
 const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "mock CUDA error"; }
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 
@@ -109,7 +118,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
     return cudaMemset(p, v, bytes);
 }
 /* kind: 1 host to device, 2 device to host, 3 device to device: the device side(s) must be device memory */
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, int kind) {
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind) {
     int dst_dev = kind == 1 || kind == 3, src_dev = kind == 2 || kind == 3;
     if (bytes && ((dst_dev && !mock_cuda_is_device(dst, bytes)) || (src_dev && !mock_cuda_is_device(src, bytes))))
         return cudaErrorInvalidValue;
@@ -125,7 +134,7 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total) {
 static char tokens[1];
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     (void)flags;
-    *s = tokens;
+    *s = (cudaStream_t)tokens;
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { return s ? cudaSuccess : cudaErrorInvalidValue; }
@@ -139,7 +148,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
     (void)flags;
-    *e = tokens;
+    *e = (cudaEvent_t)tokens;
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
