@@ -1,4 +1,5 @@
 /* mtrain: subcommand dispatch only. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -37,5 +38,11 @@ int main(int argc, char **argv) {
         print_usage(stderr);
         return 2;
     }
-    return c->run(argc - 1, argv + 1);
+    int rc = c->run(argc - 1, argv + 1);
+    /* what a command printed must have reached its file (e.g. `eval --dump -` into a full disk) */
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "mtrain: error: cannot write the output: %s\n", strerror(errno));
+        return rc ? rc : 1;
+    }
+    return rc;
 }

@@ -785,6 +785,7 @@ static int cmp_desc(const void *a, const void *b) { return *(const int *)b - *(c
 
 int checkpoint_list(const char *dir, int *steps, int max) {
     DIR *d = opendir(dir);
+    if (!d && errno != ENOENT && errno != ENOTDIR) die("cannot list checkpoint directory %s: %s", dir, strerror(errno));
     if (!d) return 0;
     int n = 0;
     struct dirent *e;

@@ -73,8 +73,9 @@ static int info(const char *step_dir) {
         size_t d;
         json_t *x;
         json_array_foreach(json_object_get(e, "local_shape"), d, x) n *= json_integer_value(x);
-        params += n * (!strcmp(json_string_value(json_object_get(e, "shard")), "replicated") ? 1
-                       : json_integer_value(json_object_get(e, "tp")));
+        const char *shard = json_string_value(json_object_get(e, "shard"));
+        if (!shard) die("%s: tensor %s has no shard in its manifest entry", step_dir, name);
+        params += n * (!strcmp(shard, "replicated") ? 1 : json_integer_value(json_object_get(e, "tp")));
     }
     printf("checkpoint:        %s\n", step_dir);
     printf("format:            %s v%lld\n", json_string_value(json_object_get(m, "format")),

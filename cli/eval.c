@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/json_number.h"
 #include "cli/options.h"
 #include "cli/model_source.h"
 #include "config/common.h"
@@ -116,11 +117,11 @@ static int write_dump(const char *path, const int32_t *ids, int n, const float *
         json_t *ti = json_array(), *tl = json_array();
         for (int j = 0; j < k; j++) {
             json_array_append_new(ti, json_integer(best[j]));
-            json_array_append_new(tl, json_real(row[best[j]]));
+            json_array_append_new(tl, json_finite_or_null(row[best[j]]));
         }
         json_t *e = json_pack("{s:i, s:i, s:o, s:o}", "pos", t, "id", ids[t], "top_ids", ti, "top_logits", tl);
         json_object_set_new(e, "target", t + 1 < n ? json_integer(ids[t + 1]) : json_null());
-        json_object_set_new(e, "loss", t + 1 < n ? json_real(losses[t]) : json_null());
+        json_object_set_new(e, "loss", t + 1 < n ? json_finite_or_null(losses[t]) : json_null());
         json_array_append_new(pos, e);
     }
     free(best);

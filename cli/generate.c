@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/json_number.h"
 #include "cli/options.h"
 #include "cli/model_source.h"
 #include "config/common.h"
@@ -201,7 +202,7 @@ static void print_result(const struct gen_opts *o, struct tokenizer *tok, const 
             json_t *ti = json_array(), *tl = json_array();
             for (int k = 0; k < ntop; k++) {
                 json_array_append_new(ti, json_integer(top_ids[(size_t)i * ntop + k]));
-                json_array_append_new(tl, json_real(top_logits[(size_t)i * ntop + k]));
+                json_array_append_new(tl, json_finite_or_null(top_logits[(size_t)i * ntop + k]));
             }
             json_array_append_new(steps, json_pack("{s:i, s:o, s:o}", "id", out[i], "top_ids", ti, "top_logits", tl));
         }

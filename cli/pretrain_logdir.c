@@ -43,6 +43,7 @@ static int summarize(const char *path, int resumed_step, struct metrics_summary 
             s->saved_resumed = 1;
         }
     }
+    if (ferror(f)) die("cannot read %s: %s", path, strerror(errno)); /* never judge a run by half its metrics */
     free(line);
     fclose(f);
     return 0;

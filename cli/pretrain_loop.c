@@ -80,7 +80,8 @@ void event(struct run *run, const char *fmt, ...) {
     }
     fputs(line, run->metrics);
     fputc('\n', run->metrics);
-    if (fflush(run->metrics) != 0) die("cannot write %s", run->metrics_path);
+    /* ferror too: a write that failed in an automatic flush leaves fflush nothing to fail on */
+    if (fflush(run->metrics) != 0 || ferror(run->metrics)) die("cannot write %s: %s", run->metrics_path, strerror(errno));
     if (run->tb.f && tb_log_json_line(&run->tb, line) != 0) die("cannot write %s: %s", run->tb.path, strerror(errno));
     if (line != small) free(line);
 }
@@ -265,6 +266,7 @@ static void log_comm(struct run *run, int steps) {
                     r ? "," : "", r, v[NV * r], v[NV * r + 1], v[NV * r + 2], v[NV * r + 3], v[NV * r + 4],
                     v[NV * r + 5], v[NV * r + 6]);
         fprintf(run->metrics, "]}\n");
+        if (fflush(run->metrics) != 0 || ferror(run->metrics)) die("cannot write %s: %s", run->metrics_path, strerror(errno));
     }
     free(v);
 }
@@ -274,7 +276,9 @@ static void log_comm(struct run *run, int steps) {
  * step appears once. Rewritten atomically; a missing file is fine. */
 static void trim_metrics(const char *path, int step) {
     size_t size = 0;
+    errno = 0;
     char *text = read_file(path, &size);
+    if (!text && errno != ENOENT) die("cannot read %s to trim it for the resume: %s", path, strerror(errno));
     if (!text) return;
     char *out = xmalloc(size + 1);
     size_t n = 0;

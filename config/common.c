@@ -85,7 +85,8 @@ void xfwrite(const void *buf, size_t size, FILE *f, const char *path) {
 }
 
 void xfclose(FILE *f, const char *path) {
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) die("cannot flush %s: %s", path, strerror(errno));
+    /* ferror: a buffered write that failed earlier (glibc drops the bytes; a later flush may succeed) */
+    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) die("cannot flush %s: %s", path, strerror(errno));
     if (fclose(f) != 0) die("cannot close %s: %s", path, strerror(errno));
 }
 
@@ -144,9 +145,14 @@ int mkdir_p(const char *path) {
     return 0;
 }
 
+/* absent only when the system says so (ENOENT, ENOTDIR): an I/O or
+ * permission error must not pass for "absent" (a checkpoint step would be
+ * taken for an interrupted one and removed) */
 int path_exists(const char *path) {
     struct stat st;
-    return stat(path, &st) == 0;
+    if (stat(path, &st) == 0) return 1;
+    if (errno != ENOENT && errno != ENOTDIR) die("cannot stat %s: %s", path, strerror(errno));
+    return 0;
 }
 
 double now_seconds(void) {

@@ -255,10 +255,33 @@ static int enum_allows(const char *choices, const char *text) {
     return 0;
 }
 
+/* well-formed UTF-8 (no overlong forms, surrogates or code points past
+ * U+10FFFF): libyaml checks recipe files, but --set values come from the
+ * command line, and the recipe is stored in JSON (checkpoint manifests) */
+static int utf8_valid(const unsigned char *s) {
+    while (*s) {
+        unsigned c = *s++;
+        int more = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
+        if (more < 0) return 0;
+        unsigned cp = more == 0 ? c : c & (0x3f >> more);
+        for (int i = 0; i < more; i++, s++) {
+            if ((*s & 0xc0) != 0x80) return 0;
+            cp = cp << 6 | (*s & 0x3f);
+        }
+        static const unsigned least[] = {0, 0x80, 0x800, 0x10000};
+        if (cp < least[more] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    }
+    return 1;
+}
+
 static int parse_string(const struct recipe_key *k, void *field, const char *text, int quoted, char *err,
                         size_t n) {
     /* an unquoted ~ or null is YAML's null: treat it as "not set" */
     if (!quoted && (!strcmp(text, "~") || !strcmp(text, "null"))) text = "";
+    if (!utf8_valid((const unsigned char *)text)) {
+        snprintf(err, n, "value is not valid UTF-8 (recipes are stored as JSON in checkpoints)");
+        return -1;
+    }
     size_t len = strlen(text);
     if (k->type == KEY_ENUM && !enum_allows(k->choices, text)) {
         char list[256];

@@ -149,3 +149,11 @@ touch stale.tmp-99999999/sub/shard-00000.zst
 expect_exit data_build_after_crash 0 "$MTRAIN" data build --tokenizer bytes --quiet --out stale in.txt
 left=$(ls -d stale.tmp-* 2>/dev/null)
 [ -z "$left" ] && pass data_build_removes_stale_tmp || fail data_build_removes_stale_tmp "left: $left"
+
+# output that cannot be written (a full disk: /dev/full) is an error, not a silent exit 0
+if [ -w /dev/full ]; then
+    "$MTRAIN" version >/dev/full 2>"$TMP/err"
+    rc=$?
+    [ $rc = 1 ] && grep -q 'cannot write the output' "$TMP/err" && pass output_to_full_disk_fails ||
+        fail output_to_full_disk_fails "exit $rc: $(cat "$TMP/err")"
+fi
