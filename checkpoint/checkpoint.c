@@ -362,7 +362,8 @@ static void write_manifest(const struct ckpt_snapshot *s, const char *path, json
                           "consumed_samples", (json_int_t)st->consumed_samples, "optimizer_step", st->opt_step,
                           "rewinds", st->rewinds, "lr_scale", st->lr_scale, "lr_scale_until", st->lr_scale_until,
                           "monitor", "ema_loss", st->ema_loss, "ema_grad_norm", st->ema_grad_norm, "seen", st->ema_seen,
-                          "layout", "tp", L->tp, "pp", L->pp, "vpp", L->vpp, "dp", L->dp, "ep", 1, "cp", 1,
+                          "layout", "tp", L->tp, "pp", L->pp, "vpp", L->vpp, "dp", L->dp,
+                          "ep", s->recipe->parallel.ep > 0 ? s->recipe->parallel.ep : 1, "cp", 1,
                           "world_size", L->tp * L->pp * L->dp, "files", files, "tensors", tensors, "recipe", recipe);
     CHECK(m);
     if (s->fp8) CHECK(json_object_set(m, "fp8_amax_history", s->fp8) == 0);

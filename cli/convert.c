@@ -83,9 +83,10 @@ static int info(const char *step_dir) {
     printf("step:              %lld\n", (long long)json_integer_value(json_object_get(m, "step")));
     printf("consumed_samples:  %lld\n", (long long)json_integer_value(json_object_get(m, "consumed_samples")));
     printf("rewinds:           %lld\n", (long long)json_integer_value(json_object_get(m, "rewinds")));
-    printf("layout:            tp %lld, pp %lld, vpp %lld, dp %lld (%lld ranks)\n",
+    printf("layout:            tp %lld, pp %lld, vpp %lld, dp %lld, ep %lld (%lld ranks)\n",
            (long long)json_integer_value(json_object_get(L, "tp")), (long long)json_integer_value(json_object_get(L, "pp")),
            (long long)json_integer_value(json_object_get(L, "vpp")), (long long)json_integer_value(json_object_get(L, "dp")),
+           (long long)json_integer_value(json_object_get(L, "ep")),
            (long long)json_integer_value(json_object_get(L, "world_size")));
     printf("files:             %zu\n", json_array_size(json_object_get(m, "files")));
     printf("tensor shards:     %zu (parameters, exp_avg, exp_avg_sq)\n", json_array_size(tensors));

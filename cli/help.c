@@ -45,6 +45,10 @@ int cmd_help(int argc, char **argv) {
 }
 
 int cmd_version(int argc, char **argv) {
+    if (wants_help(argc, argv)) {
+        printf("usage: mtrain version\n\nPrint mtrain's version (also: mtrain --version).\n");
+        return 0;
+    }
     printf("mtrain %s\n", MTRAIN_VERSION);
     return 0;
 }

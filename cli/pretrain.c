@@ -18,7 +18,7 @@
 static void usage(FILE *out) {
     fprintf(out,
             "usage: mtrain pretrain RECIPE [--set section.key=value]... [--resume auto|never|DIR] [--force]\n"
-            "                       [--dry-run [--verbose]]\n\n"
+            "                       [--allow-data-change] [--stop-after N] [--dry-run [--verbose]]\n\n"
             "Train the model a YAML recipe describes (see docs/recipe.md, 'mtrain help recipe').\n\n"
             "  --set k=v    override any recipe key, e.g. --set train.steps=50 (repeatable)\n"
             "  --dry-run    print the resolved recipe, parameter count, FLOPs per token, a\n"
