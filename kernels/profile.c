@@ -81,186 +81,99 @@ static void done(double t0, const char *op, double flops, const char *fmt, ...) 
 
 static double gemm(int N, int K, int M) { return 2.0 * N * K * M; }
 static double attention(int B, int T, int H, int D, int Dv) { return (double)B * T * T * H * (D + Dv); }
+/* which gradients a backward GEMM call computed */
+static const char *grads(const float *dx, const float *dw) { return dx ? (dw ? "dx+dw" : "dx") : "dw"; }
 
-static void p_zero(void *p, size_t bytes) {
-    double t = begin();
-    in->zero(p, bytes);
-    done(t, "zero", 0, "%zu bytes", bytes);
-}
-static void p_to_host(void *dst, const void *src, size_t bytes) {
-    double t = begin();
-    in->to_host(dst, src, bytes);
-    done(t, "to_host", 0, "%zu bytes", bytes);
-}
-static void p_from_host(void *dst, const void *src, size_t bytes) {
-    double t = begin();
-    in->from_host(dst, src, bytes);
-    done(t, "from_host", 0, "%zu bytes", bytes);
-}
-static void p_copy(void *dst, const void *src, size_t bytes) {
-    double t = begin();
-    in->copy(dst, src, bytes);
-    done(t, "copy", 0, "%zu bytes", bytes);
-}
-static void p_embedding_forward(float *out, const int32_t *tokens, const float *table_, int N, int C, int vstart,
-                                int V) {
-    double t = begin();
-    in->embedding_forward(out, tokens, table_, N, C, vstart, V);
-    done(t, "embedding_forward", 0, "%dx%d", N, C);
-}
-static void p_embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart,
-                                 int V) {
-    double t = begin();
-    in->embedding_backward(dtable, tokens, dout, N, C, vstart, V);
-    done(t, "embedding_backward", 0, "%dx%d", N, C);
-}
-static void p_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
-    double t = begin();
-    in->rmsnorm_forward(out, rstd, x, w, N, C, eps);
-    done(t, "rmsnorm_forward", 0, "%dx%d", N, C);
-}
-static void p_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w,
-                               const float *rstd, int N, int C, int accumulate) {
-    double t = begin();
-    in->rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C, accumulate);
-    done(t, "rmsnorm_backward", 0, "%dx%d", N, C);
-}
-static void p_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate) {
-    double t = begin();
-    in->matmul_forward(out, x, w, N, K, M, accumulate);
-    done(t, "matmul_forward", gemm(N, K, M), "%dx%dx%d", N, K, M);
-}
-static void p_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
-                              int M, int accumulate_dx) {
-    double t = begin();
-    in->matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx);
-    done(t, "matmul_backward", gemm(N, K, M) * (!!dx + !!dw), "%s %dx%dx%d", dx ? (dw ? "dx+dw" : "dx") : "dw", N,
-         K, M);
-}
-static void p_rope(float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse) {
-    double t = begin();
-    in->rope(x, cos, sin, B, T, H, D, inverse);
-    done(t, inverse ? "rope_backward" : "rope", 0, "%dx%dx%dx%d", B, T, H, D);
-}
-static void p_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
-                                int H, int KVH, int D, int Dv) {
-    double t = begin();
-    in->attention_forward(out, att, q, k, v, B, T, H, KVH, D, Dv);
-    done(t, "attention_forward", attention(B, T, H, D, Dv), "B%d T%d H%d/%d D%d/%d", B, T, H, KVH, D, Dv);
-}
-static void p_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                                 const float *att, const float *q, const float *k, const float *v, int B, int T,
-                                 int H, int KVH, int D, int Dv) {
-    double t = begin();
-    in->attention_backward(dq, dk, dv, dout, out, att, q, k, v, B, T, H, KVH, D, Dv);
-    done(t, "attention_backward", 2 * attention(B, T, H, D, Dv), "B%d T%d H%d/%d D%d/%d", B, T, H, KVH, D, Dv);
-}
-static void p_attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H,
-                               int KVH, int D, int Dv) {
-    double t = begin();
-    in->attention_decode(out, q, k, v, n, Tk, H, KVH, D, Dv);
-    done(t, "attention_decode", 0, "n%d Tk%d", n, Tk);
-}
-static void p_copy_cols(float *dst, int ldd, const float *src, int lds, int rows_, int cols, int accumulate) {
-    double t = begin();
-    in->copy_cols(dst, ldd, src, lds, rows_, cols, accumulate);
-    done(t, "copy_cols", 0, "%dx%d", rows_, cols);
-}
-static void p_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-    double t = begin();
-    in->swiglu_forward(out, gate, up, n);
-    done(t, "swiglu_forward", 0, "%zu", n);
-}
-static void p_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                              size_t n) {
-    double t = begin();
-    in->swiglu_backward(dgate, dup, dout, gate, up, n);
-    done(t, "swiglu_backward", 0, "%zu", n);
-}
-static void p_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E,
-                                int k) {
-    double t = begin();
-    in->moe_route_forward(probs, lse, idx, w, logits, n, E, k);
-    done(t, "moe_route_forward", 0, "%dx%d top%d", n, E, k);
-}
-static void p_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse,
-                                 const int32_t *idx, const float *w, const float *aux_coef, float z_scale, int n,
-                                 int E, int k) {
-    double t = begin();
-    in->moe_route_backward(dlogits, dw, probs, lse, idx, w, aux_coef, z_scale, n, E, k);
-    done(t, "moe_route_backward", 0, "%dx%d top%d", n, E, k);
-}
-static void p_moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const float *logits, const float *bias,
-                                        int n, int E, int k, int n_group, int topk_group, float scaling) {
-    double t = begin();
-    in->moe_route_sigmoid_forward(scores, idx, w, logits, bias, n, E, k, n_group, topk_group, scaling);
-    done(t, "moe_route_sigmoid_forward", 0, "%dx%d top%d", n, E, k);
-}
-static void p_moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
-                                         const float *w, const float *aux_coef, int n, int E, int k, float scaling) {
-    double t = begin();
-    in->moe_route_sigmoid_backward(dlogits, dw, scores, idx, w, aux_coef, n, E, k, scaling);
-    done(t, "moe_route_sigmoid_backward", 0, "%dx%d top%d", n, E, k);
-}
-static void p_gather_rows(float *out, const float *x, const int32_t *rows_, int n, int C) {
-    double t = begin();
-    in->gather_rows(out, x, rows_, n, C);
-    done(t, "gather_rows", 0, "C%d", C); /* n varies with the routing */
-}
-static void p_moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
-                          int accumulate) {
-    double t = begin();
-    in->moe_combine(out, y, pos, w, n, k, C, accumulate);
-    done(t, "moe_combine", 0, "%dx%d top%d", n, C, k);
-}
-static void p_moe_combine_backward(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
-                                   const float *w, int n, int k, int C) {
-    double t = begin();
-    in->moe_combine_backward(dy, dw, dout, y, pos, w, n, k, C);
-    done(t, "moe_combine_backward", 0, "%dx%d top%d", n, C, k);
-}
-static void p_cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale) {
-    double t = begin();
-    in->cross_entropy(losses, logits, targets, N, V, dscale);
-    done(t, "cross_entropy", 0, "%dx%d", N, V);
-}
-static void p_ce_row_max(float *rowmax, const float *logits, int N, int V) {
-    double t = begin();
-    in->ce_row_max(rowmax, logits, N, V);
-    done(t, "ce_row_max", 0, "%dx%d", N, V);
-}
-static void p_ce_row_sumexp(float *sumexp, float *target_logit, const float *logits, const int32_t *targets,
-                            const float *rowmax, int N, int V, int vstart) {
-    double t = begin();
-    in->ce_row_sumexp(sumexp, target_logit, logits, targets, rowmax, N, V, vstart);
-    done(t, "ce_row_sumexp", 0, "%dx%d", N, V);
-}
-static void p_ce_finish(float *losses, float *logits, const int32_t *targets, const float *rowmax,
-                        const float *sumexp, const float *target_logit, int N, int V, int vstart, float dscale) {
-    double t = begin();
-    in->ce_finish(losses, logits, targets, rowmax, sumexp, target_logit, N, V, vstart, dscale);
-    done(t, "ce_finish", 0, "%dx%d", N, V);
-}
-static void p_to_storage(float *dst, const float *src, size_t n) {
-    double t = begin();
-    in->to_storage(dst, src, n);
-    done(t, "to_storage", 0, "%zu", n);
-}
-static void p_from_storage(float *dst, const float *src, size_t n) {
-    double t = begin();
-    in->from_storage(dst, src, n);
-    done(t, "from_storage", 0, "%zu", n);
-}
-static void p_add(float *dst, const float *src, size_t n) {
-    double t = begin();
-    in->add(dst, src, n);
-    done(t, "add", 0, "%zu", n);
-}
-static void p_scale(float *x, float s, size_t n) {
-    double t = begin();
-    in->scale(x, s, n);
-    done(t, "scale", 0, "%zu", n);
-}
+/* p_OP: the wrapped table's OP, then done() with the label, FLOPs and shape */
+#define TIMED(op, params, args, ...) \
+    static void p_##op params {      \
+        double t = begin();          \
+        in->op args;                 \
+        done(t, __VA_ARGS__);        \
+    }
+
+TIMED(zero, (void *p, size_t bytes), (p, bytes), "zero", 0, "%zu bytes", bytes)
+TIMED(to_host, (void *dst, const void *src, size_t bytes), (dst, src, bytes), "to_host", 0, "%zu bytes", bytes)
+TIMED(from_host, (void *dst, const void *src, size_t bytes), (dst, src, bytes), "from_host", 0, "%zu bytes", bytes)
+TIMED(copy, (void *dst, const void *src, size_t bytes), (dst, src, bytes), "copy", 0, "%zu bytes", bytes)
+TIMED(embedding_forward, (float *out, const int32_t *tokens, const float *table_, int N, int C, int vstart, int V),
+      (out, tokens, table_, N, C, vstart, V), "embedding_forward", 0, "%dx%d", N, C)
+TIMED(embedding_backward, (float *dtable, const int32_t *tokens, const float *dout, int N, int C, int vstart, int V),
+      (dtable, tokens, dout, N, C, vstart, V), "embedding_backward", 0, "%dx%d", N, C)
+TIMED(rmsnorm_forward, (float *out, float *rstd, const float *x, const float *w, int N, int C, float eps),
+      (out, rstd, x, w, N, C, eps), "rmsnorm_forward", 0, "%dx%d", N, C)
+TIMED(rmsnorm_backward,
+      (float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd, int N, int C,
+       int accumulate),
+      (dx, dw, dout, x, w, rstd, N, C, accumulate), "rmsnorm_backward", 0, "%dx%d", N, C)
+TIMED(matmul_forward, (float *out, const float *x, const float *w, int N, int K, int M, int accumulate),
+      (out, x, w, N, K, M, accumulate), "matmul_forward", gemm(N, K, M), "%dx%dx%d", N, K, M)
+TIMED(matmul_backward,
+      (float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M, int accumulate_dx),
+      (dx, dw, dout, x, w, N, K, M, accumulate_dx), "matmul_backward", gemm(N, K, M) * (!!dx + !!dw), "%s %dx%dx%d",
+      grads(dx, dw), N, K, M)
+TIMED(rope, (float *x, const float *cos, const float *sin, int B, int T, int H, int D, int inverse),
+      (x, cos, sin, B, T, H, D, inverse), inverse ? "rope_backward" : "rope", 0, "%dx%dx%dx%d", B, T, H, D)
+TIMED(attention_forward,
+      (float *out, float *att, const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D,
+       int Dv),
+      (out, att, q, k, v, B, T, H, KVH, D, Dv), "attention_forward", attention(B, T, H, D, Dv), "B%d T%d H%d/%d D%d/%d",
+      B, T, H, KVH, D, Dv)
+TIMED(attention_backward,
+      (float *dq, float *dk, float *dv, const float *dout, const float *out, const float *att, const float *q,
+       const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv),
+      (dq, dk, dv, dout, out, att, q, k, v, B, T, H, KVH, D, Dv), "attention_backward", 2 * attention(B, T, H, D, Dv),
+      "B%d T%d H%d/%d D%d/%d", B, T, H, KVH, D, Dv)
+TIMED(attention_decode,
+      (float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH, int D, int Dv),
+      (out, q, k, v, n, Tk, H, KVH, D, Dv), "attention_decode", 0, "n%d Tk%d", n, Tk)
+TIMED(copy_cols, (float *dst, int ldd, const float *src, int lds, int rows_, int cols, int accumulate),
+      (dst, ldd, src, lds, rows_, cols, accumulate), "copy_cols", 0, "%dx%d", rows_, cols)
+TIMED(swiglu_forward, (float *out, const float *gate, const float *up, size_t n), (out, gate, up, n), "swiglu_forward",
+      0, "%zu", n)
+TIMED(swiglu_backward, (float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n),
+      (dgate, dup, dout, gate, up, n), "swiglu_backward", 0, "%zu", n)
+TIMED(moe_route_forward, (float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E, int k),
+      (probs, lse, idx, w, logits, n, E, k), "moe_route_forward", 0, "%dx%d top%d", n, E, k)
+TIMED(moe_route_backward,
+      (float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx, const float *w,
+       const float *aux_coef, float z_scale, int n, int E, int k),
+      (dlogits, dw, probs, lse, idx, w, aux_coef, z_scale, n, E, k), "moe_route_backward", 0, "%dx%d top%d", n, E, k)
+TIMED(moe_route_sigmoid_forward,
+      (float *scores, int32_t *idx, float *w, const float *logits, const float *bias, int n, int E, int k,
+       int n_group, int topk_group, float scaling),
+      (scores, idx, w, logits, bias, n, E, k, n_group, topk_group, scaling), "moe_route_sigmoid_forward", 0,
+      "%dx%d top%d", n, E, k)
+TIMED(moe_route_sigmoid_backward,
+      (float *dlogits, const float *dw, const float *scores, const int32_t *idx, const float *w,
+       const float *aux_coef, int n, int E, int k, float scaling),
+      (dlogits, dw, scores, idx, w, aux_coef, n, E, k, scaling), "moe_route_sigmoid_backward", 0, "%dx%d top%d", n, E,
+      k)
+TIMED(gather_rows, (float *out, const float *x, const int32_t *rows_, int n, int C), (out, x, rows_, n, C),
+      "gather_rows", 0, "C%d", C) /* n varies with the routing */
+TIMED(moe_combine,
+      (float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C, int accumulate),
+      (out, y, pos, w, n, k, C, accumulate), "moe_combine", 0, "%dx%d top%d", n, C, k)
+TIMED(moe_combine_backward,
+      (float *dy, float *dw, const float *dout, const float *y, const int32_t *pos, const float *w, int n, int k,
+       int C),
+      (dy, dw, dout, y, pos, w, n, k, C), "moe_combine_backward", 0, "%dx%d top%d", n, C, k)
+TIMED(cross_entropy, (float *losses, float *logits, const int32_t *targets, int N, int V, float dscale),
+      (losses, logits, targets, N, V, dscale), "cross_entropy", 0, "%dx%d", N, V)
+TIMED(ce_row_max, (float *rowmax, const float *logits, int N, int V), (rowmax, logits, N, V), "ce_row_max", 0, "%dx%d",
+      N, V)
+TIMED(ce_row_sumexp,
+      (float *sumexp, float *target_logit, const float *logits, const int32_t *targets, const float *rowmax, int N,
+       int V, int vstart),
+      (sumexp, target_logit, logits, targets, rowmax, N, V, vstart), "ce_row_sumexp", 0, "%dx%d", N, V)
+TIMED(ce_finish,
+      (float *losses, float *logits, const int32_t *targets, const float *rowmax, const float *sumexp,
+       const float *target_logit, int N, int V, int vstart, float dscale),
+      (losses, logits, targets, rowmax, sumexp, target_logit, N, V, vstart, dscale), "ce_finish", 0, "%dx%d", N, V)
+TIMED(to_storage, (float *dst, const float *src, size_t n), (dst, src, n), "to_storage", 0, "%zu", n)
+TIMED(from_storage, (float *dst, const float *src, size_t n), (dst, src, n), "from_storage", 0, "%zu", n)
+TIMED(add, (float *dst, const float *src, size_t n), (dst, src, n), "add", 0, "%zu", n)
+TIMED(scale, (float *x, float s, size_t n), (x, s, n), "scale", 0, "%zu", n)
 static double p_sum(const float *x, size_t n) {
     double t = begin(), r = in->sum(x, n);
     done(t, "sum", 0, "%zu", n);
@@ -271,25 +184,18 @@ static double p_sum_squares(const float *x, size_t n) {
     done(t, "sum_squares", 0, "%zu", n);
     return r;
 }
-static void p_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
-                    float eps, float weight_decay, float grad_scale, int step, uint16_t *work) {
-    double t = begin();
-    in->adamw(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step, work);
-    done(t, "adamw", 0, "%zu", n);
-}
-static void p_fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
-                                 struct fp8_recipe recipe) {
-    double t = begin();
-    in->fp8_matmul_forward(out, x, w, N, K, M, accumulate, recipe);
-    done(t, "fp8_matmul_forward", gemm(N, K, M), "%dx%dx%d", N, K, M);
-}
-static void p_fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N,
-                                  int K, int M, int accumulate_dx, struct fp8_recipe recipe) {
-    double t = begin();
-    in->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe);
-    done(t, "fp8_matmul_backward", gemm(N, K, M) * (!!dx + !!dw), "%s %dx%dx%d",
-         dx ? (dw ? "dx+dw" : "dx") : "dw", N, K, M);
-}
+TIMED(adamw,
+      (float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2, float eps,
+       float weight_decay, float grad_scale, int step, uint16_t *work),
+      (param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step, work), "adamw", 0, "%zu", n)
+TIMED(fp8_matmul_forward,
+      (float *out, const float *x, const float *w, int N, int K, int M, int accumulate, struct fp8_recipe recipe),
+      (out, x, w, N, K, M, accumulate, recipe), "fp8_matmul_forward", gemm(N, K, M), "%dx%dx%d", N, K, M)
+TIMED(fp8_matmul_backward,
+      (float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M, int accumulate_dx,
+       struct fp8_recipe recipe),
+      (dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe), "fp8_matmul_backward", gemm(N, K, M) * (!!dx + !!dw),
+      "%s %dx%dx%d", grads(dx, dw), N, K, M)
 
 /* each op the inner table has, timed; what it lacks stays NULL */
 #define WRAP(op) table.op = inner->op ? p_##op : NULL
