@@ -12,7 +12,9 @@
 # through host buffers as GPU ranks do: both bitwise the losses of the plain
 # CPU run of the layout. Every buffer NCCL is handed must come from
 # cudaMalloc, and every cudaMemcpy's device side too, so a host pointer
-# reaching an NCCL group or the staging fails here as on a GPU. Last, the
+# reaching an NCCL group or the staging fails here as on a GPU. A ZeRO-1
+# run over NCCL stopped, resumed and rewound, evaluating as it goes, matches
+# the same sequence on plain CPU ranks. Last, the
 # bad configurations of GPU ranks (two ranks on one GPU under NCCL, fp8 on
 # a GPU without FP8 tensor cores) exit 2 with one message. What it
 # checks: the NCCL code path's bootstrap, arguments (counts, types, roots,
@@ -93,6 +95,34 @@ for spec in "${layouts[@]}"; do
     grep -q "; nccl)" ${name}_nccl.out && [ -n "$a" ] && [ "$a" = "$c" ] && pass nccl_mock_pretrain_${name}_nccl_same_losses ||
         fail nccl_mock_pretrain_${name}_nccl_same_losses "plain: $(echo $a | head -c 80) / nccl: $(echo $c | head -c 80): $(tail -2 ${name}_nccl.out)"
 done
+
+# checkpoints, evaluation and a rewind over NCCL (ZeRO-1 on 2 ranks: the moments gather and scatter through NCCL):
+# a run stopped at step 4, resumed, and rewound by a NaN injected at step 5, evaluating every 2 steps, gives the
+# losses the same sequence gives on plain CPU ranks over MPI
+ck=(train.steps=8 train.eval_interval=2 data.valid_fraction=0.1 optimizer.distributed=true checkpoint.interval=2
+    rewind.enabled=true)
+ck_pretrain() { # NAME plain|nccl ARGS...: mtrain pretrain r.yaml on 2 ranks, checkpoints in ck_NAME
+    local name=$1 how=$2 kv sets=()
+    shift 2
+    for kv in "${ck[@]}"; do sets+=(--set "$kv"); done
+    if [ "$how" = nccl ]; then
+        MTRAIN_TEST_GPU_COMM_ON_CPU=1 LD_PRELOAD=$MOCK/libcudart_mock.so timeout 300 mpiexec -n 2 "$MTRAIN" pretrain \
+            r.yaml "${sets[@]}" --set parallel.comm=nccl --set checkpoint.dir=ck_$name --set log.dir=$name "$@" \
+            >>$name.out 2>&1
+    else
+        timeout 300 mpiexec -n 2 "$MTRAIN" pretrain r.yaml "${sets[@]}" --set checkpoint.dir=ck_$name \
+            --set log.dir=$name "$@" >>$name.out 2>&1
+    fi
+}
+for how in plain nccl; do
+    ck_pretrain ck_$how $how --stop-after 4
+    ck_pretrain ck_$how $how --inject nan@5
+done
+a=$(step_metric ck_plain/metrics.jsonl 1 | tr '\n' ' ') b=$(step_metric ck_nccl/metrics.jsonl 1 | tr '\n' ' ')
+v=$(grep -c '"val_loss"' ck_nccl/metrics.jsonl 2>/dev/null)
+grep -q "; nccl)" ck_nccl.out && grep -q '"event":"rewind"' ck_nccl/metrics.jsonl && [ "$(echo $a | wc -w)" = 16 ] &&
+    [ "$a" = "$b" ] && [ "$v" -ge 4 ] && pass nccl_mock_checkpoint_resume_rewind_eval ||
+    fail nccl_mock_checkpoint_resume_rewind_eval "plain: $(echo $a | head -c 120) / nccl: $(echo $b | head -c 120); $v evals: $(tail -2 ck_nccl.out)"
 
 # bad configurations of GPU ranks stop before training with exit 2 and one message from rank 0 (issue 12):
 # more ranks on a node than GPUs under parallel.comm nccl (auto falls back to staged MPI with one warning),
