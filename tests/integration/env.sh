@@ -18,6 +18,8 @@ if [ ! -f "$MOCK/libcudart_mock.so" ]; then
     skip env_gpu_binding "this build has no CUDA backend (CUDA=0)"
     exit $FAILED
 fi
+# sanitized builds: the preloaded stand-in comes before the sanitizer's runtime
+export ASAN_OPTIONS=verify_asan_link_order=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}
 # two GPUs, two ranks: GPU 0 and GPU 1, Hopper: FP8
 LD_PRELOAD=$MOCK/libcudart_mock.so MOCK_CUDA_DEVICES=2 OMP_NUM_THREADS=1 timeout 60 mpiexec -n 2 "$MTRAIN" env \
     >"$TMP/out" 2>&1
