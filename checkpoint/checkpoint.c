@@ -235,7 +235,8 @@ static int write_shard(const char *tmp, const struct param_table *t, const struc
         const struct param_info *p = &t->items[k % t->count];
         const float *data = get(ctx, k / t->count, p);
         out_write(&out, data, ts[k].nbytes);
-        json_array_append_new(tensors, tensor_json(p, names[k], file, L->tp_rank, L->tp, XXH3_64bits(data, ts[k].nbytes)));
+        CHECK(json_array_append_new(tensors, tensor_json(p, names[k], file, L->tp_rank, L->tp,
+                                                         XXH3_64bits(data, ts[k].nbytes))) == 0);
     }
     if (out_close(&out, err, errlen) != 0) goto done;
     if (crash) {
@@ -323,8 +324,9 @@ static void merge_parts(const char *tmp, json_t *tensors, json_t *files) {
         json_error_t jerr;
         json_t *part = json_load_file(path, 0, &jerr);
         if (!part) die("%s: cannot read (line %d: %s)", path, jerr.line, jerr.text);
-        json_array_append(files, json_object_get(part, "file"));
-        json_array_extend(tensors, json_object_get(part, "tensors"));
+        if (json_array_append(files, json_object_get(part, "file")) != 0 ||
+            json_array_extend(tensors, json_object_get(part, "tensors")) != 0)
+            die("%s: a rank's manifest part without its file or tensors", path);
         json_decref(part);
         if (unlink(path) != 0) die("cannot remove %s: %s", path, strerror(errno));
         free(parts[i]);

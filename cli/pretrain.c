@@ -2,6 +2,7 @@
  * Parse options, load and validate the recipe before anything is allocated,
  * then plan (--dry-run) or train (pretrain_loop.c). */
 #include <fcntl.h>
+#include <errno.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -281,7 +282,7 @@ int cmd_pretrain(int argc, char **argv) {
     int rc = parse(argc, argv, &o, &r);
     if (saved_stderr >= 0) {
         fflush(stderr);
-        dup2(saved_stderr, STDERR_FILENO);
+        if (dup2(saved_stderr, STDERR_FILENO) < 0) die("cannot restore stderr: %s", strerror(errno));
         close(saved_stderr);
     }
     if (rc < 0 && o.dry_run) {

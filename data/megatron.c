@@ -140,8 +140,8 @@ struct megatron *megatron_open(const char *prefix, char *err, size_t errsz) {
 
 void megatron_close(struct megatron *m) {
     if (!m) return;
-    if (m->idx && m->idx_size) munmap((void *)m->idx, m->idx_size);
-    if (m->bin && m->bin_size) munmap((void *)m->bin, m->bin_size);
+    if (m->idx && m->idx_size && munmap((void *)m->idx, m->idx_size) != 0) die("munmap of a Megatron index: %s", strerror(errno));
+    if (m->bin && m->bin_size && munmap((void *)m->bin, m->bin_size) != 0) die("munmap of a Megatron .bin: %s", strerror(errno));
     free(m);
 }
 

@@ -67,7 +67,8 @@ void prefetcher_free(struct prefetcher *p) {
     p->stop = 1;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    pthread_join(p->thread, NULL);
+    int rc = pthread_join(p->thread, NULL);
+    if (rc != 0) die("prefetcher: pthread_join failed: %s", strerror(rc));
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     free(p->buf[0]);
