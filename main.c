@@ -41,7 +41,7 @@ int main(int argc, char **argv) {
     int rc = c->run(argc - 1, argv + 1);
     /* what a command printed must have reached its file (e.g. `eval --dump -` into a full disk) */
     if (fflush(stdout) != 0 || ferror(stdout)) {
-        fprintf(stderr, "mtrain: error: cannot write the output: %s\n", strerror(errno));
+        fprintf(stderr, "mtrain: error: cannot write the output: %s\n", strerror(errno ? errno : EIO));
         return rc ? rc : 1;
     }
     return rc;

@@ -81,7 +81,8 @@ void event(struct run *run, const char *fmt, ...) {
     fputs(line, run->metrics);
     fputc('\n', run->metrics);
     /* ferror too: a write that failed in an automatic flush leaves fflush nothing to fail on */
-    if (fflush(run->metrics) != 0 || ferror(run->metrics)) die("cannot write %s: %s", run->metrics_path, strerror(errno));
+    if (fflush(run->metrics) != 0 || ferror(run->metrics))
+        die("cannot write %s: %s", run->metrics_path, strerror(errno ? errno : EIO));
     if (run->tb.f && tb_log_json_line(&run->tb, line) != 0) die("cannot write %s: %s", run->tb.path, strerror(errno));
     if (line != small) free(line);
 }

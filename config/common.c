@@ -86,7 +86,8 @@ void xfwrite(const void *buf, size_t size, FILE *f, const char *path) {
 
 void xfclose(FILE *f, const char *path) {
     /* ferror: a buffered write that failed earlier (glibc drops the bytes; a later flush may succeed) */
-    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) die("cannot flush %s: %s", path, strerror(errno));
+    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0)
+        die("cannot flush %s: %s", path, strerror(errno ? errno : EIO)); /* ferror alone leaves errno as it was */
     if (fclose(f) != 0) die("cannot close %s: %s", path, strerror(errno));
 }
 

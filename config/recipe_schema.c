@@ -96,7 +96,7 @@ const struct recipe_key recipe_keys[] = {
     U64(train, seed, "1234", "seed of init and data order"),
     NONNEG(train, eval_interval, "0", "validate every N steps; 0 disables validation"),
     POS(train, eval_batches, "4", "global batches per validation"),
-    ENUM(train, device, "auto", "auto|cpu|cuda", "compute backend; auto = cuda when available"),
+    ENUM(train, device, "auto", "auto|cpu|cuda", "compute backend; auto = cuda when a GPU is visible (each rank takes the GPU of its node-local rank)"),
     ENUM(train, precision, "fp32", "fp32|bf16|fp8", "fp32; or bf16 mixed precision: bf16 activations and working weights, fp32 GEMM accumulation, fp32 master weights, gradients and AdamW state (checkpoints unchanged); or fp8: bf16, and the blocks' linear layers multiply in FP8 (e4m3 weights, activations and gradients; train.fp8_grad_format); on CUDA reference paths: exact storage, not fast, not yet run on a GPU"),
     ENUM(train, fp8_scaling, "tensor", "tensor|block|delayed", "fp8: one power-of-two scale per tensor from its current amax (tensor), or per 1 x 128 activation / 128 x 128 weight block (block, DeepSeek-V3's recipe), or per tensor from the largest amax of its last train.fp8_amax_history steps (delayed; the history is kept in checkpoints)"),
     INT(train, fp8_amax_history, "16", 1, 1024, "fp8 delayed scaling: steps of amax history per tensor (its largest amax sets the scale)"),
@@ -327,6 +327,10 @@ int recipe_blend_append(struct data_blend *b, const char *path, double weight, c
 static int parse_blend(void *field, const char *text, char *err, size_t n) {
     struct data_blend *b = field;
     memset(b, 0, sizeof *b);
+    if (!utf8_valid((const unsigned char *)text)) {
+        snprintf(err, n, "value is not valid UTF-8 (recipes are stored as JSON in checkpoints)");
+        return -1;
+    }
     char *copy = xstrdup(text), *save = NULL;
     int rc = 0;
     for (char *item = strtok_r(copy, ",", &save); item && !rc; item = strtok_r(NULL, ",", &save)) {

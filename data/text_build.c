@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config/common.h"
@@ -320,7 +321,8 @@ static void stop_workers(struct pipeline *pl) {
 static char *tmp_to_remove;
 
 static void remove_tmp_at_exit(void) {
-    if (tmp_to_remove && path_exists(tmp_to_remove)) remove_tree(tmp_to_remove);
+    struct stat st; /* not path_exists: it may die, and exit() must not run from an exit handler */
+    if (tmp_to_remove && stat(tmp_to_remove, &st) == 0) remove_tree(tmp_to_remove);
     free(tmp_to_remove);
     tmp_to_remove = NULL;
 }

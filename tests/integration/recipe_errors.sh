@@ -177,6 +177,7 @@ bad set_unknown_key - train.stepz "did you mean 'train.steps'" "$good" --set tra
 bad set_bad_value - optimizer.lr 'set optimizer.lr=abc: .*expected a number' "$good" --set optimizer.lr=abc
 bad set_cross_field 2 model.hidden_size 'model.num_heads set by --set' "$good" --set model.num_heads=5
 bad set_not_utf8 - data.path 'not valid UTF-8' "$good" --set data.path=$'caf\xe9'
+bad set_blend_not_utf8 - data.blend 'not valid UTF-8' "$good" --set data.blend=$'caf\xe9:1'
 # a MoE token exchange past MPI's int counts (32768 tokens x 8 experts x hidden 8192 = 2^31 elements to one rank)
 bad moe_exchange_count - train.micro_batch 'elements a MoE layer may send one rank, more than 2147483647' \
     "model: {arch: mixtral, vocab_size: 256, hidden_size: 8192, num_layers: 1, num_heads: 64, num_kv_heads: 8, intermediate_size: 64, num_experts: 8, experts_per_token: 8, moe_intermediate_size: 64}
