@@ -59,11 +59,13 @@ within() { # NAME CMD...: run under what is left of BUDGET, or skip it
     local name=$1
     shift
     run "$name" timeout -k 5 "$left" "$@"
-    [ $? = 124 ] && echo "FAIL $name: cut off at the budget (${BUDGET}s)" | tee -a "$log"
+    local rc=$?
+    [ $rc = 124 ] && echo "FAIL $name: cut off at the budget (${BUDGET}s)" | tee -a "$log"
     echo "   ($name: $((SECONDS - start))s of ${BUDGET}s used)" | tee -a "$log"
     # each benchmark's table apart (train_gpu.sh rewrites train_gpu.json)
     [ -f build/bench/train_gpu.json ] && mv build/bench/train_gpu.json "build/bench/train_gpu_$name.json"
     save
+    return $rc
 }
 case $phase in
     quick)
@@ -75,8 +77,13 @@ case $phase in
         within bench8b env SHAPES=8b RUNS="mtrain-bf16 torch-bf16 mtrain-fp8" STEPS=4 bash scripts/bench/train_gpu.sh
         within bench124m env SHAPES=124m RUNS="mtrain-bf16 torch-bf16-compile" STEPS=5 bash scripts/bench/train_gpu.sh
         # where the 8B step's time goes, op by op (kernels/profile.h), for the next round of speed work
-        within profile8b_bf16 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 1 cuda 0 bf16
-        within profile8b_fp8 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 1 cuda 0 fp8 tensor
+        # (again on the reference attention and FP8 GEMM paths if a fast kernel fails on its first run)
+        within profile8b_bf16 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 1 cuda 0 bf16 ||
+            within profile8b_bf16_reference env MTRAIN_PROFILE=1 MTRAIN_ATTENTION=reference \
+                build/rel/bench/bench_train $DIMS_8B 1 cuda 0 bf16
+        within profile8b_fp8 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 1 cuda 0 fp8 tensor ||
+            within profile8b_fp8_reference env MTRAIN_PROFILE=1 MTRAIN_ATTENTION=reference MTRAIN_FP8_GEMM=reference \
+                build/rel/bench/bench_train $DIMS_8B 1 cuda 0 fp8 tensor
         within gpu_pretrain bash tests/integration/gpu_pretrain.sh
         within test_cuda_ops build/rel/tests/test_cuda_ops
         within test_comm build/rel/tests/test_comm
