@@ -555,12 +555,13 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         profile_counting(counting);
     }
     watchdog_phase(WATCHDOG_END, run.st.step);
-    if (profiling && run.rank0) {
+    if (profiling) { /* every rank's table in LOG_DIR (pipeline stages differ); rank 0's also in metrics and on stdout */
         int steps = profiled >= 0 ? profiled : run.st.step - first + 1; /* a one-step run: that step */
-        char *json = profile_json(steps);
-        event(&run, "%s", json);
+        char *json = profile_json(steps), file[RECIPE_PATH_MAX + 48];
+        snprintf(file, sizeof file, "%s/profile-rank-%05d.json", r->log.dir, run.grid.world_rank);
+        write_file_atomic(file, json, strlen(json));
+        if (run.rank0) event(&run, "%s", json), profile_report(stdout, steps);
         free(json);
-        profile_report(stdout, steps);
     }
     char path[RECIPE_PATH_MAX + 32];
     save_final_weights(&run, path, sizeof path);

@@ -4,7 +4,8 @@
 # forward and 15 backward per micro batch, 2 micro batches a step, one
 # cross-entropy each; evaluation is left out; the rows add up to the
 # header's total, which is no more than the step's wall time; the same
-# table is metrics.jsonl's profile event; only rank 0 prints under mpiexec;
+# table is metrics.jsonl's profile event; only rank 0 prints under mpiexec,
+# every rank writes LOG_DIR/profile-rank-N.json (pipeline stages differ);
 # bench_train prints it on stderr.
 source "$(dirname "$0")/../lib.sh"
 BENCH_TRAIN=$(build_path bench/bench_train)
@@ -61,6 +62,17 @@ f=$(calls eval.out matmul_forward)
 MTRAIN_PROFILE=1 run_np 2 pretrain recipe.yaml --set log.dir=dp2 >dp2.out 2>&1
 n=$(grep -c '^profile (' dp2.out)
 [ "$n" = 1 ] && pass profile_rank0_prints_once || fail profile_rank0_prints_once "$n tables: $(tail -2 dp2.out)"
+# ... and every rank's table as LOG_DIR/profile-rank-N.json: under pp 2 the head's ops are the last stage's only
+MTRAIN_PROFILE=1 run_np 2 pretrain recipe.yaml --set parallel.pp=2 --set log.dir=pp2 >pp2.out 2>&1
+"$PY" - pp2/profile-rank-00000.json pp2/profile-rank-00001.json <<'PYEOF' && pass profile_every_rank_file ||
+import json, sys
+first, last = (json.load(open(f)) for f in sys.argv[1:])
+head = lambda p: sum(r["calls"] for r in p["rows"] if r["op"] == "cross_entropy")
+# stage 0: layer 0's 7 linears, stage 1: layer 1's 7 and the head, 2 micro batches a step
+mm = lambda p: sum(r["calls"] for r in p["rows"] if r["op"] == "matmul_forward")
+assert head(first) == 0 and head(last) == 2 and mm(first) == 14 and mm(last) == 16, (head(first), head(last), mm(first), mm(last))
+PYEOF
+    fail profile_every_rank_file "$(ls pp2; tail -2 pp2.out)"
 
 # bench_train: its JSON on stdout, the table on stderr
 MTRAIN_PROFILE=1 "$BENCH_TRAIN" 1 32 4 2 64 256 2 16 2 cpu 0 bf16 >bench.json 2>bench.err
