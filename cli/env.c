@@ -92,7 +92,6 @@ int cmd_env(int argc, char **argv) {
         printf("note:   up to %d other rank%s on a node drive%s the same GPU: parallel.comm nccl needs one GPU per rank "
                "(auto falls back to MPI through host memory)\n",
                (int)worst, worst == 1 ? "" : "s", worst == 1 ? "s" : "");
-    if (fflush(stdout) != 0) die("cannot write to stdout");
     grid_free(&g);
     parallel_finalize();
     return 0;

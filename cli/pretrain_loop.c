@@ -64,6 +64,13 @@ static double peak_rss_mib(void) {
     return ru.ru_maxrss / 1024.0;
 }
 
+/* what was written to metrics.jsonl reached the file (ferror too: a write
+ * that failed in an automatic flush leaves fflush nothing to fail on) */
+static void metrics_flush(struct run *run) {
+    if (fflush(run->metrics) != 0 || ferror(run->metrics))
+        die("cannot write %s: %s", run->metrics_path, strerror(errno ? errno : EIO));
+}
+
 void event(struct run *run, const char *fmt, ...) {
     if (!run->rank0) return;
     char small[1024], *line = small;
@@ -80,9 +87,7 @@ void event(struct run *run, const char *fmt, ...) {
     }
     fputs(line, run->metrics);
     fputc('\n', run->metrics);
-    /* ferror too: a write that failed in an automatic flush leaves fflush nothing to fail on */
-    if (fflush(run->metrics) != 0 || ferror(run->metrics))
-        die("cannot write %s: %s", run->metrics_path, strerror(errno ? errno : EIO));
+    metrics_flush(run);
     if (run->tb.f && tb_log_json_line(&run->tb, line) != 0) die("cannot write %s: %s", run->tb.path, strerror(errno));
     if (line != small) free(line);
 }
@@ -267,7 +272,7 @@ static void log_comm(struct run *run, int steps) {
                     r ? "," : "", r, v[NV * r], v[NV * r + 1], v[NV * r + 2], v[NV * r + 3], v[NV * r + 4],
                     v[NV * r + 5], v[NV * r + 6]);
         fprintf(run->metrics, "]}\n");
-        if (fflush(run->metrics) != 0 || ferror(run->metrics)) die("cannot write %s: %s", run->metrics_path, strerror(errno));
+        metrics_flush(run);
     }
     free(v);
 }
@@ -347,13 +352,12 @@ static void setup(struct run *run) {
     if (starts_fresh(run)) logdir_claim(run, NULL);
     watchdog_start(&run->grid, r->train.hang_timeout_s);
     /* GPU ranks: one device per rank on a node */
-    if (run->gpu_comm_on_cpu) {
-        cuda_use_device(run->grid.local_rank);
-        grid_stage_device(&run->grid, run->be);
-    }
-    if (!strcmp(run->be->name, "cuda")) {
+    int cuda = !strcmp(run->be->name, "cuda");
+    if (cuda || run->gpu_comm_on_cpu) {
         cuda_use_device(run->grid.local_rank);
         grid_stage_device(&run->grid, run->be); /* the pipeline's sends, and every group under MPI */
+    }
+    if (cuda) {
         cuda_set_tf32(r->train.tf32);
         cuda_set_deterministic(r->train.deterministic);
     }

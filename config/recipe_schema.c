@@ -278,10 +278,6 @@ static int parse_string(const struct recipe_key *k, void *field, const char *tex
                         size_t n) {
     /* an unquoted ~ or null is YAML's null: treat it as "not set" */
     if (!quoted && (!strcmp(text, "~") || !strcmp(text, "null"))) text = "";
-    if (!utf8_valid((const unsigned char *)text)) {
-        snprintf(err, n, "value is not valid UTF-8 (recipes are stored as JSON in checkpoints)");
-        return -1;
-    }
     size_t len = strlen(text);
     if (k->type == KEY_ENUM && !enum_allows(k->choices, text)) {
         char list[256];
@@ -327,10 +323,6 @@ int recipe_blend_append(struct data_blend *b, const char *path, double weight, c
 static int parse_blend(void *field, const char *text, char *err, size_t n) {
     struct data_blend *b = field;
     memset(b, 0, sizeof *b);
-    if (!utf8_valid((const unsigned char *)text)) {
-        snprintf(err, n, "value is not valid UTF-8 (recipes are stored as JSON in checkpoints)");
-        return -1;
-    }
     char *copy = xstrdup(text), *save = NULL;
     int rc = 0;
     for (char *item = strtok_r(copy, ",", &save); item && !rc; item = strtok_r(NULL, ",", &save)) {
@@ -351,6 +343,10 @@ static int parse_blend(void *field, const char *text, char *err, size_t n) {
 int recipe_key_assign(const struct recipe_key *k, struct recipe *r, const char *text, int quoted, char *err,
                       size_t errsz) {
     void *field = (char *)r + k->offset;
+    if (!utf8_valid((const unsigned char *)text)) { /* every kind of value: the recipe is stored as JSON */
+        snprintf(err, errsz, "value is not valid UTF-8 (recipes are stored as JSON in checkpoints)");
+        return -1;
+    }
     switch (k->type) {
     case KEY_INT: return parse_int(k, field, text, err, errsz);
     case KEY_UINT64: return parse_uint64(field, text, err, errsz);

@@ -223,8 +223,14 @@ static int by_time(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-/* the rows most time first (the caller frees them), the wall and op seconds per step */
-static struct row *sorted_rows(int steps, double *wall, double *ops) {
+/* a row's TFLOP/s, or -1 for an op without a FLOP count */
+static double row_tflops(const struct row *r) { return r->flops > 0 && r->seconds > 0 ? r->flops / r->seconds / 1e12 : -1; }
+
+/* the rows most time first (the caller frees them), the wall and op seconds
+ * per step; *steps at least 1 */
+static struct row *sorted_rows(int *steps_io, double *wall, double *ops) {
+    if (*steps_io < 1) *steps_io = 1;
+    int steps = *steps_io;
     *wall = (now_seconds() - since - paused - (counting ? 0 : now_seconds() - paused_at)) / steps, *ops = 0;
     struct row *sorted = xmalloc(sizeof(struct row) * (nrows ? nrows : 1));
     memcpy(sorted, rows, sizeof(struct row) * nrows);
@@ -234,9 +240,8 @@ static struct row *sorted_rows(int steps, double *wall, double *ops) {
 }
 
 char *profile_json(int steps) {
-    if (steps < 1) steps = 1;
     double wall, ops;
-    struct row *sorted = sorted_rows(steps, &wall, &ops);
+    struct row *sorted = sorted_rows(&steps, &wall, &ops);
     char *out = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&out, &len);
@@ -247,7 +252,7 @@ char *profile_json(int steps) {
         const struct row *r = &sorted[i];
         fprintf(f, "%s{\"op\":\"%s\",\"shape\":\"%s\",\"ms\":%.4f,\"calls\":%.2f,\"tflops\":", i ? "," : "", r->op,
                 r->shape, r->seconds / steps * 1e3, (double)r->calls / steps);
-        if (r->flops > 0 && r->seconds > 0) fprintf(f, "%.2f}", r->flops / r->seconds / 1e12);
+        if (row_tflops(r) >= 0) fprintf(f, "%.2f}", row_tflops(r));
         else fprintf(f, "null}");
     }
     fprintf(f, "]}");
@@ -257,9 +262,8 @@ char *profile_json(int steps) {
 }
 
 void profile_report(FILE *f, int steps) {
-    if (steps < 1) steps = 1;
     double wall, ops;
-    struct row *sorted = sorted_rows(steps, &wall, &ops);
+    struct row *sorted = sorted_rows(&steps, &wall, &ops);
     fprintf(f, "profile (%s %s, MTRAIN_PROFILE): %d step%s, %.2f ms a step; its ops %.2f ms (%.1f%%), each waited for; "
                "the rest is host work and communication\n",
             in ? in->name : "-", in ? precision_name(in->precision) : "-", steps, steps == 1 ? "" : "s", wall * 1e3,
@@ -268,7 +272,7 @@ void profile_report(FILE *f, int steps) {
     for (int i = 0; i < nrows; i++) {
         const struct row *r = &sorted[i];
         char rate[16] = "-";
-        if (r->flops > 0 && r->seconds > 0) snprintf(rate, sizeof rate, "%.1f", r->flops / r->seconds / 1e12);
+        if (row_tflops(r) >= 0) snprintf(rate, sizeof rate, "%.1f", row_tflops(r));
         fprintf(f, "%10.3f %6.1f%% %10.1f %9s  %-26s %s\n", r->seconds / steps * 1e3,
                 ops > 0 ? 100 * r->seconds / steps / ops : 0, (double)r->calls / steps, rate, r->op, r->shape);
     }

@@ -71,6 +71,13 @@ layouts=(
     "fp8_tp2_dp2 r.yaml 4 parallel.tp=2 train.precision=fp8 train.fp8_skip_layers=0"
 )
 losses() { grep '"loss"' "$1" 2>/dev/null | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
+# as_gpu_ranks NP ARGS...: `mtrain ARGS` on NP ranks that communicate as GPU ranks do, through the
+# stand-in runtime (MTRAIN_TEST_GPU_COMM_ON_CPU); LIMIT seconds at most (default 300)
+as_gpu_ranks() {
+    local np=$1
+    shift
+    MTRAIN_TEST_GPU_COMM_ON_CPU=1 LD_PRELOAD=$MOCK/libcudart_mock.so timeout "${LIMIT:-300}" mpiexec -n "$np" "$MTRAIN" "$@"
+}
 for spec in "${layouts[@]}"; do
     set -- $spec
     name=$1 recipe=$2 np=$3; shift 3
@@ -80,10 +87,8 @@ for spec in "${layouts[@]}"; do
     OMP_NUM_THREADS=1 timeout 300 mpiexec -n $np "$MTRAIN" pretrain $recipe "${sets[@]}" --set log.dir=${name}_plain \
         >${name}_plain.out 2>&1 || echo "exit $?" >>${name}_plain.out
     for comm in mpi nccl; do
-        MOCK_CUDA_REPORT=${name}_$comm.mallocs MTRAIN_TEST_GPU_COMM_ON_CPU=1 LD_PRELOAD=$MOCK/libcudart_mock.so \
-            timeout 300 mpiexec -n $np "$MTRAIN" pretrain \
-            $recipe "${sets[@]}" --set parallel.comm=$comm --set log.dir=${name}_$comm >${name}_$comm.out 2>&1 ||
-            echo "exit $?" >>${name}_$comm.out
+        MOCK_CUDA_REPORT=${name}_$comm.mallocs as_gpu_ranks $np pretrain $recipe "${sets[@]}" \
+            --set parallel.comm=$comm --set log.dir=${name}_$comm >${name}_$comm.out 2>&1 || echo "exit $?" >>${name}_$comm.out
     done
     a=$(losses ${name}_plain/metrics.jsonl) b=$(losses ${name}_mpi/metrics.jsonl) c=$(losses ${name}_nccl/metrics.jsonl)
     # the hook really ran: every rank allocated through the stand-in's cudaMalloc
@@ -106,9 +111,8 @@ ck_pretrain() { # NAME plain|nccl ARGS...: mtrain pretrain r.yaml on 2 ranks, ch
     shift 2
     for kv in "${ck[@]}"; do sets+=(--set "$kv"); done
     if [ "$how" = nccl ]; then
-        MTRAIN_TEST_GPU_COMM_ON_CPU=1 LD_PRELOAD=$MOCK/libcudart_mock.so timeout 300 mpiexec -n 2 "$MTRAIN" pretrain \
-            r.yaml "${sets[@]}" --set parallel.comm=nccl --set checkpoint.dir=ck_$name --set log.dir=$name "$@" \
-            >>$name.out 2>&1
+        as_gpu_ranks 2 pretrain r.yaml "${sets[@]}" --set parallel.comm=nccl --set checkpoint.dir=ck_$name \
+            --set log.dir=$name "$@" >>$name.out 2>&1
     else
         timeout 300 mpiexec -n 2 "$MTRAIN" pretrain r.yaml "${sets[@]}" --set checkpoint.dir=ck_$name \
             --set log.dir=$name "$@" >>$name.out 2>&1
@@ -127,10 +131,10 @@ grep -q "; nccl)" ck_nccl.out && grep -q '"event":"rewind"' ck_nccl/metrics.json
 # bad configurations of GPU ranks stop before training with exit 2 and one message from rank 0 (issue 12):
 # more ranks on a node than GPUs under parallel.comm nccl (auto falls back to staged MPI with one warning),
 # and fp8 on a GPU without FP8 tensor cores (compute capability 8.0)
-gpu_run() { # NAME NP VAR=VALUE ARGS...: mtrain pretrain r.yaml as GPU ranks on the stand-in runtime
-    local name=$1 np=$2 var=$3; shift 3
-    env MTRAIN_TEST_GPU_COMM_ON_CPU=1 LD_PRELOAD=$MOCK/libcudart_mock.so "$var" timeout 120 mpiexec -n $np \
-        "$MTRAIN" pretrain r.yaml --set log.dir=$name "$@" >$name.out 2>&1
+gpu_run() { # NAME NP VAR=VALUE ARGS...: mtrain pretrain r.yaml as GPU ranks with VAR set for the stand-in runtime
+    local name=$1 np=$2 var=$3
+    shift 3
+    (export "$var" LIMIT=120; as_gpu_ranks $np pretrain r.yaml --set log.dir=$name "$@" >$name.out 2>&1)
 }
 gpu_run shared_nccl 2 MOCK_CUDA_DEVICES=1 --set parallel.comm=nccl
 rc=$?
