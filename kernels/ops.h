@@ -256,9 +256,6 @@ int cuda_device_has_fp8(void);
 int cuda_backend_available(void);
 /* Let cuBLAS use TF32 tensor cores for fp32 matmuls (CUDA backend only). */
 void cuda_set_tf32(int on);
-/* 0: the flash attention backward sums dQ with atomics (faster, not bitwise
- * repeatable); 1 (the default): two kernels, no atomics (CUDA backend only). */
-void cuda_set_deterministic(int on);
 int cuda_device_count(void);
 const char *cuda_device_error(void); /* why cuda_device_count() said 0 */
 /* The PCI bus id of the current GPU ("0000:1b:00.0") into buf; 0 without one. */

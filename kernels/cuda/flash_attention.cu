@@ -12,8 +12,8 @@
  * bitwise: one per query tile for dQ (a loop over kv tiles), one per kv tile
  * for dK and dV (a loop over the group's query heads in order, then query
  * tiles), dK and dV summed over the group in fp32 registers, rounded once.
- * With train.deterministic false the dK/dV kernel also adds each kv tile's
- * share of dQ into an fp32 buffer by atomics and the dQ kernel is skipped.
+ * (A variant that added dQ by atomics from the dK/dV kernel measured no
+ * faster on an H200, 2026-11-26, and was dropped.)
  *
  * Head dims (query/key D, value Dv) 64/64, 128/128 and DeepSeek-V3's MLA
  * 192/128; other shapes take the reference path. The kernels are in kernels/cuda/flash_attention.cuh
@@ -103,51 +103,27 @@ void forward(float *out, float *lse, const float *q, const float *k, const float
     LAUNCH_CHECK();
 }
 
-/* dq (bf16) = the fp32 sums of the atomic backward */
-__global__ void narrow_dq_k(uint16_t *dq, const float *acc, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        __nv_bfloat16 b = __float2bfloat16_rn(acc[i]);
-        memcpy(dq + i, &b, 2);
-    }
-}
-
-int deterministic = 1; /* train.deterministic (cuda_set_deterministic) */
-
 template <int D, int DV>
 void backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse, const float *q,
               const float *k, const float *v, int B, int T, int H, int KVH) {
-    static int ready_dq, ready_dkdv, ready_atomic;
+    static int ready_dq, ready_dkdv;
     float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E; /* the forward's, bit for bit */
     size_t rows = (size_t)B * T * H;
-    float *delta = (float *)cuda_scratch(SCRATCH_WORK, sizeof(float) * rows * (deterministic ? 1 : 1 + D));
-    float *dq_acc = delta + rows;
+    float *delta = (float *)cuda_scratch(SCRATCH_WORK, sizeof(float) * rows);
     delta_k<<<blocks_for(rows * 32, THREADS_FA), THREADS_FA>>>(delta, (const uint16_t *)dout, (const uint16_t *)out, B,
                                                                T, H, DV);
     LAUNCH_CHECK();
-    dim3 kv_grid(B * KVH, (T + TILE - 1) / TILE);
-    if (!deterministic) { /* dQ by atomics from the dK/dV kernel */
-        size_t smem = dkdv_smem<D, DV, true>();
-        CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * rows * D, 0));
-        allow_smem(flash_dkdv_k<D, DV, true>, smem, &ready_atomic);
-        flash_dkdv_k<D, DV, true><<<kv_grid, THREADS_FA, smem>>>(
-            (uint16_t *)dk, (uint16_t *)dv, dq_acc, (const uint16_t *)dout, lse, delta, (const uint16_t *)q,
-            (const uint16_t *)k, (const uint16_t *)v, T, H, KVH, scale_log2, scale);
-        LAUNCH_CHECK();
-        narrow_dq_k<<<blocks_for(rows * D, 256), 256>>>((uint16_t *)dq, dq_acc, rows * D);
-        LAUNCH_CHECK();
-        return;
-    }
     size_t smem = dq_smem<D, DV>();
     allow_smem(flash_dq_k<D, DV>, smem, &ready_dq);
     flash_dq_k<D, DV><<<dim3(B * H, (T + TILE - 1) / TILE), THREADS_FA, smem>>>(
         (uint16_t *)dq, (const uint16_t *)dout, lse, delta, (const uint16_t *)q, (const uint16_t *)k,
         (const uint16_t *)v, T, H, KVH, scale_log2, scale);
     LAUNCH_CHECK();
-    smem = dkdv_smem<D, DV, false>();
-    allow_smem(flash_dkdv_k<D, DV, false>, smem, &ready_dkdv);
-    flash_dkdv_k<D, DV, false><<<kv_grid, THREADS_FA, smem>>>(
-        (uint16_t *)dk, (uint16_t *)dv, NULL, (const uint16_t *)dout, lse, delta, (const uint16_t *)q,
-        (const uint16_t *)k, (const uint16_t *)v, T, H, KVH, scale_log2, scale);
+    smem = dkdv_smem<D, DV>();
+    allow_smem(flash_dkdv_k<D, DV>, smem, &ready_dkdv);
+    flash_dkdv_k<D, DV><<<dim3(B * KVH, (T + TILE - 1) / TILE), THREADS_FA, smem>>>(
+        (uint16_t *)dk, (uint16_t *)dv, (const uint16_t *)dout, lse, delta, (const uint16_t *)q, (const uint16_t *)k,
+        (const uint16_t *)v, T, H, KVH, scale_log2, scale);
     LAUNCH_CHECK();
 }
 
@@ -156,15 +132,12 @@ int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 /* the most dynamic shared memory any kernel of a head size asks for */
 template <int D, int DV>
 size_t most_smem() {
-    size_t a = forward_smem<D, DV>(), b = dq_smem<D, DV>(), c = dkdv_smem<D, DV, false>(), d = dkdv_smem<D, DV, true>();
-    size_t ab = a > b ? a : b, cd = c > d ? c : d;
-    return ab > cd ? ab : cd;
+    size_t a = forward_smem<D, DV>(), b = dq_smem<D, DV>(), c = dkdv_smem<D, DV>();
+    size_t ab = a > b ? a : b;
+    return ab > c ? ab : c;
 }
 
 } // namespace
-
-/* train.deterministic: 0 lets the attention backward add dQ with atomics */
-extern "C" void cuda_set_deterministic(int on) { deterministic = on != 0; }
 
 /* MTRAIN_ATTENTION=reference turns the kernels off (docs/model.md); they
  * need tensor-core bf16 (compute capability 8.0 or newer) and the shared

@@ -25,9 +25,9 @@
 #include <stdint.h>
 
 
-constexpr int TILE = 64;   /* query rows per block (forward, dQ); kv rows per block (dK/dV) and per kv tile */
+constexpr int TILE = 64;   /* kv rows per forward step and per dK/dV block */
 constexpr int PAD = 8;     /* bf16 per smem row beyond D: rows shift by 4 banks, ldmatrix conflict-free */
-constexpr int THREADS_FA = 128; /* 4 warps x 16 rows */
+constexpr int THREADS_FA = 128; /* 4 warps */
 constexpr float LOG2E = 1.4426950408889634f;
 
 /* Addresses each lane gives ldmatrix.x4 (lanes 8i..8i+7: the rows of matrix i).
@@ -75,18 +75,19 @@ FA_FN float quad_sum(float v) {
     return v + fa_shfl_xor(v, 2);
 }
 
-/* acc[16 x 8 NB] += A[16 x 16 KS] B: A rows r0.. of smem sa (ld LD), B n-major in sb */
+
+/* acc[16 x 8 NB] += A[16 x 16 KS] B: A rows r0.. of smem sa (ld lda), B n-major in sb (ld ldb) */
 template <int KS, int NB>
-FA_FN void mma_rows_nmajor(float (*acc)[4], const uint16_t *sa, int r0, const uint16_t *sb, int ld,
-                                                int lane) {
+FA_FN void mma_rows_nmajor(float (*acc)[4], const uint16_t *sa, int lda, int r0, const uint16_t *sb, int ldb,
+                           int lane) {
 #pragma unroll
     for (int kk = 0; kk < KS; kk++) {
         uint32_t a[4];
-        ldsm(a, a_addr(sa, ld, r0, kk * 16, lane));
+        ldsm(a, a_addr(sa, lda, r0, kk * 16, lane));
 #pragma unroll
         for (int np = 0; np < NB / 2; np++) {
             uint32_t b[4];
-            ldsm(b, bn_addr(sb, ld, np * 16, kk * 16, lane));
+            ldsm(b, bn_addr(sb, ldb, np * 16, kk * 16, lane));
             mma(acc[2 * np], a, b[0], b[1]);
             mma(acc[2 * np + 1], a, b[2], b[3]);
         }
@@ -96,8 +97,7 @@ FA_FN void mma_rows_nmajor(float (*acc)[4], const uint16_t *sa, int r0, const ui
 /* acc[16 x 8 NB] += P B where P [16 x 16 KS] is held as accumulators
  * (p[2 KS][4], rounded to bf16 here) and B is k-major in sb */
 template <int KS, int NB>
-FA_FN void mma_regs_kmajor(float (*acc)[4], const float (*p)[4], const uint16_t *sb, int ld,
-                                                int lane) {
+FA_FN void mma_regs_kmajor(float (*acc)[4], const float (*p)[4], const uint16_t *sb, int ld, int lane) {
 #pragma unroll
     for (int kk = 0; kk < KS; kk++) {
         uint32_t a[4] = {pack2(p[2 * kk][0], p[2 * kk][1]), pack2(p[2 * kk][2], p[2 * kk][3]),
@@ -129,13 +129,39 @@ FA_FN void store_rows(uint16_t *o, size_t stride, const float (*acc)[4], float s
     }
 }
 
+/* acc[16 x 8 NB] += A B with A [16 x 16 KS] held as fragments in registers
+ * (af, loaded once by a kernel for its whole loop: the forward's and dQ
+ * kernel's query rows) and B n-major in sb. Measured on an H200
+ * (2026-11-26): the forward with Q's fragments kept took 2.50 ms where
+ * reloading them per kv tile took 3.34 (and two m-tiles a warp, reloaded, 2.95). */
+template <int KS, int NB>
+FA_FN void mma_frags_nmajor(float (*acc)[4], const uint32_t (*af)[4], const uint16_t *sb, int ld, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+        for (int np = 0; np < NB / 2; np++) {
+            uint32_t b[4];
+            ldsm(b, bn_addr(sb, ld, np * 16, kk * 16, lane));
+            mma(acc[2 * np], af[kk], b[0], b[1]);
+            mma(acc[2 * np + 1], af[kk], b[2], b[3]);
+        }
+}
+
+/* a warp's 16 rows (r0..) of smem sa as A fragments over KS 16-column steps */
+template <int KS>
+FA_FN void load_frags(uint32_t (*af)[4], const uint16_t *sa, int ld, int r0, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) ldsm(af[kk], a_addr(sa, ld, r0, kk * 16, lane));
+}
+
 /* Q, then two buffers each of K and V (query/key head dim D, value head dim DV) */
 template <int D, int DV>
 constexpr size_t forward_smem() {
     return ((size_t)3 * TILE * (D + PAD) + (size_t)2 * TILE * (DV + PAD)) * 2;
 }
 
-/* grid (B*H, query tiles): the longest (last) query tiles of every pair first */
+/* grid (B*H, query tiles): the longest (last) query tiles of every pair
+ * first; warp w owns query rows 16 w .. of the tile */
 template <int D, int DV>
 FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int T,
                            int H, int KVH, float scale_log2) {
@@ -167,21 +193,10 @@ FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const u
         cp_async_wait(1); /* all but the prefetch: this tile (and Q) landed */
         fa_sync();
         const uint16_t *Ks = Kb + cur * TL, *Vs = Vb + cur * TLV;
-        if (jt == 0) {
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) ldsm(qf[kk], a_addr(Qs, LD, warp * 16, kk * 16, lane));
-        }
+        if (jt == 0) load_frags<D / 16>(qf, Qs, LD, warp * 16, lane);
         float s[TILE / 8][4];
         zero_acc<TILE / 8>(s);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-#pragma unroll
-            for (int np = 0; np < TILE / 16; np++) {
-                uint32_t bq[4];
-                ldsm(bq, bn_addr(Ks, LD, np * 16, kk * 16, lane));
-                mma(s[2 * np], qf[kk], bq[0], bq[1]);
-                mma(s[2 * np + 1], qf[kk], bq[2], bq[3]);
-            }
+        mma_frags_nmajor<D / 16, TILE / 8>(s, qf, Ks, LD, lane);
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nb = 0; nb < TILE / 8; nb++)
@@ -239,30 +254,37 @@ FA_KERNEL(delta_k)(float *delta, const uint16_t *dout, const uint16_t *out, int 
     }
 }
 
+/* kv rows per step of the dQ kernel. Measured on an H200 (2026-11-26, the
+ * 8B stack's attention, B 1, T 8192, 32/8 heads, D 128): 32-row steps that
+ * reload the query rows' fragments, a warp skipping the kv rows above its
+ * diagonal and masking only on the tiles the diagonal or the end crosses,
+ * took the backward from 9.40 to 8.64 ms; 64-row steps with the Q and dO
+ * fragments kept in registers (as the forward keeps Q's) took 10.07. */
+constexpr int DQ_KT = 32;
+
 template <int D, int DV>
-constexpr size_t dq_smem() { /* Q, dO, then two buffers each of K and V */
-    return ((size_t)3 * TILE * (D + PAD) + (size_t)3 * TILE * (DV + PAD)) * 2;
+constexpr size_t dq_smem() { /* Q and dO (TILE rows), then two buffers each of DQ_KT rows of K and V */
+    return ((size_t)(TILE + 2 * DQ_KT) * (D + PAD) + (size_t)(TILE + 2 * DQ_KT) * (DV + PAD)) * 2;
 }
 
-/* dQ = scale * sum over kv tiles of dS K, dS = P (dP - Delta), dP = dO V^T */
+/* dQ = scale * sum over kv tiles of dS K, dS = P (dP - Delta), dP = dO V^T;
+ * grid (B*H, query tiles), warp w owns query rows 16 w .. of the tile */
 template <int D, int DV>
-FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse,
-                                                         const float *delta, const uint16_t *q, const uint16_t *k,
-                                                         const uint16_t *v, int T, int H, int KVH, float scale_log2,
-                                                         float scale) {
-    constexpr int LD = D + PAD, TL = TILE * LD, LDV = DV + PAD, TLV = TILE * LDV;
+FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse, const float *delta, const uint16_t *q,
+                      const uint16_t *k, const uint16_t *v, int T, int H, int KVH, float scale_log2, float scale) {
+    constexpr int KT = DQ_KT, LD = D + PAD, LDV = DV + PAD, TL = KT * LD, TLV = KT * LDV;
     FA_SHARED(smem);
-    uint16_t *Qs = smem, *dOs = Qs + TL, *Kb = dOs + TLV, *Vb = Kb + 2 * TL;
+    uint16_t *Qs = smem, *dOs = Qs + TILE * LD, *Kb = dOs + TILE * LDV, *Vb = Kb + 2 * TL;
     int qt = gridDim.y - 1 - blockIdx.y, pair = blockIdx.x, b = pair / H, h = pair % H, kh = h / (H / KVH);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int q0 = qt * TILE, row0 = q0 + warp * 16 + g;
+    int q0 = qt * TILE, w0 = q0 + warp * 16, row0 = w0 + g;
     size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D, qoff = ((size_t)b * T * H + h) * D;
     size_t ostride = (size_t)H * DV, vstride = (size_t)KVH * DV;
     const uint16_t *kg = k + ((size_t)b * T * KVH + kh) * D, *vg = v + ((size_t)b * T * KVH + kh) * DV;
     load_rows<D, TILE>(Qs, q + qoff, qstride, q0, T);
     load_rows<DV, TILE>(dOs, dout + ((size_t)b * T * H + h) * DV, ostride, q0, T);
-    load_rows<D, TILE>(Kb, kg, kstride, 0, T);
-    load_rows<DV, TILE>(Vb, vg, vstride, 0, T);
+    load_rows<D, KT>(Kb, kg, kstride, 0, T);
+    load_rows<DV, KT>(Vb, vg, vstride, 0, T);
     cp_async_commit();
     float lse2[2], dl[2];
 #pragma unroll
@@ -274,31 +296,35 @@ FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse,
 
     float acc[D / 8][4];
     zero_acc<D / 8>(acc);
-    int tiles = qt + 1 < (T + TILE - 1) / TILE ? qt + 1 : (T + TILE - 1) / TILE;
+    int last = q0 + TILE < T ? q0 + TILE : T, tiles = (last + KT - 1) / KT;
     for (int jt = 0; jt < tiles; jt++) {
-        int k0 = jt * TILE, cur = jt & 1;
+        int k0 = jt * KT, cur = jt & 1;
         if (jt + 1 < tiles) {
-            load_rows<D, TILE>(Kb + (cur ^ 1) * TL, kg, kstride, k0 + TILE, T);
-            load_rows<DV, TILE>(Vb + (cur ^ 1) * TLV, vg, vstride, k0 + TILE, T);
+            load_rows<D, KT>(Kb + (cur ^ 1) * TL, kg, kstride, k0 + KT, T);
+            load_rows<DV, KT>(Vb + (cur ^ 1) * TLV, vg, vstride, k0 + KT, T);
         }
         cp_async_commit();
         cp_async_wait(1);
         fa_sync();
         const uint16_t *Ks = Kb + cur * TL, *Vs = Vb + cur * TLV;
-        float s[TILE / 8][4], dp[TILE / 8][4];
-        zero_acc<TILE / 8>(s);
-        zero_acc<TILE / 8>(dp);
-        mma_rows_nmajor<D / 16, TILE / 8>(s, Qs, warp * 16, Ks, LD, lane);
-        mma_rows_nmajor<DV / 16, TILE / 8>(dp, dOs, warp * 16, Vs, LDV, lane);
+        if (k0 <= w0 + 15 && w0 < T) { /* some of this warp's rows see some of the tile */
+            float s[KT / 8][4], dp[KT / 8][4];
+            zero_acc<KT / 8>(s);
+            zero_acc<KT / 8>(dp);
+            mma_rows_nmajor<D / 16, KT / 8>(s, Qs, LD, warp * 16, Ks, LD, lane);
+            mma_rows_nmajor<DV / 16, KT / 8>(dp, dOs, LDV, warp * 16, Vs, LDV, lane);
+            int edge = k0 + KT - 1 > w0 || k0 + KT > T || w0 + 15 >= T; /* a mask, the end or rows past it */
 #pragma unroll
-        for (int nb = 0; nb < TILE / 8; nb++)
+            for (int nb = 0; nb < KT / 8; nb++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                int r = c >> 1, row = row0 + r * 8, col = k0 + nb * 8 + 2 * t + (c & 1);
-                float p = (col <= row && col < T && row < T) ? exp2f(s[nb][c] * scale_log2 - lse2[r]) : 0.0f;
-                s[nb][c] = p * (dp[nb][c] - dl[r]);
-            }
-        mma_regs_kmajor<TILE / 16, D / 8>(acc, s, Ks, LD, lane);
+                for (int c = 0; c < 4; c++) {
+                    int r = c >> 1, row = row0 + r * 8, col = k0 + nb * 8 + 2 * t + (c & 1);
+                    float p = !edge || (col <= row && col < T && row < T) ? exp2f(s[nb][c] * scale_log2 - lse2[r])
+                                                                          : 0.0f;
+                    s[nb][c] = p * (dp[nb][c] - dl[r]);
+                }
+            mma_regs_kmajor<KT / 16, D / 8>(acc, s, Ks, LD, lane);
+        }
         fa_sync();
     }
     store_rows<D>(dq + qoff, qstride, acc, scale, scale, row0, T, t);
@@ -310,30 +336,26 @@ template <int D>
 FA_CONST int dkdv_q_rows() { /* query rows per step: the dK and dV accumulators take 2 D / 8 * 4 registers */
     return D > 64 ? 32 : 64;
 }
-/* K and V, then two buffers each of Q, dO, and the rows' lse and Delta;
- * with ATOMIC_DQ also dS^T [TILE][BQ + PAD] */
-template <int D, int DV, bool ATOMIC_DQ>
+/* K and V, then two buffers each of Q, dO, and the rows' lse and Delta */
+template <int D, int DV>
 constexpr size_t dkdv_smem() {
     return ((size_t)(TILE + 2 * dkdv_q_rows<D>()) * (D + PAD) + (size_t)(TILE + 2 * dkdv_q_rows<D>()) * (DV + PAD)) * 2 +
-           (size_t)4 * dkdv_q_rows<D>() * 4 + (ATOMIC_DQ ? (size_t)TILE * (dkdv_q_rows<D>() + PAD) * 2 : 0);
+           (size_t)4 * dkdv_q_rows<D>() * 4;
 }
 
 /* grid (B*KVH, kv tiles): dV = sum P^T dO, dK = scale * sum dS^T Q over the
  * group's query heads (in order) and the query tiles at or after the kv tile:
- * step s of the loop is query head s / ntiles, tile s % ntiles.
- * ATOMIC_DQ (train.deterministic false): also dQ += scale * dS K, this kv
- * tile's share, added into the fp32 dq_acc [B,T,H,D] with atomics (the
- * order of those sums varies run to run), so no separate dQ kernel
- * recomputes S and dP: five tile GEMMs per step instead of seven. */
-template <int D, int DV, bool ATOMIC_DQ>
-FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_t *dout, const float *lse,
-                        const float *delta, const uint16_t *q, const uint16_t *k, const uint16_t *v, int T, int H,
-                        int KVH, float scale_log2, float scale) {
-    constexpr int LD = D + PAD, LDV = DV + PAD, BQ = dkdv_q_rows<D>(), QL = BQ * LD, OL = BQ * LDV, SL = BQ + PAD;
+ * step s of the loop is query head s / ntiles, tile s % ntiles. (Masking
+ * only the steps the diagonal or the end crosses, as the dQ kernel does,
+ * measured 0.8 ms slower here on an H200: the masks stay on every step.) */
+template <int D, int DV>
+FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const float *lse, const float *delta,
+                        const uint16_t *q, const uint16_t *k, const uint16_t *v, int T, int H, int KVH,
+                        float scale_log2, float scale) {
+    constexpr int LD = D + PAD, LDV = DV + PAD, BQ = dkdv_q_rows<D>(), QL = BQ * LD, OL = BQ * LDV;
     FA_SHARED(smem);
     uint16_t *Ks = smem, *Vs = Ks + TILE * LD, *Qb = Vs + TILE * LDV, *dOb = Qb + 2 * QL;
     float *lse_b = reinterpret_cast<float *>(dOb + 2 * OL), *dl_b = lse_b + 2 * BQ;
-    uint16_t *dSs = reinterpret_cast<uint16_t *>(dl_b + 2 * BQ); /* dS^T, kv rows x query columns (ATOMIC_DQ) */
     int pair = blockIdx.x, b = pair / KVH, kh = pair % KVH, group = H / KVH;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int k0 = blockIdx.y * TILE, j0 = k0 + warp * 16 + g; /* this lane's kv rows j0, j0 + 8 */
@@ -370,8 +392,8 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_
         float sT[BQ / 8][4], dpT[BQ / 8][4]; /* S^T and dP^T: kv rows x query columns */
         zero_acc<BQ / 8>(sT);
         zero_acc<BQ / 8>(dpT);
-        mma_rows_nmajor<D / 16, BQ / 8>(sT, Ks, warp * 16, Qs, LD, lane);
-        mma_rows_nmajor<DV / 16, BQ / 8>(dpT, Vs, warp * 16, dOs, LDV, lane);
+        mma_rows_nmajor<D / 16, BQ / 8>(sT, Ks, LD, warp * 16, Qs, LD, lane);
+        mma_rows_nmajor<DV / 16, BQ / 8>(dpT, Vs, LDV, warp * 16, dOs, LDV, lane);
 #pragma unroll
         for (int nb = 0; nb < BQ / 8; nb++)
 #pragma unroll
@@ -383,48 +405,7 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_
             }
         mma_regs_kmajor<BQ / 16, DV / 8>(dva, sT, dOs, LDV, lane);
         mma_regs_kmajor<BQ / 16, D / 8>(dka, dpT, Qs, LD, lane);
-        if (ATOMIC_DQ) {
-            /* dS^T to shared memory, then dQ [BQ x D] = dS (dS^T read transposed) K, the 64 kv rows of
-             * this tile as the contraction: warp w takes query rows 16 (w % MT).. and NW of the D / 8
-             * column blocks from (w / MT) * NW */
-            constexpr int MT = BQ / 16, NW = D / 8 * MT / 4;
-            static_assert(NW % 2 == 0 && NW * 4 == D / 8 * MT, "dQ column blocks split evenly over the warps");
-#pragma unroll
-            for (int nb = 0; nb < BQ / 8; nb++)
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-                    *reinterpret_cast<uint32_t *>(dSs + (warp * 16 + g + 8 * r) * SL + nb * 8 + 2 * t) =
-                        pack2(dpT[nb][2 * r], dpT[nb][2 * r + 1]);
-            fa_sync();
-            int mt = warp % MT, nb0 = warp / MT * NW;
-            float dqa[NW][4];
-            zero_acc<NW>(dqa);
-#pragma unroll
-            for (int kk = 0; kk < TILE / 16; kk++) {
-                uint32_t a[4]; /* A = dS [query rows][kv rows], stored transposed: ldmatrix .trans */
-                ldsm_t(a, dSs + (kk * 16 + (lane & 7) + (lane >> 4) * 8) * SL + mt * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-                for (int np = 0; np < NW / 2; np++) {
-                    uint32_t bq[4];
-                    ldsm_t(bq, bk_addr(Ks, LD, kk * 16, (nb0 + 2 * np) * 8, lane));
-                    mma(dqa[2 * np], a, bq[0], bq[1]);
-                    mma(dqa[2 * np + 1], a, bq[2], bq[3]);
-                }
-            }
-            int h = kh * group + st / ntiles;
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                int i = i0 + mt * 16 + g + 8 * r;
-                if (i >= T) continue;
-                float *row = dq_acc + (((size_t)b * T + i) * H + h) * D + nb0 * 8 + 2 * t;
-#pragma unroll
-                for (int nb = 0; nb < NW; nb++) {
-                    fa_atomic_add(row + nb * 8, dqa[nb][2 * r] * scale);
-                    fa_atomic_add(row + nb * 8 + 1, dqa[nb][2 * r + 1] * scale);
-                }
-            }
-        }
-        fa_sync(); /* the next step's fetch overwrites this buffer (and dS^T) */
+        fa_sync(); /* the next step's fetch overwrites this buffer */
     }
     store_rows<D>(dk + koff, kstride, dka, scale, scale, j0, T, t);
     store_rows<DV>(dv + voff, vstride, dva, 1.0f, 1.0f, j0, T, t);

@@ -35,10 +35,17 @@
 enum { X_CODES, XT_CODES, W_CODES, WT_CODES, G_CODES, GT_CODES, SLOTS };
 static uint8_t *codes[SLOTS];
 static size_t cap[SLOTS];
-static unsigned *words; /* amax[3], then inverse scales (floats) [3] */
+/* amax and inverse scale (a float) of operand i at words[WORD * i] and
+ * words[WORD * (3 + i)]: each word 256-byte aligned, because cuBLASLt's
+ * Hopper FP8 kernels refuse scale pointers that are not (an H200 with
+ * cuBLASLt 13.1 refused every algorithm it had offered while the scales
+ * sat 4 bytes apart; a probe with cudaMalloc'd scales ran them all,
+ * 2026-11-26) */
+#define WORD 64
+static unsigned *words;
 /* the input's codes kept in X_CODES / XT_CODES for the next GEMM of its
  * group (fp8_recipe.input_group): the x they came from; its inverse scale
- * stays in words[3 + FP8_INPUT] until the next input cast */
+ * stays in words[WORD * (3 + FP8_INPUT)] until the next input cast */
 static struct { unsigned group; const float *x; int rows, cols; } kept[SLOTS];
 
 static uint8_t *slot(int s, size_t bytes) {
@@ -67,9 +74,9 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
                          uint8_t **q, uint8_t **qt, struct fp8_recipe recipe) {
     int delayed = recipe.scaling == FP8_SCALING_DELAYED, k = delayed ? recipe.scale_exp[i] : FP8_SCALE_CURRENT;
     size_t n = (size_t)rows * cols;
-    if (!words) CUDA_CHECK(cudaMalloc(&words, 6 * sizeof(unsigned)));
-    unsigned *amax = words + i;
-    float *inv = (float *)(words + 3 + i);
+    if (!words) CUDA_CHECK(cudaMalloc(&words, 6 * WORD * sizeof(unsigned)));
+    unsigned *amax = words + WORD * i;
+    float *inv = (float *)(words + WORD * (3 + i));
     /* an input cast into one layout may be its group's (the kept codes are per layout) */
     int want = s_rows >= 0 ? s_rows : s_cols;
     int grouped = i == FP8_INPUT && recipe.input_group && !delayed && (s_rows < 0 || s_cols < 0);
@@ -79,7 +86,7 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
         *qt = s_cols >= 0 ? codes[want] : NULL;
         return inv;
     }
-    if (i == FP8_INPUT) kept[X_CODES].group = kept[XT_CODES].group = 0; /* words[3] changes below */
+    if (i == FP8_INPUT) kept[X_CODES].group = kept[XT_CODES].group = 0; /* its inverse scale changes below */
     CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof *amax, 0));
     unsigned grid = blocks_for(n, THREADS) < 1024 ? blocks_for(n, THREADS) : 1024;
     amax_bf16_k<<<grid, THREADS>>>(amax, (const uint16_t *)x, n);

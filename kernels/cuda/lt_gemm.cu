@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda.h"
 
 #define PLANS 256
+#define ALGOS 8
 #define WORKSPACE_BYTES ((size_t)32 << 20)
 
 struct plan_key {
@@ -23,7 +24,8 @@ struct plan {
     struct plan_key key;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo[ALGOS]; /* the heuristic's candidates, best first */
+    int nalgo, cur;                   /* how many; the one in use */
 };
 
 static cublasLtHandle_t lt;
@@ -83,16 +85,18 @@ static int make_plan(struct plan *p, const struct plan_key *k) {
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof dummy));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof dummy));
     }
-    cublasLtMatmulHeuristicResult_t result;
+    cublasLtMatmulHeuristicResult_t result[ALGOS];
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &result, &found);
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, ALGOS, result, &found);
     if (st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(st); /* NOT_SUPPORTED: no algorithm, like found = 0 */
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || !found) {
         drop_plan(p);
         return -1;
     }
-    p->algo = result.algo;
+    for (int i = 0; i < found; i++) p->algo[i] = result[i].algo;
+    p->nalgo = found, p->cur = 0;
     return 0;
 }
 
@@ -130,7 +134,23 @@ int lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDa
                                                     sizeof a_scale));
     }
     float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo, workspace,
-                                WORKSPACE_BYTES, 0));
-    return 0;
+    /* An algorithm the heuristic offered can still be refused at the call (seen on an H200 with
+     * cuBLASLt 13.1 for FP8, 2026-11-26): take the next candidate; none left is -1, nothing written. */
+    for (;;) {
+        cublasStatus_t st = cublasLtMatmul(lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+                                           &p->algo[p->cur], workspace, WORKSPACE_BYTES, 0);
+        if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
+            CUBLAS_CHECK(st);
+            return 0;
+        }
+        if (p->cur + 1 >= p->nalgo) {
+            static int said;
+            if (!said++)
+                fprintf(stderr, "mtrain: cuBLASLt refused all %d algorithms it offered for a %dx%dx%d matmul (types %d, %d "
+                                "-> %d); taking the slower path (CUBLASLT_LOG_LEVEL=2 says why)\n",
+                        p->nalgo, M, N, K, (int)a_type, (int)b_type, (int)c_type);
+            return -1;
+        }
+        p->cur++;
+    }
 }

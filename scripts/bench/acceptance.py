@@ -70,8 +70,7 @@ def main(paths):
     results.append(verdict("124m_bf16_vs_compile", None if s is None or c is None else c / s >= 1.0,
                            "one side not measured" if s is None or c is None else f"{c / s:.2f}x torch.compile (target 1.0x)"))
     att = [r["attention"] for r in rows if "attention" in r]
-    ours = [a for a in att if a.get("D") == 128 and a.get("impl", "").startswith("mtrain flash attention")
-            and "atomic" not in a.get("impl", "") and "fwd_bwd_ms" in a]
+    ours = [a for a in att if a.get("D") == 128 and a.get("impl") == "mtrain flash attention" and "fwd_bwd_ms" in a]
     theirs = [a for a in att if a.get("D") == 128 and a.get("backend") == "flash" and "fwd_bwd_ms" in a]
     if ours and theirs:
         ratio = theirs[0]["fwd_bwd_ms"] / ours[0]["fwd_bwd_ms"]

@@ -1,9 +1,7 @@
 /* Causal GQA attention alone on the GPU's bf16 table, forward + backward:
  * mtrain's side of scripts/bench/torch_attention.py (the same shapes and
  * FLOP count). The kernels are the flash ones where they apply;
- * MTRAIN_ATTENTION=reference times the widening reference path instead,
- * DETERMINISTIC=0 the backward that sums dQ with atomics
- * (train.deterministic false).
+ * MTRAIN_ATTENTION=reference times the widening reference path instead.
  *
  *   bench_attention B HEADS KV_HEADS SEQ HEAD_DIM [REPEATS]
  *
@@ -44,9 +42,6 @@ int main(int argc, char **argv) {
     if (!cuda_backend_available()) die("bench_attention: no CUDA device");
     be = backend_get("cuda", "bf16");
     if (!be) return 1;
-    const char *det = getenv("DETERMINISTIC");
-    int deterministic = !(det && !strcmp(det, "0"));
-    cuda_set_deterministic(deterministic);
     int B = atoi(argv[1]), H = atoi(argv[2]), KVH = atoi(argv[3]), T = atoi(argv[4]), D = atoi(argv[5]);
     int R = argc == 7 ? atoi(argv[6]) : 10;
     if (B < 1 || H < 1 || KVH < 1 || H % KVH || T < 1 || D < 1 || R < 1 || R > 1000) die("bench_attention: bad shape");
@@ -69,11 +64,11 @@ int main(int argc, char **argv) {
     }
     qsort(tf, R, sizeof *tf, cmp), qsort(tb, R, sizeof *tb, cmp), qsort(tt, R, sizeof *tt, cmp);
     const char *e = getenv("MTRAIN_ATTENTION");
+    int reference = e && !strcmp(e, "reference");
     double flops = 4.0 * B * H * (double)T * T * D / 2 * 3.5;
-    printf("{\"impl\":\"mtrain %s%s\",\"D\":%d,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"fwd_bwd_ms\":%.3f,\"tflops\":%.1f}\n",
-           e && !strcmp(e, "reference") ? "reference attention (MTRAIN_ATTENTION=reference)" : "flash attention",
-           deterministic ? "" : ", atomic dQ (train.deterministic false)", D, 1e3 * tf[R / 2], 1e3 * tb[R / 2],
-           1e3 * tt[R / 2], flops / tt[R / 2] / 1e12);
+    printf("{\"impl\":\"mtrain %s\",\"D\":%d,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"fwd_bwd_ms\":%.3f,\"tflops\":%.1f}\n",
+           reference ? "reference attention (MTRAIN_ATTENTION=reference)" : "flash attention", D, 1e3 * tf[R / 2],
+           1e3 * tb[R / 2], 1e3 * tt[R / 2], flops / tt[R / 2] / 1e12);
     be->free(q), be->free(k), be->free(v), be->free(dout), be->free(out), be->free(dq), be->free(dk), be->free(dv);
     be->free(att), free(tf), free(tb), free(tt);
     return 0;

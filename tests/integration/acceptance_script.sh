@@ -17,7 +17,7 @@ bench() { # MTRAIN_BF16_S TORCH_S COMPILE_S FP8_S MTRAIN_MEM TORCH_MEM M124_S C1
  {"shape": "124m", "run": "mtrain bf16", "r": {"step_s": $7, "flops_per_step": 1e12}},
  {"shape": "124m", "run": "PyTorch bf16 autocast, SDPA, fused AdamW, compile", "r": {"step_s": $8}},
  {"attention": {"impl": "mtrain flash attention", "D": 128, "fwd_bwd_ms": $9}},
- {"attention": {"impl": "mtrain flash attention, atomic dQ (train.deterministic false)", "D": 128, "fwd_bwd_ms": 0.001}},
+ {"attention": {"impl": "mtrain reference attention (MTRAIN_ATTENTION=reference)", "D": 128, "fwd_bwd_ms": 0.001}},
  {"attention": {"backend": "flash", "torch": "2", "D": 128, "fwd_bwd_ms": ${10}}}]}
 JSON
 }

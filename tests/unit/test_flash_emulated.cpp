@@ -207,26 +207,13 @@ static void run_case(int B, int T, int H, int KVH, const char *tag) {
         flash_dq_k<D, DV>(dq.data(), dout.data(), lse.data(), delta.data(), q.data(), k.data(), v.data(), T, H, KVH,
                           scale_log2, scale);
     });
-    launch(dim3_{(unsigned)(B * KVH), (unsigned)tiles, 1}, THREADS_FA, dkdv_smem<D, DV, false>(), [&]() {
-        flash_dkdv_k<D, DV, false>(dk.data(), dv.data(), NULL, dout.data(), lse.data(), delta.data(), q.data(),
+    launch(dim3_{(unsigned)(B * KVH), (unsigned)tiles, 1}, THREADS_FA, dkdv_smem<D, DV>(), [&]() {
+        flash_dkdv_k<D, DV>(dk.data(), dv.data(), dout.data(), lse.data(), delta.data(), q.data(),
                                    k.data(), v.data(), T, H, KVH, scale_log2, scale);
     });
     check("backward_dq", tag, dq, dq16, dq32);
     check("backward_dk", tag, dk, dk16, dk32);
     check("backward_dv", tag, dv, dv16, dv32);
-    /* train.deterministic false: dQ summed with atomics by the dK/dV kernel, then rounded */
-    std::vector<float> dq_acc(nq, 0.0f);
-    std::vector<uint16_t> dk2(nk), dv2(nv), dq2(nq);
-    launch(dim3_{(unsigned)(B * KVH), (unsigned)tiles, 1}, THREADS_FA, dkdv_smem<D, DV, true>(), [&]() {
-        flash_dkdv_k<D, DV, true>(dk2.data(), dv2.data(), dq_acc.data(), dout.data(), lse.data(), delta.data(),
-                                  q.data(), k.data(), v.data(), T, H, KVH, scale_log2, scale);
-    });
-    for (size_t i = 0; i < nq; i++) dq2[i] = bf16_bits(dq_acc[i]);
-    check("atomic_backward_dq", tag, dq2, dq16, dq32);
-    int same = dk2 == dk && dv2 == dv;
-    printf("%s flash_emulated_atomic_backward_dk_dv_same_%s", same ? "PASS" : "FAIL", tag);
-    if (!same) printf(": dK/dV differ from the deterministic kernel's"), failures++;
-    printf("\n");
     /* the state: each row's log-sum-exp, as the CUDA reference attention keeps it */
     double worst = 0;
     for (int b = 0; b < B; b++)
@@ -257,6 +244,7 @@ int main() {
     run_case<64, 64>(2, 130, 4, 1, "t130_gqa4_d64");
     run_case<128, 128>(1, 70, 4, 2, "t70_gqa2_d128");
     run_case<128, 128>(1, 64, 2, 2, "t64_mha_d128");
+    run_case<128, 128>(1, 150, 2, 1, "t150_gqa2_d128"); /* three query tiles, the last partial */
     run_case<192, 128>(1, 80, 2, 2, "t80_mla_d192_dv128"); /* DeepSeek-V3's MLA heads */
     return failures ? 1 : 0;
 }
