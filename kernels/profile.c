@@ -15,6 +15,7 @@ struct row {
     char op[28], shape[52];
     long calls;
     double seconds, flops;
+    int part; /* a part of an op's time (profile_part), not an op */
 };
 
 static const struct backend *in;
@@ -52,19 +53,12 @@ static int find(const char *op, const char *shape) {
     return -1;
 }
 
-/* waits for the op, then adds its time to its row; once the table is nearly
+/* adds dt and flops to the row (op, shape, part); once the table is nearly
  * full, new shapes share one "other" row per op (the last row, when even
  * those no longer fit) */
-static void done(double t0, const char *op, double flops, const char *fmt, ...) {
-    if (!counting) return;
-    char c;
-    in->to_host(&c, probe, 1);
-    double dt = now_seconds() - t0;
+static void add(const char *op, int part, double dt, double flops, const char *fmt, va_list ap) {
     char shape[sizeof rows[0].shape];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(shape, sizeof shape, fmt, ap);
-    va_end(ap);
     int i = find(op, shape);
     if (i < 0 && nrows >= PROFILE_ENTRIES / 2) i = find(op, strcpy(shape, "other"));
     if (i < 0 && nrows == PROFILE_ENTRIES) i = PROFILE_ENTRIES - 1;
@@ -73,10 +67,35 @@ static void done(double t0, const char *op, double flops, const char *fmt, ...) 
         memset(&rows[i], 0, sizeof rows[i]);
         snprintf(rows[i].op, sizeof rows[i].op, "%s", op);
         snprintf(rows[i].shape, sizeof rows[i].shape, "%s", shape);
+        rows[i].part = part;
     }
     rows[i].calls++;
     rows[i].seconds += dt;
     rows[i].flops += flops;
+}
+
+/* waits for the op, then adds its time to its row */
+static void done(double t0, const char *op, double flops, const char *fmt, ...) {
+    if (!counting) return;
+    char c;
+    in->to_host(&c, probe, 1);
+    double dt = now_seconds() - t0;
+    va_list ap;
+    va_start(ap, fmt);
+    add(op, 0, dt, flops, fmt, ap);
+    va_end(ap);
+}
+
+int profile_parts_active(void) { return in && counting; }
+
+void profile_part(const char *what, double flops, double seconds, const char *fmt, ...) {
+    if (!profile_parts_active()) return;
+    char op[sizeof rows[0].op];
+    snprintf(op, sizeof op, "(%s)", what);
+    va_list ap;
+    va_start(ap, fmt);
+    add(op, 1, seconds, flops, fmt, ap);
+    va_end(ap);
 }
 
 static double gemm(int N, int K, int M) { return 2.0 * N * K * M; }
@@ -218,9 +237,11 @@ const struct backend *backend_profiled(const struct backend *inner) {
     return &table;
 }
 
+/* ops first, most time first; then the parts, likewise */
 static int by_time(const void *a, const void *b) {
-    double x = ((const struct row *)a)->seconds, y = ((const struct row *)b)->seconds;
-    return (x < y) - (x > y);
+    const struct row *p = a, *q = b;
+    if (p->part != q->part) return p->part - q->part;
+    return (p->seconds < q->seconds) - (p->seconds > q->seconds);
 }
 
 /* a row's TFLOP/s, or -1 for an op without a FLOP count */
@@ -235,7 +256,8 @@ static struct row *sorted_rows(int *steps_io, double *wall, double *ops) {
     struct row *sorted = xmalloc(sizeof(struct row) * (nrows ? nrows : 1));
     memcpy(sorted, rows, sizeof(struct row) * nrows);
     qsort(sorted, nrows, sizeof *sorted, by_time);
-    for (int i = 0; i < nrows; i++) *ops += sorted[i].seconds / steps;
+    for (int i = 0; i < nrows; i++)
+        if (!sorted[i].part) *ops += sorted[i].seconds / steps;
     return sorted;
 }
 
@@ -250,8 +272,8 @@ char *profile_json(int steps) {
             ops * 1e3);
     for (int i = 0; i < nrows; i++) {
         const struct row *r = &sorted[i];
-        fprintf(f, "%s{\"op\":\"%s\",\"shape\":\"%s\",\"ms\":%.4f,\"calls\":%.2f,\"tflops\":", i ? "," : "", r->op,
-                r->shape, r->seconds / steps * 1e3, (double)r->calls / steps);
+        fprintf(f, "%s{\"op\":\"%s\",%s\"shape\":\"%s\",\"ms\":%.4f,\"calls\":%.2f,\"tflops\":", i ? "," : "",
+                r->op, r->part ? "\"part\":true," : "", r->shape, r->seconds / steps * 1e3, (double)r->calls / steps);
         if (row_tflops(r) >= 0) fprintf(f, "%.2f}", row_tflops(r));
         else fprintf(f, "null}");
     }
@@ -271,6 +293,8 @@ void profile_report(FILE *f, int steps) {
     fprintf(f, "%10s %7s %10s %9s  %-26s %s\n", "ms/step", "share", "calls/step", "TFLOP/s", "op", "shape");
     for (int i = 0; i < nrows; i++) {
         const struct row *r = &sorted[i];
+        if (r->part && (i == 0 || !sorted[i - 1].part))
+            fprintf(f, "  parts of the ops above (in parentheses; inside their rows, not added to the total):\n");
         char rate[16] = "-";
         if (row_tflops(r) >= 0) snprintf(rate, sizeof rate, "%.1f", row_tflops(r));
         fprintf(f, "%10.3f %6.1f%% %10.1f %9s  %-26s %s\n", r->seconds / steps * 1e3,

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda.h"
+#include "kernels/profile.h"
 
 #define THREADS 256
 
@@ -108,6 +109,19 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
     return inv;
 }
 
+/* MTRAIN_PROFILE: the casts and the GEMMs of an FP8 op timed as parts of its
+ * row (kernels/profile.h), the device waited for around each part */
+static double part_begin(void) {
+    if (!profile_parts_active()) return 0;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return now_seconds();
+}
+static void part_end(double t0, const char *what, double flops, int N, int K, int M) {
+    if (!t0) return;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    profile_part(what, flops, now_seconds() - t0, "%dx%dx%d", N, K, M);
+}
+
 static cudaDataType_t fp8_type(int format) { return format == FP8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
 
 /* MTRAIN_FP8_GEMM=reference turns this path off (docs/model.md); the
@@ -143,10 +157,15 @@ static int fast_accum(void) {
 int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
                      struct fp8_recipe recipe) {
     uint8_t *qx, *qw, *unused;
+    double t = part_begin();
     const float *sx = cast(FP8_INPUT, x, N, K, FP8_E4M3, X_CODES, -1, &qx, &unused, recipe);
     const float *sw = cast(FP8_WEIGHT, w, M, K, FP8_E4M3, W_CODES, -1, &qw, &unused, recipe);
-    return lt_matmul(0, 1, N, M, K, qx, CUDA_R_8F_E4M3, K, qw, CUDA_R_8F_E4M3, K, accumulate ? 1.0f : 0.0f, out,
-                     CUDA_R_16BF, M, sx, sw, fast_accum());
+    part_end(t, "fp8_forward_casts", 0, N, K, M);
+    t = part_begin();
+    int rc = lt_matmul(0, 1, N, M, K, qx, CUDA_R_8F_E4M3, K, qw, CUDA_R_8F_E4M3, K, accumulate ? 1.0f : 0.0f, out,
+                       CUDA_R_16BF, M, sx, sw, fast_accum());
+    part_end(t, "fp8_forward_gemm", 2.0 * N * K * M, N, K, M);
+    return rc;
 }
 
 /* dx [N, K] (bf16) = dout [N, M] w [M, K] (+ dx), dw [M, K] (fp32) += dout^T x;
@@ -157,19 +176,30 @@ int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, c
                       int accumulate_dx, struct fp8_recipe recipe) {
     int gf = recipe.grad_e5m2 ? FP8_E5M2 : FP8_E4M3, wrote = 0;
     uint8_t *qg, *qgt, *qwt, *qxt, *unused;
+    double t = part_begin();
     const float *sg = cast(FP8_GRAD, dout, N, M, gf, dx ? G_CODES : -1, dw ? GT_CODES : -1, &qg, &qgt, recipe);
+    part_end(t, "fp8_backward_casts", 0, N, K, M);
     if (dx) { /* dx = dout (w^T)^T: w's codes transposed, [K, M] */
+        t = part_begin();
         const float *sw = cast(FP8_WEIGHT, w, M, K, FP8_E4M3, -1, WT_CODES, &unused, &qwt, recipe);
-        if (lt_matmul(0, 1, N, K, M, qg, fp8_type(gf), M, qwt, CUDA_R_8F_E4M3, M, accumulate_dx ? 1.0f : 0.0f, dx,
-                      CUDA_R_16BF, K, sg, sw, 0))
-            return -1;
+        part_end(t, "fp8_backward_casts", 0, N, K, M);
+        t = part_begin();
+        int rc = lt_matmul(0, 1, N, K, M, qg, fp8_type(gf), M, qwt, CUDA_R_8F_E4M3, M, accumulate_dx ? 1.0f : 0.0f,
+                           dx, CUDA_R_16BF, K, sg, sw, 0);
+        part_end(t, "fp8_dgrad_gemm", 2.0 * N * K * M, N, K, M);
+        if (rc) return -1;
         wrote = 1;
     }
     if (dw) { /* dw += dout^T (x^T)^T: [M, Np] and [K, Np] codes, the contraction padded with zeros */
+        t = part_begin();
         const float *sx = cast(FP8_INPUT, x, N, K, FP8_E4M3, -1, XT_CODES, &unused, &qxt, recipe);
+        part_end(t, "fp8_backward_casts", 0, N, K, M);
         int Np = padded(N);
-        if (lt_matmul(0, 1, M, K, Np, qgt, fp8_type(gf), Np, qxt, CUDA_R_8F_E4M3, Np, 1.0f, dw, CUDA_R_32F, K, sg,
-                      sx, 0)) {
+        t = part_begin();
+        int rc = lt_matmul(0, 1, M, K, Np, qgt, fp8_type(gf), Np, qxt, CUDA_R_8F_E4M3, Np, 1.0f, dw, CUDA_R_32F, K, sg,
+                           sx, 0);
+        part_end(t, "fp8_wgrad_gemm", 2.0 * N * K * M, N, K, M);
+        if (rc) {
             if (wrote) die("cuBLASLt has no FP8 algorithm for the weight gradient %dx%dx%d", M, K, N);
             return -1;
         }

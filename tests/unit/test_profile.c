@@ -102,6 +102,35 @@ int main(void) {
                 "%d rows, %g calls of %d, add(3) %g", rows_in(rep), sum, 2 * calls, row_calls(rep, "add", "3", NULL));
     free(rep);
 
+    /* an op's parts (profile_part): listed after the ops, in parentheses, left out of their total */
+    profile_reset();
+    be->matmul_forward(a, x, w, N, K, M, 0);
+    profile_part("fp8_test_casts", 0, 0.25, "%dx%dx%d", N, K, M);
+    profile_part("fp8_test_gemm", 2e12, 0.5, "%dx%dx%d", N, K, M);
+    profile_part("fp8_test_gemm", 2e12, 0.5, "%dx%dx%d", N, K, M);
+    rep = report(1);
+    snprintf(shape, sizeof shape, "%dx%dx%d", N, K, M);
+    char part_rate[16] = "";
+    double casts = row_calls(rep, "(fp8_test_casts)", shape, NULL), gemm_calls = row_calls(rep, "(fp8_test_gemm)", shape, part_rate);
+    const char *parts_at = strstr(rep, "parts of the ops above"), *mm_at = strstr(rep, "matmul_forward");
+    double ops_ms = -1;
+    const char *its = strstr(rep, "its ops ");
+    if (its) ops_ms = atof(its + 8);
+    TEST_RESULT("profile_parts_listed_apart", casts == 1 && gemm_calls == 2 && !strcmp(part_rate, "4.0") && parts_at &&
+                                                  mm_at && mm_at < parts_at && parts_at < strstr(rep, "(fp8_test_casts)") &&
+                                                  ops_ms >= 0 && ops_ms < 250,
+                "casts %g, gemm %g calls at %s TFLOP/s, ops %g ms:\n%s", casts, gemm_calls, part_rate, ops_ms, rep);
+    free(rep);
+    char *js = profile_json(1);
+    TEST_RESULT("profile_parts_in_json", strstr(js, "\"op\":\"(fp8_test_gemm)\",\"part\":true,") &&
+                                             !strstr(js, "\"op\":\"matmul_forward\",\"part\""),
+                "%s", js);
+    free(js);
+    int on = profile_counting(0);
+    int active = profile_parts_active();
+    profile_counting(on);
+    TEST_RESULT("profile_parts_only_while_counting", !active && profile_parts_active(), "parts active while paused");
+
     free(x), free(w);
     be->free(a), cpu->free(b), cpu->free(m), cpu->free(v), cpu->free(big);
     TEST_EXIT();
