@@ -96,7 +96,8 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
     *q = s_rows >= 0 ? slot(s_rows, n) : NULL;
     *qt = s_cols >= 0 ? slot(s_cols, (size_t)cols * padded(rows)) : NULL;
     if (*q) {
-        cast_k<<<blocks_for(n, THREADS), THREADS>>>(*q, inv, (const uint16_t *)x, n, amax, format, k);
+        cast_k<<<blocks_for((n + CAST_VEC - 1) / CAST_VEC, THREADS), THREADS>>>(*q, inv, (const uint16_t *)x, n, amax,
+                                                                               format, k);
         LAUNCH_CHECK();
     }
     if (*qt) {

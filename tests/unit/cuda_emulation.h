@@ -28,10 +28,17 @@ struct dim3_ {
 static thread_local dim3_ threadIdx, blockIdx;
 static dim3_ gridDim, blockDim;
 
-/* CUDA's 16-byte vector of four floats */
+/* CUDA's 16-byte vector of four floats, and its 16- and 8-byte unsigned vectors */
 struct alignas(16) float4 {
     float x, y, z, w;
 };
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+static inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 
 #define __global__
 #define __device__

@@ -7,6 +7,8 @@
  * spanning many binades, a tensor holding an infinity (its inverse
  * scale is NaN), delayed scaling's given exponents (one that saturates the
  * largest values) and its amax record (a non-finite amax sticks as NaN). */
+#include <algorithm>
+
 #include "tests/unit/cuda_emulation.h"
 
 extern "C" {
@@ -26,8 +28,13 @@ static void result(int ok, const char *what, const char *tag, const char *why) {
     if (!ok) failures++;
 }
 
-static void run_case(int rows, int cols, int format, int with_inf, int k_shift, const char *tag) {
+/* misalign: the tensor one element and its codes one byte off their
+ * 16-byte boundaries (the kernels' scalar loops; aligned ones take eight
+ * elements a step and write transposed codes four at once, the rest scalar) */
+static void run_case(int rows, int cols, int format, int with_inf, int k_shift, const char *tag, int misalign = 0) {
     size_t n = (size_t)rows * cols;
+    std::vector<uint16_t> xs(n + 8);
+    uint16_t *xp = xs.data() + (misalign ? 1 : 0);
     std::vector<uint16_t> x(n);
     for (size_t i = 0; i < n; i++) x[i] = bf16_bits(ldexpf(rnd(), (int)(i % 23) - 11)); /* 2^-11 .. 2^11 */
     if (with_inf) x[n / 2] = 0x7f80; /* +inf */
@@ -46,16 +53,20 @@ static void run_case(int rows, int cols, int format, int with_inf, int k_shift, 
         want_t[(i % cols) * ld + i / cols] = want[i];
     }
 
+    std::copy(x.begin(), x.end(), xp);
     unsigned dev_amax = 0;
-    emu_launch(dim3_{3, 1, 1}, dim3_{64, 1, 1}, [&]() { amax_bf16_k(&dev_amax, x.data(), n); });
+    emu_launch(dim3_{3, 1, 1}, dim3_{64, 1, 1}, [&]() { amax_bf16_k(&dev_amax, xp, n); });
     result(__uint_as_float(dev_amax) == amax || (with_inf && std::isinf(__uint_as_float(dev_amax))), "amax", tag,
            "differs from the host's");
-    std::vector<uint8_t> q(n, 0xaa), qt((size_t)cols * ld, 0xaa);
+    std::vector<uint8_t> qs(n + 16, 0xaa), qts((size_t)cols * ld + 16, 0xaa);
+    uint8_t *qp = qs.data() + (misalign ? 1 : 0), *qtp = qts.data() + (misalign ? 1 : 0);
     float inv = 0, inv_t = 0;
-    emu_launch(dim3_{2, 1, 1}, dim3_{64, 1, 1}, [&]() { cast_k(q.data(), &inv, x.data(), n, &dev_amax, format, k_fixed); });
+    emu_launch(dim3_{2, 1, 1}, dim3_{64, 1, 1}, [&]() { cast_k(qp, &inv, xp, n, &dev_amax, format, k_fixed); });
+    std::vector<uint8_t> q(qp, qp + n);
     dim3_ tiles{(unsigned)(rows + TT - 1) / TT, (unsigned)(cols + TT - 1) / TT, 1};
     emu_launch(tiles, dim3_{TT, 8, 1},
-               [&]() { cast_t_k(qt.data(), &inv_t, x.data(), rows, cols, ld, &dev_amax, format, k_fixed); });
+               [&]() { cast_t_k(qtp, &inv_t, xp, rows, cols, ld, &dev_amax, format, k_fixed); });
+    std::vector<uint8_t> qt(qtp, qtp + (size_t)cols * ld);
     result(q == want, "codes", tag, "not bitwise the host's");
     result(qt == want_t, "codes_transposed", tag, "not bitwise the host's, transposed (zero codes in the padding)");
     int inv_ok = with_inf ? std::isnan(inv) && std::isnan(inv_t) : inv == fp8_pow2(-k) && inv_t == inv;
@@ -90,6 +101,8 @@ int main() {
     run_case(33, 40, FP8_E4M3, 1, 0, "e4m3_with_inf");
     run_case(45, 70, FP8_E4M3, 0, 3, "e4m3_delayed_saturating");
     run_case(64, 32, FP8_E5M2, 0, -2, "e5m2_delayed_headroom");
+    run_case(45, 70, FP8_E4M3, 0, 0, "e4m3_45x70_unaligned", 1);
+    run_case(33, 40, FP8_E5M2, 1, 0, "e5m2_with_inf_unaligned", 1);
     record_case();
     return failures ? 1 : 0;
 }
