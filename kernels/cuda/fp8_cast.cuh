@@ -61,7 +61,8 @@ __device__ inline float cast_scale(const unsigned *amax, int format, int k_fixed
 
 /* the codes of two packed bf16 values, scaled by s, in the low two bytes */
 __device__ inline unsigned codes2(unsigned w, float s, int format) {
-    return fp8_bits(widen1((uint16_t)(w & 0xffffu)) * s, format) | (unsigned)fp8_bits(widen1((uint16_t)(w >> 16)) * s, format) << 8;
+    unsigned lo = fp8_bits(widen1((uint16_t)(w & 0xffffu)) * s, format);
+    return lo | (unsigned)fp8_bits(widen1((uint16_t)(w >> 16)) * s, format) << 8;
 }
 
 /* codes of x [rows, cols] scaled by 2^k (k from *amax, or k_fixed), row-major;

@@ -146,8 +146,9 @@ int lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDa
         if (p->cur + 1 >= p->nalgo) {
             static int said;
             if (!said++)
-                fprintf(stderr, "mtrain: cuBLASLt refused all %d algorithms it offered for a %dx%dx%d matmul (types %d, %d "
-                                "-> %d); taking the slower path (CUBLASLT_LOG_MASK=31 logs cuBLASLt's calls)\n",
+                fprintf(stderr,
+                        "mtrain: cuBLASLt refused all %d algorithms it offered for a %dx%dx%d matmul (types %d, %d -> "
+                        "%d); taking the slower path (CUBLASLT_LOG_MASK=31 logs cuBLASLt's calls)\n",
                         p->nalgo, M, N, K, (int)a_type, (int)b_type, (int)c_type);
             return -1;
         }
