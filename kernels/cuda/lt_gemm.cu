@@ -2,9 +2,9 @@
  * workspace, and a plan per distinct call (shape, transposes, leading
  * dimensions, types, beta zero or not, operand alignment) holding the
  * descriptors and the heuristic's first ALGOS candidates (the first that a
- * call accepts is kept), made on first use and reused: a dense model has a few dozen GEMM shapes; MoE experts' token
- * counts change every step, so the table (PLANS entries) evicts round-robin
- * when full. Row-major operands map to cuBLAS's column-major the usual way:
+ * call accepts is kept), made on first use and reused: a dense model has a
+ * few dozen GEMM shapes; MoE experts' token counts change every step, so
+ * the table (PLANS entries) evicts round-robin when full. Row-major operands map to cuBLAS's column-major the usual way:
  * C^T = op(B)^T op(A)^T. */
 #include <cublasLt.h>
 #include <string.h>
