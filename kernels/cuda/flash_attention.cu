@@ -141,8 +141,8 @@ size_t most_smem() {
 
 /* MTRAIN_ATTENTION=reference turns the kernels off (docs/model.md); they
  * need tensor-core bf16 (compute capability 8.0 or newer) and the shared
- * memory their head size asks for (up to 126 KiB: an A100 or H100 has it,
- * sm_86/sm_89 cards have 99 KiB and take the reference path for D 128/192) */
+ * memory their head size asks for (up to 109 KiB at D 192: an A100 or H100
+ * has it; sm_86/sm_89 cards have 99 KiB and take the reference path there) */
 int cuda_flash_attention_usable(int D, int Dv, const void *const *ptrs, int nptrs) {
     static int enabled = -1, optin = 0;
     if (enabled < 0) {

@@ -75,7 +75,6 @@ FA_FN float quad_sum(float v) {
     return v + fa_shfl_xor(v, 2);
 }
 
-
 /* acc[16 x 8 NB] += A[16 x 16 KS] B: A rows r0.. of smem sa (ld lda), B n-major in sb (ld ldb) */
 template <int KS, int NB>
 FA_FN void mma_rows_nmajor(float (*acc)[4], const uint16_t *sa, int lda, int r0, const uint16_t *sb, int ldb,
