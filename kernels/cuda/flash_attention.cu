@@ -80,7 +80,6 @@ __device__ __forceinline__ void cp_async_wait_n() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 #define cp_async_wait(n) cp_async_wait_n<n>()
-#define fa_atomic_add(p, v) atomicAdd((p), (v))
 
 #include "kernels/cuda/flash_attention.cuh"
 

@@ -15,7 +15,6 @@
  *   cp_async16(dst, src, valid)  cp.async.cg of 16 bytes global -> shared
  *                    (zeros when !valid; src is not read then)
  *   cp_async_commit(), cp_async_wait(n)  commit_group, wait_group n
- *   fa_atomic_add(p, v)  atomicAdd on a float in global memory
  * and the CUDA names threadIdx, blockIdx, gridDim, blockDim. Tiles stream
  * into shared memory by cp.async, double-buffered: the next tile's copy
  * runs while the current one is multiplied. Fragment layouts: PTX ISA, "Matrix fragments for
@@ -25,7 +24,7 @@
 #include <stdint.h>
 
 
-constexpr int TILE = 64;   /* kv rows per forward step and per dK/dV block */
+constexpr int TILE = 64;   /* query rows per forward and dQ block; kv rows per forward step and per dK/dV block */
 constexpr int PAD = 8;     /* bf16 per smem row beyond D: rows shift by 4 banks, ldmatrix conflict-free */
 constexpr int THREADS_FA = 128; /* 4 warps */
 constexpr float LOG2E = 1.4426950408889634f;
@@ -75,18 +74,17 @@ FA_FN float quad_sum(float v) {
     return v + fa_shfl_xor(v, 2);
 }
 
-/* acc[16 x 8 NB] += A[16 x 16 KS] B: A rows r0.. of smem sa (ld lda), B n-major in sb (ld ldb) */
+/* acc[16 x 8 NB] += A[16 x 16 KS] B: A rows r0.. of smem sa, B n-major in sb (both rows ld apart) */
 template <int KS, int NB>
-FA_FN void mma_rows_nmajor(float (*acc)[4], const uint16_t *sa, int lda, int r0, const uint16_t *sb, int ldb,
-                           int lane) {
+FA_FN void mma_rows_nmajor(float (*acc)[4], const uint16_t *sa, int r0, const uint16_t *sb, int ld, int lane) {
 #pragma unroll
     for (int kk = 0; kk < KS; kk++) {
         uint32_t a[4];
-        ldsm(a, a_addr(sa, lda, r0, kk * 16, lane));
+        ldsm(a, a_addr(sa, ld, r0, kk * 16, lane));
 #pragma unroll
         for (int np = 0; np < NB / 2; np++) {
             uint32_t b[4];
-            ldsm(b, bn_addr(sb, ldb, np * 16, kk * 16, lane));
+            ldsm(b, bn_addr(sb, ld, np * 16, kk * 16, lane));
             mma(acc[2 * np], a, b[0], b[1]);
             mma(acc[2 * np + 1], a, b[2], b[3]);
         }
@@ -310,8 +308,8 @@ FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse, cons
             float s[KT / 8][4], dp[KT / 8][4];
             zero_acc<KT / 8>(s);
             zero_acc<KT / 8>(dp);
-            mma_rows_nmajor<D / 16, KT / 8>(s, Qs, LD, warp * 16, Ks, LD, lane);
-            mma_rows_nmajor<DV / 16, KT / 8>(dp, dOs, LDV, warp * 16, Vs, LDV, lane);
+            mma_rows_nmajor<D / 16, KT / 8>(s, Qs, warp * 16, Ks, LD, lane);
+            mma_rows_nmajor<DV / 16, KT / 8>(dp, dOs, warp * 16, Vs, LDV, lane);
             int edge = k0 + KT - 1 > w0 || k0 + KT > T || w0 + 15 >= T; /* a mask, the end or rows past it */
 #pragma unroll
             for (int nb = 0; nb < KT / 8; nb++)
@@ -391,8 +389,8 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const 
         float sT[BQ / 8][4], dpT[BQ / 8][4]; /* S^T and dP^T: kv rows x query columns */
         zero_acc<BQ / 8>(sT);
         zero_acc<BQ / 8>(dpT);
-        mma_rows_nmajor<D / 16, BQ / 8>(sT, Ks, LD, warp * 16, Qs, LD, lane);
-        mma_rows_nmajor<DV / 16, BQ / 8>(dpT, Vs, LDV, warp * 16, dOs, LDV, lane);
+        mma_rows_nmajor<D / 16, BQ / 8>(sT, Ks, warp * 16, Qs, LD, lane);
+        mma_rows_nmajor<DV / 16, BQ / 8>(dpT, Vs, warp * 16, dOs, LDV, lane);
 #pragma unroll
         for (int nb = 0; nb < BQ / 8; nb++)
 #pragma unroll

@@ -4,8 +4,8 @@
  * descriptors and the heuristic's first ALGOS candidates (the first that a
  * call accepts is kept), made on first use and reused: a dense model has a
  * few dozen GEMM shapes; MoE experts' token counts change every step, so
- * the table (PLANS entries) evicts round-robin when full. Row-major operands map to cuBLAS's column-major the usual way:
- * C^T = op(B)^T op(A)^T. */
+ * the table (PLANS entries) evicts round-robin when full. Row-major
+ * operands map to cuBLAS's column-major the usual way: C^T = op(B)^T op(A)^T. */
 #include <cublasLt.h>
 #include <string.h>
 

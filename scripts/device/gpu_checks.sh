@@ -21,9 +21,9 @@
 # casts and GEMMs), the end-to-end checks (gpu_pretrain.sh), then the rest
 # of the op tests, PyTorch's compiled 8B step, and last the speed targets'
 # verdicts (scripts/bench/acceptance.py). On an H200 (2026-11-26) the
-# machine started in ~30 s and quick, before the compiled step, took 281 s. What
-# the budget cut off is named (SKIP ... budget), and the log is copied to
-# OUT after every step, so a call killed at its limit still returns it.
+# machine started in ~30 s and quick, before the compiled step, took 281 s.
+# What the budget cut off is named (SKIP ... budget), and the log is copied
+# to OUT after every step, so a call killed at its limit still returns it.
 #
 # Each phase prints its checks' PASS/FAIL/SKIP lines and ends with one
 # summary line; with OUT set (the device tool's output folder) it also

@@ -266,14 +266,13 @@ if "$MTRAIN" pretrain r.yaml "${f8[@]}" --set checkpoint.dir=f_ck --set log.dir=
     if [ -n "$texts" ] && "$MTRAIN" data build --tokenizer bytes --split-lines --append-eod --quiet --out text $texts \
         >/dev/null 2>&1; then
         tiny=(--set data.path=text --set optimizer.lr=1e-3 --set checkpoint.dir= --set train.device=cuda)
-        lastval() { grep '"val_loss"' "$1" | tail -1 | grep -o '"val_loss":[^,}]*' | cut -d: -f2; }
         : >tb.val; : >tf.val; finite=0
         for seed in 1234 2 3; do
             "$MTRAIN" pretrain "$ROOT/recipes/tiny-llama3.yaml" "${tiny[@]}" --set train.seed=$seed \
                 --set log.dir=tb$seed --set train.precision=bf16 >/dev/null 2>&1
             "$MTRAIN" pretrain "$ROOT/recipes/tiny-llama3.yaml" "${tiny[@]}" --set train.seed=$seed \
                 --set log.dir=tf$seed --set train.precision=fp8 >"$TMP/out" 2>&1
-            lastval tb$seed/metrics.jsonl >>tb.val; lastval tf$seed/metrics.jsonl >>tf.val
+            val tb$seed/metrics.jsonl | tail -1 >>tb.val; val tf$seed/metrics.jsonl | tail -1 >>tf.val
             [ "$(losses tf$seed/metrics.jsonl | awk '$1 == $1 + 0 && $1 < 100' | wc -l)" = 300 ] && finite=$((finite + 1))
         done
         b=$(awk '{s += $1; n++} END {if (n == 3) printf "%.6f", s / n}' tb.val)

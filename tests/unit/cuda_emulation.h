@@ -91,12 +91,6 @@ static inline unsigned atomicMax(unsigned *p, unsigned v) {
     if (v > old) *p = v;
     return old;
 }
-static inline float atomicAdd(float *p, float v) {
-    std::lock_guard<std::mutex> hold(emu_atomic_lock);
-    float old = *p;
-    *p = old + v;
-    return old;
-}
 
 /* runs body() as every thread of every block of grid (blocks of block.x x
  * block.y threads, a multiple of 32), blocks in order; per-thread state a

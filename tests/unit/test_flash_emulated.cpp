@@ -36,7 +36,6 @@ extern "C" {
 #define FA_CONST constexpr
 #define fa_sync() __syncthreads()
 #define fa_shfl_xor(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
-#define fa_atomic_add(p, v) atomicAdd((p), (v))
 
 static uint16_t *block_smem;
 static const uint16_t *xp[EMU_MAX_WARPS][32];
@@ -208,8 +207,8 @@ static void run_case(int B, int T, int H, int KVH, const char *tag) {
                           scale_log2, scale);
     });
     launch(dim3_{(unsigned)(B * KVH), (unsigned)tiles, 1}, THREADS_FA, dkdv_smem<D, DV>(), [&]() {
-        flash_dkdv_k<D, DV>(dk.data(), dv.data(), dout.data(), lse.data(), delta.data(), q.data(),
-                                   k.data(), v.data(), T, H, KVH, scale_log2, scale);
+        flash_dkdv_k<D, DV>(dk.data(), dv.data(), dout.data(), lse.data(), delta.data(), q.data(), k.data(), v.data(), T,
+                            H, KVH, scale_log2, scale);
     });
     check("backward_dq", tag, dq, dq16, dq32);
     check("backward_dk", tag, dk, dk16, dk32);
