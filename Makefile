@@ -1,5 +1,7 @@
 # mtrain: one plain Makefile. CPU backend always; the CUDA backend (kernels/cuda)
 # when nvcc is found (CUDA=0 to skip it).
+# (the first rule below is a helper library's: name the default goal)
+.DEFAULT_GOAL := all
 CC       ?= gcc
 CXX      ?= g++
 # The OpenMP build of OpenBLAS shares our OpenMP thread pool; the pthread

@@ -1,6 +1,6 @@
 /* mtrain env: what this build and this process see, for cluster bring-up and
  * bug reports: the build (CUDA backend or not, CUDA, cuBLASLt), the CPU's
- * BLAS, the MPI library, NCCL (loadable, its version and file), then one
+ * BLAS, the MPI library, NCCL and cuDNN (loadable, version and file), then one
  * line per rank: its host, node-local rank and the GPU it would drive
  * (local rank modulo the GPUs it sees, as mtrain pretrain chooses), with a
  * note when ranks of a node share a GPU (NCCL refuses that). Run it as the
@@ -17,6 +17,9 @@
 #include "parallel/comm.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/grid.h"
+#ifdef MTRAIN_CUDA
+#include "kernels/cuda/cudnn_attention.h"
+#endif
 
 #define LINE 512
 
@@ -76,6 +79,11 @@ int cmd_env(int argc, char **argv) {
                blas.config, blas.note[0] ? "; " : "", blas.note);
         printf("mpi:    %s; %d rank%s\n", mpi, g.world_size, g.world_size == 1 ? "" : "s");
         printf("nccl:   %s\n", nccl);
+#ifdef MTRAIN_CUDA
+        char cudnn[LINE];
+        cudnn_describe(cudnn, sizeof cudnn);
+        printf("cudnn:  %s (fused attention; MTRAIN_ATTENTION, docs/model.md)\n", cudnn);
+#endif
     }
     /* each rank's line, gathered on rank 0 in rank order */
     char mine[LINE], line[LINE];

@@ -357,7 +357,7 @@ static void setup(struct run *run) {
         cuda_use_device(run->grid.local_rank);
         grid_stage_device(&run->grid, run->be); /* the pipeline's sends, and every group under MPI */
     }
-    if (cuda) cuda_set_tf32(r->train.tf32);
+    if (cuda) cuda_set_tf32(r->train.tf32), cuda_set_deterministic(r->train.deterministic);
     choose_comm(run);
     /* ranks sharing a node share its cores: without a setting, split them */
     int threads = r->train.threads;

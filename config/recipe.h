@@ -87,7 +87,7 @@ struct train_config {
     int fp8_skip_layers;              /* blocks at each end kept bf16 under fp8 */
     double peak_tflops;             /* per device, for MFU */
     int tf32;                       /* bool: CUDA matmuls on TF32 tensor cores */
-    int deterministic;              /* bool: accepted, no effect (every CUDA kernel repeats bitwise) */
+    int deterministic;              /* bool: CUDA attention backward repeats bitwise (cuDNN's deterministic algorithm) */
     int threads;                    /* 0: OMP default */
     char recompute[RECIPE_STR_MAX]; /* none | selective | full: activations recomputed in backward */
     double hang_timeout_s;          /* watchdog: a step or collective longer than this ends the job; 0 = automatic */

@@ -104,7 +104,7 @@ const struct recipe_key recipe_keys[] = {
     NONNEG(train, fp8_skip_layers, "1", "fp8: this many blocks at each end of the stack (and the embedding, head, routers and MTP modules always) stay bf16"),
     BOOL(train, tf32, "false", "CUDA: TF32 tensor cores for fp32 matmuls (faster; ~1e-3 relative rounding)"),
     BOOL(train, deterministic, "true",
-         "CUDA runs repeat bitwise either way; kept so recipes that set it still load (false once chose an atomic-dQ attention backward, dropped: no faster on an H200)"),
+         "CUDA: runs repeat bitwise; false lets cuDNN's attention backward add dQ by atomics (faster, not bitwise repeatable; docs/model.md)"),
     DBL(train, peak_tflops, "0", 0, INF, 0, "peak TFLOP/s per device for MFU; 0 = the GPU's datasheet peak if known, else no MFU"),
     INT(train, threads, "0", 0, 4096, "CPU threads; 0 = OpenMP default"),
     ENUM(train, recompute, "none", "none|selective|full", "activation recompute: none; selective (attention core and SwiGLU products recomputed in backward); full (only each layer's input kept, the layer re-run)"),

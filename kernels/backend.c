@@ -79,5 +79,7 @@ int cuda_device_describe(int dev, char *buf, int n) {
 }
 void cuda_versions(char *buf, int n) { snprintf(buf, n, "none (this build has no CUDA backend)"); }
 void cuda_set_tf32(int on) { (void)on; }
+void cuda_set_deterministic(int on) { (void)on; }
+const char *cuda_attention_last(void) { return "none"; }
 void cuda_use_device(int local_rank) { (void)local_rank; }
 #endif

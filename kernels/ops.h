@@ -256,6 +256,13 @@ int cuda_device_has_fp8(void);
 int cuda_backend_available(void);
 /* Let cuBLAS use TF32 tensor cores for fp32 matmuls (CUDA backend only). */
 void cuda_set_tf32(int on);
+/* train.deterministic: attention backwards that repeat bitwise (cuDNN's
+ * deterministic algorithm) or the faster one with atomics (CUDA only). */
+void cuda_set_deterministic(int on);
+/* What ran the last CUDA bf16 attention call: "cudnn", "cudnn-atomic"
+ * (backward, train.deterministic false), "flash", "reference" ("none"
+ * before any, or without the CUDA backend). */
+const char *cuda_attention_last(void);
 int cuda_device_count(void);
 const char *cuda_device_error(void); /* why cuda_device_count() said 0 */
 /* The PCI bus id of the current GPU ("0000:1b:00.0") into buf; 0 without one. */

@@ -147,11 +147,10 @@ static void ce_finish(float *losses, float *logits, const int32_t *targets, cons
 }
 static void scale(float *x, float s, size_t n) { cuda_bf16_scale(x, s, n); }
 
-/* Attention: the flash kernels (kernels/cuda/flash_attention.cu) where they
- * apply (head dims 64, 128 and 192/128, 16-byte aligned tensors, compute capability
- * 8.0+, not turned off), else the widening reference path. Both keep the
- * same state (each row's log-sum-exp), so the choice may differ between
- * forward and backward. */
+/* Attention: cuDNN's fused attention or the flash kernels where they apply
+ * (kernels/cuda/attention_choice.cu says which), else the widening
+ * reference path. All keep the same state (each row's log-sum-exp), so the
+ * choice may differ between forward and backward. */
 #define BF16_OWN_ATTENTION
 static void ref_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B,
                                   int T, int H, int KVH, int D, int Dv);
@@ -161,18 +160,14 @@ static void ref_attention_backward(float *dq, float *dk, float *dv, const float 
 
 static void attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
                               int H, int KVH, int D, int Dv) {
-    const void *p[] = {out, q, k, v};
-    if (cuda_flash_attention_usable(D, Dv, p, 4)) cuda_flash_attention_forward(out, att, q, k, v, B, T, H, KVH, D, Dv);
-    else ref_attention_forward(out, att, q, k, v, B, T, H, KVH, D, Dv);
+    if (!cuda_fast_attention_forward(out, att, q, k, v, B, T, H, KVH, D, Dv))
+        ref_attention_forward(out, att, q, k, v, B, T, H, KVH, D, Dv);
 }
 
 static void attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *att,
                                const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D,
                                int Dv) {
-    const void *p[] = {dq, dk, dv, dout, out, q, k, v};
-    if (out && cuda_flash_attention_usable(D, Dv, p, 8))
-        cuda_flash_attention_backward(dq, dk, dv, dout, out, att, q, k, v, B, T, H, KVH, D, Dv);
-    else
+    if (!cuda_fast_attention_backward(dq, dk, dv, dout, out, att, q, k, v, B, T, H, KVH, D, Dv))
         ref_attention_backward(dq, dk, dv, dout, out, att, q, k, v, B, T, H, KVH, D, Dv);
 }
 

@@ -116,6 +116,14 @@ void cuda_flash_attention_forward(float *out, float *lse, const float *q, const 
 void cuda_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                    const float *lse, const float *q, const float *k, const float *v, int B, int T,
                                    int H, int KVH, int D, int Dv);
+/* attention on bf16 storage by cuDNN or the flash kernels, as
+ * kernels/cuda/attention_choice.cu chooses: 1 done, 0 neither applies (the
+ * caller runs the reference path). out NULL (backward): 0. */
+int cuda_fast_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                int H, int KVH, int D, int Dv);
+int cuda_fast_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                 const float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                 int H, int KVH, int D, int Dv);
 /* FP8 GEMMs with per-tensor current or delayed scaling
  * (kernels/cuda/fp8_gemm.cu) on bf16 storage: usable for this shape?
  * (multiples of 16, not turned off) */

@@ -12,7 +12,9 @@
  * device memory in use after the steps (mtrain allocates all of it up front).
  * With MTRAIN_PROFILE=1 the timed steps run on the profiled table
  * (kernels/profile.h; slower: each op is waited for) and its table per step
- * goes to stderr. */
+ * goes to stderr. MTRAIN_ATTENTION chooses the CUDA attention (docs/model.md)
+ * and DETERMINISTIC=0 sets train.deterministic false; the JSON's
+ * "attention" names what ran the last attention backward. */
 #include <omp.h>
 #include <string.h>
 
@@ -70,7 +72,8 @@ int main(int argc, char **argv) {
     int profiling = profile_requested();
     if (profiling) be = backend_profiled(be);
     int tf32 = argc > 11 && atoi(argv[11]);
-    if (!strcmp(be->name, "cuda")) cuda_set_tf32(tf32);
+    const char *det = getenv("DETERMINISTIC");
+    if (!strcmp(be->name, "cuda")) cuda_set_tf32(tf32), cuda_set_deterministic(!det || strcmp(det, "0"));
     static struct recipe r;
     recipe_defaults(&r);
     r.model.num_layers = atoi(argv[1]);
@@ -111,9 +114,9 @@ int main(int argc, char **argv) {
     double mem = be->device_mem_mib ? be->device_mem_mib() : 0;
     printf("{\"device\":\"%s\",\"precision\":\"%s\",\"mem_mib\":%.1f,\"tf32\":%d,\"params\":%lld,\"threads\":%d,\"micro_batch\":%d,\"seq_len\":%d,\"steps\":%d,\"step_s\":%.4f,"
            "\"tokens_per_s\":%.2f,\"gflops\":%.2f,\"flops_per_step\":%.6g,\"sgemm_gflops_ffn\":%.2f,"
-           "\"sgemm_gflops_head\":%.2f,\"final_loss\":%.4f}\n",
+           "\"sgemm_gflops_head\":%.2f,\"final_loss\":%.4f,\"attention\":\"%s\"}\n",
            be->name, precision, mem, tf32, (long long)model_param_count(&r.model), omp_get_max_threads(), B, T, steps, step_s, tokens / step_s,
-           flops / step_s / 1e9, flops, g1, g2, loss);
+           flops / step_s / 1e9, flops, g1, g2, loss, cuda_attention_last());
     free(times);
     free(samples);
     trainer_free(&tr);

@@ -16,8 +16,11 @@
 # Reports step ms, tokens/s, TFLOP/s, MFU, device memory (mtrain: in use
 # after the steps, it allocates up front; PyTorch: the allocator's peak) and
 # writes build/bench/train_gpu.json. SHAPES (default "124m 8b") and RUNS
-# (default "mtrain-fp32 mtrain-tf32 mtrain-bf16 torch-bf16 torch-bf16-compile
-# attention") pick subsets, so each fits a time-limited call.
+# (default below) pick subsets, so each fits a time-limited call;
+# mtrain-bf16-variants adds mtrain bf16 with train.deterministic false and
+# with MTRAIN_ATTENTION=flash. Attention alone: mtrain's default (cuDNN
+# where it agrees with the flash kernels), cuDNN's faster backward, the
+# flash kernels and the reference path.
 # Skips (exit 0) where no GPU is visible.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,7 +28,7 @@ BUILD=${BUILD:-build/rel}
 STEPS=${STEPS:-5}
 PY=${PYTHON:-python3}
 SHAPES=${SHAPES:-124m 8b}
-RUNS=${RUNS:-mtrain-fp32 mtrain-tf32 mtrain-bf16 mtrain-fp8 mtrain-fp8-block mtrain-fp8-delayed torch-bf16 torch-bf16-compile torch-fp8 attention fp8-gemm}
+RUNS=${RUNS:-mtrain-fp32 mtrain-tf32 mtrain-bf16 mtrain-bf16-variants mtrain-fp8 mtrain-fp8-block mtrain-fp8-delayed torch-bf16 torch-bf16-compile torch-fp8 attention fp8-gemm}
 mkdir -p build/bench
 if ! "$BUILD/bench/bench_train" 1 64 4 4 128 256 1 16 1 cuda >/dev/null 2>&1; then
     echo "train_gpu: no CUDA device here; skipped"; exit 0
@@ -55,6 +58,14 @@ for shape in $SHAPES; do
         [ "$precision" = fp8-delayed ] && precision=fp8 scaling=delayed
         r=$(mtrain_run "${p#*:}" "$precision" $scaling)
         echo "{\"shape\":\"$shape\",\"run\":\"mtrain ${p%%:*}\",\"r\":${r:-null}}" >>"$out"
+        if [ "$precision" = bf16 ] && has mtrain-bf16-variants; then
+            # the same step with cuDNN's faster attention backward (train.deterministic false), and on
+            # mtrain's own flash kernels: what each attention choice costs in the whole step
+            r2=$(DETERMINISTIC=0 mtrain_run "${p#*:}" bf16)
+            echo "{\"shape\":\"$shape\",\"run\":\"mtrain bf16 (train.deterministic false)\",\"r\":${r2:-null}}" >>"$out"
+            r2=$(MTRAIN_ATTENTION=flash mtrain_run "${p#*:}" bf16)
+            echo "{\"shape\":\"$shape\",\"run\":\"mtrain bf16 (MTRAIN_ATTENTION=flash)\",\"r\":${r2:-null}}" >>"$out"
+        fi
         if [ -z "$r" ] && [ "$precision" != fp32 ]; then
             # a failing fast kernel (flash attention, FP8 GEMMs: their first GPU runs) should not cost the
             # numbers of everything else: again on the reference paths, recorded apart (no target reads it)
@@ -85,8 +96,11 @@ fi
 if has attention; then
     for d in ${ATTENTION_DIMS:-128 64}; do
         "$PY" scripts/bench/torch_attention.py 1 32 8 8192 $d 2>/dev/null | sed 's/^/{"attention":/; s/$/}/' >>"$out"
-        for mode in flash reference; do
-            MTRAIN_ATTENTION=$mode "$BUILD/bench/bench_attention" 1 32 8 8192 $d \
+        # auto: cuDNN (deterministic backward) where it agrees with the flash kernels; auto:0 its
+        # faster backward (train.deterministic false); then mtrain's own kernels
+        for mode in auto auto:0 flash reference; do
+            MTRAIN_ATTENTION=${mode%:0} DETERMINISTIC=$([ "$mode" = auto:0 ] && echo 0 || echo 1) \
+                "$BUILD/bench/bench_attention" 1 32 8 8192 $d \
                 2>/dev/null | sed 's/^/{"attention":/; s/$/}/' >>"$out" || true
         done
     done

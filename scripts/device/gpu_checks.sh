@@ -14,12 +14,14 @@
 # quick: a session lent a GPU gets 15 minutes of device time in all, the
 # machine's start included, so one call of about 9 minutes is what there is.
 # It runs, most important first, each under what is left of BUDGET: the
-# CUDA op tests with flash attention and FP8 GEMMs (test_cuda_bf16), the
-# attention benchmark at head dim 128, the 8B-shaped stack (mtrain bf16 and
-# fp8, PyTorch bf16 eager), the 124M (mtrain bf16, PyTorch compile), the
-# 8B step op by op (MTRAIN_PROFILE, bf16 and fp8; the FP8 rows split into
-# casts and GEMMs), the end-to-end checks (gpu_pretrain.sh), then the rest
-# of the op tests, PyTorch's compiled 8B step, and last the speed targets'
+# CUDA op tests with the default attention and FP8 GEMMs (test_cuda_bf16),
+# again with cuDNN's attention unchecked, the attention benchmark at head
+# dim 128, the 8B-shaped stack (mtrain bf16 and fp8, PyTorch bf16 eager,
+# mtrain bf16 with the other attention choices), the 124M (mtrain bf16,
+# PyTorch compile), the 8B step op by op (MTRAIN_PROFILE, bf16 and fp8; the
+# FP8 rows split into casts and GEMMs), the end-to-end checks
+# (gpu_pretrain.sh), then the rest of the op tests, PyTorch's compiled 8B
+# step, and last the speed targets'
 # verdicts (scripts/bench/acceptance.py). On an H200 (2026-11-26) the
 # machine started in ~30 s and quick, before the compiled step, took 281 s.
 # What the budget cut off is named (SKIP ... budget), and the log is copied
@@ -27,16 +29,19 @@
 #
 # Each phase prints its checks' PASS/FAIL/SKIP lines and ends with one
 # summary line; with OUT set (the device tool's output folder) it also
-# copies the logs and benchmark JSON there. NCCL is loaded at run time:
-# PyTorch's wheel ships one (nvidia/nccl/lib), added to LD_LIBRARY_PATH here
-# when python3 can find it.
+# copies the logs and benchmark JSON there. NCCL and cuDNN are loaded at run
+# time: PyTorch's wheels ship them (nvidia/nccl/lib, nvidia/cudnn/lib), added
+# to LD_LIBRARY_PATH here when python3 can find them.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 phase=${1:-tests}
 OUT=${OUT:-}
 log=$(mktemp)
-nccl=$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0] + "/lib")' 2>/dev/null)
-[ -n "$nccl" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nccl
+# NCCL and cuDNN are loaded at run time: PyTorch's wheels ship both
+for lib in nccl cudnn; do
+    dir=$(python3 -c "import nvidia.$lib as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null)
+    [ -n "$dir" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir
+done
 run() { # NAME CMD...: its output into the log and on the screen
     echo "== $1" | tee -a "$log"
     shift
@@ -76,8 +81,11 @@ case $phase in
         nvidia-smi -L 2>&1 | tee -a "$log"
         run env ./mtrain env # CUDA driver/runtime, cuBLASLt, NCCL versions and the GPU as mtrain sees them
         within test_cuda_bf16 build/rel/tests/test_cuda_bf16
+        # cuDNN's fused attention unchecked (the default checks it against the flash kernels at first use)
+        within test_cuda_bf16_cudnn env MTRAIN_ATTENTION=cudnn build/rel/tests/test_cuda_bf16
         within attention env SHAPES= RUNS=attention ATTENTION_DIMS=128 bash scripts/bench/train_gpu.sh
-        within bench8b env SHAPES=8b RUNS="mtrain-bf16 torch-bf16 mtrain-fp8" STEPS=4 bash scripts/bench/train_gpu.sh
+        within bench8b env SHAPES=8b RUNS="mtrain-bf16 torch-bf16 mtrain-bf16-variants mtrain-fp8" STEPS=4 \
+            bash scripts/bench/train_gpu.sh
         within bench124m env SHAPES=124m RUNS="mtrain-bf16 torch-bf16-compile" STEPS=5 bash scripts/bench/train_gpu.sh
         # where the 8B step's time goes, op by op (kernels/profile.h), for the next round of speed work
         # (again on the reference attention and FP8 GEMM paths if a fast kernel fails on its first run)
@@ -99,6 +107,8 @@ case $phase in
         nvidia-smi -L 2>&1 | tee -a "$log"
         run test_cuda_ops build/rel/tests/test_cuda_ops
         run test_cuda_bf16 build/rel/tests/test_cuda_bf16
+        run test_cuda_bf16_cudnn env MTRAIN_ATTENTION=cudnn build/rel/tests/test_cuda_bf16
+        run test_cuda_bf16_flash env MTRAIN_ATTENTION=flash build/rel/tests/test_cuda_bf16
         # the same with the fast kernels off: a failure in both points at the reference path or the test,
         # in the first only at flash attention / the FP8 tensor-core GEMMs
         run test_cuda_bf16_reference env MTRAIN_ATTENTION=reference MTRAIN_FP8_GEMM=reference \

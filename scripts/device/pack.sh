@@ -38,5 +38,6 @@ tar -C "$stage" -czf build/device.tar.gz mtrain build
 echo "wrote build/device.tar.gz ($(du -h build/device.tar.gz | cut -f1)); on the device:"
 echo "  python3 -c \"import tarfile; tarfile.open('build/device.tar.gz').extractall('.')\""
 echo "  export LD_LIBRARY_PATH=\$PWD/build/devlib PATH=\$PWD/build/devbin:\$PATH"
-echo "  # NCCL (parallel.comm) is loaded at run time; PyTorch's wheel has one:"
-echo "  export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0] + \"/lib\")' 2>/dev/null)"
+echo "  # NCCL (parallel.comm) and cuDNN (attention) are loaded at run time; PyTorch's wheels have them"
+echo "  # (scripts/device/gpu_checks.sh adds them itself):"
+echo "  for l in nccl cudnn; do export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:\$(python3 -c \"import nvidia.\$l as m; print(list(m.__path__)[0] + '/lib')\" 2>/dev/null); done"
