@@ -91,6 +91,13 @@ static void *try_alloc(size_t bytes) {
     return p;
 }
 
+/* cuDNN's tensors are declared 16-byte aligned */
+static int aligned16(const void *const *p, int n) {
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)p[i] & 15) return 0;
+    return 1;
+}
+
 static void say(const sdpa_shape *s, int backward, const char *what) {
     fprintf(stderr, "mtrain: cuDNN attention %s (B %d T %d heads %d/%d D %d/%d) %s\n",
             backward ? "backward" : "forward", s->B, s->T, s->H, s->KVH, s->D, s->Dv, what);
@@ -160,7 +167,7 @@ int cuda_fast_attention_forward(float *out, float *lse, const float *q, const fl
     int flash = m != REFERENCE && cuda_flash_attention_usable(D, Dv, p, 4);
     sdpa_shape s = {B, T, H, KVH, D, Dv, 0};
     int *seen = m == AUTO && flash ? verdict(&s, 0) : NULL;
-    if ((m == CUDNN || (seen && *seen >= 0)) && cudnn_attention_forward(out, lse, q, k, v, &s) == 0) {
+    if ((m == CUDNN || (seen && *seen >= 0)) && aligned16(p, 4) && cudnn_attention_forward(out, lse, q, k, v, &s) == 0) {
         last = "cudnn";
         if (seen && !*seen) *seen = check_forward(out, lse, q, k, v, &s) ? 1 : -1;
         if (seen && *seen < 0) last = "flash";
@@ -182,7 +189,7 @@ int cuda_fast_attention_backward(float *dq, float *dk, float *dv, const float *d
     int flash = m != REFERENCE && cuda_flash_attention_usable(D, Dv, p, 8);
     sdpa_shape s = {B, T, H, KVH, D, Dv, deterministic};
     int *seen = m == AUTO && flash ? verdict(&s, 1) : NULL;
-    if ((m == CUDNN || (seen && *seen >= 0)) &&
+    if ((m == CUDNN || (seen && *seen >= 0)) && aligned16(p, 8) &&
         cudnn_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, &s) == 0) {
         last = deterministic ? "cudnn" : "cudnn-atomic";
         if (seen && !*seen) *seen = check_backward(dq, dk, dv, dout, out, lse, q, k, v, &s) ? 1 : -1;

@@ -22,7 +22,7 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cudnn_attention.h"
 
-#if __has_include(<cudnn_graph.h>)
+#if __has_include(<cudnn_graph.h>) && !defined(MTRAIN_NO_CUDNN) /* MTRAIN_NO_CUDNN: build as without it */
 #include <cudnn_graph.h>
 #define HAVE_CUDNN 1
 #else
@@ -56,6 +56,7 @@ struct {
     decltype(&cudnnGetErrorString) error_string;
     decltype(&cudnnGetLastErrorString) last_error;
     decltype(&cudnnCreate) create;
+    decltype(&cudnnDestroy) destroy_handle;
     decltype(&cudnnSetStream) set_stream;
     decltype(&cudnnBackendCreateDescriptor) make;
     decltype(&cudnnBackendDestroyDescriptor) destroy;
@@ -81,6 +82,7 @@ int load(void) {
         {(void **)&dnn.error_string, "cudnnGetErrorString"},
         {(void **)&dnn.last_error, "cudnnGetLastErrorString"},
         {(void **)&dnn.create, "cudnnCreate"},
+        {(void **)&dnn.destroy_handle, "cudnnDestroy"},
         {(void **)&dnn.set_stream, "cudnnSetStream"},
         {(void **)&dnn.make, "cudnnBackendCreateDescriptor"},
         {(void **)&dnn.destroy, "cudnnBackendDestroyDescriptor"},
@@ -251,13 +253,16 @@ void reduction(graph *g, cudnnReduceTensorOp_t mode, Desc x, Desc y) {
     add_op(g, op, "reduction operation");
 }
 
-/* mtrain's [B,T,heads,d] memory as [B,heads,T,d]; transposed: [B,heads,d,T] */
-dims4 bshd(const sdpa_shape *s, int heads, int d, int transposed = 0) {
-    int64_t B = s->B, T = s->T;
-    dims4 r = {{B, heads, T, d}, {T * heads * d, d, (int64_t)heads * d, 1}};
+/* mtrain's [B,T,heads,d] memory (the query heads, or kv: the kv heads) as
+ * [B,heads,T,d]; transposed: [B,heads,d,T]. A head range of wider tensors
+ * keeps their strides. */
+dims4 bshd(const sdpa_shape *s, int kv, int d, int transposed = 0) {
+    int64_t B = s->B, T = s->T, heads = kv ? s->KVH : s->H;
+    int64_t mem = kv ? (s->KVHm ? s->KVHm : s->KVH) : (s->Hm ? s->Hm : s->H);
+    dims4 r = {{B, heads, T, d}, {T * mem * d, d, mem * d, 1}};
     if (transposed) {
         r.d[2] = d, r.d[3] = T;
-        r.s[2] = 1, r.s[3] = (int64_t)heads * d;
+        r.s[2] = 1, r.s[3] = mem * d;
     }
     return r;
 }
@@ -284,10 +289,10 @@ Desc causal_mask(graph *g, const sdpa_shape *s, Desc x) {
 
 /* out = softmax(masked scores) v; stats = each row's log-sum-exp */
 void forward_graph(graph *g, const sdpa_shape *s) {
-    Desc q = tensor(g, UID_Q, CUDNN_DATA_BFLOAT16, bshd(s, s->H, s->D));
-    Desc k_t = tensor(g, UID_K, CUDNN_DATA_BFLOAT16, bshd(s, s->KVH, s->D, 1));
-    Desc v = tensor(g, UID_V, CUDNN_DATA_BFLOAT16, bshd(s, s->KVH, s->Dv));
-    Desc o = tensor(g, UID_O, CUDNN_DATA_BFLOAT16, bshd(s, s->H, s->Dv));
+    Desc q = tensor(g, UID_Q, CUDNN_DATA_BFLOAT16, bshd(s, 0, s->D));
+    Desc k_t = tensor(g, UID_K, CUDNN_DATA_BFLOAT16, bshd(s, 1, s->D, 1));
+    Desc v = tensor(g, UID_V, CUDNN_DATA_BFLOAT16, bshd(s, 1, s->Dv));
+    Desc o = tensor(g, UID_O, CUDNN_DATA_BFLOAT16, bshd(s, 0, s->Dv));
     Desc stats = tensor(g, UID_STATS, CUDNN_DATA_FLOAT, packed(s, s->T, 1));
     Desc scale = tensor(g, UID_SCALE, CUDNN_DATA_FLOAT, scalar(), 1);
     dims4 tt = packed(s, s->T, s->T), t1 = packed(s, s->T, 1);
@@ -335,11 +340,11 @@ void matmul_to_kv_heads(graph *g, const sdpa_shape *s, Desc a, Desc b, Desc out,
  * dQ straight from its matmul (cuDNN then orders the sum over kv tiles);
  * else into an fp32 accumulator by atomics, rounded to bf16 after. */
 void backward_graph(graph *g, const sdpa_shape *s) {
-    Desc q = tensor(g, UID_Q, CUDNN_DATA_BFLOAT16, bshd(s, s->H, s->D));
-    Desc k_t = tensor(g, UID_K, CUDNN_DATA_BFLOAT16, bshd(s, s->KVH, s->D, 1));
-    Desc v_t = tensor(g, UID_V, CUDNN_DATA_BFLOAT16, bshd(s, s->KVH, s->Dv, 1));
-    Desc o = tensor(g, UID_O, CUDNN_DATA_BFLOAT16, bshd(s, s->H, s->Dv));
-    Desc d_o = tensor(g, UID_DO, CUDNN_DATA_BFLOAT16, bshd(s, s->H, s->Dv));
+    Desc q = tensor(g, UID_Q, CUDNN_DATA_BFLOAT16, bshd(s, 0, s->D));
+    Desc k_t = tensor(g, UID_K, CUDNN_DATA_BFLOAT16, bshd(s, 1, s->D, 1));
+    Desc v_t = tensor(g, UID_V, CUDNN_DATA_BFLOAT16, bshd(s, 1, s->Dv, 1));
+    Desc o = tensor(g, UID_O, CUDNN_DATA_BFLOAT16, bshd(s, 0, s->Dv));
+    Desc d_o = tensor(g, UID_DO, CUDNN_DATA_BFLOAT16, bshd(s, 0, s->Dv));
     Desc stats = tensor(g, UID_STATS, CUDNN_DATA_FLOAT, packed(s, s->T, 1));
     Desc scale = tensor(g, UID_SCALE, CUDNN_DATA_FLOAT, scalar(), 1);
     Desc one = tensor(g, UID_ONE, CUDNN_DATA_FLOAT, scalar(), 1);
@@ -359,7 +364,7 @@ void backward_graph(graph *g, const sdpa_shape *s) {
     pointwise(g, CUDNN_POINTWISE_SUB, scaled, stats, NULL, shifted);
     pointwise(g, CUDNN_POINTWISE_EXP, causal_mask(g, s, shifted), NULL, NULL, p);
     /* dV = P^T dO */
-    Desc dv = tensor(g, UID_DV, CUDNN_DATA_BFLOAT16, bshd(s, s->KVH, s->Dv));
+    Desc dv = tensor(g, UID_DV, CUDNN_DATA_BFLOAT16, bshd(s, 1, s->Dv));
     matmul_to_kv_heads(g, s, reshape(g, p, CUDNN_DATA_BFLOAT16, tt_t), d_o, dv, s->Dv);
     /* dS = P * (dO V^T - dot) * scale */
     Desc dp = tensor(g, 0, CUDNN_DATA_FLOAT, tt), diff = tensor(g, 0, CUDNN_DATA_FLOAT, tt);
@@ -369,11 +374,11 @@ void backward_graph(graph *g, const sdpa_shape *s) {
     pointwise(g, CUDNN_POINTWISE_MUL, diff, p, NULL, ds_raw);
     pointwise(g, CUDNN_POINTWISE_MUL, ds_raw, scale, NULL, ds);
     /* dK = dS^T Q */
-    Desc dk = tensor(g, UID_DK, CUDNN_DATA_BFLOAT16, bshd(s, s->KVH, s->D));
+    Desc dk = tensor(g, UID_DK, CUDNN_DATA_BFLOAT16, bshd(s, 1, s->D));
     matmul_to_kv_heads(g, s, reshape(g, ds, CUDNN_DATA_BFLOAT16, tt_t), q, dk, s->D);
     /* dQ = dS K */
-    Desc k = reshape(g, k_t, CUDNN_DATA_FLOAT, bshd(s, s->KVH, s->D));
-    Desc dq = tensor(g, UID_DQ, CUDNN_DATA_BFLOAT16, bshd(s, s->H, s->D));
+    Desc k = reshape(g, k_t, CUDNN_DATA_FLOAT, bshd(s, 1, s->D));
+    Desc dq = tensor(g, UID_DQ, CUDNN_DATA_BFLOAT16, bshd(s, 0, s->D));
     if (s->deterministic) {
         matmul(g, ds, k, dq);
     } else {
@@ -431,6 +436,7 @@ Desc plan_for(graph *g, Desc og, cudnnHandle_t handle, Desc devprop, int *reache
         fail(g, st, "engine heuristics results");
         return NULL;
     }
+    if (n > MAX_CONFIGS) n = MAX_CONFIGS; /* n counts all it has; it wrote the first MAX_CONFIGS */
     if (n == 0) {
         fail(g, CUDNN_STATUS_NOT_SUPPORTED, "no cuDNN engine for this attention graph");
         return NULL;
@@ -495,17 +501,35 @@ cudnnHandle_t handle;
 
 int same_shape(const sdpa_shape *a, const sdpa_shape *b, int backward) {
     return a->B == b->B && a->T == b->T && a->H == b->H && a->KVH == b->KVH && a->D == b->D && a->Dv == b->Dv &&
-           (!backward || a->deterministic == b->deterministic);
+           a->Hm == b->Hm && a->KVHm == b->KVHm && (!backward || a->deterministic == b->deterministic);
 }
 
 /* what the cuDNN version in use cannot run (the frontend's own limits) */
 const char *unsupported(const sdpa_shape *s, int backward) {
     size_t v = dnn.get_version();
-    if (v >= 91000 && v < 91002) return "cuDNN 9.10.0 and 9.10.1 have known attention bugs";
+    /* the graphs are cuDNN 9.10.2 .. 9.24's: before, the mask fill was
+     * -FLT_MAX and 9.10.0/9.10.1 have known attention bugs; from 9.25 the
+     * deterministic backward is another algorithm, chosen differently */
+    if (v < 91002) return "cuDNN before 9.10.2 (its attention graphs differ or have known bugs)";
+    if (backward && s->deterministic && v >= 92500)
+        return "the deterministic backward of cuDNN 9.25 or newer is not set up here";
     if (s->H % s->KVH || s->D % 8 || s->Dv % 8 || s->D > 256 || s->Dv > 256) return "head shape";
     /* before 9.16 the backward needs extra padding-mask operations when T is not a multiple of 128 */
     if (backward && v <= 91500 && s->T % 128) return "T not a multiple of 128 (cuDNN before 9.16)";
     return NULL;
+}
+
+size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* The backward's workspace: rowsum(dO * O) [B,H,T] fp32, the fp32 dQ
+ * accumulator [B,H,T,D] (not deterministic), then cuDNN's own; the
+ * forward's is cuDNN's alone. */
+size_t dot_bytes(const sdpa_shape *s) { return round256((size_t)s->B * s->H * s->T * sizeof(float)); }
+size_t accumulator_bytes(const sdpa_shape *s) {
+    return s->deterministic ? 0 : round256((size_t)s->B * s->H * s->T * s->D * sizeof(float));
+}
+size_t workspace_bytes(const sdpa_shape *s, int backward, int64_t plan_workspace) {
+    return (backward ? dot_bytes(s) + accumulator_bytes(s) : 0) + (size_t)plan_workspace;
 }
 
 /* the plan for s, built on first use; NULL (said once per shape) if none */
@@ -523,7 +547,11 @@ plan_entry *plan_get(const sdpa_shape *s, int backward) {
     char why[600] = "";
     const char *no = !load() ? load_error : unsupported(s, backward);
     if (!no && !handle) {
+        quiet_leaks quiet;
         cudnnStatus_t st = dnn.create(&handle);
+        /* mtrain's kernels and cuBLAS run on the legacy default stream */
+        if (st == CUDNN_STATUS_SUCCESS && (st = dnn.set_stream(handle, 0)) != CUDNN_STATUS_SUCCESS)
+            dnn.destroy_handle(handle);
         if (st != CUDNN_STATUS_SUCCESS) {
             handle = NULL;
             snprintf(why, sizeof why, "cudnnCreate: %s", dnn.error_string(st));
@@ -541,6 +569,13 @@ plan_entry *plan_get(const sdpa_shape *s, int backward) {
         if (e->plan && dnn.get(e->plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &count,
                                &e->workspace) != CUDNN_STATUS_SUCCESS)
             fail(g, CUDNN_STATUS_BAD_PARAM, "plan workspace size"), e->plan = NULL;
+        size_t need = e->plan ? workspace_bytes(s, backward, e->workspace) : 0, free_bytes = 0, total = 0;
+        if (e->plan && cudaMemGetInfo(&free_bytes, &total) == cudaSuccess && need > free_bytes / 10 * 9) {
+            snprintf(g->why, sizeof g->why, "its workspace (%.2f GB) does not fit in the GPU's free memory (%.2f GB)",
+                     need / 1e9, free_bytes / 1e9);
+            e->plan = NULL;
+        }
+        cudaGetLastError();
         if (e->plan) {
             e->g = g;
             return e;
@@ -582,8 +617,6 @@ int execute(plan_entry *e, const int64_t *uids, void *const *ptrs, int n, void *
     return -1;
 }
 
-size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
-
 } // namespace
 
 extern "C" void cudnn_describe(char *buf, size_t n) {
@@ -601,29 +634,64 @@ extern "C" int cudnn_attention_forward(void *out, float *lse, const void *q, con
                                        const struct sdpa_shape *s) {
     plan_entry *e = plan_get(s, 0);
     if (!e) return -1;
-    float scale = 1.0f / sqrtf((float)s->D), neg_inf = -INFINITY;
+    alignas(16) float scale = 1.0f / sqrtf((float)s->D);
+    alignas(16) float neg_inf = -INFINITY;
     int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF};
     void *ptrs[] = {(void *)q, (void *)k, (void *)v, out, lse, &scale, &neg_inf};
     void *ws = e->workspace ? cuda_scratch(SCRATCH_WORK, (size_t)e->workspace) : NULL;
     return execute(e, uids, ptrs, 7, ws);
 }
 
+/* cuDNN's deterministic backward keeps dS for the whole call, 2 B H T^T
+ * bytes (4.3 GB at B 1, 32 heads, T 8192): over a budget, 1/64 of the GPU's
+ * memory and at least 512 MiB, it runs on groups of kv heads (each with its
+ * query heads), one call each. Returns the groups. */
+int head_groups(const sdpa_shape *s) {
+    if (!s->deterministic) return 1;
+    size_t free_bytes = 0, total = 0;
+    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) cudaGetLastError(), total = 0;
+    double budget = total / 64 > (512u << 20) ? total / 64 : (512u << 20);
+    int c = 1;
+    while (c < s->KVH && (s->KVH % c || 2.0 * s->B * (s->H / c) * (double)s->T * s->T > budget)) c++;
+    return c;
+}
+
 extern "C" int cudnn_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *out,
                                         const float *lse, const void *q, const void *k, const void *v,
                                         const struct sdpa_shape *s) {
-    plan_entry *e = plan_get(s, 1);
+    int groups = head_groups(s);
+    sdpa_shape g = *s;
+    g.H = s->H / groups, g.KVH = s->KVH / groups;
+    if (groups > 1) g.Hm = s->H, g.KVHm = s->KVH;
+    plan_entry *e = plan_get(&g, 1);
     if (!e) return -1;
-    /* workspace: rowsum(dO * O), the fp32 dQ accumulator (not deterministic), then cuDNN's own */
-    size_t rows = (size_t)s->B * s->H * s->T, dot_bytes = round256(rows * sizeof(float));
-    size_t acc_bytes = s->deterministic ? 0 : round256(rows * s->D * sizeof(float));
-    char *ws = (char *)cuda_scratch(SCRATCH_WORK, dot_bytes + acc_bytes + (size_t)e->workspace);
-    if (acc_bytes) CUDA_CHECK(cudaMemsetAsync(ws + dot_bytes, 0, acc_bytes, 0));
-    float scale = 1.0f / sqrtf((float)s->D), neg_inf = -INFINITY, one = 1.0f;
-    int64_t uids[] = {UID_Q,     UID_K,       UID_V,   UID_O,   UID_DO,  UID_STATS, UID_DQ,
-                      UID_DK,    UID_DV,      UID_DOT, UID_SCALE, UID_NEG_INF, UID_ONE, UID_DQ_ACCUM};
-    void *ptrs[] = {(void *)q, (void *)k, (void *)v, (void *)out, (void *)dout, (void *)lse, dq,
-                    dk,        dv,        ws,        &scale,     &neg_inf,     &one,         ws + dot_bytes};
-    return execute(e, uids, ptrs, acc_bytes ? 14 : 13, ws + dot_bytes + acc_bytes);
+    /* a group's lse rows are strided when B > 1; cuDNN before 9.26 wants them packed: a copy */
+    size_t dot = dot_bytes(&g), acc = accumulator_bytes(&g), lse_row = (size_t)g.H * s->T * sizeof(float);
+    size_t lse_copy = groups > 1 && s->B > 1 ? round256(s->B * lse_row) : 0;
+    char *ws = (char *)cuda_scratch(SCRATCH_WORK, workspace_bytes(&g, 1, e->workspace) + lse_copy);
+    char *lse_packed = ws + workspace_bytes(&g, 1, e->workspace);
+    alignas(16) float scale = 1.0f / sqrtf((float)s->D);
+    alignas(16) float neg_inf = -INFINITY;
+    alignas(16) float one = 1.0f;
+    for (int i = 0; i < groups; i++) {
+        size_t h0 = (size_t)i * g.H, k0 = (size_t)i * g.KVH; /* first query / kv head; bf16: 2 bytes */
+        const float *stats = lse + h0 * s->T;
+        if (lse_copy) {
+            CUDA_CHECK(cudaMemcpy2DAsync(lse_packed, lse_row, stats, (size_t)s->H * s->T * sizeof(float), lse_row,
+                                         s->B, cudaMemcpyDeviceToDevice, 0));
+            stats = (const float *)lse_packed;
+        }
+        if (acc) CUDA_CHECK(cudaMemsetAsync(ws + dot, 0, acc, 0)); /* cuDNN 9.6 on zeroes it too; before, not */
+        int64_t uids[] = {UID_Q,  UID_K,  UID_V,   UID_O,     UID_DO,      UID_STATS, UID_DQ,
+                          UID_DK, UID_DV, UID_DOT, UID_SCALE, UID_NEG_INF, UID_ONE,   UID_DQ_ACCUM};
+        void *ptrs[] = {(char *)q + 2 * h0 * s->D,     (char *)k + 2 * k0 * s->D,    (char *)v + 2 * k0 * s->Dv,
+                        (char *)out + 2 * h0 * s->Dv,  (char *)dout + 2 * h0 * s->Dv, (void *)stats,
+                        (char *)dq + 2 * h0 * s->D,    (char *)dk + 2 * k0 * s->D,    (char *)dv + 2 * k0 * s->Dv,
+                        ws,                            &scale,                        &neg_inf,
+                        &one,                          ws + dot};
+        if (execute(e, uids, ptrs, acc ? 14 : 13, ws + dot + acc)) return -1;
+    }
+    return 0;
 }
 
 extern "C" int cudnn_attention_check(const char *device_json, const struct sdpa_shape *s, int backward, char *msg,
@@ -662,35 +730,6 @@ extern "C" int cudnn_attention_backward(void *, void *, void *, const void *, co
 }
 
 extern "C" void cudnn_describe(char *buf, size_t n) { snprintf(buf, n, "not built in (no cudnn_graph.h)"); }
-extern "C" int cudnn_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v,
-                                       const struct sdpa_shape *s) {
-    plan_entry *e = plan_get(s, 0);
-    if (!e) return -1;
-    float scale = 1.0f / sqrtf((float)s->D), neg_inf = -INFINITY;
-    int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF};
-    void *ptrs[] = {(void *)q, (void *)k, (void *)v, out, lse, &scale, &neg_inf};
-    void *ws = e->workspace ? cuda_scratch(SCRATCH_WORK, (size_t)e->workspace) : NULL;
-    return execute(e, uids, ptrs, 7, ws);
-}
-
-extern "C" int cudnn_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *out,
-                                        const float *lse, const void *q, const void *k, const void *v,
-                                        const struct sdpa_shape *s) {
-    plan_entry *e = plan_get(s, 1);
-    if (!e) return -1;
-    /* workspace: rowsum(dO * O), the fp32 dQ accumulator (not deterministic), then cuDNN's own */
-    size_t rows = (size_t)s->B * s->H * s->T, dot_bytes = round256(rows * sizeof(float));
-    size_t acc_bytes = s->deterministic ? 0 : round256(rows * s->D * sizeof(float));
-    char *ws = (char *)cuda_scratch(SCRATCH_WORK, dot_bytes + acc_bytes + (size_t)e->workspace);
-    if (acc_bytes) CUDA_CHECK(cudaMemsetAsync(ws + dot_bytes, 0, acc_bytes, 0));
-    float scale = 1.0f / sqrtf((float)s->D), neg_inf = -INFINITY, one = 1.0f;
-    int64_t uids[] = {UID_Q,     UID_K,       UID_V,   UID_O,   UID_DO,  UID_STATS, UID_DQ,
-                      UID_DK,    UID_DV,      UID_DOT, UID_SCALE, UID_NEG_INF, UID_ONE, UID_DQ_ACCUM};
-    void *ptrs[] = {(void *)q, (void *)k, (void *)v, (void *)out, (void *)dout, (void *)lse, dq,
-                    dk,        dv,        ws,        &scale,     &neg_inf,     &one,         ws + dot_bytes};
-    return execute(e, uids, ptrs, acc_bytes ? 14 : 13, ws + dot_bytes + acc_bytes);
-}
-
 extern "C" int cudnn_attention_check(const char *, const struct sdpa_shape *, int, char *msg, size_t n) {
     snprintf(msg, n, "not built in (no cudnn_graph.h)");
     return -1;

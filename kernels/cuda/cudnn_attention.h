@@ -14,11 +14,13 @@ extern "C" {
 #endif
 
 /* One attention shape: batch, sequence, query heads, kv heads, head dims,
- * and for the backward whether dQ must repeat bitwise (cuDNN's
- * deterministic backward). */
+ * for the backward whether dQ must repeat bitwise (cuDNN's deterministic
+ * backward), and the heads of the tensors in memory (0: H, KVH) when the
+ * call covers a head range of wider tensors (pointers at its first head). */
 struct sdpa_shape {
     int B, T, H, KVH, D, Dv;
     int deterministic;
+    int Hm, KVHm;
 };
 
 /* Run on the current CUDA device: 0 done, -1 not done (no libcudnn, or no

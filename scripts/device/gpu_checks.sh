@@ -37,10 +37,15 @@ cd "$(dirname "$0")/../.."
 phase=${1:-tests}
 OUT=${OUT:-}
 log=$(mktemp)
-# NCCL and cuDNN are loaded at run time: PyTorch's wheels ship both
-for lib in nccl cudnn; do
-    dir=$(python3 -c "import nvidia.$lib as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null)
-    [ -n "$dir" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir
+# NCCL and cuDNN are loaded at run time: PyTorch's wheels ship both (and
+# NVRTC, which some cuDNN engines compile with), appended after the system's
+for dir in $(python3 -c "
+import glob, os, nvidia
+for p in nvidia.__path__:
+    for d in sorted(glob.glob(os.path.join(p, '*', 'lib'))):
+        if glob.glob(d + '/libnccl.so*') or glob.glob(d + '/libcudnn.so*') or glob.glob(d + '/libnvrtc.so*'):
+            print(d)" 2>/dev/null); do
+    export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir
 done
 run() { # NAME CMD...: its output into the log and on the screen
     echo "== $1" | tee -a "$log"
@@ -75,11 +80,27 @@ within() { # NAME CMD...: run under what is left of BUDGET, or skip it
     save
     return $rc
 }
+# cuDNN's attention on a small shape first, with cuDNN's own error log: if it
+# crashes, every later step runs on mtrain's flash kernels
+# (MTRAIN_ATTENTION=flash) so one bad call does not cost the session's
+# numbers; if it ran something else (no plan: said above), that is a FAIL too
+cudnn_smoke() {
+    if ! within cudnn_smoke env MTRAIN_ATTENTION=cudnn CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr \
+        build/rel/bench/bench_attention 1 8 2 1024 128 2; then
+        echo "FAIL cudnn_smoke: cuDNN attention crashed; the rest runs with MTRAIN_ATTENTION=flash" | tee -a "$log"
+        export MTRAIN_ATTENTION=flash
+    elif grep -q '"impl":"mtrain cudnn attention"' "$log"; then
+        echo "PASS cudnn_smoke" | tee -a "$log"
+    else
+        echo "FAIL cudnn_smoke: cuDNN did not run the attention (its reason is above)" | tee -a "$log"
+    fi
+}
 case $phase in
     quick)
         rm -f build/bench/train_gpu_*.json # a warm machine keeps the last call's
         nvidia-smi -L 2>&1 | tee -a "$log"
-        run env ./mtrain env # CUDA driver/runtime, cuBLASLt, NCCL versions and the GPU as mtrain sees them
+        run env ./mtrain env # CUDA driver/runtime, cuBLASLt, NCCL, cuDNN versions and the GPU as mtrain sees them
+        cudnn_smoke
         within test_cuda_bf16 build/rel/tests/test_cuda_bf16
         # cuDNN's fused attention unchecked (the default checks it against the flash kernels at first use)
         within test_cuda_bf16_cudnn env MTRAIN_ATTENTION=cudnn build/rel/tests/test_cuda_bf16
@@ -105,6 +126,7 @@ case $phase in
         ;;
     tests)
         nvidia-smi -L 2>&1 | tee -a "$log"
+        cudnn_smoke
         run test_cuda_ops build/rel/tests/test_cuda_ops
         run test_cuda_bf16 build/rel/tests/test_cuda_bf16
         run test_cuda_bf16_cudnn env MTRAIN_ATTENTION=cudnn build/rel/tests/test_cuda_bf16

@@ -1,0 +1,164 @@
+/* Softmax cross-entropy kernels of kernels/cuda/cross_entropy.cu: one block
+ * per row of logits, templated on the logits' storage T (float, or bf16_t
+ * for the bf16 table: kernels/cuda/storage.cuh) and the block size. Plain
+ * CUDA, kept in a header so that tests/unit/test_ce_emulated.cpp runs them
+ * on the CPU (under tests/unit/cuda_emulation.h) against a double-precision
+ * loop.
+ *
+ * A row is read in 16-byte vectors where it is 16-byte aligned (eight bf16
+ * or four fp32 values a load; the scalar loop takes the rest, and unaligned
+ * rows): one 2-byte load per thread and step kept too few bytes in flight
+ * to reach the memory's rate (the 8B-shaped stack's 8192 x 128256 bf16
+ * logits took 6.3 ms in three such passes on an H200, 2026-11-26). The
+ * whole-vocabulary kernel takes the row's max and sum of exponentials in one
+ * pass (each thread a running max and a sum rescaled when the max grows,
+ * combined over the block), then writes the gradient in a second. Each
+ * exponential is a float expf of a difference <= 0, summed in double. */
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/cuda/block_reduce.cuh"
+#include "kernels/cuda/storage.cuh"
+
+/* the values of one 16-byte vector of T, widened */
+__device__ inline int unpack16(const uint4 &v, const float *, float *x) {
+    x[0] = __uint_as_float(v.x), x[1] = __uint_as_float(v.y), x[2] = __uint_as_float(v.z), x[3] = __uint_as_float(v.w);
+    return 4;
+}
+__device__ inline int unpack16(const uint4 &v, const bf16_t *, float *x) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+    for (int j = 0; j < 4; j++) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    return 8;
+}
+/* g[0..n) stored as one 16-byte vector of T */
+__device__ inline uint4 pack16(const float *g, float *) {
+    return uint4{__float_as_uint(g[0]), __float_as_uint(g[1]), __float_as_uint(g[2]), __float_as_uint(g[3])};
+}
+__device__ inline uint4 pack16(const float *g, bf16_t *) {
+    unsigned w[4];
+    for (int j = 0; j < 4; j++) w[j] = (unsigned)bits_rne(g[2 * j]) | (unsigned)bits_rne(g[2 * j + 1]) << 16;
+    return uint4{w[0], w[1], w[2], w[3]};
+}
+
+/* the 16-byte vectors of a row of V values of T: 0 where it is not aligned */
+template <typename T>
+__device__ inline int row_vectors(const T *row, int V) {
+    return ((uintptr_t)row & 15) ? 0 : V / (int)(16 / sizeof(T));
+}
+
+/* Calls f(i, x) for every value x = row[i] this thread takes: its vectors
+ * first, then its share of the scalar tail. */
+template <typename T, typename F>
+__device__ inline void each_value(const T *row, int V, F f) {
+    int nv = row_vectors(row, V), per = 16 / (int)sizeof(T);
+    float x[8];
+    for (int j = threadIdx.x; j < nv; j += blockDim.x) {
+        uint4 v = reinterpret_cast<const uint4 *>(row)[j];
+        int n = unpack16(v, row, x);
+        for (int e = 0; e < n; e++) f(j * per + e, x[e]);
+    }
+    for (int i = nv * per + threadIdx.x; i < V; i += blockDim.x) f(i, ld(row, i));
+}
+
+template <typename T>
+__device__ float row_max(const T *row, int V, float *fbuf) {
+    float m = -INFINITY;
+    each_value(row, V, [&](int, float x) { m = fmaxf(m, x); });
+    return block_max(m, fbuf);
+}
+
+template <typename T>
+__device__ double row_sumexp(const T *row, int V, float maxv, double *dbuf) {
+    double s = 0;
+    each_value(row, V, [&](int, float x) { s += (double)expf(x - maxv); });
+    return block_sum(s, dbuf);
+}
+
+/* The row's max (*maxv) and log of the sum of exp(x - max) in one pass.
+ * Each thread's running sum is of exp(x - its running max), rescaled when
+ * that grows; -inf adds nothing, NaN makes the sum NaN (as the two-pass
+ * form does). */
+template <typename T>
+__device__ double row_logsumexp(const T *row, int V, float *fbuf, double *dbuf) {
+    float m = -INFINITY;
+    double s = 0;
+    each_value(row, V, [&](int, float x) {
+        if (x > m) {
+            s = (m == -INFINITY ? 0.0 : s * (double)expf(m - x)) + 1.0;
+            m = x;
+        } else if (x != -INFINITY) {
+            s += (double)expf(x - m);
+        }
+    });
+    float maxv = block_max(m, fbuf);
+    double sum = block_sum(m == -INFINITY ? 0.0 : s * (double)expf(m - maxv), dbuf);
+    return log(sum) + maxv;
+}
+
+/* row <- dscale * (softmax - onehot(t)), or zeros if ignored */
+template <typename T>
+__device__ void write_grad(T *row, int V, double logz, int t, int ignore, float dscale) {
+    int nv = row_vectors(row, V), per = 16 / (int)sizeof(T);
+    float lz = (float)logz, x[8], g[8];
+    for (int j = threadIdx.x; j < nv; j += blockDim.x) {
+        uint4 *p = reinterpret_cast<uint4 *>(row) + j;
+        int n = unpack16(*p, row, x);
+        for (int e = 0; e < n; e++) {
+            g[e] = ignore ? 0.0f : expf(x[e] - lz) * dscale;
+            if (!ignore && j * per + e == t) g[e] -= dscale;
+        }
+        *p = pack16(g, row);
+    }
+    for (int i = nv * per + threadIdx.x; i < V; i += blockDim.x) {
+        float gi = ignore ? 0.0f : expf(ld(row, i) - lz) * dscale;
+        if (!ignore && i == t) gi -= dscale;
+        st(row, i, gi);
+    }
+}
+
+/* the whole vocabulary: losses[n], and the gradient in place (dscale != 0) */
+template <typename T, int THREADS_T>
+__global__ void cross_entropy_k(float *losses, T *logits, const int32_t *targets, int V, float dscale) {
+    __shared__ float fbuf[THREADS_T];
+    __shared__ double dbuf[THREADS_T];
+    T *row = logits + (size_t)blockIdx.x * V;
+    int tgt = targets[blockIdx.x];
+    double logz = row_logsumexp(row, V, fbuf, dbuf);
+    if (threadIdx.x == 0) losses[blockIdx.x] = tgt < 0 ? 0.0f : (float)(logz - ld(row, tgt));
+    __syncthreads(); /* the target logit is read before the row is overwritten */
+    if (dscale != 0.0f) write_grad(row, V, logz, tgt, tgt < 0, dscale);
+}
+
+/* vocabulary-parallel: this rank's slice's max, then (after the caller's
+ * all-reduce) its sum of exponentials and target logit, then the losses
+ * and gradient from the reduced statistics */
+template <typename T, int THREADS_T>
+__global__ void ce_row_max_k(float *rowmax, const T *logits, int V) {
+    __shared__ float fbuf[THREADS_T];
+    float m = row_max(logits + (size_t)blockIdx.x * V, V, fbuf);
+    if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
+}
+
+template <typename T, int THREADS_T>
+__global__ void ce_row_sumexp_k(float *sumexp, float *target_logit, const T *logits, const int32_t *targets,
+                                const float *rowmax, int V, int vstart) {
+    __shared__ double dbuf[THREADS_T];
+    const T *row = logits + (size_t)blockIdx.x * V;
+    double s = row_sumexp(row, V, rowmax[blockIdx.x], dbuf);
+    if (threadIdx.x == 0) {
+        sumexp[blockIdx.x] = (float)s;
+        int t = targets[blockIdx.x] - vstart;
+        target_logit[blockIdx.x] = (t >= 0 && t < V) ? ld(row, t) : 0.0f;
+    }
+}
+
+template <typename T>
+__global__ void ce_finish_k(float *losses, T *logits, const int32_t *targets, const float *rowmax,
+                            const float *sumexp, const float *target_logit, int V, int vstart, float dscale) {
+    int n = blockIdx.x;
+    double logz = log((double)sumexp[n]) + rowmax[n];
+    int ignore = targets[n] < 0;
+    if (threadIdx.x == 0) losses[n] = ignore ? 0.0f : (float)(logz - target_logit[n]);
+    if (dscale != 0.0f) write_grad(logits + (size_t)n * V, V, logz, targets[n] - vstart, ignore, dscale);
+}
