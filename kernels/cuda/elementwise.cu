@@ -3,6 +3,7 @@
  * same GPU repeats bitwise. */
 #include <math.h>
 
+#include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/storage.cuh"
@@ -211,31 +212,14 @@ static double reduce(const float *x, size_t n, int square) {
 double cuda_sum(const float *x, size_t n) { return reduce(x, n, 0); }
 double cuda_sum_squares(const float *x, size_t n) { return reduce(x, n, 1); }
 
-/* torch.optim.AdamW, as kernels/cpu/elementwise.c. */
-__global__ void adamw_k(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
-                        float beta2, float eps, float decay, float step_size, float bc2_sqrt, float grad_scale,
-                        uint16_t *work) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = grad[i] * grad_scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        float p = param[i] * decay - step_size * mi / denom;
-        param[i] = p;
-        if (work) work[i] = bits_rne(p);
-    }
-}
-
+/* torch.optim.AdamW, as kernels/cpu/elementwise.c (the kernel: kernels/cuda/adamw.cuh) */
 void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                 float eps, float weight_decay, float grad_scale, int step, uint16_t *work) {
     if (!n) return;
     double bc1 = 1.0 - pow(beta1, step);
-    float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, step));
-    float step_size = (float)(lr / bc1), decay = 1.0f - lr * weight_decay;
-    adamw_k<<<blocks_for(n, THREADS), THREADS>>>(param, grad, m, v, n, lr, beta1, beta2, eps, decay, step_size,
-                                                 bc2_sqrt, grad_scale, work);
+    adamw_step a = {beta1, beta2, eps, 1.0f - lr * weight_decay, (float)(lr / bc1), (float)sqrt(1.0 - pow(beta2, step)),
+                    grad_scale};
+    adamw_k<<<blocks_for((n + 3) / 4, THREADS), THREADS>>>(param, grad, m, v, n, a, work);
     LAUNCH_CHECK();
 }
 
