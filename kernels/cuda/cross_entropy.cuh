@@ -21,26 +21,6 @@
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/storage.cuh"
 
-/* the values of one 16-byte vector of T, widened */
-__device__ inline int unpack16(const uint4 &v, const float *, float *x) {
-    x[0] = __uint_as_float(v.x), x[1] = __uint_as_float(v.y), x[2] = __uint_as_float(v.z), x[3] = __uint_as_float(v.w);
-    return 4;
-}
-__device__ inline int unpack16(const uint4 &v, const bf16_t *, float *x) {
-    const unsigned w[4] = {v.x, v.y, v.z, v.w};
-    for (int j = 0; j < 4; j++) x[2 * j] = __uint_as_float(w[j] << 16), x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    return 8;
-}
-/* g[0..n) stored as one 16-byte vector of T */
-__device__ inline uint4 pack16(const float *g, float *) {
-    return uint4{__float_as_uint(g[0]), __float_as_uint(g[1]), __float_as_uint(g[2]), __float_as_uint(g[3])};
-}
-__device__ inline uint4 pack16(const float *g, bf16_t *) {
-    unsigned w[4];
-    for (int j = 0; j < 4; j++) w[j] = (unsigned)bits_rne(g[2 * j]) | (unsigned)bits_rne(g[2 * j + 1]) << 16;
-    return uint4{w[0], w[1], w[2], w[3]};
-}
-
 /* the 16-byte vectors of a row of V values of T: 0 where it is not aligned */
 template <typename T>
 __device__ inline int row_vectors(const T *row, int V) {

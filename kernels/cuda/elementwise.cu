@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/storage.cuh"
 
@@ -132,43 +133,12 @@ void cuda_bf16_embedding_backward(float *dtable, const int32_t *tokens, const fl
     embedding_backward_t(dtable, tokens, (const bf16_t *)dout, N, C, vstart, V);
 }
 
-/* SwiGLU and the vector helpers are templated on the activations' storage
- * T (float, or bf16_t for the bf16 table: kernels/cuda/storage.cuh); the
- * arithmetic is fp32. */
-#define GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-
-template <typename T>
-__global__ void swiglu_forward_k(T *out, const T *gate, const T *up, size_t n) {
-    GRID_STRIDE(i, n) {
-        float g = ld(gate, i);
-        st(out, i, g / (1.0f + expf(-g)) * ld(up, i));
-    }
-}
-
-template <typename T>
-__global__ void swiglu_backward_k(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n) {
-    GRID_STRIDE(i, n) {
-        float g = ld(gate, i), sig = 1.0f / (1.0f + expf(-g)), d = ld(dout, i);
-        float u = ld(up, i);
-        st(dup, i, d * (g * sig));
-        st(dgate, i, d * u * sig * (1.0f + g * (1.0f - sig)));
-    }
-}
-
-template <typename T>
-__global__ void add_k(T *dst, const T *src, size_t n) {
-    GRID_STRIDE(i, n) st(dst, i, ld(dst, i) + ld(src, i));
-}
-
-template <typename T>
-__global__ void scale_k(T *x, float s, size_t n) {
-    GRID_STRIDE(i, n) st(x, i, ld(x, i) * s);
-}
-
+/* SwiGLU, add and scale (kernels/cuda/elementwise.cuh): a thread per 4
+ * elements, one fp32 vector (bf16's vectors hold 8: half the threads idle) */
 #define LAUNCH_N(kernel, n, ...)                                                   \
     do {                                                                           \
         if (!(n)) return;                                                          \
-        kernel<<<blocks_for((n), THREADS), THREADS>>>(__VA_ARGS__);                \
+        kernel<<<blocks_for(((n) + 3) / 4, THREADS), THREADS>>>(__VA_ARGS__);      \
         LAUNCH_CHECK();                                                            \
     } while (0)
 
