@@ -1,51 +1,22 @@
-/* RMSNorm (one block per row) and rotary embedding. */
+/* RMSNorm (one block per row; the row kernels: kernels/cuda/norm.cuh) and
+ * rotary embedding. */
 #include <math.h>
 
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/norm.cuh"
 #include "kernels/cuda/storage.cuh"
 
 #define THREADS 256
 
-/* The kernels are templated on the storage T of activations (float, or
- * bf16_t for the bf16 table: kernels/cuda/storage.cuh); weights, rstd and
- * all arithmetic are fp32. */
-template <typename T>
-__global__ void rmsnorm_forward_k(T *out, float *rstd, const T *x, const float *w, int C, float eps) {
-    __shared__ double buf[THREADS];
-    size_t base = (size_t)blockIdx.x * C;
-    double ss = 0;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) ss += (double)ld(x, base + c) * ld(x, base + c);
-    ss = block_sum(ss, buf);
-    float r = (float)(1.0 / sqrt(ss / C + eps));
-    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) st(out, base + c, w[c] * (ld(x, base + c) * r));
-}
-
 template <typename T>
 static void rmsnorm_forward_t(T *out, float *rstd, const T *x, const float *w, int N, int C, float eps) {
     if (!N) return;
-    rmsnorm_forward_k<T><<<N, THREADS>>>(out, rstd, x, w, C, eps);
+    rmsnorm_forward_k<T, THREADS><<<N, THREADS>>>(out, rstd, x, w, C, eps);
     LAUNCH_CHECK();
 }
 
 void cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps) {
     rmsnorm_forward_t(out, rstd, x, w, N, C, eps);
-}
-
-template <typename T>
-__global__ void rmsnorm_dx_k(T *dx, const T *dout, const T *x, const float *w, const float *rstd, int C,
-                             int accumulate) {
-    __shared__ double buf[THREADS];
-    size_t base = (size_t)blockIdx.x * C;
-    float r = rstd[blockIdx.x];
-    double dot = 0;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dot += (double)w[c] * ld(dout, base + c) * ld(x, base + c);
-    dot = block_sum(dot, buf);
-    float k = (float)(dot * r * r * r / C);
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float g = r * w[c] * ld(dout, base + c) - k * ld(x, base + c);
-        st(dx, base + c, accumulate ? ld(dx, base + c) + g : g);
-    }
 }
 
 /* dw: rows split into fixed chunks (partials in double), then the chunks
@@ -74,7 +45,7 @@ template <typename T>
 static void rmsnorm_backward_t(T *dx, float *dw, const T *dout, const T *x, const float *w, const float *rstd, int N,
                                int C, int accumulate) {
     if (!N) return;
-    rmsnorm_dx_k<T><<<N, THREADS>>>(dx, dout, x, w, rstd, C, accumulate);
+    rmsnorm_dx_k<T, THREADS><<<N, THREADS>>>(dx, dout, x, w, rstd, C, accumulate);
     LAUNCH_CHECK();
     double *part = (double *)cuda_scratch(SCRATCH_WORK, sizeof(double) * DW_CHUNKS * C);
     rmsnorm_dw_part_k<T><<<dim3((C + 127) / 128, DW_CHUNKS), 128>>>(part, dout, x, rstd, N, C);
