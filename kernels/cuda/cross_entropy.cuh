@@ -55,24 +55,25 @@ __device__ double row_sumexp(const T *row, int V, float maxv, double *dbuf) {
     return block_sum(s, dbuf);
 }
 
-/* The row's max (*maxv) and log of the sum of exp(x - max) in one pass.
- * Each thread's running sum is of exp(x - its running max), rescaled when
- * that grows; -inf adds nothing, NaN makes the sum NaN (as the two-pass
- * form does). */
+/* log of the sum of exp(x) over the row, in one pass. Each thread's
+ * running sum is of exp(x - its running max), rescaled (in double: a
+ * factor that multiplies the whole partial sum) when that grows; -inf adds
+ * nothing, and a NaN anywhere makes the sum NaN, as the two-pass form does
+ * (NaN times the rescale stays NaN; a thread that saw no value adds 0). */
 template <typename T>
 __device__ double row_logsumexp(const T *row, int V, float *fbuf, double *dbuf) {
     float m = -INFINITY;
     double s = 0;
     each_value(row, V, [&](int, float x) {
         if (x > m) {
-            s = (m == -INFINITY ? 0.0 : s * (double)expf(m - x)) + 1.0;
+            s = s * exp((double)m - x) + 1.0; /* exp(-inf) = 0 before the first value */
             m = x;
         } else if (x != -INFINITY) {
             s += (double)expf(x - m);
         }
     });
     float maxv = block_max(m, fbuf);
-    double sum = block_sum(m == -INFINITY ? 0.0 : s * (double)expf(m - maxv), dbuf);
+    double sum = block_sum(s == 0.0 ? 0.0 : s * exp((double)m - maxv), dbuf);
     return log(sum) + maxv;
 }
 

@@ -14,6 +14,7 @@
  * call binds the device pointers to the tensors' ids and runs the plan on
  * the default stream, with the plan's workspace from the scratch pool. */
 #include <dlfcn.h>
+#include <initializer_list>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,6 +208,18 @@ void add_op(graph *g, Desc op, const char *what) {
     g->ops[g->n_ops++] = op;
 }
 
+/* an operation of type whose attributes name[i] are the descriptors d[i] (a NULL one left unset) */
+struct link {
+    cudnnBackendAttributeName_t name;
+    Desc d;
+};
+void operation(graph *g, cudnnBackendDescriptorType_t type, std::initializer_list<link> links, const char *what) {
+    Desc op = make(g, type);
+    for (const link &l : links)
+        if (l.d) set(g, op, l.name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &l.d, what);
+    add_op(g, op, what);
+}
+
 /* y = mode(x[, b[, t]]) elementwise (b, t broadcast), computed in prec;
  * axis: the dimension GEN_INDEX counts along */
 void pointwise(graph *g, cudnnPointwiseMode_t mode, Desc x, Desc b, Desc t, Desc y,
@@ -216,13 +229,11 @@ void pointwise(graph *g, cudnnPointwiseMode_t mode, Desc x, Desc b, Desc t, Desc
     SET(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
     if (axis >= 0) SET(g, pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
     finish(g, pw, "pointwise descriptor");
-    Desc op = make(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
-    SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    if (b) SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    if (t) SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t);
-    SET(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    add_op(g, op, "pointwise operation");
+    operation(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
+              {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw}, {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x},
+               {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b}, {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t},
+               {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y}},
+              "pointwise operation");
 }
 
 /* c = a b over the last two dimensions, fp32 accumulation */
@@ -231,12 +242,10 @@ void matmul(graph *g, Desc a, Desc b, Desc c) {
     cudnnDataType_t comp = CUDNN_DATA_FLOAT;
     SET(g, mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
     finish(g, mm, "matmul descriptor");
-    Desc op = make(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
-    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
-    SET(g, op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm);
-    add_op(g, op, "matmul operation");
+    operation(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+              {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a}, {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b},
+               {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c}, {CUDNN_ATTR_OPERATION_MATMUL_DESC, mm}},
+              "matmul operation");
 }
 
 /* y = reduce(x) over the dimensions where y has extent 1, in fp32 */
@@ -246,11 +255,10 @@ void reduction(graph *g, cudnnReduceTensorOp_t mode, Desc x, Desc y) {
     SET(g, rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
     SET(g, rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
     finish(g, rd, "reduction descriptor");
-    Desc op = make(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    SET(g, op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd);
-    add_op(g, op, "reduction operation");
+    operation(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
+              {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x}, {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y},
+               {CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd}},
+              "reduction operation");
 }
 
 /* mtrain's [B,T,heads,d] memory (the query heads, or kv: the kv heads) as
@@ -316,10 +324,8 @@ void forward_graph(graph *g, const sdpa_shape *s) {
 /* a view of x with other dims/strides (a transpose), as a new intermediate */
 Desc reshape(graph *g, Desc x, cudnnDataType_t type, dims4 shape) {
     Desc y = tensor(g, 0, type, shape);
-    Desc op = make(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    SET(g, op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    SET(g, op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    add_op(g, op, "reshape operation");
+    operation(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+              {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x}, {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y}}, "reshape operation");
     return y;
 }
 

@@ -133,36 +133,38 @@ void cuda_bf16_embedding_backward(float *dtable, const int32_t *tokens, const fl
     embedding_backward_t(dtable, tokens, (const bf16_t *)dout, N, C, vstart, V);
 }
 
-/* SwiGLU, add and scale (kernels/cuda/elementwise.cuh): a thread per 4
- * elements, one fp32 vector (bf16's vectors hold 8: half the threads idle) */
-#define LAUNCH_N(kernel, n, ...)                                                   \
-    do {                                                                           \
-        if (!(n)) return;                                                          \
-        kernel<<<blocks_for(((n) + 3) / 4, THREADS), THREADS>>>(__VA_ARGS__);      \
-        LAUNCH_CHECK();                                                            \
+/* SwiGLU, add and scale (kernels/cuda/elementwise.cuh): a thread per
+ * 16-byte vector, 4 fp32 or 8 bf16 elements (per) */
+#define LAUNCH_N(kernel, per, n, ...)                                                     \
+    do {                                                                                  \
+        if (!(n)) return;                                                                 \
+        kernel<<<blocks_for(((n) + (per) - 1) / (per), THREADS), THREADS>>>(__VA_ARGS__); \
+        LAUNCH_CHECK();                                                                   \
     } while (0)
 
 void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-    LAUNCH_N(swiglu_forward_k<float>, n, out, gate, up, n);
+    LAUNCH_N(swiglu_forward_k<float>, 4, n, out, gate, up, n);
 }
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
-    LAUNCH_N(swiglu_backward_k<float>, n, dgate, dup, dout, gate, up, n);
+    LAUNCH_N(swiglu_backward_k<float>, 4, n, dgate, dup, dout, gate, up, n);
 }
-void cuda_add(float *dst, const float *src, size_t n) { LAUNCH_N(add_k<float>, n, dst, src, n); }
-void cuda_scale(float *x, float s, size_t n) { LAUNCH_N(scale_k<float>, n, x, s, n); }
+void cuda_add(float *dst, const float *src, size_t n) { LAUNCH_N(add_k<float>, 4, n, dst, src, n); }
+void cuda_scale(float *x, float s, size_t n) { LAUNCH_N(scale_k<float>, 4, n, x, s, n); }
 
 /* the bf16 table's instances */
 typedef bf16_t B16;
 void cuda_bf16_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-    LAUNCH_N(swiglu_forward_k<B16>, n, (B16 *)out, (const B16 *)gate, (const B16 *)up, n);
+    LAUNCH_N(swiglu_forward_k<B16>, 8, n, (B16 *)out, (const B16 *)gate, (const B16 *)up, n);
 }
 void cuda_bf16_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                                size_t n) {
-    LAUNCH_N(swiglu_backward_k<B16>, n, (B16 *)dgate, (B16 *)dup, (const B16 *)dout, (const B16 *)gate,
+    LAUNCH_N(swiglu_backward_k<B16>, 8, n, (B16 *)dgate, (B16 *)dup, (const B16 *)dout, (const B16 *)gate,
              (const B16 *)up, n);
 }
-void cuda_bf16_add(float *dst, const float *src, size_t n) { LAUNCH_N(add_k<B16>, n, (B16 *)dst, (const B16 *)src, n); }
-void cuda_bf16_scale(float *x, float s, size_t n) { LAUNCH_N(scale_k<B16>, n, (B16 *)x, s, n); }
+void cuda_bf16_add(float *dst, const float *src, size_t n) {
+    LAUNCH_N(add_k<B16>, 8, n, (B16 *)dst, (const B16 *)src, n);
+}
+void cuda_bf16_scale(float *x, float s, size_t n) { LAUNCH_N(scale_k<B16>, 8, n, (B16 *)x, s, n); }
 
 /* A fixed grid of partial sums in double, added on the host in order
  * (kernels/cuda/reduce.cuh): 1024 blocks of 256 threads, 16-byte loads. */

@@ -92,6 +92,12 @@ static inline unsigned atomicMax(unsigned *p, unsigned v) {
     return old;
 }
 
+/* deterministic test data: uniform in [lo, hi) from a 64-bit LCG state */
+static inline float emu_uniform(unsigned long long *state, float lo, float hi) {
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float)((*state >> 40) / (double)(1ull << 24));
+}
+
 /* runs body() as every thread of every block of grid (blocks of block.x x
  * block.y threads, a multiple of 32), blocks in order; per-thread state a
  * body keeps (e.g. cp.async queues) can be checked by block_end() */

@@ -24,8 +24,7 @@ static void run_case(size_t n, int offset, int offset_work, bool with_work, int 
         while ((uintptr_t)base & 15) base++;
         buf[b] = base + (b == 1 && offset_grad >= 0 ? offset_grad : offset);
         for (size_t i = 0; i < n; i++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            float r = (float)((s >> 40) / (double)(1ull << 24)) - 0.5f;
+            float r = emu_uniform(&s, -0.5f, 0.5f);
             buf[b][i] = b == 3 ? r * r : r; /* v >= 0 */
         }
     }
@@ -53,7 +52,7 @@ static void run_case(size_t n, int offset, int offset_work, bool with_work, int 
 int main() {
     size_t lengths[] = {1, 3, 4, 5, 8, 67, 1001};
     for (size_t n : lengths)
-        for (int offset = 0; offset < 4; offset++) run_case(n, offset, 0, offset != 1);
+        for (int offset = 0; offset < 4; offset++) run_case(n, offset, offset, offset != 1); /* all in one phase */
     run_case(1001, 0, 2, true); /* the copy only 4-byte aligned: the scalar loop */
     run_case(1001, 0, 4, true);
     run_case(1001, 0, 0, true, 1); /* the gradient alone misaligned: the scalar loop */

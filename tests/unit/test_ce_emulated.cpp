@@ -16,10 +16,7 @@ enum { THREADS_E = 64 };
 static int failures;
 static unsigned long long rng = 7;
 
-static float uniform(float lo, float hi) {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return lo + (hi - lo) * (float)((rng >> 40) / (double)(1ull << 24));
-}
+static float uniform(float lo, float hi) { return emu_uniform(&rng, lo, hi); }
 
 static void result(const char *name, bool ok, const char *fmt, double a, double b) {
     printf("%s %s", ok ? "PASS" : "FAIL", name);
@@ -118,17 +115,21 @@ static void run_case(const char *type, int V, int offset, bool vocab_parallel) {
     result(name, worst_grad <= 1.0, "error %.3g steps (limit %.3g)", worst_grad, 1.0);
 }
 
-/* a NaN logit makes that row's loss NaN, not a finite number */
-static void nan_case(void) {
+/* a NaN logit makes that row's loss NaN, not a finite number: in the middle
+ * of a thread's values, as the first value a thread sees, a whole vector */
+static void nan_case(const char *where, std::vector<int> at) {
     const int V = 40;
-    std::vector<float> row(V);
+    std::vector<unsigned char> store(4 * V + 16);
+    float *row = (float *)(((uintptr_t)store.data() + 15) & ~(uintptr_t)15);
     for (int i = 0; i < V; i++) row[i] = uniform(-2, 2);
-    row[17] = NAN;
+    for (int i : at) row[i] = NAN;
     int32_t t = 3;
     float loss = 0;
     emu_launch(dim3_{1, 1, 1}, dim3_{THREADS_E, 1, 1},
-               [&]() { cross_entropy_k<float, THREADS_E>(&loss, row.data(), &t, V, 0.0f); });
-    result("ce_emulated_nan_logit_gives_nan_loss", std::isnan(loss), "loss %g%.0g", loss, 0.0);
+               [&]() { cross_entropy_k<float, THREADS_E>(&loss, row, &t, V, 0.0f); });
+    char name[96];
+    snprintf(name, sizeof name, "ce_emulated_nan_logit_%s_gives_nan_loss", where);
+    result(name, std::isnan(loss), "loss %g%.0g", loss, 0.0);
 }
 
 int main() {
@@ -142,6 +143,8 @@ int main() {
         run_case<float>("fp32", V, 1, true);
         run_case<bf16_t>("bf16", V, 0, true);
     }
-    nan_case();
+    nan_case("mid_vector", {17});
+    nan_case("first_of_thread", {0});
+    nan_case("whole_vector", {20, 21, 22, 23});
     return failures ? 1 : 0;
 }

@@ -13,10 +13,7 @@
 static int failures;
 static unsigned long long rng = 11;
 
-static float uniform() {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng >> 40) / (double)(1ull << 24)) * 8.0f - 4.0f;
-}
+static float uniform() { return emu_uniform(&rng, -4.0f, 4.0f); }
 
 /* a buffer of n values of T at offset elements past a 16-byte boundary */
 template <typename T>

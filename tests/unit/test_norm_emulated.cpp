@@ -12,10 +12,7 @@ enum { THREADS_E = 64 };
 static int failures;
 static unsigned long long rng = 3;
 
-static float uniform(float lo, float hi) {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return lo + (hi - lo) * (float)((rng >> 40) / (double)(1ull << 24));
-}
+static float uniform(float lo, float hi) { return emu_uniform(&rng, lo, hi); }
 
 template <typename T>
 static T *aligned_at(std::vector<unsigned char> &store, size_t n, int offset) {
