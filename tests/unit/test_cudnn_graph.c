@@ -18,10 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/unit/check.h"
-
 #ifdef MTRAIN_CUDA
 #include "kernels/cuda/cudnn_attention.h"
+#include "tests/unit/check.h"
 
 static char *slurp(const char *path) {
     FILE *f = fopen(path, "rb");
