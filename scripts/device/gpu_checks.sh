@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check and GPU benchmark of the repository, in phases that each fit
 # one time-limited call on a lent GPU machine (scripts/device/pack.sh packs the
-# build; unpack it first, as pack.sh prints). Run from the repository root:
+# build; scripts/device/device_run.sh PHASE unpacks it and runs this). Run
+# from the repository root:
 #
 #   bash scripts/device/gpu_checks.sh quick     # the acceptance-critical subset, in priority order,
 #                                               # within BUDGET seconds (default 480): one call of a

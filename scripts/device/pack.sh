@@ -35,7 +35,8 @@ for f in "$stage/mtrain" "$stage"/build/rel/*/* "$stage"/build/devbin/*; do ldd 
     while read -r soname path; do cp -L "$path" "$stage/build/devlib/$soname"; done
 strip --strip-debug "$stage/mtrain" "$stage"/build/rel/*/* 2>/dev/null || true
 tar -C "$stage" -czf build/device.tar.gz mtrain build
-echo "wrote build/device.tar.gz ($(du -h build/device.tar.gz | cut -f1)); on the device:"
+echo "wrote build/device.tar.gz ($(du -h build/device.tar.gz | cut -f1)); on the device, carrying it:"
+echo "  bash scripts/device/device_run.sh quick   # unpacks, sets the paths, runs gpu_checks.sh; or by hand:"
 echo "  python3 -c \"import tarfile; tarfile.open('build/device.tar.gz').extractall('.')\""
 echo "  export LD_LIBRARY_PATH=\$PWD/build/devlib PATH=\$PWD/build/devbin:\$PATH"
 echo "  # NCCL (parallel.comm) and cuDNN (attention) are loaded at run time; PyTorch's wheels have them"
