@@ -5,11 +5,12 @@
  * on the CPU (under tests/unit/cuda_emulation.h) against a double-precision
  * loop.
  *
- * A row is read in 16-byte vectors where it is 16-byte aligned (eight bf16
- * or four fp32 values a load; the scalar loop takes the rest, and unaligned
- * rows): one 2-byte load per thread and step kept too few bytes in flight
- * to reach the memory's rate (the 8B-shaped stack's 8192 x 128256 bf16
- * logits took 6.3 ms in three such passes on an H200, 2026-11-26). The
+ * A row is read in 16-byte vectors (eight bf16 or four fp32 values a load)
+ * from its first 16-byte boundary on, the scalar loops taking the values
+ * before it and after the last whole vector: one 2-byte load per thread and
+ * step kept too few bytes in flight to reach the memory's rate (the
+ * 8B-shaped stack's 8192 x 128256 bf16 logits took 6.3 ms in three such
+ * passes on an H200, 2026-11-26). The
  * whole-vocabulary kernel takes the row's max and sum of exponentials in one
  * pass (each thread a running max and a sum rescaled when the max grows,
  * combined over the block), then writes the gradient in a second. Each
@@ -21,24 +22,33 @@
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/storage.cuh"
 
-/* the 16-byte vectors of a row of V values of T: 0 where it is not aligned */
+/* A row of V values of T as head, vectors, tail: its first head values
+ * (up to the row's first 16-byte boundary) and the rest past its nv whole
+ * vectors go scalar. */
+struct row_split {
+    int head, nv;
+};
 template <typename T>
-__device__ inline int row_vectors(const T *row, int V) {
-    return ((uintptr_t)row & 15) ? 0 : V / (int)(16 / sizeof(T));
+__device__ inline row_split split_row(const T *row, int V) {
+    int per = 16 / (int)sizeof(T), head = (int)(((16 - ((uintptr_t)row & 15)) & 15) / sizeof(T));
+    if (head > V) head = V;
+    return row_split{head, (V - head) / per};
 }
 
-/* Calls f(i, x) for every value x = row[i] this thread takes: its vectors
- * first, then its share of the scalar tail. */
+/* Calls f(i, x) for every value x = row[i] this thread takes: its vectors,
+ * then its share of the scalar head and tail. */
 template <typename T, typename F>
 __device__ inline void each_value(const T *row, int V, F f) {
-    int nv = row_vectors(row, V), per = 16 / (int)sizeof(T);
+    row_split r = split_row(row, V);
+    int per = 16 / (int)sizeof(T);
     float x[8];
-    for (int j = threadIdx.x; j < nv; j += blockDim.x) {
-        uint4 v = reinterpret_cast<const uint4 *>(row)[j];
+    for (int j = threadIdx.x; j < r.nv; j += blockDim.x) {
+        uint4 v = reinterpret_cast<const uint4 *>(row + r.head)[j];
         int n = unpack16(v, row, x);
-        for (int e = 0; e < n; e++) f(j * per + e, x[e]);
+        for (int e = 0; e < n; e++) f(r.head + j * per + e, x[e]);
     }
-    for (int i = nv * per + threadIdx.x; i < V; i += blockDim.x) f(i, ld(row, i));
+    for (int i = threadIdx.x; i < r.head; i += blockDim.x) f(i, ld(row, i));
+    for (int i = r.head + r.nv * per + threadIdx.x; i < V; i += blockDim.x) f(i, ld(row, i));
 }
 
 template <typename T>
@@ -80,22 +90,21 @@ __device__ double row_logsumexp(const T *row, int V, float *fbuf, double *dbuf) 
 /* row <- dscale * (softmax - onehot(t)), or zeros if ignored */
 template <typename T>
 __device__ void write_grad(T *row, int V, double logz, int t, int ignore, float dscale) {
-    int nv = row_vectors(row, V), per = 16 / (int)sizeof(T);
+    row_split r = split_row(row, V);
+    int per = 16 / (int)sizeof(T);
     float lz = (float)logz, x[8], g[8];
-    for (int j = threadIdx.x; j < nv; j += blockDim.x) {
-        uint4 *p = reinterpret_cast<uint4 *>(row) + j;
-        int n = unpack16(*p, row, x);
-        for (int e = 0; e < n; e++) {
-            g[e] = ignore ? 0.0f : expf(x[e] - lz) * dscale;
-            if (!ignore && j * per + e == t) g[e] -= dscale;
-        }
+    auto grad = [&](int i, float xi) {
+        float gi = ignore ? 0.0f : expf(xi - lz) * dscale;
+        return !ignore && i == t ? gi - dscale : gi;
+    };
+    for (int j = threadIdx.x; j < r.nv; j += blockDim.x) {
+        uint4 *p = reinterpret_cast<uint4 *>(row + r.head) + j;
+        int n = unpack16(*p, row, x), i0 = r.head + j * per;
+        for (int e = 0; e < n; e++) g[e] = grad(i0 + e, x[e]);
         *p = pack16(g, row);
     }
-    for (int i = nv * per + threadIdx.x; i < V; i += blockDim.x) {
-        float gi = ignore ? 0.0f : expf(ld(row, i) - lz) * dscale;
-        if (!ignore && i == t) gi -= dscale;
-        st(row, i, gi);
-    }
+    for (int i = threadIdx.x; i < r.head; i += blockDim.x) st(row, i, grad(i, ld(row, i)));
+    for (int i = r.head + r.nv * per + threadIdx.x; i < V; i += blockDim.x) st(row, i, grad(i, ld(row, i)));
 }
 
 /* the whole vocabulary: losses[n], and the gradient in place (dscale != 0) */
