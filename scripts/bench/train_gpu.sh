@@ -133,7 +133,8 @@ for r in rows:
     tf = f / x["step_s"] / 1e12
     mem = x.get("mem_mib") or x.get("peak_mem_mib") or 0
     vs = "%.2fx" % (best[r["shape"]] / x["step_s"]) if r["shape"] in best else ""
-    print("| %s | %s | %.1f | %.0f | %.1f | %.1f%% | %.0f | %s |" % (r["shape"], r["run"], 1e3 * x["step_s"],
+    run = r["run"] + (" [attention: %s]" % x["attention"] if x.get("attention", "none") != "none" else "")
+    print("| %s | %s | %.1f | %.0f | %.1f | %.1f%% | %.0f | %s |" % (r["shape"], run, 1e3 * x["step_s"],
           x["tokens_per_s"], tf, 100 * tf / peak, mem, vs))
 att = [r["attention"] for r in rows if "attention" in r]
 if att:
