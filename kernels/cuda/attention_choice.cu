@@ -81,93 +81,93 @@ static double difference(const void *a, const void *b, size_t n, int is_bf16) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-/* device scratch for the check, or NULL (the error cleared) if the GPU is full */
-static void *try_alloc(size_t bytes) {
-    void *p = NULL;
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
-        cudaGetLastError();
-        return NULL;
-    }
-    return p;
-}
-
-/* cuDNN's tensors are declared 16-byte aligned */
+/* cuDNN's tensors and the flash kernels' loads are 16-byte aligned */
 static int aligned16(const void *const *p, int n) {
     for (int i = 0; i < n; i++)
         if ((uintptr_t)p[i] & 15) return 0;
     return 1;
 }
 
-static void say(const sdpa_shape *s, int backward, const char *what) {
-    fprintf(stderr, "mtrain: cuDNN attention %s (B %d T %d heads %d/%d D %d/%d) %s\n",
-            backward ? "backward" : "forward", s->B, s->T, s->H, s->KVH, s->D, s->Dv, what);
-}
+/* One output of a direction: its device buffer, values (bf16 or fp32), the
+ * name in the message and the norm-wise difference it may have. */
+struct output {
+    void *p;
+    size_t n;
+    int bf16;
+    const char *name;
+    double bound;
+};
+static size_t value_bytes(const output &o) { return o.n * (o.bf16 ? 2 : 4); }
+static size_t output_bytes(const output &o) { return (value_bytes(o) + 255) & ~(size_t)255; } /* copies stay aligned */
 
-/* cuDNN's forward already in out, lse: does the flash forward agree? If
- * not, out and lse get the flash kernels' result. */
-static int check_forward(float *out, float *lse, const float *q, const float *k, const float *v, const sdpa_shape *s) {
-    size_t n_out = (size_t)s->B * s->T * s->H * s->Dv, n_lse = (size_t)s->B * s->H * s->T;
-    uint16_t *o2 = (uint16_t *)try_alloc(n_out * 2);
-    float *l2 = (float *)try_alloc(n_lse * 4);
+/* cuDNN's results already in outs[0..n): flash(dst) writes the flash
+ * kernels' into dst[0..n) (copies here): do they agree? If not, or if the
+ * GPU has no memory for the copies, outs get the flash kernels' results.
+ * Says which on stderr. */
+template <typename F>
+static int agrees(const sdpa_shape *s, int backward, const output *outs, int n, F flash) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += output_bytes(outs[i]);
+    char *tmp = NULL, what[200];
+    const char *verdict_word = ""; /* agrees / DISAGREES: what follows compares */
     int ok = 0;
-    char what[160];
-    if (o2 && l2) {
-        cuda_flash_attention_forward((float *)o2, l2, q, k, v, s->B, s->T, s->H, s->KVH, s->D, s->Dv);
-        double e_out = difference(out, o2, n_out, 1), e_lse = difference(lse, l2, n_lse, 0);
-        ok = e_out <= 2e-2 && e_lse <= 1e-3;
-        snprintf(what, sizeof what, "%s mtrain's flash kernels (out %.1e, lse %.1e)%s", ok ? "agrees with" : "DISAGREES with",
-                 e_out, e_lse, ok ? "" : "; the flash kernels run it");
-        if (!ok) {
-            CUDA_CHECK(cudaMemcpy(out, o2, n_out * 2, cudaMemcpyDeviceToDevice));
-            CUDA_CHECK(cudaMemcpy(lse, l2, n_lse * 4, cudaMemcpyDeviceToDevice));
-        }
-    } else {
+    if (cudaMalloc((void **)&tmp, total) != cudaSuccess) {
+        cudaGetLastError(); /* the GPU is full: an answer, not an error to keep */
+        void *dst[3];
+        for (int i = 0; i < n; i++) dst[i] = outs[i].p;
+        flash(dst);
         snprintf(what, sizeof what, "not checked (no GPU memory to spare); the flash kernels run it");
-        cuda_flash_attention_forward(out, lse, q, k, v, s->B, s->T, s->H, s->KVH, s->D, s->Dv);
+    } else {
+        void *copy[3];
+        size_t off = 0;
+        for (int i = 0; i < n; off += output_bytes(outs[i]), i++) copy[i] = tmp + off;
+        flash(copy);
+        int len = snprintf(what, sizeof what, "mtrain's flash kernels (");
+        ok = 1;
+        for (int i = 0; i < n; i++) {
+            double e = difference(outs[i].p, copy[i], outs[i].n, outs[i].bf16);
+            ok = ok && e <= outs[i].bound;
+            len += snprintf(what + len, sizeof what - len, "%s%s %.1e", i ? ", " : "", outs[i].name, e);
+        }
+        for (int i = 0; !ok && i < n; i++)
+            CUDA_CHECK(cudaMemcpy(outs[i].p, copy[i], value_bytes(outs[i]), cudaMemcpyDeviceToDevice));
+        snprintf(what + len, sizeof what - len, ")%s", ok ? "" : "; the flash kernels run it");
+        verdict_word = ok ? "agrees with " : "DISAGREES with ";
+        CUDA_CHECK(cudaFree(tmp));
     }
-    say(s, 0, what);
-    cudaFree(o2);
-    cudaFree(l2);
+    fprintf(stderr, "mtrain: cuDNN attention %s (B %d T %d heads %d/%d D %d/%d) %s%s\n", backward ? "backward" : "forward",
+            s->B, s->T, s->H, s->KVH, s->D, s->Dv, verdict_word, what);
     return ok;
 }
 
-/* the same for the backward's dq, dk, dv */
+static int check_forward(float *out, float *lse, const float *q, const float *k, const float *v, const sdpa_shape *s) {
+    output outs[] = {{out, (size_t)s->B * s->T * s->H * s->Dv, 1, "out", 2e-2},
+                     {lse, (size_t)s->B * s->H * s->T, 0, "lse", 1e-3}};
+    return agrees(s, 0, outs, 2, [&](void **d) {
+        cuda_flash_attention_forward((float *)d[0], (float *)d[1], q, k, v, s->B, s->T, s->H, s->KVH, s->D, s->Dv);
+    });
+}
+
 static int check_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                           const float *q, const float *k, const float *v, const sdpa_shape *s) {
-    size_t nq = (size_t)s->B * s->T * s->H * s->D, nk = (size_t)s->B * s->T * s->KVH * s->D;
-    size_t nv = (size_t)s->B * s->T * s->KVH * s->Dv;
-    char *tmp = (char *)try_alloc(2 * (nq + nk + nv));
-    int ok = 0;
-    char what[200];
-    if (tmp) {
-        float *q2 = (float *)tmp, *k2 = (float *)(tmp + 2 * nq), *v2 = (float *)(tmp + 2 * (nq + nk));
-        cuda_flash_attention_backward(q2, k2, v2, dout, out, lse, q, k, v, s->B, s->T, s->H, s->KVH, s->D, s->Dv);
-        double eq = difference(dq, q2, nq, 1), ek = difference(dk, k2, nk, 1), ev = difference(dv, v2, nv, 1);
-        ok = eq <= 2e-2 && ek <= 2e-2 && ev <= 2e-2;
-        snprintf(what, sizeof what, "%s mtrain's flash kernels (dq %.1e, dk %.1e, dv %.1e)%s",
-                 ok ? "agrees with" : "DISAGREES with", eq, ek, ev, ok ? "" : "; the flash kernels run it");
-        if (!ok) {
-            CUDA_CHECK(cudaMemcpy(dq, q2, 2 * nq, cudaMemcpyDeviceToDevice));
-            CUDA_CHECK(cudaMemcpy(dk, k2, 2 * nk, cudaMemcpyDeviceToDevice));
-            CUDA_CHECK(cudaMemcpy(dv, v2, 2 * nv, cudaMemcpyDeviceToDevice));
-        }
-    } else {
-        snprintf(what, sizeof what, "not checked (no GPU memory to spare); the flash kernels run it");
-        cuda_flash_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s->B, s->T, s->H, s->KVH, s->D, s->Dv);
-    }
-    say(s, 1, what);
-    cudaFree(tmp);
-    return ok;
+    size_t rows = (size_t)s->B * s->T;
+    output outs[] = {{dq, rows * s->H * s->D, 1, "dq", 2e-2},
+                     {dk, rows * s->KVH * s->D, 1, "dk", 2e-2},
+                     {dv, rows * s->KVH * s->Dv, 1, "dv", 2e-2}};
+    return agrees(s, 1, outs, 3, [&](void **d) {
+        cuda_flash_attention_backward((float *)d[0], (float *)d[1], (float *)d[2], dout, out, lse, q, k, v, s->B,
+                                      s->T, s->H, s->KVH, s->D, s->Dv);
+    });
 }
 
 int cuda_fast_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                                            int B, int T, int H, int KVH, int D, int Dv) {
     const void *p[] = {out, q, k, v};
     enum mode m = mode();
-    int flash = m != REFERENCE && cuda_flash_attention_usable(D, Dv, p, 4);
-    sdpa_shape s = {B, T, H, KVH, D, Dv, 0};
+    int aligned = m != REFERENCE && aligned16(p, 4), flash = aligned && cuda_flash_attention_usable(D, Dv);
+    sdpa_shape s = {B, T, H, KVH, D, Dv, 0, 0, 0};
     int *seen = m == AUTO && flash ? verdict(&s, 0) : NULL;
-    if ((m == CUDNN || (seen && *seen >= 0)) && aligned16(p, 4) && cudnn_attention_forward(out, lse, q, k, v, &s) == 0) {
+    if (aligned && (m == CUDNN || (seen && *seen >= 0)) && cudnn_attention_forward(out, lse, q, k, v, &s) == 0) {
         last = "cudnn";
         if (seen && !*seen) *seen = check_forward(out, lse, q, k, v, &s) ? 1 : -1;
         if (seen && *seen < 0) last = "flash";
@@ -186,10 +186,10 @@ int cuda_fast_attention_backward(float *dq, float *dk, float *dv, const float *d
     if (!out) return 0;
     const void *p[] = {dq, dk, dv, dout, out, q, k, v};
     enum mode m = mode();
-    int flash = m != REFERENCE && cuda_flash_attention_usable(D, Dv, p, 8);
-    sdpa_shape s = {B, T, H, KVH, D, Dv, deterministic};
+    int aligned = m != REFERENCE && aligned16(p, 8), flash = aligned && cuda_flash_attention_usable(D, Dv);
+    sdpa_shape s = {B, T, H, KVH, D, Dv, deterministic, 0, 0};
     int *seen = m == AUTO && flash ? verdict(&s, 1) : NULL;
-    if ((m == CUDNN || (seen && *seen >= 0)) && aligned16(p, 8) &&
+    if (aligned && (m == CUDNN || (seen && *seen >= 0)) &&
         cudnn_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, &s) == 0) {
         last = deterministic ? "cudnn" : "cudnn-atomic";
         if (seen && !*seen) *seen = check_backward(dq, dk, dv, dout, out, lse, q, k, v, &s) ? 1 : -1;

@@ -109,8 +109,9 @@ void cuda_bf16_ce_finish(float *losses, float *logits, const int32_t *targets, c
                          const float *sumexp, const float *target_logit, int N, int V, int vstart, float dscale);
 void cuda_bf16_scale(float *x, float s, size_t n);
 /* flash attention on bf16 storage (kernels/cuda/flash_attention.cu): usable
- * for these head dims and pointers on this device? state: lse [B*H, T] */
-int cuda_flash_attention_usable(int D, int Dv, const void *const *ptrs, int nptrs);
+ * for these head dims on this device (16-byte aligned pointers)? state:
+ * lse [B*H, T] */
+int cuda_flash_attention_usable(int D, int Dv);
 void cuda_flash_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                                   int H, int KVH, int D, int Dv);
 void cuda_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,

@@ -126,8 +126,6 @@ void backward(float *dq, float *dk, float *dv, const float *dout, const float *o
     LAUNCH_CHECK();
 }
 
-int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 /* the most dynamic shared memory any kernel of a head size asks for */
 template <int D, int DV>
 size_t most_smem() {
@@ -138,26 +136,23 @@ size_t most_smem() {
 
 } // namespace
 
-/* MTRAIN_ATTENTION=reference turns the kernels off (docs/model.md); they
- * need tensor-core bf16 (compute capability 8.0 or newer) and the shared
- * memory their head size asks for (up to 109 KiB at D 192: an A100 or H100
- * has it; sm_86/sm_89 cards have 99 KiB and take the reference path there) */
-int cuda_flash_attention_usable(int D, int Dv, const void *const *ptrs, int nptrs) {
+/* The kernels need tensor-core bf16 (compute capability 8.0 or newer) and
+ * the shared memory their head size asks for (up to 109 KiB at D 192: an
+ * A100 or H100 has it; sm_86/sm_89 cards have 99 KiB and take the reference
+ * path there). Pointers: 16-byte aligned (kernels/cuda/attention_choice.cu
+ * checks, and reads MTRAIN_ATTENTION). */
+int cuda_flash_attention_usable(int D, int Dv) {
     static int enabled = -1, optin = 0;
     if (enabled < 0) {
-        const char *e = getenv("MTRAIN_ATTENTION");
         int dev = 0, major = 0;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        enabled = major >= 8 && !(e && !strcmp(e, "reference"));
+        enabled = major >= 8;
     }
     if (!enabled || !((D == 64 && Dv == 64) || (D == 128 && Dv == 128) || (D == 192 && Dv == 128))) return 0;
     size_t need = D == 64 ? most_smem<64, 64>() : D == 128 ? most_smem<128, 128>() : most_smem<192, 128>();
-    if (need > (size_t)optin) return 0;
-    for (int i = 0; i < nptrs; i++)
-        if (!aligned16(ptrs[i])) return 0;
-    return 1;
+    return need <= (size_t)optin;
 }
 
 void cuda_flash_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
