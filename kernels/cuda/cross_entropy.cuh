@@ -43,8 +43,7 @@ __device__ inline void each_value(const T *row, int V, F f) {
     int per = 16 / (int)sizeof(T);
     float x[8];
     for (int j = threadIdx.x; j < r.nv; j += blockDim.x) {
-        uint4 v = reinterpret_cast<const uint4 *>(row + r.head)[j];
-        int n = unpack16(v, row, x);
+        int n = load16(row + r.head, j, x);
         for (int e = 0; e < n; e++) f(r.head + j * per + e, x[e]);
     }
     for (int i = threadIdx.x; i < r.head; i += blockDim.x) f(i, ld(row, i));
@@ -98,10 +97,9 @@ __device__ void write_grad(T *row, int V, double logz, int t, int ignore, float 
         return !ignore && i == t ? gi - dscale : gi;
     };
     for (int j = threadIdx.x; j < r.nv; j += blockDim.x) {
-        uint4 *p = reinterpret_cast<uint4 *>(row + r.head) + j;
-        int n = unpack16(*p, row, x), i0 = r.head + j * per;
+        int n = load16(row + r.head, j, x), i0 = r.head + j * per;
         for (int e = 0; e < n; e++) g[e] = grad(i0 + e, x[e]);
-        *p = pack16(g, row);
+        store16(row + r.head, j, g);
     }
     for (int i = threadIdx.x; i < r.head; i += blockDim.x) st(row, i, grad(i, ld(row, i)));
     for (int i = r.head + r.nv * per + threadIdx.x; i < V; i += blockDim.x) st(row, i, grad(i, ld(row, i)));

@@ -21,9 +21,6 @@ __device__ inline void swiglu_grad1(float d, float g, float u, float *dgate, flo
 
 #define EW_TID (blockIdx.x * (size_t)blockDim.x + threadIdx.x)
 #define EW_STRIDE ((size_t)gridDim.x * blockDim.x)
-/* the vector at index j of buffer p, widened into x */
-#define EW_LOAD(p, j, x) unpack16(reinterpret_cast<const uint4 *>(p)[j], p, x)
-#define EW_STORE(p, j, x) (reinterpret_cast<uint4 *>(p)[j] = pack16(x, p))
 
 template <typename T>
 __global__ void swiglu_forward_k(T *out, const T *gate, const T *up, size_t n) {
@@ -31,9 +28,9 @@ __global__ void swiglu_forward_k(T *out, const T *gate, const T *up, size_t n) {
     size_t groups = is_aligned16(out) && is_aligned16(gate) && is_aligned16(up) ? n / per : 0;
     for (size_t j = EW_TID; j < groups; j += EW_STRIDE) {
         float g[8], u[8], o[8];
-        EW_LOAD(gate, j, g), EW_LOAD(up, j, u);
+        load16(gate, j, g), load16(up, j, u);
         for (int e = 0; e < per; e++) o[e] = swiglu1(g[e], u[e]);
-        EW_STORE(out, j, o);
+        store16(out, j, o);
     }
     for (size_t i = groups * per + EW_TID; i < n; i += EW_STRIDE) st(out, i, swiglu1(ld(gate, i), ld(up, i)));
 }
@@ -46,9 +43,9 @@ __global__ void swiglu_backward_k(T *dgate, T *dup, const T *dout, const T *gate
     size_t groups = aligned ? n / per : 0;
     for (size_t j = EW_TID; j < groups; j += EW_STRIDE) {
         float d[8], g[8], u[8], dg[8], du[8];
-        EW_LOAD(dout, j, d), EW_LOAD(gate, j, g), EW_LOAD(up, j, u);
+        load16(dout, j, d), load16(gate, j, g), load16(up, j, u);
         for (int e = 0; e < per; e++) swiglu_grad1(d[e], g[e], u[e], &dg[e], &du[e]);
-        EW_STORE(dup, j, du), EW_STORE(dgate, j, dg);
+        store16(dup, j, du), store16(dgate, j, dg);
     }
     for (size_t i = groups * per + EW_TID; i < n; i += EW_STRIDE) {
         float dg, du;
@@ -63,9 +60,9 @@ __global__ void add_k(T *dst, const T *src, size_t n) {
     size_t groups = is_aligned16(dst) && is_aligned16(src) ? n / per : 0;
     for (size_t j = EW_TID; j < groups; j += EW_STRIDE) {
         float a[8], b[8];
-        EW_LOAD(dst, j, a), EW_LOAD(src, j, b);
+        load16(dst, j, a), load16(src, j, b);
         for (int e = 0; e < per; e++) a[e] += b[e];
-        EW_STORE(dst, j, a);
+        store16(dst, j, a);
     }
     for (size_t i = groups * per + EW_TID; i < n; i += EW_STRIDE) st(dst, i, ld(dst, i) + ld(src, i));
 }
@@ -76,9 +73,9 @@ __global__ void scale_k(T *x, float s, size_t n) {
     size_t groups = is_aligned16(x) ? n / per : 0;
     for (size_t j = EW_TID; j < groups; j += EW_STRIDE) {
         float a[8];
-        EW_LOAD(x, j, a);
+        load16(x, j, a);
         for (int e = 0; e < per; e++) a[e] *= s;
-        EW_STORE(x, j, a);
+        store16(x, j, a);
     }
     for (size_t i = groups * per + EW_TID; i < n; i += EW_STRIDE) st(x, i, ld(x, i) * s);
 }

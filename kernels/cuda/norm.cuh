@@ -36,7 +36,7 @@ __global__ void rmsnorm_forward_k(T *out, float *rstd, const T *x, const float *
     double ss = 0;
     float v[8], g[8];
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
-        unpack16(reinterpret_cast<const uint4 *>(xr)[j], xr, v);
+        load16(xr, j, v);
         for (int e = 0; e < per; e++) ss += (double)v[e] * v[e];
     }
     for (int c = nv * per + threadIdx.x; c < C; c += blockDim.x) ss += (double)ld(xr, c) * ld(xr, c);
@@ -44,10 +44,10 @@ __global__ void rmsnorm_forward_k(T *out, float *rstd, const T *x, const float *
     float r = (float)(1.0 / sqrt(ss / C + eps));
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
-        unpack16(reinterpret_cast<const uint4 *>(xr)[j], xr, v);
+        load16(xr, j, v);
         weights16(w, j, per, g);
         for (int e = 0; e < per; e++) v[e] = g[e] * (v[e] * r);
-        reinterpret_cast<uint4 *>(orow)[j] = pack16(v, orow);
+        store16(orow, j, v);
     }
     for (int c = nv * per + threadIdx.x; c < C; c += blockDim.x) st(orow, c, w[c] * (ld(xr, c) * r));
 }
@@ -65,8 +65,8 @@ __global__ void rmsnorm_dx_k(T *dx, const T *dout, const T *x, const float *w, c
     double dot = 0;
     float a[8], d[8], g[8], o[8];
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
-        unpack16(reinterpret_cast<const uint4 *>(xr)[j], xr, a);
-        unpack16(reinterpret_cast<const uint4 *>(dr)[j], dr, d);
+        load16(xr, j, a);
+        load16(dr, j, d);
         weights16(w, j, per, g);
         for (int e = 0; e < per; e++) dot += (double)g[e] * d[e] * a[e];
     }
@@ -74,15 +74,15 @@ __global__ void rmsnorm_dx_k(T *dx, const T *dout, const T *x, const float *w, c
     dot = block_sum(dot, buf);
     float k = (float)(dot * r * r * r / C);
     for (int j = threadIdx.x; j < nv; j += blockDim.x) {
-        unpack16(reinterpret_cast<const uint4 *>(xr)[j], xr, a);
-        unpack16(reinterpret_cast<const uint4 *>(dr)[j], dr, d);
+        load16(xr, j, a);
+        load16(dr, j, d);
         weights16(w, j, per, g);
-        if (accumulate) unpack16(reinterpret_cast<const uint4 *>(dxr)[j], dxr, o);
+        if (accumulate) load16(dxr, j, o);
         for (int e = 0; e < per; e++) {
             float gr = r * g[e] * d[e] - k * a[e];
             o[e] = accumulate ? o[e] + gr : gr;
         }
-        reinterpret_cast<uint4 *>(dxr)[j] = pack16(o, dxr);
+        store16(dxr, j, o);
     }
     for (int c = nv * per + threadIdx.x; c < C; c += blockDim.x) {
         float gr = r * w[c] * ld(dr, c) - k * ld(xr, c);

@@ -51,4 +51,14 @@ template <typename T>
 __device__ inline int per16(const T *) {
     return 16 / (int)sizeof(T);
 }
+/* vector j of p (16-byte aligned) widened into x, or x stored there;
+ * load16 returns how many values */
+template <typename T>
+__device__ inline int load16(const T *p, size_t j, float *x) {
+    return unpack16(reinterpret_cast<const uint4 *>(p)[j], p, x);
+}
+template <typename T>
+__device__ inline void store16(T *p, size_t j, const float *x) {
+    reinterpret_cast<uint4 *>(p)[j] = pack16(x, p);
+}
 __device__ inline bool is_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
