@@ -66,6 +66,10 @@ const struct backend cuda_backend = {.name = "cuda"}, cuda_bf16_backend = {.name
                      cuda_fp8_backend = {.name = "cuda"};
 int cuda_backend_available(void) { return 0; }
 int cuda_device_has_fp8(void) { return 0; }
+long cuda_fp8_tensor_core_gemms(int block) {
+    (void)block;
+    return 0;
+}
 int cuda_device_count(void) { return 0; }
 const char *cuda_device_error(void) { return "this build has no CUDA backend"; }
 int cuda_device_pci_id(char *buf, int n) {

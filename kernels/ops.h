@@ -252,6 +252,9 @@ const char *precision_name(enum precision p);
 /* This GPU's tensor cores multiply FP8 (compute capability 8.9 or newer);
  * 0 without a GPU. */
 int cuda_device_has_fp8(void);
+/* How many FP8 GEMMs ran on FP8 tensor cores so far (not the reference
+ * path), with block scales (block 1) or per-tensor ones; 0 without CUDA. */
+long cuda_fp8_tensor_core_gemms(int block);
 /* This build has the CUDA backend and a GPU is visible. */
 int cuda_backend_available(void);
 /* Let cuBLAS use TF32 tensor cores for fp32 matmuls (CUDA backend only). */

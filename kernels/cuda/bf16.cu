@@ -86,7 +86,7 @@ static void bf16_copy_cols(float *dst, int ldd, const float *src, int lds, int r
 static void gemm_bf16(int transA, int transB, int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                       float beta, float *C, int ldc, int c_fp32) {
     cudaDataType_t ct = c_fp32 ? CUDA_R_32F : CUDA_R_16BF;
-    if (!lt_matmul(transA, transB, M, N, K, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, beta, C, ct, ldc, NULL, NULL, 0))
+    if (!lt_matmul(transA, transB, M, N, K, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, beta, C, ct, ldc, NULL, NULL, 0, 0, 0))
         return;
     cublasOperation_t ta = transA ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
     float alpha = 1.0f;
@@ -267,9 +267,10 @@ static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int for
     LAUNCH_CHECK();
 }
 
-/* FP8 GEMMs: per-tensor scaling (current or delayed) on FP8 tensor cores (kernels/cuda/fp8_gemm.cu)
- * where the shape allows it (K and M multiples of 16, any N); block scaling and
- * other shapes take the reference path (quantise-dequantise, fp32 GEMM). */
+/* FP8 GEMMs on FP8 tensor cores (kernels/cuda/fp8_gemm.cu) where the shape
+ * allows it (K and M multiples of 16, of 128 for block scaling; any N) and
+ * cuBLASLt has an algorithm; other shapes take the reference path
+ * (quantise-dequantise, fp32 GEMM). */
 #define BF16_OWN_FP8
 static void ref_fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
                                    struct fp8_recipe recipe);
@@ -279,7 +280,7 @@ static void ref_fp8_matmul_backward(float *dx, float *dw, const float *dout, con
 static void fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
                                struct fp8_recipe recipe) {
     const void *outs[] = {out};
-    if (recipe.scaling == FP8_SCALING_BLOCK || !cuda_fp8_gemm_usable(N, K, M, outs, 1) ||
+    if (!cuda_fp8_gemm_usable(N, K, M, outs, 1, recipe.scaling == FP8_SCALING_BLOCK) ||
         cuda_fp8_forward(out, x, w, N, K, M, accumulate, recipe))
         ref_fp8_matmul_forward(out, x, w, N, K, M, accumulate, recipe);
 }
@@ -287,7 +288,7 @@ static void fp8_matmul_forward(float *out, const float *x, const float *w, int N
 static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
                                 int M, int accumulate_dx, struct fp8_recipe recipe) {
     const void *outs[] = {dx, dw};
-    if (recipe.scaling == FP8_SCALING_BLOCK || !cuda_fp8_gemm_usable(N, K, M, outs, 2) ||
+    if (!cuda_fp8_gemm_usable(N, K, M, outs, 2, recipe.scaling == FP8_SCALING_BLOCK) ||
         cuda_fp8_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe))
         ref_fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe);
 }

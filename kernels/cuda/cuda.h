@@ -49,9 +49,15 @@ void gemm_rm(int transA, int transB, int M, int N, int K, float alpha, const flo
  * 0, or -1 (nothing done) where cuBLASLt has no algorithm for it. */
 /* cublasLtGetVersion(): major * 10000 + minor * 100 + patch */
 size_t cuda_blaslt_version(void);
+/* How an FP8 operand's scales are laid out (cuBLASLt's
+ * cublasLtMatmulMatrixScale_t values; kernels/cuda/fp8_cast.cuh says where
+ * each block's scale sits): one for the tensor, one per 128 values along
+ * the contraction, one per 128 x 128 block (cuBLASLt 12.9 and later, Hopper). */
+enum lt_scale_mode { LT_SCALE_TENSOR = 0, LT_SCALE_VEC128 = 4, LT_SCALE_BLK128 = 5 };
+/* a_mode, b_mode: the scales' lt_scale_mode (scaled operands only) */
 int lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDataType_t a_type, int lda, const void *B,
                cudaDataType_t b_type, int ldb, float beta, void *C, cudaDataType_t c_type, int ldc,
-               const float *a_scale, const float *b_scale, int fast_accum);
+               const float *a_scale, const float *b_scale, int a_mode, int b_mode, int fast_accum);
 
 /* The ops of the other kernel files (semantics in kernels/ops.h). */
 void cuda_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V);
@@ -125,10 +131,10 @@ int cuda_fast_attention_forward(float *out, float *lse, const float *q, const fl
 int cuda_fast_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                  const float *lse, const float *q, const float *k, const float *v, int B, int T,
                                  int H, int KVH, int D, int Dv);
-/* FP8 GEMMs with per-tensor current or delayed scaling
- * (kernels/cuda/fp8_gemm.cu) on bf16 storage: usable for this shape?
- * (multiples of 16, not turned off) */
-int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts);
+/* FP8 GEMMs on FP8 tensor cores (kernels/cuda/fp8_gemm.cu) on bf16
+ * storage, per-tensor (current or delayed) or block scaling: usable for
+ * this shape? (multiples of 16, of 128 for block scaling; not turned off) */
+int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts, int block);
 int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
                      struct fp8_recipe recipe);
 int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M,

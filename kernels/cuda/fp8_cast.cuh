@@ -116,3 +116,151 @@ __global__ void cast_t_k(uint8_t *qt, float *inv, const uint16_t *x, int rows, i
         if (r < ld && c < cols) qt[(size_t)c * ld + r] = r < rows ? tile[threadIdx.x][j] : 0;
     }
 }
+
+/* ---- block scaling (DeepSeek-V3's recipe) for cuBLASLt's block-scaled
+ * FP8 GEMMs: each block of 128 values along the contraction (1 x 128), or
+ * each 128 x 128 block of a weight, has its own scale 2^k from its own
+ * amax, as kernels/cpu/bf16.c's fp8_qdq_blocks has; the GEMM reads the
+ * inverse scales 2^-k (NaN for a block holding an infinity or NaN, so the
+ * outputs it reaches are NaN and the step is rejected) from arrays laid
+ * out as cuBLASLt's VEC128_32F and BLK128x128_32F modes read them, for an
+ * operand t [R, C] whose rows are contracted along C:
+ *   1 x 128:   the scale of t[r][c] at (c / 128) * R + r (rows fastest)
+ *   128 x 128: at (r / 128) * (C / 128) + c / 128 (row-major over blocks)
+ * (PyTorch's torch._scaled_mm takes the same layouts: its "outer-dim-major"
+ * 1 x 128 scales and row-major 128 x 128 ones). */
+#define BLK 128
+
+/* 2^k for a block's amax bits; *inv = 2^-k, or NaN for a non-finite amax */
+__device__ inline float block_scale(unsigned amax_bits, int format, float *inv) {
+    float a = __uint_as_float(amax_bits);
+    int ok = amax_bits < 0x7f800000u, k = fp8_scale_exp(ok ? a : 0.0f, format);
+    *inv = ok ? fp8_pow2(-k) : __uint_as_float(0x7fc00000u);
+    return fp8_pow2(k);
+}
+
+/* the max of v over the warp */
+__device__ inline unsigned warp_max_bits(unsigned v) {
+    for (int o = 16; o; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* x [rows, cols] (cols a multiple of 128) to codes q [rows, cols] in 1 x 128
+ * blocks along the rows: one warp a block, four values a lane (one 8-byte
+ * load where x is 8-byte aligned, one 4-byte store of the codes where q is
+ * 4-byte aligned); inv [cols / 128, rows]. Any grid of 32-multiple blocks
+ * (warps stride over the blocks). */
+__global__ void cast_rows128_k(uint8_t *q, float *inv, const uint16_t *x, int rows, int cols, int format) {
+    int lane = threadIdx.x & 31;
+    size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5, warps = ((size_t)gridDim.x * blockDim.x) >> 5;
+    size_t nblk = (size_t)rows * (cols / BLK);
+    int vec_in = ((uintptr_t)x & 7) == 0, vec_out = ((uintptr_t)q & 3) == 0;
+    for (size_t b = warp; b < nblk; b += warps) {
+        int r = (int)(b % rows), cb = (int)(b / rows);
+        size_t at = (size_t)r * cols + (size_t)cb * BLK + lane * 4;
+        unsigned w0, w1;
+        if (vec_in) {
+            uint2 v = *reinterpret_cast<const uint2 *>(x + at);
+            w0 = v.x, w1 = v.y;
+        } else {
+            w0 = x[at] | (unsigned)x[at + 1] << 16, w1 = x[at + 2] | (unsigned)x[at + 3] << 16;
+        }
+        float iv, s = block_scale(warp_max_bits(max(abs_bits2(w0), abs_bits2(w1))), format, &iv);
+        unsigned codes = codes2(w0, s, format) | codes2(w1, s, format) << 16;
+        if (vec_out) {
+            *reinterpret_cast<unsigned *>(q + at) = codes;
+        } else {
+            for (int e = 0; e < 4; e++) q[at + e] = (uint8_t)(codes >> (8 * e));
+        }
+        if (lane == 0) inv[(size_t)cb * rows + r] = iv;
+    }
+}
+
+/* x [rows, cols] to codes qt [cols, ld] transposed, in 128 x 1 blocks along
+ * x's rows (the weight gradient's operands, contracted over the tokens):
+ * ld a multiple of 128 at least rows, the columns rows .. ld - 1 of qt zero
+ * codes; inv [ld / 128, cols]. Blocks of 32 x 8 threads, grid (ld / 128,
+ * cols / 32 rounded up): each stages a 128 x 32 tile, takes each column's
+ * amax, and writes four codes a thread (qt 4-byte aligned), else one. */
+#define COLS_T 32
+__global__ void cast_cols128_t_k(uint8_t *qt, float *inv, const uint16_t *x, int rows, int cols, int ld, int format) {
+    __shared__ uint16_t tile[BLK][COLS_T + 2];
+    __shared__ unsigned part[8][COLS_T];
+    __shared__ float scale[COLS_T];
+    int tx = threadIdx.x, ty = threadIdx.y, r0 = blockIdx.x * BLK, c0 = blockIdx.y * COLS_T, c = c0 + tx;
+    unsigned run = 0;
+    for (int i = ty; i < BLK; i += 8) {
+        int r = r0 + i;
+        uint16_t v = r < rows && c < cols ? x[(size_t)r * cols + c] : 0;
+        tile[i][tx] = v;
+        run = max(run, (unsigned)(v & 0x7fffu) << 16);
+    }
+    part[ty][tx] = run;
+    __syncthreads();
+    if (ty == 0) {
+        for (int j = 1; j < 8; j++) run = max(run, part[j][tx]);
+        float iv;
+        scale[tx] = block_scale(run, format, &iv);
+        if (c < cols) inv[(size_t)blockIdx.x * cols + c] = iv;
+    }
+    __syncthreads();
+    int aligned = ((uintptr_t)qt & 3) == 0 && ld % 4 == 0, t = ty * 32 + tx;
+    for (int w = t; w < COLS_T * BLK / 4; w += 256) { /* word w: column w / 32, rows 4 (w % 32) .. + 3 */
+        int j = w / (BLK / 4), rq = w % (BLK / 4) * 4, cc = c0 + j;
+        if (cc >= cols) continue;
+        unsigned word = 0;
+        for (int e = 0; e < 4; e++)
+            if (r0 + rq + e < rows) word |= (unsigned)fp8_bits(widen1(tile[rq + e][j]) * scale[j], format) << (8 * e);
+        uint8_t *to = qt + (size_t)cc * ld + r0 + rq;
+        if (aligned) {
+            *reinterpret_cast<unsigned *>(to) = word;
+        } else {
+            for (int e = 0; e < 4; e++) to[e] = (uint8_t)(word >> (8 * e));
+        }
+    }
+}
+
+/* a weight x [rows, cols] (both multiples of 128) in 128 x 128 blocks: its
+ * codes row-major q [rows, cols] with inv [rows / 128, cols / 128], and/or
+ * transposed qt [cols, rows] with inv_t [cols / 128, rows / 128] (the same
+ * scales, the blocks transposed); NULL skips a layout. Blocks of 32 x 8
+ * threads, grid (rows / 128, cols / 128): each stages its 128 x 128 tile
+ * (four values a thread per row, rows ty, ty + 8, ...), takes the tile's
+ * amax, then writes four codes a thread (4-byte aligned q and qt). */
+#define TILE_PAD 8
+__global__ void cast_block128_k(uint8_t *q, float *inv, uint8_t *qt, float *inv_t, const uint16_t *x, int rows,
+                                int cols, int format) {
+    __shared__ uint16_t tile[BLK][BLK + TILE_PAD];
+    __shared__ unsigned part[8];
+    int tx = threadIdx.x, ty = threadIdx.y, rb = blockIdx.x, cb = blockIdx.y, t = ty * 32 + tx;
+    const uint16_t *src = x + (size_t)rb * BLK * cols + (size_t)cb * BLK;
+    unsigned run = 0;
+    for (int i = ty; i < BLK; i += 8)
+        for (int e = 0; e < 4; e++) {
+            uint16_t v = src[(size_t)i * cols + tx * 4 + e];
+            tile[i][tx * 4 + e] = v;
+            run = max(run, (unsigned)(v & 0x7fffu) << 16);
+        }
+    run = warp_max_bits(run);
+    if (tx == 0) part[ty] = run;
+    __syncthreads();
+    for (int j = 0; j < 8; j++) run = max(run, part[j]);
+    float iv, s = block_scale(run, format, &iv);
+    if (t == 0) {
+        if (inv) inv[(size_t)rb * (cols / BLK) + cb] = iv;
+        if (inv_t) inv_t[(size_t)cb * (rows / BLK) + rb] = iv;
+    }
+    if (q)
+        for (int i = ty; i < BLK; i += 8) {
+            unsigned word = 0;
+            for (int e = 0; e < 4; e++) word |= (unsigned)fp8_bits(widen1(tile[i][tx * 4 + e]) * s, format) << (8 * e);
+            *reinterpret_cast<unsigned *>(q + (size_t)(rb * BLK + i) * cols + (size_t)cb * BLK + tx * 4) = word;
+        }
+    if (qt)
+        for (int w = t; w < BLK * BLK / 4; w += 256) { /* word w: qt row (x column) w / 32, x rows 4 (w % 32) .. + 3 */
+            int j = w / (BLK / 4), rq = w % (BLK / 4) * 4;
+            unsigned word = 0;
+            for (int e = 0; e < 4; e++) word |= (unsigned)fp8_bits(widen1(tile[rq + e][j]) * s, format) << (8 * e);
+            *reinterpret_cast<unsigned *>(qt + (size_t)(cb * BLK + j) * rows + (size_t)rb * BLK + rq) = word;
+        }
+}

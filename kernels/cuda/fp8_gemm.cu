@@ -47,7 +47,13 @@ static unsigned *words;
 /* the input's codes kept in X_CODES / XT_CODES for the next GEMM of its
  * group (fp8_recipe.input_group): the x they came from; its inverse scale
  * stays in words[WORD * (3 + FP8_INPUT)] until the next input cast */
-static struct { unsigned group; const float *x; int rows, cols; } kept[SLOTS];
+static struct { unsigned group; const float *x; int rows, cols, block; } kept[SLOTS];
+/* block scaling's inverse scales, per slot (kernels/cuda/fp8_cast.cuh's layouts) */
+static float *bscales[SLOTS];
+static size_t bscap[SLOTS];
+/* GEMMs run on FP8 tensor cores so far: [0] per-tensor scales, [1] block scales */
+static long tc_gemms[2];
+long cuda_fp8_tensor_core_gemms(int block) { return tc_gemms[block != 0]; }
 
 static uint8_t *slot(int s, size_t bytes) {
     kept[s].group = 0;
@@ -81,8 +87,8 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
     /* an input cast into one layout may be its group's (the kept codes are per layout) */
     int want = s_rows >= 0 ? s_rows : s_cols;
     int grouped = i == FP8_INPUT && recipe.input_group && !delayed && (s_rows < 0 || s_cols < 0);
-    if (grouped && kept[want].group == recipe.input_group && kept[want].x == x &&
-        kept[want].rows == rows && kept[want].cols == cols) { /* the group's previous GEMM cast this x */
+    if (grouped && kept[want].group == recipe.input_group && kept[want].x == x && kept[want].rows == rows &&
+        kept[want].cols == cols && !kept[want].block) { /* the group's previous GEMM cast this x */
         *q = s_rows >= 0 ? codes[want] : NULL;
         *qt = s_cols >= 0 ? codes[want] : NULL;
         return inv;
@@ -106,8 +112,55 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
                                         format, k);
         LAUNCH_CHECK();
     }
-    if (grouped) kept[want].group = recipe.input_group, kept[want].x = x, kept[want].rows = rows, kept[want].cols = cols;
+    if (grouped)
+        kept[want].group = recipe.input_group, kept[want].x = x, kept[want].rows = rows, kept[want].cols = cols,
+        kept[want].block = 0;
     return inv;
+}
+
+/* the rows of a wgrad operand's transposed codes under block scaling: whole 128-blocks of tokens */
+static int padded_block(int rows) { return (rows + BLK - 1) / BLK * BLK; }
+
+/* Block scaling: x [rows, cols] into slot s, in the blocks and layout the
+ * slot's GEMM reads (X_CODES, G_CODES: 1 x 128 along the rows; XT_CODES,
+ * GT_CODES: 128 x 1 down the columns, transposed, [cols, padded_block(rows)];
+ * W_CODES: 128 x 128; WT_CODES: 128 x 128 transposed); returns the slot's
+ * inverse scales. Stateless: no amax is recorded. */
+static const float *cast_block(const float *x, int rows, int cols, int format, int s, uint8_t **q,
+                               struct fp8_recipe recipe, int input) {
+    int grouped = input && recipe.input_group;
+    if (grouped && kept[s].group == recipe.input_group && kept[s].x == x && kept[s].rows == rows &&
+        kept[s].cols == cols && kept[s].block) {
+        *q = codes[s];
+        return bscales[s];
+    }
+    int transposed = s == XT_CODES || s == GT_CODES, ld = padded_block(rows);
+    size_t nscales = s == W_CODES || s == WT_CODES ? (size_t)(rows / BLK) * (cols / BLK)
+                     : transposed                  ? (size_t)(ld / BLK) * cols
+                                                   : (size_t)rows * (cols / BLK);
+    *q = slot(s, transposed ? (size_t)cols * ld : (size_t)rows * cols);
+    if (nscales > bscap[s]) {
+        if (bscales[s]) CUDA_CHECK(cudaFree(bscales[s]));
+        CUDA_CHECK(cudaMalloc(&bscales[s], nscales * sizeof(float)));
+        bscap[s] = nscales;
+    }
+    const uint16_t *xb = (const uint16_t *)x;
+    if (s == X_CODES || s == G_CODES) {
+        size_t warps = (size_t)rows * (cols / BLK);
+        cast_rows128_k<<<blocks_for(warps * 32, THREADS), THREADS>>>(*q, bscales[s], xb, rows, cols, format);
+    } else if (transposed) {
+        cast_cols128_t_k<<<dim3(ld / BLK, (cols + COLS_T - 1) / COLS_T), dim3(32, 8)>>>(*q, bscales[s], xb, rows, cols,
+                                                                                      ld, format);
+    } else {
+        int t = s == WT_CODES;
+        cast_block128_k<<<dim3(rows / BLK, cols / BLK), dim3(32, 8)>>>(t ? NULL : *q, t ? NULL : bscales[s],
+                                                                       t ? *q : NULL, t ? bscales[s] : NULL, xb, rows,
+                                                                       cols, format);
+    }
+    LAUNCH_CHECK();
+    if (grouped)
+        kept[s].group = recipe.input_group, kept[s].x = x, kept[s].rows = rows, kept[s].cols = cols, kept[s].block = 1;
+    return bscales[s];
 }
 
 /* MTRAIN_PROFILE: the casts and the GEMMs of an FP8 op timed as parts of its
@@ -123,17 +176,31 @@ static void part_end(double t0, const char *what, double flops, int N, int K, in
     profile_part(what, flops, now_seconds() - t0, "%dx%dx%d", N, K, M);
 }
 
+/* say once per kind that cuBLASLt had no FP8 algorithm for a GEMM (the caller takes the reference path) */
+static void refused(int block, int rows, int contraction, int cols) {
+    static int said[2];
+    if (!said[block]++)
+        fprintf(stderr,
+                "mtrain: cuBLASLt has no %s FP8 GEMM for %dx%dx%d (rows x contraction x columns); such GEMMs take "
+                "the reference path (quantise-dequantise, then a bf16-stored fp32 GEMM), which is slower\n",
+                block ? "block-scaled (1 x 128 / 128 x 128)" : "per-tensor scaled", rows, contraction, cols);
+}
+
 static cudaDataType_t fp8_type(int format) { return format == FP8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
 
 /* MTRAIN_FP8_GEMM=reference turns this path off (docs/model.md); the
- * outputs must be 16-byte aligned (the code buffers are); any N > 0 */
-int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts) {
+ * outputs must be 16-byte aligned (the code buffers are); any N > 0. Block
+ * scaling needs cuBLASLt 12.9 or later (its block-scaled FP8 GEMMs on
+ * Hopper) and K and M multiples of 128 (whole blocks along both
+ * contractions, forward's K and dgrad's M, and whole weight blocks). */
+int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts, int block) {
     static int enabled = -1;
     if (enabled < 0) {
         const char *e = getenv("MTRAIN_FP8_GEMM");
         enabled = !(e && !strcmp(e, "reference"));
     }
     if (!enabled || N <= 0 || K <= 0 || M <= 0 || K % 16 || M % 16) return 0;
+    if (block && (K % BLK || M % BLK || cuda_blaslt_version() < 120900)) return 0;
     for (int i = 0; i < nouts; i++)
         if ((uintptr_t)outs[i] & 15) return 0;
     return 1;
@@ -158,14 +225,21 @@ static int fast_accum(void) {
 int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
                      struct fp8_recipe recipe) {
     uint8_t *qx, *qw, *unused;
+    int blk = recipe.scaling == FP8_SCALING_BLOCK;
     double t = part_begin();
-    const float *sx = cast(FP8_INPUT, x, N, K, FP8_E4M3, X_CODES, -1, &qx, &unused, recipe);
-    const float *sw = cast(FP8_WEIGHT, w, M, K, FP8_E4M3, W_CODES, -1, &qw, &unused, recipe);
+    const float *sx = blk ? cast_block(x, N, K, FP8_E4M3, X_CODES, &qx, recipe, 1)
+                          : cast(FP8_INPUT, x, N, K, FP8_E4M3, X_CODES, -1, &qx, &unused, recipe);
+    const float *sw = blk ? cast_block(w, M, K, FP8_E4M3, W_CODES, &qw, recipe, 0)
+                          : cast(FP8_WEIGHT, w, M, K, FP8_E4M3, W_CODES, -1, &qw, &unused, recipe);
     part_end(t, "fp8_forward_casts", 0, N, K, M);
     t = part_begin();
+    /* block scaling: DeepSeek-V3 promotes its FP8 sums to fp32 in every GEMM, so no fast accumulation */
     int rc = lt_matmul(0, 1, N, M, K, qx, CUDA_R_8F_E4M3, K, qw, CUDA_R_8F_E4M3, K, accumulate ? 1.0f : 0.0f, out,
-                       CUDA_R_16BF, M, sx, sw, fast_accum());
+                       CUDA_R_16BF, M, sx, sw, blk ? LT_SCALE_VEC128 : 0, blk ? LT_SCALE_BLK128 : 0,
+                       blk ? 0 : fast_accum());
     part_end(t, "fp8_forward_gemm", 2.0 * N * K * M, N, K, M);
+    if (rc) refused(blk, N, K, M);
+    else tc_gemms[blk]++;
     return rc;
 }
 
@@ -175,35 +249,50 @@ int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, i
  * GEMM failing after an earlier one wrote is not expected and dies) */
 int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K, int M,
                       int accumulate_dx, struct fp8_recipe recipe) {
-    int gf = recipe.grad_e5m2 ? FP8_E5M2 : FP8_E4M3, wrote = 0;
-    uint8_t *qg, *qgt, *qwt, *qxt, *unused;
+    int gf = recipe.grad_e5m2 ? FP8_E5M2 : FP8_E4M3, wrote = 0, blk = recipe.scaling == FP8_SCALING_BLOCK;
+    int row_mode = blk ? LT_SCALE_VEC128 : 0; /* 1 x 128 along the contraction, or one scale */
+    uint8_t *qg = NULL, *qgt = NULL, *qwt, *qxt, *unused;
+    const float *sg = NULL, *sgt = NULL;
     double t = part_begin();
-    const float *sg = cast(FP8_GRAD, dout, N, M, gf, dx ? G_CODES : -1, dw ? GT_CODES : -1, &qg, &qgt, recipe);
+    if (blk) { /* the two layouts' blocks run along different dimensions: two casts */
+        if (dx) sg = cast_block(dout, N, M, gf, G_CODES, &qg, recipe, 0);
+        if (dw) sgt = cast_block(dout, N, M, gf, GT_CODES, &qgt, recipe, 0);
+    } else {
+        sg = sgt = cast(FP8_GRAD, dout, N, M, gf, dx ? G_CODES : -1, dw ? GT_CODES : -1, &qg, &qgt, recipe);
+    }
     part_end(t, "fp8_backward_casts", 0, N, K, M);
     if (dx) { /* dx = dout (w^T)^T: w's codes transposed, [K, M] */
         t = part_begin();
-        const float *sw = cast(FP8_WEIGHT, w, M, K, FP8_E4M3, -1, WT_CODES, &unused, &qwt, recipe);
+        const float *sw = blk ? cast_block(w, M, K, FP8_E4M3, WT_CODES, &qwt, recipe, 0)
+                              : cast(FP8_WEIGHT, w, M, K, FP8_E4M3, -1, WT_CODES, &unused, &qwt, recipe);
         part_end(t, "fp8_backward_casts", 0, N, K, M);
         t = part_begin();
         int rc = lt_matmul(0, 1, N, K, M, qg, fp8_type(gf), M, qwt, CUDA_R_8F_E4M3, M, accumulate_dx ? 1.0f : 0.0f,
-                           dx, CUDA_R_16BF, K, sg, sw, 0);
+                           dx, CUDA_R_16BF, K, sg, sw, row_mode, blk ? LT_SCALE_BLK128 : 0, 0);
         part_end(t, "fp8_dgrad_gemm", 2.0 * N * K * M, N, K, M);
-        if (rc) return -1;
+        if (rc) {
+            refused(blk, N, M, K);
+            return -1;
+        }
+        tc_gemms[blk]++;
         wrote = 1;
     }
     if (dw) { /* dw += dout^T (x^T)^T: [M, Np] and [K, Np] codes, the contraction padded with zeros */
         t = part_begin();
-        const float *sx = cast(FP8_INPUT, x, N, K, FP8_E4M3, -1, XT_CODES, &unused, &qxt, recipe);
+        const float *sx = blk ? cast_block(x, N, K, FP8_E4M3, XT_CODES, &qxt, recipe, 1)
+                              : cast(FP8_INPUT, x, N, K, FP8_E4M3, -1, XT_CODES, &unused, &qxt, recipe);
         part_end(t, "fp8_backward_casts", 0, N, K, M);
-        int Np = padded(N);
+        int Np = blk ? padded_block(N) : padded(N);
         t = part_begin();
-        int rc = lt_matmul(0, 1, M, K, Np, qgt, fp8_type(gf), Np, qxt, CUDA_R_8F_E4M3, Np, 1.0f, dw, CUDA_R_32F, K, sg,
-                           sx, 0);
+        int rc = lt_matmul(0, 1, M, K, Np, qgt, fp8_type(gf), Np, qxt, CUDA_R_8F_E4M3, Np, 1.0f, dw, CUDA_R_32F, K,
+                           sgt, sx, row_mode, row_mode, 0);
         part_end(t, "fp8_wgrad_gemm", 2.0 * N * K * M, N, K, M);
         if (rc) {
             if (wrote) die("cuBLASLt has no FP8 algorithm for the weight gradient %dx%dx%d", M, K, N);
+            refused(blk, M, Np, K);
             return -1;
         }
+        tc_gemms[blk]++;
     }
     return 0;
 }

@@ -16,7 +16,7 @@
 #define WORKSPACE_BYTES ((size_t)32 << 20)
 
 struct plan_key {
-    int ta, tb, M, N, K, lda, ldb, ldc, beta_zero, scaled, fast_accum;
+    int ta, tb, M, N, K, lda, ldb, ldc, beta_zero, scaled, a_mode, b_mode, fast_accum;
     int a_type, b_type, c_type, align_a, align_b, align_c;
 };
 
@@ -84,6 +84,11 @@ static int make_plan(struct plan *p, const struct plan_key *k) {
         const float *dummy = (const float *)workspace;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof dummy));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof dummy));
+        if (k->a_mode || k->b_mode) { /* block scales; cuBLAS's A is our B */
+            int32_t ma = k->b_mode, mb = k->a_mode;
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+        }
     }
     cublasLtMatmulHeuristicResult_t result[ALGOS];
     int found = 0;
@@ -102,7 +107,11 @@ static int make_plan(struct plan *p, const struct plan_key *k) {
 
 int lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDataType_t a_type, int lda, const void *B,
                cudaDataType_t b_type, int ldb, float beta, void *C, cudaDataType_t c_type, int ldc,
-               const float *a_scale, const float *b_scale, int fast_accum) {
+               const float *a_scale, const float *b_scale, int a_mode, int b_mode, int fast_accum) {
+    static_assert((int)LT_SCALE_VEC128 == (int)CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F &&
+                      (int)LT_SCALE_BLK128 == (int)CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F &&
+                      (int)LT_SCALE_TENSOR == (int)CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F,
+                  "lt_scale_mode is cuBLASLt's cublasLtMatmulMatrixScale_t");
     if (!M || !N) return 0;
     if ((a_scale != NULL) != (b_scale != NULL)) die("lt_matmul: one operand scaled, the other not");
     if (!K) { /* an empty contraction (an expert without tokens): C = beta C */
@@ -112,8 +121,11 @@ int lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDa
         return 0;
     }
     /* all ints, no padding: compared with memcmp */
-    struct plan_key key = {transA, transB, M, N, K, lda, ldb, ldc, beta == 0.0f, a_scale != NULL, fast_accum != 0,
-                            (int)a_type, (int)b_type, (int)c_type, alignment(A), alignment(B), alignment(C)};
+    if (!a_scale) a_mode = b_mode = LT_SCALE_TENSOR;
+    struct plan_key key = {transA,      transB,      M,           N,           K,           lda,
+                           ldb,         ldc,         beta == 0.0f, a_scale != NULL, a_mode,   b_mode,
+                           fast_accum != 0, (int)a_type, (int)b_type, (int)c_type, alignment(A), alignment(B),
+                           alignment(C)};
     struct plan *p = NULL;
     for (int i = 0; i < nplans && !p; i++)
         if (!memcmp(&plans[i].key, &key, sizeof key)) p = &plans[i];

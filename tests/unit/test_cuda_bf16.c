@@ -145,7 +145,9 @@ static double normwise_diff(const float *a, const float *b, size_t n) {
  * GPU's record equals the CPU's exactly. */
 static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, struct fp8_recipe sc, int N, int K,
                             int M, const char *tag) {
-    int fast = sc.scaling != FP8_SCALING_BLOCK && K % 16 == 0 && M % 16 == 0;
+    int block = sc.scaling == FP8_SCALING_BLOCK;
+    int fast = block ? K % 128 == 0 && M % 128 == 0 : K % 16 == 0 && M % 16 == 0;
+    long tc0 = cuda_fp8_tensor_core_gemms(block);
     int delayed = sc.scaling == FP8_SCALING_DELAYED;
     struct fp8_recipe scg = sc, scc = sc;
     if (delayed) scg.amax = g8->alloc(sizeof(float) * FP8_OPERANDS), scc.amax = c8->alloc(sizeof(float) * FP8_OPERANDS);
@@ -168,6 +170,13 @@ static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, 
     snprintf(name, sizeof name, "cuda_fp8_%s_matmul_vs_cpu_fp8", tag);
     TEST_RESULT(name, eo <= 4e-3 && ex <= 4e-3 && ew <= wtol, "forward %.3g, dgrad %.3g (tol 4e-3), wgrad %.3g (%g)",
                 eo, ex, ew, wtol);
+    if (fast) { /* the three GEMMs ran on FP8 tensor cores, not the reference path */
+        long ran = cuda_fp8_tensor_core_gemms(block) - tc0;
+        snprintf(name, sizeof name, "cuda_fp8_%s_on_tensor_cores", tag);
+        char versions[256];
+        cuda_versions(versions, sizeof versions);
+        TEST_RESULT(name, ran == 3, "%ld of 3 GEMMs ran on cuBLASLt's FP8 GEMMs (%s)", ran, versions);
+    }
     if (delayed) {
         float rg[FP8_OPERANDS], rc[FP8_OPERANDS];
         g8->to_host(rg, scg.amax, sizeof rg);
@@ -409,6 +418,9 @@ int main(void) {
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 0}, 256, 512, 144, "tensor");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 1}, 256, 512, 144, "tensor_e5m2");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 256, 512, 144, "block_16");
+        /* block scaling on cuBLASLt's block-scaled GEMMs (K, M multiples of 128; 300 tokens: a partial token block) */
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 300, 512, 256, "block_tc");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 1}, 256, 384, 640, "block_tc_e5m2");
         /* token counts that are not multiples of 16 (MoE experts): the tensor-core path, wgrad padded */
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 0}, 300, 512, 144, "tensor_rows_300");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 1}, 37, 512, 144, "tensor_rows_37");

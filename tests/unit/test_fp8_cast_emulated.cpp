@@ -6,7 +6,14 @@
  * both formats, shapes that do and do not fill the 32 x 32 tiles, values
  * spanning many binades, a tensor holding an infinity (its inverse
  * scale is NaN), delayed scaling's given exponents (one that saturates the
- * largest values) and its amax record (a non-finite amax sticks as NaN). */
+ * largest values) and its amax record (a non-finite amax sticks as NaN).
+ * Block scaling's casts likewise: 1 x 128 blocks along the rows, 128 x 1
+ * blocks along the columns written transposed (rows padded to 128 with
+ * zero codes), 128 x 128 blocks row-major and transposed; each block's
+ * codes and inverse scale bitwise against the host's, at the index
+ * cuBLASLt's VEC128_32F / BLK128x128_32F layouts read it from, a block
+ * holding an infinity (its scale NaN, its neighbours untouched), blocks
+ * of very different magnitudes, aligned and unaligned buffers. */
 #include <algorithm>
 
 #include "tests/unit/cuda_emulation.h"
@@ -93,6 +100,116 @@ static void record_case() {
     result(std::isnan(__uint_as_float(rec_bits)), "record", "nonfinite_sticks", "an infinity did not leave NaN");
 }
 
+/* the host's block reference: x [rows, cols] in br x bc blocks; codes of
+ * each value scaled by its block's 2^k, and the block's 2^-k (NaN where
+ * the block holds an infinity) */
+static void host_blocks(const std::vector<uint16_t> &x, int rows, int cols, int br, int bc, int format,
+                        std::vector<uint8_t> &codes, std::vector<float> &inv_rm) {
+    int nbr = (rows + br - 1) / br, nbc = (cols + bc - 1) / bc;
+    codes.assign((size_t)rows * cols, 0);
+    inv_rm.assign((size_t)nbr * nbc, 0);
+    for (int b = 0; b < nbr * nbc; b++) {
+        int r0 = b / nbc * br, c0 = b % nbc * bc;
+        float amax = 0;
+        for (int r = r0; r < std::min(r0 + br, rows); r++)
+            for (int c = c0; c < std::min(c0 + bc, cols); c++) amax = fmaxf(amax, fabsf(bf16_to_float(x[(size_t)r * cols + c])));
+        int fin = std::isfinite(amax), k = fp8_scale_exp(fin ? amax : 0.0f, format);
+        inv_rm[b] = fin ? fp8_pow2(-k) : NAN;
+        for (int r = r0; r < std::min(r0 + br, rows); r++)
+            for (int c = c0; c < std::min(c0 + bc, cols); c++)
+                codes[(size_t)r * cols + c] = fp8_bits(bf16_to_float(x[(size_t)r * cols + c]) * fp8_pow2(k), format);
+    }
+}
+
+static int same_scales(const std::vector<float> &a, const std::vector<float> &b) {
+    if (a.size() != b.size()) return 0;
+    for (size_t i = 0; i < a.size(); i++)
+        if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return 0;
+    return 1;
+}
+
+/* test data for the block casts: each row and column band at its own magnitude, an infinity if asked */
+static std::vector<uint16_t> block_data(int rows, int cols, int with_inf) {
+    std::vector<uint16_t> x((size_t)rows * cols);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            x[(size_t)r * cols + c] = bf16_bits(ldexpf(rnd(), (r % 5) * 3 - (c / 128) * 4 + (c % 7) - 3));
+    if (with_inf) x[(size_t)(rows / 2) * cols + cols - 1] = 0xff80; /* -inf, in the last column block */
+    return x;
+}
+
+/* 1 x 128 along the rows: codes row-major, scales [cols / 128, rows] */
+static void rows128_case(int rows, int cols, int format, int with_inf, int misalign, const char *tag) {
+    std::vector<uint16_t> x = block_data(rows, cols, with_inf);
+    std::vector<uint8_t> want;
+    std::vector<float> inv_rm;
+    host_blocks(x, rows, cols, 1, BLK, format, want, inv_rm);
+    int nbc = cols / BLK;
+    std::vector<float> want_inv((size_t)nbc * rows);
+    for (int r = 0; r < rows; r++)
+        for (int cb = 0; cb < nbc; cb++) want_inv[(size_t)cb * rows + r] = inv_rm[(size_t)r * nbc + cb];
+    std::vector<uint16_t> xs(x.size() + 8);
+    uint16_t *xp = xs.data() + (misalign ? 1 : 0);
+    std::copy(x.begin(), x.end(), xp);
+    std::vector<uint8_t> qs(x.size() + 8, 0xaa);
+    uint8_t *qp = qs.data() + (misalign ? 1 : 0);
+    std::vector<float> inv(want_inv.size(), -1.0f);
+    emu_launch(dim3_{2, 1, 1}, dim3_{64, 1, 1}, [&]() { cast_rows128_k(qp, inv.data(), xp, rows, cols, format); });
+    result(std::vector<uint8_t>(qp, qp + x.size()) == want, "rows128_codes", tag, "not bitwise the host's");
+    result(same_scales(inv, want_inv), "rows128_scales", tag, "not the host's 2^-k at [cb * rows + r]");
+}
+
+/* 128 x 1 along the columns, transposed: codes [cols, ld] (ld: rows rounded up to 128, zero codes past rows),
+ * scales [ld / 128, cols] */
+static void cols128_t_case(int rows, int cols, int format, int with_inf, int misalign, const char *tag) {
+    std::vector<uint16_t> x = block_data(rows, cols, with_inf);
+    std::vector<uint8_t> codes;
+    std::vector<float> inv_rm;
+    host_blocks(x, rows, cols, BLK, 1, format, codes, inv_rm); /* inv_rm [rb][c]: already the layout wanted */
+    int ld = (rows + BLK - 1) / BLK * BLK;
+    std::vector<uint8_t> want((size_t)cols * ld, 0);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) want[(size_t)c * ld + r] = codes[(size_t)r * cols + c];
+    std::vector<uint8_t> qs(want.size() + 8, 0xaa);
+    uint8_t *qp = qs.data() + (misalign ? 1 : 0);
+    std::vector<float> inv(inv_rm.size(), -1.0f);
+    dim3_ grid{(unsigned)(ld / BLK), (unsigned)(cols + COLS_T - 1) / COLS_T, 1};
+    emu_launch(grid, dim3_{32, 8, 1}, [&]() { cast_cols128_t_k(qp, inv.data(), x.data(), rows, cols, ld, format); });
+    result(std::vector<uint8_t>(qp, qp + want.size()) == want, "cols128_t_codes", tag,
+           "not bitwise the host's, transposed (zero codes in the padding)");
+    result(same_scales(inv, inv_rm), "cols128_t_scales", tag, "not the host's 2^-k at [rb * cols + c]");
+}
+
+/* 128 x 128 blocks: codes row-major and transposed, scales row-major over the blocks and transposed */
+static void block128_case(int rows, int cols, int format, int with_inf, const char *tag) {
+    std::vector<uint16_t> x = block_data(rows, cols, with_inf);
+    std::vector<uint8_t> want;
+    std::vector<float> inv_rm;
+    host_blocks(x, rows, cols, BLK, BLK, format, want, inv_rm);
+    int nbr = rows / BLK, nbc = cols / BLK;
+    std::vector<uint8_t> want_t(want.size());
+    std::vector<float> want_inv_t(inv_rm.size());
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) want_t[(size_t)c * rows + r] = want[(size_t)r * cols + c];
+    for (int rb = 0; rb < nbr; rb++)
+        for (int cb = 0; cb < nbc; cb++) want_inv_t[(size_t)cb * nbr + rb] = inv_rm[(size_t)rb * nbc + cb];
+    std::vector<uint8_t> q(want.size(), 0xaa), qt(want.size(), 0xaa);
+    std::vector<float> inv(inv_rm.size(), -1.0f), inv_t(inv_rm.size(), -1.0f);
+    dim3_ grid{(unsigned)nbr, (unsigned)nbc, 1};
+    emu_launch(grid, dim3_{32, 8, 1},
+               [&]() { cast_block128_k(q.data(), inv.data(), qt.data(), inv_t.data(), x.data(), rows, cols, format); });
+    result(q == want, "block128_codes", tag, "not bitwise the host's");
+    result(qt == want_t, "block128_codes_transposed", tag, "not bitwise the host's, transposed");
+    result(same_scales(inv, inv_rm) && same_scales(inv_t, want_inv_t), "block128_scales", tag,
+           "not the host's 2^-k, row-major over the blocks and transposed");
+    /* one layout alone: the other untouched */
+    std::vector<uint8_t> qt2(want.size(), 0xaa);
+    std::vector<float> inv_t2(inv_rm.size(), -1.0f);
+    emu_launch(grid, dim3_{32, 8, 1},
+               [&]() { cast_block128_k(NULL, NULL, qt2.data(), inv_t2.data(), x.data(), rows, cols, format); });
+    result(qt2 == want_t && same_scales(inv_t2, want_inv_t), "block128_transposed_only", tag, "differs");
+}
+
 int main() {
     run_case(45, 70, FP8_E4M3, 0, 0, "e4m3_45x70");
     run_case(64, 32, FP8_E5M2, 0, 0, "e5m2_64x32");
@@ -104,5 +221,13 @@ int main() {
     run_case(45, 70, FP8_E4M3, 0, 0, "e4m3_45x70_unaligned", 1);
     run_case(33, 40, FP8_E5M2, 1, 0, "e5m2_with_inf_unaligned", 1);
     record_case();
+    rows128_case(5, 256, FP8_E4M3, 0, 0, "e4m3_5x256");
+    rows128_case(9, 384, FP8_E5M2, 1, 0, "e5m2_9x384_with_inf");
+    rows128_case(5, 256, FP8_E4M3, 0, 1, "e4m3_5x256_unaligned");
+    cols128_t_case(300, 40, FP8_E4M3, 0, 0, "e4m3_300x40"); /* 300 rows: 84 padding; 40 columns: a partial tile */
+    cols128_t_case(128, 32, FP8_E5M2, 1, 0, "e5m2_128x32_with_inf");
+    cols128_t_case(37, 40, FP8_E5M2, 0, 1, "e5m2_37x40_unaligned");
+    block128_case(256, 384, FP8_E4M3, 0, "e4m3_256x384");
+    block128_case(128, 256, FP8_E4M3, 1, "e4m3_128x256_with_inf");
     return failures ? 1 : 0;
 }
