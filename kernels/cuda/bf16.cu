@@ -288,9 +288,11 @@ static void fp8_matmul_forward(float *out, const float *x, const float *w, int N
 static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
                                 int M, int accumulate_dx, struct fp8_recipe recipe) {
     const void *outs[] = {dx, dw};
-    if (!cuda_fp8_gemm_usable(N, K, M, outs, 2, recipe.scaling == FP8_SCALING_BLOCK) ||
-        cuda_fp8_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe))
-        ref_fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe);
+    int rc = cuda_fp8_gemm_usable(N, K, M, outs, 2, recipe.scaling == FP8_SCALING_BLOCK)
+                 ? cuda_fp8_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe)
+                 : -1;
+    if (rc) /* 1: dx is done, the weight gradient alone takes the reference path */
+        ref_fp8_matmul_backward(rc > 0 ? NULL : dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe);
 }
 
 #define BF16_TABLE cuda_bf16_backend

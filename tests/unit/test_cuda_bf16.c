@@ -146,7 +146,7 @@ static double normwise_diff(const float *a, const float *b, size_t n) {
 static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, struct fp8_recipe sc, int N, int K,
                             int M, const char *tag) {
     int block = sc.scaling == FP8_SCALING_BLOCK;
-    int fast = block ? K % 128 == 0 && M % 128 == 0 : K % 16 == 0 && M % 16 == 0;
+    int fast = block ? K % 512 == 0 && M % 512 == 0 : K % 16 == 0 && M % 16 == 0;
     long tc0 = cuda_fp8_tensor_core_gemms(block);
     int delayed = sc.scaling == FP8_SCALING_DELAYED;
     struct fp8_recipe scg = sc, scc = sc;
@@ -193,12 +193,14 @@ static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, 
 
 /* FP8 input groups (fp8_recipe.input_group) on the GPU: a grouped GEMM is
  * bitwise the ungrouped one, also when the group's GEMMs take different
- * paths (M 130: the reference path; 144: the tensor-core path), forward and
+ * paths (M 130: the reference path; 144: the tensor-core path; under block
+ * scaling 144 and 512), forward and
  * weight gradient; and the tensor-core path really reuses the codes: x
  * halved in place inside a group leaves the output as it was, a new group
  * sees the change. */
 static void test_fp8_input_groups(const struct backend *g8, struct fp8_recipe sc, const char *tag) {
-    const int N = 256, K = 512, M1 = 130, M = 144;
+    const int block = sc.scaling == FP8_SCALING_BLOCK; /* block: M 144 takes the reference path, 512 the tensor cores */
+    const int N = 256, K = 512, M1 = block ? 144 : 130, M = block ? 512 : 144;
     size_t nx = (size_t)N * K, no = (size_t)N * M, nw = (size_t)M * K;
     float *x = rnd(nx), *w1 = rnd((size_t)M1 * K), *w2 = rnd(nw), *dout = rnd(no);
     float *X = pack(x, nx), *W1 = pack(w1, (size_t)M1 * K), *W2 = pack(w2, nw), *D = pack(dout, no);
@@ -418,9 +420,11 @@ int main(void) {
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 0}, 256, 512, 144, "tensor");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 1}, 256, 512, 144, "tensor_e5m2");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 256, 512, 144, "block_16");
-        /* block scaling on cuBLASLt's block-scaled GEMMs (K, M multiples of 128; 300 tokens: a partial token block) */
-        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 300, 512, 256, "block_tc");
-        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 1}, 256, 384, 640, "block_tc_e5m2");
+        /* block scaling on cuBLASLt's block-scaled GEMMs (K, M multiples of 512; 300 tokens: a partial token
+         * block), and K, M multiples of 128 only: the reference path */
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 300, 512, 512, "block_tc");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 1}, 256, 1024, 1536, "block_tc_e5m2");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 256, 384, 640, "block_128_reference");
         /* token counts that are not multiples of 16 (MoE experts): the tensor-core path, wgrad padded */
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 0}, 300, 512, 144, "tensor_rows_300");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 1}, 37, 512, 144, "tensor_rows_37");
@@ -429,6 +433,7 @@ int main(void) {
         test_fp8_matmul(g8, c8, d, 256, 512, 144, "delayed");
         test_fp8_matmul(g8, c8, d, 300, 520, 130, "delayed_reference");
         test_fp8_input_groups(g8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR}, "tensor");
+        test_fp8_input_groups(g8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK}, "block");
     } else {
         printf("SKIP cuda_fp8: this GPU has no FP8 tensor cores\n");
     }
