@@ -70,6 +70,10 @@ long cuda_fp8_tensor_core_gemms(int block) {
     (void)block;
     return 0;
 }
+int cuda_fp8_block_layout_probe(char *msg, size_t n) {
+    snprintf(msg, n, "this build has no CUDA backend");
+    return -1;
+}
 int cuda_device_count(void) { return 0; }
 const char *cuda_device_error(void) { return "this build has no CUDA backend"; }
 int cuda_device_pci_id(char *buf, int n) {

@@ -255,6 +255,10 @@ int cuda_device_has_fp8(void);
 /* How many FP8 GEMMs ran on FP8 tensor cores so far (not the reference
  * path), with block scales (block 1) or per-tensor ones; 0 without CUDA. */
 long cuda_fp8_tensor_core_gemms(int block);
+/* One block-scaled FP8 GEMM on the GPU against the host under each reading
+ * of its scale layouts (kernels/cuda/fp8_gemm.cu): 1 mtrain's matches, 0
+ * another or none does, -1 no block-scaled GEMM here; msg says which. */
+int cuda_fp8_block_layout_probe(char *msg, size_t n);
 /* This build has the CUDA backend and a GPU is visible. */
 int cuda_backend_available(void);
 /* Let cuBLAS use TF32 tensor cores for fp32 matmuls (CUDA backend only). */

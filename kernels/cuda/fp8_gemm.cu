@@ -299,3 +299,85 @@ int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, c
     }
     return 0;
 }
+
+/* Which layout cuBLASLt reads block scales in, on this GPU: one forward GEMM
+ * (N 256, K 512, M 512) of random e4m3 codes, each block's scale a different
+ * power of two, against the host's double sums under each reading of the
+ * two scale arrays: 1 x 128 rows fastest (ours) or blocks fastest, 128 x 128
+ * row-major over the blocks (ours) or column-major. A wrong reading moves
+ * outputs by factors of two. Returns 1 if ours matches, 0 if another does or
+ * none (msg says which), -1 if cuBLASLt has no block-scaled GEMM here. */
+int cuda_fp8_block_layout_probe(char *msg, size_t n) {
+    const int N = 256, K = 512, M = 512, KB = K / BLK, MB = M / BLK;
+    size_t nx = (size_t)N * K, nw = (size_t)M * K;
+    uint8_t *hx = (uint8_t *)malloc(nx), *hw = (uint8_t *)malloc(nw);
+    float *sx = (float *)malloc(sizeof(float) * N * KB), *sw = (float *)malloc(sizeof(float) * MB * KB);
+    uint16_t *ho = (uint16_t *)malloc(2 * (size_t)N * M);
+    if (!hx || !hw || !sx || !sw || !ho) die("out of memory");
+    unsigned long long st = 99;
+    for (size_t i = 0; i < nx + nw; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        float v = (float)((st >> 40) / (double)(1ull << 24) * 2.0 - 1.0) * 400.0f;
+        (i < nx ? hx[i] : hw[i - nx]) = fp8_bits(v, FP8_E4M3);
+    }
+    for (int i = 0; i < N * KB; i++) sx[i] = fp8_pow2(-(i % 7));
+    for (int i = 0; i < MB * KB; i++) sw[i] = fp8_pow2(-(i % 5) - 3);
+    uint8_t *dx, *dw;
+    float *dsx, *dsw;
+    void *dout;
+    CUDA_CHECK(cudaMalloc(&dx, nx));
+    CUDA_CHECK(cudaMalloc(&dw, nw));
+    CUDA_CHECK(cudaMalloc(&dsx, sizeof(float) * N * KB));
+    CUDA_CHECK(cudaMalloc(&dsw, sizeof(float) * MB * KB));
+    CUDA_CHECK(cudaMalloc(&dout, 2 * (size_t)N * M));
+    CUDA_CHECK(cudaMemcpy(dx, hx, nx, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dw, hw, nw, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dsx, sx, sizeof(float) * N * KB, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dsw, sw, sizeof(float) * MB * KB, cudaMemcpyHostToDevice));
+    int rc = cuda_blaslt_version() < 120900
+                 ? -1
+                 : lt_matmul(0, 1, N, M, K, dx, CUDA_R_8F_E4M3, K, dw, CUDA_R_8F_E4M3, K, 0.0f, dout, CUDA_R_16BF, M,
+                             dsx, dsw, LT_SCALE_VEC128, LT_SCALE_BLK128, 0);
+    int verdict = -1;
+    if (rc) {
+        snprintf(msg, n, "cuBLASLt %zu has no block-scaled FP8 GEMM for %dx%dx%d", cuda_blaslt_version(), N, K, M);
+    } else {
+        CUDA_CHECK(cudaMemcpy(ho, dout, 2 * (size_t)N * M, cudaMemcpyDeviceToHost));
+        const char *names[4] = {"1x128 rows fastest, 128x128 row-major (mtrain's)",
+                                "1x128 blocks fastest, 128x128 row-major", "1x128 rows fastest, 128x128 column-major",
+                                "1x128 blocks fastest, 128x128 column-major"};
+        double err[4];
+        for (int r = 0; r < 4; r++) {
+            double num = 0, den = 0;
+            for (int i = 0; i < N; i++)
+                for (int j = 0; j < M; j++) {
+                    double acc = 0;
+                    for (int kb = 0; kb < KB; kb++) {
+                        double part = 0;
+                        for (int k = kb * BLK; k < (kb + 1) * BLK; k++)
+                            part += (double)fp8_to_float(hx[(size_t)i * K + k], FP8_E4M3) *
+                                    fp8_to_float(hw[(size_t)j * K + k], FP8_E4M3);
+                        double a = r & 1 ? sx[i * KB + kb] : sx[kb * N + i];
+                        double b = r & 2 ? sw[kb * MB + j / BLK] : sw[(j / BLK) * KB + kb];
+                        acc += part * a * b;
+                    }
+                    double got = fp8_f32_from_bits((uint32_t)ho[(size_t)i * M + j] << 16);
+                    num += (got - acc) * (got - acc), den += acc * acc;
+                }
+            err[r] = sqrt(num / (den > 0 ? den : 1));
+        }
+        int best = 0;
+        for (int r = 1; r < 4; r++)
+            if (err[r] < err[best]) best = r;
+        verdict = best == 0 && err[0] <= 1e-2;
+        snprintf(msg, n, "closest reading: %s (norm-wise %.2g; mtrain's %.2g; the others %.2g %.2g %.2g)", names[best],
+                 err[best], err[0], err[1], err[2], err[3]);
+    }
+    CUDA_CHECK(cudaFree(dx));
+    CUDA_CHECK(cudaFree(dw));
+    CUDA_CHECK(cudaFree(dsx));
+    CUDA_CHECK(cudaFree(dsw));
+    CUDA_CHECK(cudaFree(dout));
+    free(hx), free(hw), free(sx), free(sw), free(ho);
+    return verdict;
+}

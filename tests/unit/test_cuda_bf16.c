@@ -420,6 +420,11 @@ int main(void) {
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 0}, 256, 512, 144, "tensor");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 1}, 256, 512, 144, "tensor_e5m2");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 256, 512, 144, "block_16");
+        { /* cuBLASLt reads the block scales where fp8_cast.cuh writes them (a wrong reading: which is right) */
+            char msg[400];
+            int v = cuda_fp8_block_layout_probe(msg, sizeof msg);
+            TEST_RESULT("cuda_fp8_block_scale_layout", v == 1, "%s", msg);
+        }
         /* block scaling on cuBLASLt's block-scaled GEMMs (K, M multiples of 512; 300 tokens: a partial token
          * block), and K, M multiples of 128 only: the reference path */
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 300, 512, 512, "block_tc");
