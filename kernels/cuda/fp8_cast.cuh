@@ -82,38 +82,53 @@ __global__ void cast_k(uint8_t *q, float *inv, const uint16_t *x, size_t n, cons
 
 /* the same codes transposed, qt [cols, ld] (ld >= rows: columns rows .. ld-1
  * of qt are zero codes, padding a contraction over the rows to the GEMM's
- * multiple of 16; ld at most rows rounded up to 32), through a 32 x 32 tile in shared memory
- * so both the reads and the writes run along rows; blocks of 32 x 8
- * threads, grid (rows / 32, cols / 32) rounded up (rows on x: its limit is
- * 2^31 - 1 blocks, y's 65535). Where qt and ld allow (4-byte aligned, ld a
- * multiple of 4: fp8_gemm.cu's buffers and padded rows) each thread writes
- * four codes at once, else one. */
-#define TT 32
+ * multiple of 16; ld at most rows rounded up to TT), through a TT x TT tile
+ * of codes in shared memory, so both the reads and the writes run along
+ * rows. Blocks of 32 x 8 threads, grid (rows / TT, cols / TT) rounded up
+ * (rows on x: its limit is 2^31 - 1 blocks, y's 65535). A thread reads
+ * eight bf16 values at once (one 16-byte load) where x is 16-byte aligned
+ * and cols a multiple of 8, and writes sixteen codes at once (one 16-byte
+ * store) where qt is 16-byte aligned and ld a multiple of 16 (fp8_gemm.cu's
+ * buffers and padded rows), else one value at a time: the first GPU
+ * profile (H200, 2026-11-26) had the FP8 ops, casts included, slower than
+ * bf16's GEMMs, with 2-byte reads here. */
+#define TT 64
 __global__ void cast_t_k(uint8_t *qt, float *inv, const uint16_t *x, int rows, int cols, int ld, const unsigned *amax,
                          int format, int k_fixed) {
     __shared__ uint8_t tile[TT][TT + 4];
     float s = cast_scale(amax, format, k_fixed, inv);
-    int r0 = blockIdx.x * TT, c0 = blockIdx.y * TT;
-    for (int i = threadIdx.y; i < TT; i += blockDim.y) {
-        int r = r0 + i, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) tile[i][threadIdx.x] = fp8_bits(widen1(x[(size_t)r * cols + c]) * s, format);
+    int r0 = blockIdx.x * TT, c0 = blockIdx.y * TT, t = threadIdx.y * blockDim.x + threadIdx.x;
+    int nt = blockDim.x * blockDim.y;
+    int vec_in = ((uintptr_t)x & 15) == 0 && cols % 8 == 0;
+    for (int i = t; i < TT * TT / 8; i += nt) { /* eight values: row i / 8, columns 8 (i % 8) .. + 7 */
+        int row = i / (TT / 8), c8 = i % (TT / 8) * 8, r = r0 + row, c = c0 + c8;
+        if (vec_in && r < rows && c + 8 <= cols) {
+            uint4 v = *reinterpret_cast<const uint4 *>(x + (size_t)r * cols + c);
+            const unsigned w[4] = {v.x, v.y, v.z, v.w};
+            for (int j = 0; j < 4; j++) {
+                unsigned two = codes2(w[j], s, format);
+                tile[row][c8 + 2 * j] = (uint8_t)two, tile[row][c8 + 2 * j + 1] = (uint8_t)(two >> 8);
+            }
+        } else {
+            for (int j = 0; j < 8; j++)
+                tile[row][c8 + j] = r < rows && c + j < cols ? fp8_bits(widen1(x[(size_t)r * cols + c + j]) * s, format) : 0;
+        }
     }
     __syncthreads();
-    if (((uintptr_t)qt & 3) == 0 && ld % 4 == 0) {
-        int nt = blockDim.x * blockDim.y;
-        for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < TT * TT / 4; i += nt) {
-            int j = i / (TT / 4), rq = i % (TT / 4) * 4, c = c0 + j, r = r0 + rq;
-            if (r >= ld || c >= cols) continue; /* ld % 4 == 0: the four rows r .. r + 3 are all below ld */
-            unsigned word = 0;
+    int vec_out = ((uintptr_t)qt & 15) == 0 && ld % 16 == 0;
+    for (int i = t; i < TT * TT / 16; i += nt) { /* sixteen codes: qt row c0 + i / 4, columns r0 + 16 (i % 4) .. + 15 */
+        int j = i / (TT / 16), r16 = i % (TT / 16) * 16, c = c0 + j, r = r0 + r16;
+        if (c >= cols || r >= ld) continue;
+        uint8_t *to = qt + (size_t)c * ld + r;
+        if (vec_out && r + 16 <= ld) { /* past rows the tile holds zero codes */
+            unsigned w[4];
             for (int e = 0; e < 4; e++)
-                if (r + e < rows) word |= (unsigned)tile[rq + e][j] << (8 * e);
-            *reinterpret_cast<unsigned *>(qt + (size_t)c * ld + r) = word;
+                w[e] = tile[r16 + 4 * e][j] | (unsigned)tile[r16 + 4 * e + 1][j] << 8 |
+                       (unsigned)tile[r16 + 4 * e + 2][j] << 16 | (unsigned)tile[r16 + 4 * e + 3][j] << 24;
+            *reinterpret_cast<uint4 *>(to) = uint4{w[0], w[1], w[2], w[3]};
+        } else {
+            for (int e = 0; e < 16 && r + e < ld; e++) to[e] = tile[r16 + e][j];
         }
-        return;
-    }
-    for (int j = threadIdx.y; j < TT; j += blockDim.y) {
-        int c = c0 + j, r = r0 + threadIdx.x;
-        if (r < ld && c < cols) qt[(size_t)c * ld + r] = r < rows ? tile[threadIdx.x][j] : 0;
     }
 }
 
@@ -180,42 +195,56 @@ __global__ void cast_rows128_k(uint8_t *q, float *inv, const uint16_t *x, int ro
  * x's rows (the weight gradient's operands, contracted over the tokens):
  * ld a multiple of 128 at least rows, the columns rows .. ld - 1 of qt zero
  * codes; inv [ld / 128, cols]. Blocks of 32 x 8 threads, grid (ld / 128,
- * cols / 32 rounded up): each stages a 128 x 32 tile, takes each column's
- * amax, and writes four codes a thread (qt 4-byte aligned), else one. */
-#define COLS_T 32
+ * cols / COLS_T rounded up): each stages a 128 x COLS_T tile of x (eight
+ * values a 16-byte load where x is 16-byte aligned and cols a multiple of
+ * 8), takes each column's amax, and writes sixteen codes a 16-byte store
+ * (qt 16-byte aligned), else one value at a time. */
+#define COLS_T 64
 __global__ void cast_cols128_t_k(uint8_t *qt, float *inv, const uint16_t *x, int rows, int cols, int ld, int format) {
-    __shared__ uint16_t tile[BLK][COLS_T + 2];
-    __shared__ unsigned part[8][COLS_T];
+    __shared__ uint16_t tile[BLK][COLS_T + 8];
+    __shared__ unsigned part[4][COLS_T];
     __shared__ float scale[COLS_T];
-    int tx = threadIdx.x, ty = threadIdx.y, r0 = blockIdx.x * BLK, c0 = blockIdx.y * COLS_T, c = c0 + tx;
-    unsigned run = 0;
-    for (int i = ty; i < BLK; i += 8) {
-        int r = r0 + i;
-        uint16_t v = r < rows && c < cols ? x[(size_t)r * cols + c] : 0;
-        tile[i][tx] = v;
-        run = max(run, (unsigned)(v & 0x7fffu) << 16);
-    }
-    part[ty][tx] = run;
-    __syncthreads();
-    if (ty == 0) {
-        for (int j = 1; j < 8; j++) run = max(run, part[j][tx]);
-        float iv;
-        scale[tx] = block_scale(run, format, &iv);
-        if (c < cols) inv[(size_t)blockIdx.x * cols + c] = iv;
-    }
-    __syncthreads();
-    int aligned = ((uintptr_t)qt & 3) == 0 && ld % 4 == 0, t = ty * 32 + tx;
-    for (int w = t; w < COLS_T * BLK / 4; w += 256) { /* word w: column w / 32, rows 4 (w % 32) .. + 3 */
-        int j = w / (BLK / 4), rq = w % (BLK / 4) * 4, cc = c0 + j;
-        if (cc >= cols) continue;
-        unsigned word = 0;
-        for (int e = 0; e < 4; e++)
-            if (r0 + rq + e < rows) word |= (unsigned)fp8_bits(widen1(tile[rq + e][j]) * scale[j], format) << (8 * e);
-        uint8_t *to = qt + (size_t)cc * ld + r0 + rq;
-        if (aligned) {
-            *reinterpret_cast<unsigned *>(to) = word;
+    int r0 = blockIdx.x * BLK, c0 = blockIdx.y * COLS_T, t = threadIdx.y * blockDim.x + threadIdx.x;
+    int nt = blockDim.x * blockDim.y, vec_in = ((uintptr_t)x & 15) == 0 && cols % 8 == 0;
+    for (int i = t; i < BLK * COLS_T / 8; i += nt) { /* eight values: row i / 8, columns 8 (i % 8) .. + 7 */
+        int row = i / (COLS_T / 8), c8 = i % (COLS_T / 8) * 8, r = r0 + row, c = c0 + c8;
+        if (vec_in && r < rows && c + 8 <= cols) {
+            uint4 v = *reinterpret_cast<const uint4 *>(x + (size_t)r * cols + c);
+            const unsigned w[4] = {v.x, v.y, v.z, v.w};
+            for (int j = 0; j < 4; j++) tile[row][c8 + 2 * j] = (uint16_t)w[j], tile[row][c8 + 2 * j + 1] = (uint16_t)(w[j] >> 16);
         } else {
-            for (int e = 0; e < 4; e++) to[e] = (uint8_t)(word >> (8 * e));
+            for (int j = 0; j < 8; j++) tile[row][c8 + j] = r < rows && c + j < cols ? x[(size_t)r * cols + c + j] : 0;
+        }
+    }
+    __syncthreads();
+    for (int i = t; i < 4 * COLS_T; i += nt) { /* a quarter of a column's rows: column i % COLS_T */
+        int j = i % COLS_T, q = i / COLS_T;
+        unsigned run = 0;
+        for (int e = 0; e < BLK / 4; e++) run = max(run, (unsigned)(tile[q * (BLK / 4) + e][j] & 0x7fffu) << 16);
+        part[q][j] = run;
+    }
+    __syncthreads();
+    for (int j = t; j < COLS_T; j += nt) {
+        unsigned run = max(max(part[0][j], part[1][j]), max(part[2][j], part[3][j]));
+        float iv;
+        scale[j] = block_scale(run, format, &iv);
+        if (c0 + j < cols) inv[(size_t)blockIdx.x * cols + c0 + j] = iv;
+    }
+    __syncthreads();
+    int vec_out = ((uintptr_t)qt & 15) == 0 && ld % 16 == 0;
+    for (int i = t; i < COLS_T * BLK / 16; i += nt) { /* sixteen codes: qt row c0 + i / 8, columns r0 + 16 (i % 8) .. */
+        int j = i / (BLK / 16), r16 = i % (BLK / 16) * 16, c = c0 + j;
+        if (c >= cols) continue;
+        uint8_t b[16];
+        for (int e = 0; e < 16; e++) b[e] = fp8_bits(widen1(tile[r16 + e][j]) * scale[j], format); /* zeros past rows */
+        uint8_t *to = qt + (size_t)c * ld + r0 + r16;
+        if (vec_out) {
+            unsigned w[4];
+            for (int e = 0; e < 4; e++)
+                w[e] = b[4 * e] | (unsigned)b[4 * e + 1] << 8 | (unsigned)b[4 * e + 2] << 16 | (unsigned)b[4 * e + 3] << 24;
+            *reinterpret_cast<uint4 *>(to) = uint4{w[0], w[1], w[2], w[3]};
+        } else {
+            for (int e = 0; e < 16; e++) to[e] = b[e];
         }
     }
 }

@@ -108,7 +108,7 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
     }
     if (*qt) {
         dim3 grid((rows + TT - 1) / TT, (cols + TT - 1) / TT);
-        cast_t_k<<<grid, dim3(TT, 8)>>>(*qt, *q ? NULL : inv, (const uint16_t *)x, rows, cols, padded(rows), amax,
+        cast_t_k<<<grid, dim3(32, 8)>>>(*qt, *q ? NULL : inv, (const uint16_t *)x, rows, cols, padded(rows), amax,
                                         format, k);
         LAUNCH_CHECK();
     }

@@ -71,7 +71,7 @@ static void run_case(int rows, int cols, int format, int with_inf, int k_shift, 
     emu_launch(dim3_{2, 1, 1}, dim3_{64, 1, 1}, [&]() { cast_k(qp, &inv, xp, n, &dev_amax, format, k_fixed); });
     std::vector<uint8_t> q(qp, qp + n);
     dim3_ tiles{(unsigned)(rows + TT - 1) / TT, (unsigned)(cols + TT - 1) / TT, 1};
-    emu_launch(tiles, dim3_{TT, 8, 1},
+    emu_launch(tiles, dim3_{32, 8, 1},
                [&]() { cast_t_k(qtp, &inv_t, xp, rows, cols, ld, &dev_amax, format, k_fixed); });
     std::vector<uint8_t> qt(qtp, qtp + (size_t)cols * ld);
     result(q == want, "codes", tag, "not bitwise the host's");
@@ -172,9 +172,12 @@ static void cols128_t_case(int rows, int cols, int format, int with_inf, int mis
         for (int c = 0; c < cols; c++) want[(size_t)c * ld + r] = codes[(size_t)r * cols + c];
     std::vector<uint8_t> qs(want.size() + 8, 0xaa);
     uint8_t *qp = qs.data() + (misalign ? 1 : 0);
+    std::vector<uint16_t> xs(x.size() + 8);
+    uint16_t *xp = xs.data() + (misalign ? 1 : 0);
+    std::copy(x.begin(), x.end(), xp);
     std::vector<float> inv(inv_rm.size(), -1.0f);
     dim3_ grid{(unsigned)(ld / BLK), (unsigned)(cols + COLS_T - 1) / COLS_T, 1};
-    emu_launch(grid, dim3_{32, 8, 1}, [&]() { cast_cols128_t_k(qp, inv.data(), x.data(), rows, cols, ld, format); });
+    emu_launch(grid, dim3_{32, 8, 1}, [&]() { cast_cols128_t_k(qp, inv.data(), xp, rows, cols, ld, format); });
     result(std::vector<uint8_t>(qp, qp + want.size()) == want, "cols128_t_codes", tag,
            "not bitwise the host's, transposed (zero codes in the padding)");
     result(same_scales(inv, inv_rm), "cols128_t_scales", tag, "not the host's 2^-k at [rb * cols + c]");
@@ -220,6 +223,7 @@ int main() {
     run_case(64, 32, FP8_E5M2, 0, -2, "e5m2_delayed_headroom");
     run_case(45, 70, FP8_E4M3, 0, 0, "e4m3_45x70_unaligned", 1);
     run_case(33, 40, FP8_E5M2, 1, 0, "e5m2_with_inf_unaligned", 1);
+    run_case(130, 136, FP8_E4M3, 0, 0, "e4m3_130x136"); /* several 64 x 64 tiles each way, the last ones partial */
     record_case();
     rows128_case(5, 256, FP8_E4M3, 0, 0, "e4m3_5x256");
     rows128_case(9, 384, FP8_E5M2, 1, 0, "e5m2_9x384_with_inf");
@@ -227,6 +231,8 @@ int main() {
     cols128_t_case(300, 40, FP8_E4M3, 0, 0, "e4m3_300x40"); /* 300 rows: 84 padding; 40 columns: a partial tile */
     cols128_t_case(128, 32, FP8_E5M2, 1, 0, "e5m2_128x32_with_inf");
     cols128_t_case(37, 40, FP8_E5M2, 0, 1, "e5m2_37x40_unaligned");
+    cols128_t_case(130, 136, FP8_E4M3, 0, 0, "e4m3_130x136"); /* three column tiles, the last partial */
+    cols128_t_case(129, 70, FP8_E4M3, 1, 0, "e4m3_129x70_with_inf"); /* 70 columns: one value at a time */
     block128_case(256, 384, FP8_E4M3, 0, "e4m3_256x384");
     block128_case(128, 256, FP8_E4M3, 1, "e4m3_128x256_with_inf");
     return failures ? 1 : 0;
