@@ -254,7 +254,8 @@ __global__ void cast_cols128_t_k(uint8_t *qt, float *inv, const uint16_t *x, int
  * transposed qt [cols, rows] with inv_t [cols / 128, rows / 128] (the same
  * scales, the blocks transposed); NULL skips a layout. Blocks of 32 x 8
  * threads, grid (rows / 128, cols / 128): each stages its 128 x 128 tile
- * (four values a thread per row, rows ty, ty + 8, ...), takes the tile's
+ * (four values a thread per row, one 8-byte load where x is 8-byte aligned,
+ * rows ty, ty + 8, ...), takes the tile's
  * amax, then writes four codes a thread (4-byte aligned q and qt). */
 #define TILE_PAD 8
 __global__ void cast_block128_k(uint8_t *q, float *inv, uint8_t *qt, float *inv_t, const uint16_t *x, int rows,
@@ -264,12 +265,20 @@ __global__ void cast_block128_k(uint8_t *q, float *inv, uint8_t *qt, float *inv_
     int tx = threadIdx.x, ty = threadIdx.y, rb = blockIdx.x, cb = blockIdx.y, t = ty * 32 + tx;
     const uint16_t *src = x + (size_t)rb * BLK * cols + (size_t)cb * BLK;
     unsigned run = 0;
-    for (int i = ty; i < BLK; i += 8)
-        for (int e = 0; e < 4; e++) {
-            uint16_t v = src[(size_t)i * cols + tx * 4 + e];
-            tile[i][tx * 4 + e] = v;
-            run = max(run, (unsigned)(v & 0x7fffu) << 16);
+    int vec_in = ((uintptr_t)x & 7) == 0; /* cols is a multiple of 128: every row's four values 8-byte aligned */
+    for (int i = ty; i < BLK; i += 8) {
+        const uint16_t *p = src + (size_t)i * cols + tx * 4;
+        unsigned w0, w1;
+        if (vec_in) {
+            uint2 v = *reinterpret_cast<const uint2 *>(p);
+            w0 = v.x, w1 = v.y;
+        } else {
+            w0 = p[0] | (unsigned)p[1] << 16, w1 = p[2] | (unsigned)p[3] << 16;
         }
+        tile[i][tx * 4] = (uint16_t)w0, tile[i][tx * 4 + 1] = (uint16_t)(w0 >> 16);
+        tile[i][tx * 4 + 2] = (uint16_t)w1, tile[i][tx * 4 + 3] = (uint16_t)(w1 >> 16);
+        run = max(run, max(abs_bits2(w0), abs_bits2(w1)));
+    }
     run = warp_max_bits(run);
     if (tx == 0) part[ty] = run;
     __syncthreads();

@@ -184,8 +184,11 @@ static void cols128_t_case(int rows, int cols, int format, int with_inf, int mis
 }
 
 /* 128 x 128 blocks: codes row-major and transposed, scales row-major over the blocks and transposed */
-static void block128_case(int rows, int cols, int format, int with_inf, const char *tag) {
-    std::vector<uint16_t> x = block_data(rows, cols, with_inf);
+static void block128_case(int rows, int cols, int format, int with_inf, const char *tag, int misalign = 0) {
+    std::vector<uint16_t> x0 = block_data(rows, cols, with_inf), xs(x0.size() + 8);
+    uint16_t *xp = xs.data() + (misalign ? 1 : 0);
+    std::copy(x0.begin(), x0.end(), xp);
+    const std::vector<uint16_t> &x = x0;
     std::vector<uint8_t> want;
     std::vector<float> inv_rm;
     host_blocks(x, rows, cols, BLK, BLK, format, want, inv_rm);
@@ -200,7 +203,7 @@ static void block128_case(int rows, int cols, int format, int with_inf, const ch
     std::vector<float> inv(inv_rm.size(), -1.0f), inv_t(inv_rm.size(), -1.0f);
     dim3_ grid{(unsigned)nbr, (unsigned)nbc, 1};
     emu_launch(grid, dim3_{32, 8, 1},
-               [&]() { cast_block128_k(q.data(), inv.data(), qt.data(), inv_t.data(), x.data(), rows, cols, format); });
+               [&]() { cast_block128_k(q.data(), inv.data(), qt.data(), inv_t.data(), xp, rows, cols, format); });
     result(q == want, "block128_codes", tag, "not bitwise the host's");
     result(qt == want_t, "block128_codes_transposed", tag, "not bitwise the host's, transposed");
     result(same_scales(inv, inv_rm) && same_scales(inv_t, want_inv_t), "block128_scales", tag,
@@ -209,7 +212,7 @@ static void block128_case(int rows, int cols, int format, int with_inf, const ch
     std::vector<uint8_t> qt2(want.size(), 0xaa);
     std::vector<float> inv_t2(inv_rm.size(), -1.0f);
     emu_launch(grid, dim3_{32, 8, 1},
-               [&]() { cast_block128_k(NULL, NULL, qt2.data(), inv_t2.data(), x.data(), rows, cols, format); });
+               [&]() { cast_block128_k(NULL, NULL, qt2.data(), inv_t2.data(), xp, rows, cols, format); });
     result(qt2 == want_t && same_scales(inv_t2, want_inv_t), "block128_transposed_only", tag, "differs");
 }
 
@@ -235,5 +238,6 @@ int main() {
     cols128_t_case(129, 70, FP8_E4M3, 1, 0, "e4m3_129x70_with_inf"); /* 70 columns: one value at a time */
     block128_case(256, 384, FP8_E4M3, 0, "e4m3_256x384");
     block128_case(128, 256, FP8_E4M3, 1, "e4m3_128x256_with_inf");
+    block128_case(128, 128, FP8_E5M2, 0, "e5m2_128x128_unaligned", 1);
     return failures ? 1 : 0;
 }
