@@ -91,27 +91,37 @@ __global__ void cast_k(uint8_t *q, float *inv, const uint16_t *x, size_t n, cons
  * store) where qt is 16-byte aligned and ld a multiple of 16 (fp8_gemm.cu's
  * buffers and padded rows), else one value at a time: the first GPU
  * profile (H200, 2026-11-26) had the FP8 ops, casts included, slower than
- * bf16's GEMMs, with 2-byte reads here. */
+ * bf16's GEMMs, with 2-byte reads here. q (NULL: none) also gets the
+ * row-major codes [rows, cols], so an operand wanted in both layouts (the
+ * output gradient) is read once. */
 #define TT 64
-__global__ void cast_t_k(uint8_t *qt, float *inv, const uint16_t *x, int rows, int cols, int ld, const unsigned *amax,
-                         int format, int k_fixed) {
+__global__ void cast_t_k(uint8_t *qt, uint8_t *q, float *inv, const uint16_t *x, int rows, int cols, int ld,
+                         const unsigned *amax, int format, int k_fixed) {
     __shared__ uint8_t tile[TT][TT + 4];
     float s = cast_scale(amax, format, k_fixed, inv);
     int r0 = blockIdx.x * TT, c0 = blockIdx.y * TT, t = threadIdx.y * blockDim.x + threadIdx.x;
     int nt = blockDim.x * blockDim.y;
-    int vec_in = ((uintptr_t)x & 15) == 0 && cols % 8 == 0;
+    int vec_in = ((uintptr_t)x & 15) == 0 && cols % 8 == 0, vec_q = ((uintptr_t)q & 7) == 0;
     for (int i = t; i < TT * TT / 8; i += nt) { /* eight values: row i / 8, columns 8 (i % 8) .. + 7 */
         int row = i / (TT / 8), c8 = i % (TT / 8) * 8, r = r0 + row, c = c0 + c8;
         if (vec_in && r < rows && c + 8 <= cols) {
             uint4 v = *reinterpret_cast<const uint4 *>(x + (size_t)r * cols + c);
             const unsigned w[4] = {v.x, v.y, v.z, v.w};
-            for (int j = 0; j < 4; j++) {
-                unsigned two = codes2(w[j], s, format);
-                tile[row][c8 + 2 * j] = (uint8_t)two, tile[row][c8 + 2 * j + 1] = (uint8_t)(two >> 8);
+            unsigned lo = codes2(w[0], s, format) | codes2(w[1], s, format) << 16;
+            unsigned hi = codes2(w[2], s, format) | codes2(w[3], s, format) << 16;
+            for (int j = 0; j < 4; j++) tile[row][c8 + j] = (uint8_t)(lo >> (8 * j)), tile[row][c8 + 4 + j] = (uint8_t)(hi >> (8 * j));
+            if (q && vec_q) {
+                *reinterpret_cast<uint2 *>(q + (size_t)r * cols + c) = make_uint2(lo, hi);
+            } else if (q) {
+                for (int j = 0; j < 8; j++) q[(size_t)r * cols + c + j] = tile[row][c8 + j];
             }
         } else {
-            for (int j = 0; j < 8; j++)
-                tile[row][c8 + j] = r < rows && c + j < cols ? fp8_bits(widen1(x[(size_t)r * cols + c + j]) * s, format) : 0;
+            for (int j = 0; j < 8; j++) {
+                int in = r < rows && c + j < cols;
+                uint8_t code = in ? fp8_bits(widen1(x[(size_t)r * cols + c + j]) * s, format) : 0;
+                tile[row][c8 + j] = code;
+                if (q && in) q[(size_t)r * cols + c + j] = code;
+            }
         }
     }
     __syncthreads();

@@ -101,15 +101,13 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
     if (delayed) cuda_fp8_record_amax(recipe.amax + i, amax);
     *q = s_rows >= 0 ? slot(s_rows, n) : NULL;
     *qt = s_cols >= 0 ? slot(s_cols, (size_t)cols * padded(rows)) : NULL;
-    if (*q) {
+    if (*qt) { /* both layouts: one read of x */
+        dim3 grid((rows + TT - 1) / TT, (cols + TT - 1) / TT);
+        cast_t_k<<<grid, dim3(32, 8)>>>(*qt, *q, inv, (const uint16_t *)x, rows, cols, padded(rows), amax, format, k);
+        LAUNCH_CHECK();
+    } else if (*q) {
         cast_k<<<blocks_for((n + CAST_VEC - 1) / CAST_VEC, THREADS), THREADS>>>(*q, inv, (const uint16_t *)x, n, amax,
                                                                                format, k);
-        LAUNCH_CHECK();
-    }
-    if (*qt) {
-        dim3 grid((rows + TT - 1) / TT, (cols + TT - 1) / TT);
-        cast_t_k<<<grid, dim3(32, 8)>>>(*qt, *q ? NULL : inv, (const uint16_t *)x, rows, cols, padded(rows), amax,
-                                        format, k);
         LAUNCH_CHECK();
     }
     if (grouped)

@@ -72,8 +72,17 @@ static void run_case(int rows, int cols, int format, int with_inf, int k_shift, 
     std::vector<uint8_t> q(qp, qp + n);
     dim3_ tiles{(unsigned)(rows + TT - 1) / TT, (unsigned)(cols + TT - 1) / TT, 1};
     emu_launch(tiles, dim3_{32, 8, 1},
-               [&]() { cast_t_k(qtp, &inv_t, xp, rows, cols, ld, &dev_amax, format, k_fixed); });
+               [&]() { cast_t_k(qtp, NULL, &inv_t, xp, rows, cols, ld, &dev_amax, format, k_fixed); });
     std::vector<uint8_t> qt(qtp, qtp + (size_t)cols * ld);
+    /* both layouts from one launch (the output gradient's dgrad and wgrad codes) */
+    std::vector<uint8_t> qs2(n + 16, 0xaa), qts2((size_t)cols * ld + 16, 0xaa);
+    uint8_t *qp2 = qs2.data() + (misalign ? 1 : 0), *qtp2 = qts2.data() + (misalign ? 1 : 0);
+    float inv_b = 0;
+    emu_launch(tiles, dim3_{32, 8, 1},
+               [&]() { cast_t_k(qtp2, qp2, &inv_b, xp, rows, cols, ld, &dev_amax, format, k_fixed); });
+    result(std::vector<uint8_t>(qp2, qp2 + n) == want && std::vector<uint8_t>(qtp2, qtp2 + (size_t)cols * ld) == want_t &&
+               (inv_b == inv_t || (std::isnan(inv_b) && std::isnan(inv_t))),
+           "codes_both_layouts", tag, "not bitwise the host's in one layout or the other");
     result(q == want, "codes", tag, "not bitwise the host's");
     result(qt == want_t, "codes_transposed", tag, "not bitwise the host's, transposed (zero codes in the padding)");
     int inv_ok = with_inf ? std::isnan(inv) && std::isnan(inv_t) : inv == fp8_pow2(-k) && inv_t == inv;
