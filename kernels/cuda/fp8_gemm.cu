@@ -194,7 +194,10 @@ static cudaDataType_t fp8_type(int format) { return format == FP8_E5M2 ? CUDA_R_
  * 128 x 128 scales (K / 128 or M / 128 of them) a multiple of 16 bytes,
  * as PyTorch's torch._scaled_mm asks of them (whether cuBLASLt reads
  * other row lengths right is unknown here; every Llama, Mixtral and
- * DeepSeek-V3 width is a multiple of 512). */
+ * DeepSeek-V3 width is a multiple of 512); and N a multiple of 4, where
+ * the 1 x 128 scales' rows (N apart) are the same with or without the
+ * padding to 4 that Transformer Engine gives them (which one cuBLASLt
+ * reads: cuda_fp8_block_layout_probe). */
 int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts, int block) {
     static int enabled = -1;
     if (enabled < 0) {
@@ -202,7 +205,7 @@ int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts
         enabled = !(e && !strcmp(e, "reference"));
     }
     if (!enabled || N <= 0 || K <= 0 || M <= 0 || K % 16 || M % 16) return 0;
-    if (block && (K % (4 * BLK) || M % (4 * BLK) || cuda_blaslt_version() < 120900)) return 0;
+    if (block && (K % (4 * BLK) || M % (4 * BLK) || N % 4 || cuda_blaslt_version() < 120900)) return 0;
     for (int i = 0; i < nouts; i++)
         if ((uintptr_t)outs[i] & 15) return 0;
     return 1;
@@ -298,84 +301,111 @@ int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, c
     return 0;
 }
 
-/* Which layout cuBLASLt reads block scales in, on this GPU: one forward GEMM
- * (N 256, K 512, M 512) of random e4m3 codes, each block's scale a different
- * power of two, against the host's double sums under each reading of the
- * two scale arrays: 1 x 128 rows fastest (ours) or blocks fastest, 128 x 128
- * row-major over the blocks (ours) or column-major. A wrong reading moves
- * outputs by factors of two. Returns 1 if ours matches, 0 if another does or
- * none (msg says which), -1 if cuBLASLt has no block-scaled GEMM here. */
-int cuda_fp8_block_layout_probe(char *msg, size_t n) {
-    const int N = 256, K = 512, M = 512, KB = K / BLK, MB = M / BLK;
-    size_t nx = (size_t)N * K, nw = (size_t)M * K;
+/* One block-scaled forward GEMM of random e4m3 codes, N x K times M x K,
+ * every block's scale a different power of two, written as mtrain's casts
+ * write them (1 x 128: [kb][n], rows N apart; 128 x 128: [mb][kb]; the 1 x
+ * 128 array sized for rows of N rounded up to 4). err[r]: the output's
+ * norm-wise distance from the host's double sums under reading r of the
+ * scale arrays (bit 0: 1 x 128 blocks fastest, [n][kb]; bit 1: 128 x 128
+ * column-major, [kb][mb]; bit 2: 1 x 128 rows N rounded up to 4 apart).
+ * Returns -1 if cuBLASLt has no block-scaled GEMM for it. */
+static int probe_gemm(int N, int K, int M, double err[8]) {
+    const int KB = K / BLK, MB = M / BLK, N4 = (N + 3) / 4 * 4;
+    size_t nx = (size_t)N * K, nw = (size_t)M * K, nsx = (size_t)N4 * KB;
     uint8_t *hx = (uint8_t *)malloc(nx), *hw = (uint8_t *)malloc(nw);
-    float *sx = (float *)malloc(sizeof(float) * N * KB), *sw = (float *)malloc(sizeof(float) * MB * KB);
+    float *sx = (float *)malloc(sizeof(float) * nsx), *sw = (float *)malloc(sizeof(float) * MB * KB);
     uint16_t *ho = (uint16_t *)malloc(2 * (size_t)N * M);
-    if (!hx || !hw || !sx || !sw || !ho) die("out of memory");
+    double *part = (double *)malloc(sizeof(double) * N * M * KB); /* each block's sum of products */
+    if (!hx || !hw || !sx || !sw || !ho || !part) die("out of memory");
     unsigned long long st = 99;
     for (size_t i = 0; i < nx + nw; i++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
         float v = (float)((st >> 40) / (double)(1ull << 24) * 2.0 - 1.0) * 400.0f;
         (i < nx ? hx[i] : hw[i - nx]) = fp8_bits(v, FP8_E4M3);
     }
-    for (int i = 0; i < N * KB; i++) sx[i] = fp8_pow2(-(i % 7));
+    for (size_t i = 0; i < nsx; i++) sx[i] = fp8_pow2(-(int)(i % 7));
     for (int i = 0; i < MB * KB; i++) sw[i] = fp8_pow2(-(i % 5) - 3);
     uint8_t *dx, *dw;
     float *dsx, *dsw;
     void *dout;
     CUDA_CHECK(cudaMalloc(&dx, nx));
     CUDA_CHECK(cudaMalloc(&dw, nw));
-    CUDA_CHECK(cudaMalloc(&dsx, sizeof(float) * N * KB));
+    CUDA_CHECK(cudaMalloc(&dsx, sizeof(float) * nsx));
     CUDA_CHECK(cudaMalloc(&dsw, sizeof(float) * MB * KB));
     CUDA_CHECK(cudaMalloc(&dout, 2 * (size_t)N * M));
     CUDA_CHECK(cudaMemcpy(dx, hx, nx, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dw, hw, nw, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(dsx, sx, sizeof(float) * N * KB, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dsx, sx, sizeof(float) * nsx, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dsw, sw, sizeof(float) * MB * KB, cudaMemcpyHostToDevice));
-    int rc = cuda_blaslt_version() < 120900
-                 ? -1
-                 : lt_matmul(0, 1, N, M, K, dx, CUDA_R_8F_E4M3, K, dw, CUDA_R_8F_E4M3, K, 0.0f, dout, CUDA_R_16BF, M,
-                             dsx, dsw, LT_SCALE_VEC128, LT_SCALE_BLK128, 0);
-    int verdict = -1;
-    if (rc) {
-        snprintf(msg, n, "cuBLASLt %zu has no block-scaled FP8 GEMM for %dx%dx%d", cuda_blaslt_version(), N, K, M);
-    } else {
+    int rc = lt_matmul(0, 1, N, M, K, dx, CUDA_R_8F_E4M3, K, dw, CUDA_R_8F_E4M3, K, 0.0f, dout, CUDA_R_16BF, M, dsx, dsw,
+                       LT_SCALE_VEC128, LT_SCALE_BLK128, 0);
+    if (!rc) {
         CUDA_CHECK(cudaMemcpy(ho, dout, 2 * (size_t)N * M, cudaMemcpyDeviceToHost));
-        const char *names[4] = {"1x128 rows fastest, 128x128 row-major (mtrain's)",
-                                "1x128 blocks fastest, 128x128 row-major", "1x128 rows fastest, 128x128 column-major",
-                                "1x128 blocks fastest, 128x128 column-major"};
-        double err[4];
-        for (int r = 0; r < 4; r++) {
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < M; j++)
+                for (int kb = 0; kb < KB; kb++) {
+                    double acc = 0;
+                    for (int k = kb * BLK; k < (kb + 1) * BLK; k++)
+                        acc += (double)fp8_to_float(hx[(size_t)i * K + k], FP8_E4M3) *
+                               fp8_to_float(hw[(size_t)j * K + k], FP8_E4M3);
+                    part[((size_t)i * M + j) * KB + kb] = acc;
+                }
+        for (int r = 0; r < 8; r++) {
             double num = 0, den = 0;
             for (int i = 0; i < N; i++)
                 for (int j = 0; j < M; j++) {
-                    double acc = 0;
+                    double want = 0;
                     for (int kb = 0; kb < KB; kb++) {
-                        double part = 0;
-                        for (int k = kb * BLK; k < (kb + 1) * BLK; k++)
-                            part += (double)fp8_to_float(hx[(size_t)i * K + k], FP8_E4M3) *
-                                    fp8_to_float(hw[(size_t)j * K + k], FP8_E4M3);
-                        double a = r & 1 ? sx[i * KB + kb] : sx[kb * N + i];
+                        double a = r & 1 ? sx[i * KB + kb] : sx[(size_t)kb * (r & 4 ? N4 : N) + i];
                         double b = r & 2 ? sw[kb * MB + j / BLK] : sw[(j / BLK) * KB + kb];
-                        acc += part * a * b;
+                        want += part[((size_t)i * M + j) * KB + kb] * a * b;
                     }
                     double got = fp8_f32_from_bits((uint32_t)ho[(size_t)i * M + j] << 16);
-                    num += (got - acc) * (got - acc), den += acc * acc;
+                    num += (got - want) * (got - want), den += want * want;
                 }
             err[r] = sqrt(num / (den > 0 ? den : 1));
         }
-        int best = 0;
-        for (int r = 1; r < 4; r++)
-            if (err[r] < err[best]) best = r;
-        verdict = best == 0 && err[0] <= 1e-2;
-        snprintf(msg, n, "closest reading: %s (norm-wise %.2g; mtrain's %.2g; the others %.2g %.2g %.2g)", names[best],
-                 err[best], err[0], err[1], err[2], err[3]);
     }
     CUDA_CHECK(cudaFree(dx));
     CUDA_CHECK(cudaFree(dw));
     CUDA_CHECK(cudaFree(dsx));
     CUDA_CHECK(cudaFree(dsw));
     CUDA_CHECK(cudaFree(dout));
-    free(hx), free(hw), free(sx), free(sw), free(ho);
-    return verdict;
+    free(hx), free(hw), free(sx), free(sw), free(ho), free(part);
+    return rc ? -1 : 0;
+}
+
+/* Which layout cuBLASLt reads block scales in, on this GPU: a GEMM whose
+ * 128 x 128 scales are not square (K 512, M 1024: a row-major and a
+ * column-major reading differ) under the four readings of bits 0 and 1,
+ * then one whose token count is not a multiple of 4 (N 258), read with
+ * rows N apart (PyTorch's torch._scaled_mm layout, mtrain's) or N rounded
+ * up to 4 apart (the padding Transformer Engine gives these scales). A wrong
+ * reading moves outputs by factors of two. Returns 1 if mtrain's matches
+ * both, 0 if another reading does or none (msg says which), -1 if cuBLASLt
+ * has no block-scaled GEMM here. Until this has passed on a GPU the block
+ * path takes only token counts that are multiples of 4, where the two
+ * strides agree. */
+int cuda_fp8_block_layout_probe(char *msg, size_t n) {
+    if (cuda_blaslt_version() < 120900) {
+        snprintf(msg, n, "cuBLASLt %zu has no block-scaled FP8 GEMMs (12.9 or later)", cuda_blaslt_version());
+        return -1;
+    }
+    double a[8], b[8];
+    if (probe_gemm(256, 512, 1024, a) || probe_gemm(258, 512, 512, b)) {
+        snprintf(msg, n, "cuBLASLt %zu has no block-scaled FP8 GEMM for 256x512x1024 or 258x512x512",
+                 cuda_blaslt_version());
+        return -1;
+    }
+    const char *names[4] = {"1x128 rows fastest, 128x128 row-major (mtrain's)", "1x128 blocks fastest, 128x128 row-major",
+                            "1x128 rows fastest, 128x128 column-major", "1x128 blocks fastest, 128x128 column-major"};
+    int best = 0;
+    for (int r = 1; r < 4; r++)
+        if (a[r] < a[best]) best = r;
+    int ok = best == 0 && a[0] <= 1e-2 && b[0] <= 1e-2 && b[0] < b[4];
+    snprintf(msg, n,
+             "closest reading: %s (norm-wise %.2g; mtrain's %.2g, the others %.2g %.2g %.2g); 258 tokens: rows 258 "
+             "apart (mtrain's) %.2g, 260 apart %.2g",
+             names[best], a[best], a[0], a[1], a[2], a[3], b[0], b[4]);
+    return ok;
 }

@@ -146,7 +146,7 @@ static double normwise_diff(const float *a, const float *b, size_t n) {
 static void test_fp8_matmul(const struct backend *g8, const struct backend *c8, struct fp8_recipe sc, int N, int K,
                             int M, const char *tag) {
     int block = sc.scaling == FP8_SCALING_BLOCK;
-    int fast = block ? K % 512 == 0 && M % 512 == 0 : K % 16 == 0 && M % 16 == 0;
+    int fast = block ? K % 512 == 0 && M % 512 == 0 && N % 4 == 0 : K % 16 == 0 && M % 16 == 0;
     long tc0 = cuda_fp8_tensor_core_gemms(block);
     int delayed = sc.scaling == FP8_SCALING_DELAYED;
     struct fp8_recipe scg = sc, scc = sc;
@@ -425,11 +425,12 @@ int main(void) {
             int v = cuda_fp8_block_layout_probe(msg, sizeof msg);
             TEST_RESULT("cuda_fp8_block_scale_layout", v == 1, "%s", msg);
         }
-        /* block scaling on cuBLASLt's block-scaled GEMMs (K, M multiples of 512; 300 tokens: a partial token
-         * block), and K, M multiples of 128 only: the reference path */
+        /* block scaling on cuBLASLt's block-scaled GEMMs (K, M multiples of 512, N of 4; 300 tokens: a partial
+         * token block), and K, M multiples of 128 only, or 37 tokens: the reference path */
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 300, 512, 512, "block_tc");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 1}, 256, 1024, 1536, "block_tc_e5m2");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 256, 384, 640, "block_128_reference");
+        test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 37, 512, 512, "block_rows_37_reference");
         /* token counts that are not multiples of 16 (MoE experts): the tensor-core path, wgrad padded */
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 0}, 300, 512, 144, "tensor_rows_300");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 1}, 37, 512, 144, "tensor_rows_37");
