@@ -85,9 +85,15 @@ static int make_plan(struct plan *p, const struct plan_key *k) {
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof dummy));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof dummy));
         if (k->a_mode || k->b_mode) { /* block scales; cuBLAS's A is our B */
+#if CUBLAS_VERSION >= 120900
             int32_t ma = k->b_mode, mb = k->a_mode;
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+#else /* headers before 12.9 have no block-scaled GEMMs: no plan (the caller's reference path) */
+            drop_plan(p);
+            CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+            return -1;
+#endif
         }
     }
     cublasLtMatmulHeuristicResult_t result[ALGOS];
@@ -108,10 +114,12 @@ static int make_plan(struct plan *p, const struct plan_key *k) {
 int lt_matmul(int transA, int transB, int M, int N, int K, const void *A, cudaDataType_t a_type, int lda, const void *B,
                cudaDataType_t b_type, int ldb, float beta, void *C, cudaDataType_t c_type, int ldc,
                const float *a_scale, const float *b_scale, int a_mode, int b_mode, int fast_accum) {
+#if CUBLAS_VERSION >= 120900
     static_assert((int)LT_SCALE_VEC128 == (int)CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F &&
                       (int)LT_SCALE_BLK128 == (int)CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F &&
                       (int)LT_SCALE_TENSOR == (int)CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F,
                   "lt_scale_mode is cuBLASLt's cublasLtMatmulMatrixScale_t");
+#endif
     if (!M || !N) return 0;
     if ((a_scale != NULL) != (b_scale != NULL)) die("lt_matmul: one operand scaled, the other not");
     if (!K) { /* an empty contraction (an expert without tokens): C = beta C */
