@@ -522,6 +522,22 @@ const char *unsupported(const sdpa_shape *s, int backward) {
     if (s->H % s->KVH || s->D % 8 || s->Dv % 8 || s->D > 256 || s->Dv > 256) return "head shape";
     /* before 9.16 the backward needs extra padding-mask operations when T is not a multiple of 128 */
     if (backward && v <= 91500 && s->T % 128) return "T not a multiple of 128 (cuDNN before 9.16)";
+    /* the frontend refuses it although the backend builds a plan */
+    if (backward && s->T == 1) return "T 1 (cuDNN's attention backward needs two positions or more)";
+    return NULL;
+}
+
+/* what this GPU cannot run as set up here: on Hopper the deterministic
+ * backward is the graph without a dQ accumulator alone; on later GPUs
+ * cuDNN's frontend also pins an engine and its settings for it, which the
+ * heuristics' first plan need not be */
+const char *unsupported_here(const sdpa_shape *s, int backward) {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+        return "no CUDA device";
+    if (backward && s->deterministic && major != 9)
+        return "the deterministic backward is set up for Hopper (compute capability 9.x) only";
     return NULL;
 }
 
@@ -535,7 +551,7 @@ size_t accumulator_bytes(const sdpa_shape *s) {
     return s->deterministic ? 0 : round256((size_t)s->B * s->H * s->T * s->D * sizeof(float));
 }
 size_t workspace_bytes(const sdpa_shape *s, int backward, int64_t plan_workspace) {
-    return (backward ? dot_bytes(s) + accumulator_bytes(s) : 0) + (size_t)plan_workspace;
+    return (backward ? dot_bytes(s) + accumulator_bytes(s) : 0) + round256((size_t)plan_workspace);
 }
 
 /* the plan for s, built on first use; NULL (said once per shape) if none */
@@ -552,6 +568,7 @@ plan_entry *plan_get(const sdpa_shape *s, int backward) {
     e->s = *s, e->backward = backward, e->g = NULL;
     char why[600] = "";
     const char *no = !load() ? load_error : unsupported(s, backward);
+    if (!no) no = unsupported_here(s, backward);
     if (!no && !handle) {
         quiet_leaks quiet;
         cudnnStatus_t st = dnn.create(&handle);
@@ -576,12 +593,16 @@ plan_entry *plan_get(const sdpa_shape *s, int backward) {
                                &e->workspace) != CUDNN_STATUS_SUCCESS)
             fail(g, CUDNN_STATUS_BAD_PARAM, "plan workspace size"), e->plan = NULL;
         size_t need = e->plan ? workspace_bytes(s, backward, e->workspace) : 0, free_bytes = 0, total = 0;
-        if (e->plan && cudaMemGetInfo(&free_bytes, &total) == cudaSuccess && need > free_bytes / 10 * 9) {
-            snprintf(g->why, sizeof g->why, "its workspace (%.2f GB) does not fit in the GPU's free memory (%.2f GB)",
-                     need / 1e9, free_bytes / 1e9);
-            e->plan = NULL;
+        if (e->plan) {
+            cudaError_t mem = cudaMemGetInfo(&free_bytes, &total);
+            if (mem != cudaSuccess) cudaGetLastError(); /* clears this call's error only: free_bytes stays 0 */
+            if (mem == cudaSuccess && need > free_bytes / 10 * 9) {
+                snprintf(g->why, sizeof g->why,
+                         "its workspace (%.2f GB) does not fit in the GPU's free memory (%.2f GB)", need / 1e9,
+                         free_bytes / 1e9);
+                e->plan = NULL;
+            }
         }
-        cudaGetLastError();
         if (e->plan) {
             e->g = g;
             return e;
@@ -671,9 +692,10 @@ extern "C" int cudnn_attention_backward(void *dq, void *dk, void *dv, const void
     if (groups > 1) g.Hm = s->H, g.KVHm = s->KVH;
     plan_entry *e = plan_get(&g, 1);
     if (!e) return -1;
-    /* a group's lse rows are strided when B > 1; cuDNN before 9.26 wants them packed: a copy */
+    /* a group's lse rows are strided when B > 1, and a group's first row is off
+     * cuDNN's 16-byte alignment when T is not a multiple of 4: a packed copy */
     size_t dot = dot_bytes(&g), acc = accumulator_bytes(&g), lse_row = (size_t)g.H * s->T * sizeof(float);
-    size_t lse_copy = groups > 1 && s->B > 1 ? round256(s->B * lse_row) : 0;
+    size_t lse_copy = groups > 1 && (s->B > 1 || s->T % 4) ? round256(s->B * lse_row) : 0;
     char *ws = (char *)cuda_scratch(SCRATCH_WORK, workspace_bytes(&g, 1, e->workspace) + lse_copy);
     char *lse_packed = ws + workspace_bytes(&g, 1, e->workspace);
     alignas(16) float scale = 1.0f / sqrtf((float)s->D);
@@ -705,6 +727,11 @@ extern "C" int cudnn_attention_check(const char *device_json, const struct sdpa_
     if (!load()) {
         snprintf(msg, n, "%s", load_error);
         return -1;
+    }
+    const char *no = unsupported(s, backward);
+    if (no) {
+        snprintf(msg, n, "refused: %s", no);
+        return 0;
     }
     quiet_leaks quiet;
     graph *g = (graph *)calloc(1, sizeof(graph));

@@ -24,8 +24,10 @@ struct sdpa_shape {
 };
 
 /* Run on the current CUDA device: 0 done, -1 not done (no libcudnn, or no
- * cuDNN engine for this shape on this GPU; said once on stderr), nothing
- * written then. Pointers are device memory, 16-byte aligned. */
+ * cuDNN engine for this shape on this GPU; said once on stderr): the
+ * caller then writes every output another way (a backward that failed on
+ * a later head group has written the earlier groups' gradients). Pointers
+ * are device memory, 16-byte aligned. */
 int cudnn_attention_forward(void *out, float *lse, const void *q, const void *k, const void *v,
                             const struct sdpa_shape *s);
 int cudnn_attention_backward(void *dq, void *dk, void *dv, const void *dout, const void *out, const float *lse,
@@ -35,7 +37,8 @@ int cudnn_attention_backward(void *dq, void *dk, void *dv, const void *dout, con
  * ask cuDNN for an execution plan on the device described by device_json
  * (cuDNN's device-property JSON, e.g. tests/data/cudnn_h100.json). 1 when
  * an engine accepted the graph (it compiled a plan, or got as far as
- * loading the kernel, which needs a driver), 0 when none did, -1 when
+ * loading the kernel, which needs a driver), 0 when none did or mtrain
+ * refuses the shape for this cuDNN version (as at run time), -1 when
  * libcudnn could not be loaded; why in msg. */
 int cudnn_attention_check(const char *device_json, const struct sdpa_shape *s, int backward, char *msg, size_t n);
 
