@@ -198,11 +198,6 @@ static double bf16_peak(int unused) {
  * running max per thread over its grid-stride loop, so the one address
  * gets one atomic per warp, not per element. Launched with a multiple of
  * 32 threads per block; every lane runs the same number of iterations. */
-__device__ inline unsigned warp_max(unsigned v) {
-    for (int o = 16; o; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
 __global__ void block_amax_k(unsigned *amax, const float *x, int rows, int cols, int br, int bc, int nbc, int single) {
     size_t n = (size_t)rows * cols, stride = (size_t)gridDim.x * blockDim.x, iters = (n + stride - 1) / stride;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -221,14 +216,14 @@ __global__ void block_amax_k(unsigned *amax, const float *x, int rows, int cols,
         }
         long long b0 = __shfl_sync(0xffffffffu, b, 0);
         if (__all_sync(0xffffffffu, b == b0)) {
-            v = warp_max(v);
+            v = warp_max_bits(v);
             if (b0 >= 0 && (threadIdx.x & 31) == 0) atomicMax(amax + b0, v);
         } else if (b >= 0) {
             atomicMax(amax + b, v);
         }
     }
     if (single) {
-        run = warp_max(run);
+        run = warp_max_bits(run);
         if ((threadIdx.x & 31) == 0) atomicMax(amax, run);
     }
 }

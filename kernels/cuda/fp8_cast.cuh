@@ -6,6 +6,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/storage.cuh"
 #include "kernels/fp8.h"
 
@@ -35,7 +36,7 @@ __global__ void amax_bf16_k(unsigned *amax, const uint16_t *x, size_t n) {
         run = max(run, max(max(abs_bits2(v.x), abs_bits2(v.y)), max(abs_bits2(v.z), abs_bits2(v.w))));
     }
     for (size_t i = groups * CAST_VEC + tid; i < n; i += stride) run = max(run, (unsigned)(x[i] & 0x7fffu) << 16);
-    for (int o = 16; o; o >>= 1) run = max(run, __shfl_xor_sync(0xffffffffu, run, o));
+    run = warp_max_bits(run);
     if ((threadIdx.x & 31) == 0) atomicMax(amax, run);
 }
 
@@ -80,6 +81,32 @@ __global__ void cast_k(uint8_t *q, float *inv, const uint16_t *x, size_t n, cons
     for (size_t i = groups * CAST_VEC + tid; i < n; i += stride) q[i] = fp8_bits(widen1(x[i]) * s, format);
 }
 
+/* x[r][c .. c + 7] of the row-major x [rows, cols] into v, zeros past rows
+ * and cols; one 16-byte load where vec (x 16-byte aligned, cols a multiple
+ * of 8) and all eight lie inside */
+__device__ inline void load8(uint16_t *v, const uint16_t *x, int rows, int cols, int r, int c, int vec) {
+    if (vec && r < rows && c + 8 <= cols) {
+        uint4 w = *reinterpret_cast<const uint4 *>(x + (size_t)r * cols + c);
+        const unsigned u[4] = {w.x, w.y, w.z, w.w};
+        for (int j = 0; j < 4; j++) v[2 * j] = (uint16_t)u[j], v[2 * j + 1] = (uint16_t)(u[j] >> 16);
+        return;
+    }
+    for (int j = 0; j < 8; j++) v[j] = r < rows && c + j < cols ? x[(size_t)r * cols + c + j] : 0;
+}
+
+/* the first n of sixteen codes b to `to`: one 16-byte store where vec (to
+ * 16-byte aligned) and n is 16, else byte by byte */
+__device__ inline void store16(uint8_t *to, const uint8_t *b, int n, int vec) {
+    if (vec && n == 16) {
+        unsigned w[4];
+        for (int e = 0; e < 4; e++)
+            w[e] = b[4 * e] | (unsigned)b[4 * e + 1] << 8 | (unsigned)b[4 * e + 2] << 16 | (unsigned)b[4 * e + 3] << 24;
+        *reinterpret_cast<uint4 *>(to) = uint4{w[0], w[1], w[2], w[3]};
+        return;
+    }
+    for (int e = 0; e < n; e++) to[e] = b[e];
+}
+
 /* the same codes transposed, qt [cols, ld] (ld >= rows: columns rows .. ld-1
  * of qt are zero codes, padding a contraction over the rows to the GEMM's
  * multiple of 16; ld at most rows rounded up to TT), through a TT x TT tile
@@ -101,27 +128,20 @@ __global__ void cast_t_k(uint8_t *qt, uint8_t *q, float *inv, const uint16_t *x,
     float s = cast_scale(amax, format, k_fixed, inv);
     int r0 = blockIdx.x * TT, c0 = blockIdx.y * TT, t = threadIdx.y * blockDim.x + threadIdx.x;
     int nt = blockDim.x * blockDim.y;
-    int vec_in = ((uintptr_t)x & 15) == 0 && cols % 8 == 0, vec_q = ((uintptr_t)q & 7) == 0;
+    int vec_in = ((uintptr_t)x & 15) == 0 && cols % 8 == 0, vec_q = vec_in && ((uintptr_t)q & 7) == 0;
     for (int i = t; i < TT * TT / 8; i += nt) { /* eight values: row i / 8, columns 8 (i % 8) .. + 7 */
         int row = i / (TT / 8), c8 = i % (TT / 8) * 8, r = r0 + row, c = c0 + c8;
-        if (vec_in && r < rows && c + 8 <= cols) {
-            uint4 v = *reinterpret_cast<const uint4 *>(x + (size_t)r * cols + c);
-            const unsigned w[4] = {v.x, v.y, v.z, v.w};
-            unsigned lo = codes2(w[0], s, format) | codes2(w[1], s, format) << 16;
-            unsigned hi = codes2(w[2], s, format) | codes2(w[3], s, format) << 16;
-            for (int j = 0; j < 4; j++) tile[row][c8 + j] = (uint8_t)(lo >> (8 * j)), tile[row][c8 + 4 + j] = (uint8_t)(hi >> (8 * j));
-            if (q && vec_q) {
-                *reinterpret_cast<uint2 *>(q + (size_t)r * cols + c) = make_uint2(lo, hi);
-            } else if (q) {
-                for (int j = 0; j < 8; j++) q[(size_t)r * cols + c + j] = tile[row][c8 + j];
-            }
+        uint16_t v[8];
+        load8(v, x, rows, cols, r, c, vec_in);
+        uint8_t *code = &tile[row][c8]; /* zero codes past rows and cols */
+        for (int j = 0; j < 8; j++) code[j] = fp8_bits(widen1(v[j]) * s, format);
+        if (!q || r >= rows) continue;
+        if (vec_q && c + 8 <= cols) {
+            unsigned lo = code[0] | (unsigned)code[1] << 8 | (unsigned)code[2] << 16 | (unsigned)code[3] << 24;
+            unsigned hi = code[4] | (unsigned)code[5] << 8 | (unsigned)code[6] << 16 | (unsigned)code[7] << 24;
+            *reinterpret_cast<uint2 *>(q + (size_t)r * cols + c) = make_uint2(lo, hi);
         } else {
-            for (int j = 0; j < 8; j++) {
-                int in = r < rows && c + j < cols;
-                uint8_t code = in ? fp8_bits(widen1(x[(size_t)r * cols + c + j]) * s, format) : 0;
-                tile[row][c8 + j] = code;
-                if (q && in) q[(size_t)r * cols + c + j] = code;
-            }
+            for (int j = 0; j < 8 && c + j < cols; j++) q[(size_t)r * cols + c + j] = code[j];
         }
     }
     __syncthreads();
@@ -129,16 +149,9 @@ __global__ void cast_t_k(uint8_t *qt, uint8_t *q, float *inv, const uint16_t *x,
     for (int i = t; i < TT * TT / 16; i += nt) { /* sixteen codes: qt row c0 + i / 4, columns r0 + 16 (i % 4) .. + 15 */
         int j = i / (TT / 16), r16 = i % (TT / 16) * 16, c = c0 + j, r = r0 + r16;
         if (c >= cols || r >= ld) continue;
-        uint8_t *to = qt + (size_t)c * ld + r;
-        if (vec_out && r + 16 <= ld) { /* past rows the tile holds zero codes */
-            unsigned w[4];
-            for (int e = 0; e < 4; e++)
-                w[e] = tile[r16 + 4 * e][j] | (unsigned)tile[r16 + 4 * e + 1][j] << 8 |
-                       (unsigned)tile[r16 + 4 * e + 2][j] << 16 | (unsigned)tile[r16 + 4 * e + 3][j] << 24;
-            *reinterpret_cast<uint4 *>(to) = uint4{w[0], w[1], w[2], w[3]};
-        } else {
-            for (int e = 0; e < 16 && r + e < ld; e++) to[e] = tile[r16 + e][j];
-        }
+        uint8_t b[16]; /* past rows the tile holds zero codes */
+        for (int e = 0; e < 16; e++) b[e] = tile[r16 + e][j];
+        store16(qt + (size_t)c * ld + r, b, min(16, ld - r), vec_out);
     }
 }
 
@@ -162,12 +175,6 @@ __device__ inline float block_scale(unsigned amax_bits, int format, float *inv) 
     int ok = amax_bits < 0x7f800000u, k = fp8_scale_exp(ok ? a : 0.0f, format);
     *inv = ok ? fp8_pow2(-k) : __uint_as_float(0x7fc00000u);
     return fp8_pow2(k);
-}
-
-/* the max of v over the warp */
-__device__ inline unsigned warp_max_bits(unsigned v) {
-    for (int o = 16; o; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
 }
 
 /* x [rows, cols] (cols a multiple of 128) to codes q [rows, cols] in 1 x 128
@@ -217,14 +224,8 @@ __global__ void cast_cols128_t_k(uint8_t *qt, float *inv, const uint16_t *x, int
     int r0 = blockIdx.x * BLK, c0 = blockIdx.y * COLS_T, t = threadIdx.y * blockDim.x + threadIdx.x;
     int nt = blockDim.x * blockDim.y, vec_in = ((uintptr_t)x & 15) == 0 && cols % 8 == 0;
     for (int i = t; i < BLK * COLS_T / 8; i += nt) { /* eight values: row i / 8, columns 8 (i % 8) .. + 7 */
-        int row = i / (COLS_T / 8), c8 = i % (COLS_T / 8) * 8, r = r0 + row, c = c0 + c8;
-        if (vec_in && r < rows && c + 8 <= cols) {
-            uint4 v = *reinterpret_cast<const uint4 *>(x + (size_t)r * cols + c);
-            const unsigned w[4] = {v.x, v.y, v.z, v.w};
-            for (int j = 0; j < 4; j++) tile[row][c8 + 2 * j] = (uint16_t)w[j], tile[row][c8 + 2 * j + 1] = (uint16_t)(w[j] >> 16);
-        } else {
-            for (int j = 0; j < 8; j++) tile[row][c8 + j] = r < rows && c + j < cols ? x[(size_t)r * cols + c + j] : 0;
-        }
+        int row = i / (COLS_T / 8), c8 = i % (COLS_T / 8) * 8;
+        load8(&tile[row][c8], x, rows, cols, r0 + row, c0 + c8, vec_in);
     }
     __syncthreads();
     for (int i = t; i < 4 * COLS_T; i += nt) { /* a quarter of a column's rows: column i % COLS_T */
@@ -247,15 +248,7 @@ __global__ void cast_cols128_t_k(uint8_t *qt, float *inv, const uint16_t *x, int
         if (c >= cols) continue;
         uint8_t b[16];
         for (int e = 0; e < 16; e++) b[e] = fp8_bits(widen1(tile[r16 + e][j]) * scale[j], format); /* zeros past rows */
-        uint8_t *to = qt + (size_t)c * ld + r0 + r16;
-        if (vec_out) {
-            unsigned w[4];
-            for (int e = 0; e < 4; e++)
-                w[e] = b[4 * e] | (unsigned)b[4 * e + 1] << 8 | (unsigned)b[4 * e + 2] << 16 | (unsigned)b[4 * e + 3] << 24;
-            *reinterpret_cast<uint4 *>(to) = uint4{w[0], w[1], w[2], w[3]};
-        } else {
-            for (int e = 0; e < 16; e++) to[e] = b[e];
-        }
+        store16(qt + (size_t)c * ld + r0 + r16, b, 16, vec_out);
     }
 }
 
