@@ -423,6 +423,7 @@ int main(void) {
         { /* cuBLASLt reads the block scales where fp8_cast.cuh writes them (a wrong reading: which is right) */
             char msg[400];
             int v = cuda_fp8_block_layout_probe(msg, sizeof msg);
+            printf("# cuda_fp8_block_scale_layout: %s\n", msg); /* what it found, also when it passes */
             TEST_RESULT("cuda_fp8_block_scale_layout", v == 1, "%s", msg);
         }
         /* block scaling on cuBLASLt's block-scaled GEMMs (K, M multiples of 512, N of 4; 300 tokens: a partial
