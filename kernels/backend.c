@@ -74,6 +74,11 @@ int cuda_fp8_block_layout_probe(char *msg, size_t n) {
     snprintf(msg, n, "this build has no CUDA backend");
     return -1;
 }
+long cuda_fp8_cast_check(int format, int k, char *msg, size_t n) {
+    (void)format, (void)k;
+    snprintf(msg, n, "this build has no CUDA backend");
+    return -1;
+}
 int cuda_device_count(void) { return 0; }
 const char *cuda_device_error(void) { return "this build has no CUDA backend"; }
 int cuda_device_pci_id(char *buf, int n) {

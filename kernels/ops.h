@@ -259,6 +259,10 @@ long cuda_fp8_tensor_core_gemms(int block);
  * of its scale layouts (kernels/cuda/fp8_gemm.cu): 1 mtrain's matches, 0
  * another or none does, -1 no block-scaled GEMM here; msg says which. */
 int cuda_fp8_block_layout_probe(char *msg, size_t n);
+/* Every bf16 value times 2^k through the GPU's FP8 casts against
+ * kernels/fp8.h's rounding, bitwise: the number of codes that differ (0
+ * passes; msg names the first), -1 on a failure or without CUDA. */
+long cuda_fp8_cast_check(int format, int k, char *msg, size_t n);
 /* This build has the CUDA backend and a GPU is visible. */
 int cuda_backend_available(void);
 /* Let cuBLAS use TF32 tensor cores for fp32 matmuls (CUDA backend only). */

@@ -9,6 +9,26 @@
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/storage.cuh"
 #include "kernels/fp8.h"
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#include <cuda_fp8.h>
+#endif
+
+/* The codes of a and b (a in the low byte): on GPUs with FP8 (compute
+ * capability 8.9 and later) one convert instruction for the pair, rounding
+ * to nearest even and saturating finite values as fp8_bits does
+ * (test_cuda_bf16's cuda_fp8_cast_codes checks every bf16 value at several
+ * scales bitwise against it); elsewhere, and under the CPU emulation,
+ * fp8_bits. The first H100 profile (2026-11-26) had the casts moving half
+ * the bytes the memory allows: fp8_bits's rounding is some fifty
+ * instructions a value. */
+__device__ inline unsigned fp8_code2(float a, float b, int format) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, format == FP8_E5M2 ? __NV_E5M2 : __NV_E4M3);
+#else
+    return fp8_bits(a, format) | (unsigned)fp8_bits(b, format) << 8;
+#endif
+}
+__device__ inline uint8_t fp8_code(float a, int format) { return (uint8_t)fp8_code2(a, 0.0f, format); }
 
 /* Elements a thread takes per step where the tensor (and its codes) are
  * 16-byte aligned: one 16-byte load of eight bf16 values, one 8-byte store
@@ -62,8 +82,7 @@ __device__ inline float cast_scale(const unsigned *amax, int format, int k_fixed
 
 /* the codes of two packed bf16 values, scaled by s, in the low two bytes */
 __device__ inline unsigned codes2(unsigned w, float s, int format) {
-    unsigned lo = fp8_bits(widen1((uint16_t)(w & 0xffffu)) * s, format);
-    return lo | (unsigned)fp8_bits(widen1((uint16_t)(w >> 16)) * s, format) << 8;
+    return fp8_code2(widen1((uint16_t)(w & 0xffffu)) * s, widen1((uint16_t)(w >> 16)) * s, format);
 }
 
 /* codes of x [rows, cols] scaled by 2^k (k from *amax, or k_fixed), row-major;
@@ -78,7 +97,7 @@ __global__ void cast_k(uint8_t *q, float *inv, const uint16_t *x, size_t n, cons
         reinterpret_cast<uint2 *>(q)[i] = make_uint2(codes2(v.x, s, format) | codes2(v.y, s, format) << 16,
                                                      codes2(v.z, s, format) | codes2(v.w, s, format) << 16);
     }
-    for (size_t i = groups * CAST_VEC + tid; i < n; i += stride) q[i] = fp8_bits(widen1(x[i]) * s, format);
+    for (size_t i = groups * CAST_VEC + tid; i < n; i += stride) q[i] = fp8_code(widen1(x[i]) * s, format);
 }
 
 /* x[r][c .. c + 7] of the row-major x [rows, cols] into v, zeros past rows
@@ -134,7 +153,10 @@ __global__ void cast_t_k(uint8_t *qt, uint8_t *q, float *inv, const uint16_t *x,
         uint16_t v[8];
         load8(v, x, rows, cols, r, c, vec_in);
         uint8_t *code = &tile[row][c8]; /* zero codes past rows and cols */
-        for (int j = 0; j < 8; j++) code[j] = fp8_bits(widen1(v[j]) * s, format);
+        for (int j = 0; j < 8; j += 2) {
+            unsigned pair = fp8_code2(widen1(v[j]) * s, widen1(v[j + 1]) * s, format);
+            code[j] = (uint8_t)pair, code[j + 1] = (uint8_t)(pair >> 8);
+        }
         if (!q || r >= rows) continue;
         if (vec_q && c + 8 <= cols) {
             unsigned lo = code[0] | (unsigned)code[1] << 8 | (unsigned)code[2] << 16 | (unsigned)code[3] << 24;
@@ -247,7 +269,10 @@ __global__ void cast_cols128_t_k(uint8_t *qt, float *inv, const uint16_t *x, int
         int j = i / (BLK / 16), r16 = i % (BLK / 16) * 16, c = c0 + j;
         if (c >= cols) continue;
         uint8_t b[16];
-        for (int e = 0; e < 16; e++) b[e] = fp8_bits(widen1(tile[r16 + e][j]) * scale[j], format); /* zeros past rows */
+        for (int e = 0; e < 16; e += 2) { /* zeros past rows */
+            unsigned pair = fp8_code2(widen1(tile[r16 + e][j]) * scale[j], widen1(tile[r16 + e + 1][j]) * scale[j], format);
+            b[e] = (uint8_t)pair, b[e + 1] = (uint8_t)(pair >> 8);
+        }
         store16(qt + (size_t)c * ld + r0 + r16, b, 16, vec_out);
     }
 }
@@ -294,14 +319,16 @@ __global__ void cast_block128_k(uint8_t *q, float *inv, uint8_t *qt, float *inv_
     if (q)
         for (int i = ty; i < BLK; i += 8) {
             unsigned word = 0;
-            for (int e = 0; e < 4; e++) word |= (unsigned)fp8_bits(widen1(tile[i][tx * 4 + e]) * s, format) << (8 * e);
+            for (int e = 0; e < 4; e += 2)
+                word |= fp8_code2(widen1(tile[i][tx * 4 + e]) * s, widen1(tile[i][tx * 4 + e + 1]) * s, format) << (8 * e);
             *reinterpret_cast<unsigned *>(q + (size_t)(rb * BLK + i) * cols + (size_t)cb * BLK + tx * 4) = word;
         }
     if (qt)
         for (int w = t; w < BLK * BLK / 4; w += 256) { /* word w: qt row (x column) w / 32, x rows 4 (w % 32) .. + 3 */
             int j = w / (BLK / 4), rq = w % (BLK / 4) * 4;
             unsigned word = 0;
-            for (int e = 0; e < 4; e++) word |= (unsigned)fp8_bits(widen1(tile[rq + e][j]) * s, format) << (8 * e);
+            for (int e = 0; e < 4; e += 2)
+                word |= fp8_code2(widen1(tile[rq + e][j]) * s, widen1(tile[rq + e + 1][j]) * s, format) << (8 * e);
             *reinterpret_cast<unsigned *>(qt + (size_t)(cb * BLK + j) * rows + (size_t)rb * BLK + rq) = word;
         }
 }

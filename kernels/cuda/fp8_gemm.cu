@@ -411,3 +411,48 @@ int cuda_fp8_block_layout_probe(char *msg, size_t n) {
     }
     return ok;
 }
+
+/* Every bf16 value (all 65536 bit patterns) times 2^k cast on the GPU by
+ * cast_k (row-major) and by cast_t_k (as a 256 x 256 tensor, both layouts)
+ * against the host's fp8_bits, bit for bit (a NaN input may give either
+ * NaN code): the convert instruction the casts use on FP8 GPUs
+ * (fp8_code2) must round as kernels/fp8.h does. Returns the number of
+ * codes that differ (msg names the first), -1 on a launch failure. */
+long cuda_fp8_cast_check(int format, int k, char *msg, size_t n) {
+    enum { V = 65536, S = 256 };
+    uint16_t *hx = (uint16_t *)malloc(sizeof(uint16_t) * V);
+    uint8_t *got = (uint8_t *)malloc(3 * V);
+    if (!hx || !got) die("out of memory");
+    for (int i = 0; i < V; i++) hx[i] = (uint16_t)i;
+    uint16_t *dx;
+    uint8_t *dq;
+    unsigned *dw;
+    CUDA_CHECK(cudaMalloc(&dx, sizeof(uint16_t) * V));
+    CUDA_CHECK(cudaMalloc(&dq, 3 * V));
+    CUDA_CHECK(cudaMalloc(&dw, 2 * WORD * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(dw, 0, 2 * WORD * sizeof(unsigned)));
+    CUDA_CHECK(cudaMemcpy(dx, hx, sizeof(uint16_t) * V, cudaMemcpyHostToDevice));
+    float *inv = (float *)(dw + WORD);
+    cast_k<<<blocks_for(V / CAST_VEC, THREADS), THREADS>>>(dq, inv, dx, V, dw, format, k);
+    cast_t_k<<<dim3(S / TT, S / TT), dim3(32, 8)>>>(dq + 2 * V, dq + V, inv, dx, S, S, S, dw, format, k);
+    long bad = cudaGetLastError() == cudaSuccess ? 0 : -1;
+    CUDA_CHECK(cudaMemcpy(got, dq, 3 * V, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(dx));
+    CUDA_CHECK(cudaFree(dq));
+    CUDA_CHECK(cudaFree(dw));
+    float s = fp8_pow2(k);
+    for (int layout = 0; layout < 3 && bad >= 0; layout++)
+        for (int i = 0; i < V; i++) {
+            int at = layout < 2 ? i : (i % S) * S + i / S; /* the transposed layout: x[r][c] at qt[c][r] */
+            float v = fp8_f32_from_bits((uint32_t)hx[i] << 16);
+            uint8_t want = fp8_bits(v * s, format), g = got[(size_t)layout * V + at];
+            int both_nan = v != v && fp8_to_float(g, format) != fp8_to_float(g, format);
+            if (g != want && !both_nan && bad++ == 0)
+                snprintf(msg, n, "%s, 2^%d: bf16 0x%04x (%g) gave code 0x%02x, the host 0x%02x (%s)",
+                         format == FP8_E5M2 ? "e5m2" : "e4m3", k, hx[i], v, g, want,
+                         layout == 0 ? "cast_k" : layout == 1 ? "cast_t_k row-major" : "cast_t_k transposed");
+        }
+    if (!bad) snprintf(msg, n, "every bf16 value bitwise");
+    free(hx), free(got);
+    return bad;
+}

@@ -413,6 +413,14 @@ int main(void) {
     test_cross_entropy(77, 1500);
     if (cuda_device_has_fp8()) {
         const struct backend *g8 = backend_get("cuda", "fp8"), *c8 = backend_get("cpu", "fp8");
+        /* the casts' codes for every bf16 value, at scales that put them in, below and above the formats' range */
+        for (int f = 0; f < 2; f++)
+            for (int k = -12; k <= 12; k += 6) {
+                char msg[300], name[64];
+                long bad = cuda_fp8_cast_check(f, k, msg, sizeof msg);
+                snprintf(name, sizeof name, "cuda_fp8_cast_codes_%s_k%d", f == FP8_E5M2 ? "e5m2" : "e4m3", k);
+                TEST_RESULT(name, bad == 0, "%ld codes differ; first: %s", bad, msg);
+            }
         /* 300 x 520 x 130: the reference path; multiples of 16: cuBLASLt's FP8 GEMMs */
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR, .grad_e5m2 = 0}, 300, 520, 130, "tensor_reference");
         test_fp8_matmul(g8, c8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK, .grad_e5m2 = 0}, 300, 520, 130, "block");
