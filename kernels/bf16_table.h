@@ -76,6 +76,9 @@ static double sum_squares(const float *x, size_t n) { return BF16_INNER.sum_squa
 static void adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, float grad_scale, int step, uint16_t *work) {
     BF16_INNER.adamw(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step, work);
+#ifdef BF16_WEIGHTS_CHANGED /* a device that keeps codes of the weights (kernels/cuda/fp8_gemm.cu) drops them */
+    BF16_WEIGHTS_CHANGED();
+#endif
 }
 
 static void to_storage(float *dst, const float *src, size_t n) { bf16_narrow(dst, src, n); }

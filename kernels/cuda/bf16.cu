@@ -291,6 +291,7 @@ static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const f
         ref_fp8_matmul_backward(rc > 0 ? NULL : dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe);
 }
 
+#define BF16_WEIGHTS_CHANGED cuda_fp8_weights_changed
 #define BF16_TABLE cuda_bf16_backend
 #define BF16_FP8_TABLE cuda_fp8_backend
 #define BF16_INNER cuda_backend

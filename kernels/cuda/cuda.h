@@ -142,6 +142,9 @@ int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, c
                       int accumulate_dx, struct fp8_recipe recipe);
 /* fold the amax bits *amax (device) into the delayed-scaling record *out (device), a NaN sticking */
 void cuda_fp8_record_amax(float *out, const unsigned *amax);
+/* The weights changed (the optimizer's step): the FP8 GEMMs drop the
+ * weight codes they kept from a forward for its backward. */
+void cuda_fp8_weights_changed(void);
 double cuda_sum(const float *x, size_t n);
 double cuda_sum_squares(const float *x, size_t n);
 void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,

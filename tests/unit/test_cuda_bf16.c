@@ -245,6 +245,49 @@ static void test_fp8_input_groups(const struct backend *g8, struct fp8_recipe sc
     g16->free(gA), g16->free(gC);
 }
 
+/* Per-tensor current scaling keeps a weight's transposed codes from its
+ * forward for its dgrad (kernels/cuda/fp8_gemm.cu's kept weights): after a
+ * forward, the weight halved in place leaves the dgrad as it was (the kept
+ * codes; fresh ones would halve it exactly, power-of-two scales); the
+ * optimizer's step (the table's adamw, which rewrites the bf16 copy) drops
+ * them: the dgrad right after it equals, bitwise, the dgrad after a fresh
+ * forward. */
+static void test_fp8_kept_weights(const struct backend *g8) {
+    const int N = 256, K = 512, M = 144;
+    struct fp8_recipe sc = {.scaling = FP8_SCALING_TENSOR};
+    size_t nx = (size_t)N * K, nw = (size_t)M * K, no = (size_t)N * M;
+    float *x = rnd(nx), *w = rnd(nw), *dout = rnd(no), *grad = rnd(nw);
+    float *X = pack(x, nx), *W = pack(w, nw), *D = pack(dout, no);
+    float *dX = dev(X, 2 * nx), *dW = dev(W, 2 * nw), *dD = dev(D, 2 * no), *dO = g16->alloc(2 * no);
+    float *dGX = g16->alloc(2 * nx), *dG = dev(grad, 4 * nw), *dm = g16->alloc(4 * nw), *dv = g16->alloc(4 * nw);
+    g8->fp8_matmul_forward(dO, dX, dW, N, K, M, 0, sc);
+    g8->fp8_matmul_backward(dGX, NULL, dD, dX, dW, N, K, M, 0, sc);
+    float *a = host_of(dGX, 2 * nx);
+    g8->fp8_matmul_forward(dO, dX, dW, N, K, M, 0, sc);
+    for (size_t i = 0; i < nw; i++) w[i] *= 0.5f;
+    free(W);
+    W = pack(w, nw);
+    g16->from_host(dW, W, 2 * nw);
+    g8->fp8_matmul_backward(dGX, NULL, dD, dX, dW, N, K, M, 0, sc);
+    float *b = host_of(dGX, 2 * nx);
+    TEST_RESULT("cuda_fp8_kept_weight_codes_reused", !memcmp(a, b, 2 * nx),
+                "the dgrad after a forward did not take the forward's weight codes");
+    float *master = unpack(W, nw), *dP = dev(master, 4 * nw);
+    g16->zero(dm, 4 * nw), g16->zero(dv, 4 * nw);
+    g8->adamw(dP, dG, dm, dv, nw, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1, (uint16_t *)dW);
+    g8->fp8_matmul_backward(dGX, NULL, dD, dX, dW, N, K, M, 0, sc);
+    float *c = host_of(dGX, 2 * nx);
+    g8->fp8_matmul_forward(dO, dX, dW, N, K, M, 0, sc);
+    g8->fp8_matmul_backward(dGX, NULL, dD, dX, dW, N, K, M, 0, sc);
+    float *d = host_of(dGX, 2 * nx);
+    TEST_RESULT("cuda_fp8_kept_weight_codes_dropped_by_the_optimizer", !memcmp(c, d, 2 * nx) && memcmp(c, b, 2 * nx),
+                "after the optimizer's step the dgrad %s", memcmp(c, b, 2 * nx) ? "differs from a fresh forward's"
+                                                                               : "still took the old codes");
+    free(x), free(w), free(dout), free(grad), free(X), free(W), free(D), free(master), free(a), free(b), free(c), free(d);
+    g16->free(dX), g16->free(dW), g16->free(dD), g16->free(dO), g16->free(dGX), g16->free(dG), g16->free(dm);
+    g16->free(dv), g16->free(dP);
+}
+
 /* Causal GQA attention (the flash kernels at head dims 64, 128 and
  * 192/128): forward and backward against the CPU bf16 op and the CPU fp32
  * op on the widened inputs, and a repeated backward bitwise. */
@@ -449,6 +492,7 @@ int main(void) {
         test_fp8_matmul(g8, c8, d, 300, 520, 130, "delayed_reference");
         test_fp8_input_groups(g8, (struct fp8_recipe){.scaling = FP8_SCALING_TENSOR}, "tensor");
         test_fp8_input_groups(g8, (struct fp8_recipe){.scaling = FP8_SCALING_BLOCK}, "block");
+        test_fp8_kept_weights(g8);
     } else {
         printf("SKIP cuda_fp8: this GPU has no FP8 tensor cores\n");
     }
