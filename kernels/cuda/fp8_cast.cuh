@@ -80,24 +80,76 @@ __device__ inline float cast_scale(const unsigned *amax, int format, int k_fixed
     return fp8_pow2(k);
 }
 
+/* Speculative current scaling: a cast site's scale exponent k from its
+ * last cast, used before this tensor's amax is known. The cast makes the
+ * codes with it while it takes the amax (pass 1); spec_finish_k derives
+ * this tensor's k from the amax, as cast_scale does, and sets redo if it
+ * differs; a second cast (pass 2) remakes the codes with it only then
+ * (its blocks return at once otherwise). So the codes and scale are
+ * current scaling's, bit for bit, and where a site's k holds from one
+ * step to the next (it is a power of two: most steps) the tensor is read
+ * once instead of twice (amax pass, cast pass). */
+struct fp8_spec {
+    int k, redo;
+};
+
+/* a cast kernel's scale: speculative (spec: pass 1 when it takes the amax
+ * into acc, else pass 2, which *skip tells to do nothing when the first
+ * pass had the right k) or from *amax / k_fixed (cast_scale) */
+__device__ inline float kernel_scale(const struct fp8_spec *spec, const unsigned *acc, const unsigned *amax,
+                                     int format, int k_fixed, float *inv, int *skip) {
+    *skip = 0;
+    if (!spec) return cast_scale(amax, format, k_fixed, inv);
+    if (!acc && !spec->redo) *skip = 1;
+    return fp8_pow2(spec->k);
+}
+
+/* pass 1's amax (bits, over the grid) into *acc: one atomic per warp; every lane of the warp calls it */
+__device__ inline void take_amax(unsigned *acc, unsigned run) {
+    if (!acc) return;
+    run = warp_max_bits(run);
+    if ((threadIdx.x & 31) == 0) atomicMax(acc, run);
+}
+
+/* after pass 1: this tensor's k from its amax (a non-finite amax: k 0 and
+ * a NaN inverse scale, as cast_scale), its inverse scale, redo if pass 1
+ * used another k, and k kept for the site's next cast. One thread. */
+__global__ void spec_finish_k(struct fp8_spec *spec, float *inv, const unsigned *amax, int format) {
+    if (threadIdx.x || threadIdx.y || blockIdx.x || blockIdx.y) return;
+    float a = __uint_as_float(*amax);
+    int k = fp8_scale_exp(isfinite(a) ? a : 0.0f, format);
+    *inv = isfinite(a) ? fp8_pow2(-k) : __uint_as_float(0x7fc00000u);
+    spec->redo = k != spec->k;
+    spec->k = k;
+}
+
 /* the codes of two packed bf16 values, scaled by s, in the low two bytes */
 __device__ inline unsigned codes2(unsigned w, float s, int format) {
     return fp8_code2(widen1((uint16_t)(w & 0xffffu)) * s, widen1((uint16_t)(w >> 16)) * s, format);
 }
 
-/* codes of x [rows, cols] scaled by 2^k (k from *amax, or k_fixed), row-major;
- * CAST_VEC elements a thread per step where x and q are aligned */
+/* codes of x [rows, cols] scaled by 2^k (k from *amax, or k_fixed, or
+ * speculative: spec, acc as kernel_scale), row-major; CAST_VEC elements a
+ * thread per step where x and q are aligned */
 __global__ void cast_k(uint8_t *q, float *inv, const uint16_t *x, size_t n, const unsigned *amax, int format,
-                       int k_fixed) {
-    float s = cast_scale(amax, format, k_fixed, inv);
+                       int k_fixed, const struct fp8_spec *spec = NULL, unsigned *acc = NULL) {
+    int skip;
+    float s = kernel_scale(spec, acc, amax, format, k_fixed, inv, &skip);
+    if (skip) return;
     size_t stride = (size_t)gridDim.x * blockDim.x, tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     size_t groups = vec_groups(x, q, n);
+    unsigned run = 0;
     for (size_t i = tid; i < groups; i += stride) {
         uint4 v = reinterpret_cast<const uint4 *>(x)[i];
+        if (acc) run = max(run, max(max(abs_bits2(v.x), abs_bits2(v.y)), max(abs_bits2(v.z), abs_bits2(v.w))));
         reinterpret_cast<uint2 *>(q)[i] = make_uint2(codes2(v.x, s, format) | codes2(v.y, s, format) << 16,
                                                      codes2(v.z, s, format) | codes2(v.w, s, format) << 16);
     }
-    for (size_t i = groups * CAST_VEC + tid; i < n; i += stride) q[i] = fp8_code(widen1(x[i]) * s, format);
+    for (size_t i = groups * CAST_VEC + tid; i < n; i += stride) {
+        if (acc) run = max(run, (unsigned)(x[i] & 0x7fffu) << 16);
+        q[i] = fp8_code(widen1(x[i]) * s, format);
+    }
+    take_amax(acc, run);
 }
 
 /* x[r][c .. c + 7] of the row-major x [rows, cols] into v, zeros past rows
@@ -142,9 +194,13 @@ __device__ inline void store16(uint8_t *to, const uint8_t *b, int n, int vec) {
  * output gradient) is read once. */
 #define TT 64
 __global__ void cast_t_k(uint8_t *qt, uint8_t *q, float *inv, const uint16_t *x, int rows, int cols, int ld,
-                         const unsigned *amax, int format, int k_fixed) {
+                         const unsigned *amax, int format, int k_fixed, const struct fp8_spec *spec = NULL,
+                         unsigned *acc = NULL) {
     __shared__ uint8_t tile[TT][TT + 4];
-    float s = cast_scale(amax, format, k_fixed, inv);
+    int skip;
+    float s = kernel_scale(spec, acc, amax, format, k_fixed, inv, &skip);
+    if (skip) return; /* the whole block: spec->redo is the grid's */
+    unsigned run = 0;
     int r0 = blockIdx.x * TT, c0 = blockIdx.y * TT, t = threadIdx.y * blockDim.x + threadIdx.x;
     int nt = blockDim.x * blockDim.y;
     int vec_in = ((uintptr_t)x & 15) == 0 && cols % 8 == 0, vec_q = vec_in && ((uintptr_t)q & 7) == 0;
@@ -152,6 +208,8 @@ __global__ void cast_t_k(uint8_t *qt, uint8_t *q, float *inv, const uint16_t *x,
         int row = i / (TT / 8), c8 = i % (TT / 8) * 8, r = r0 + row, c = c0 + c8;
         uint16_t v[8];
         load8(v, x, rows, cols, r, c, vec_in);
+        if (acc)
+            for (int j = 0; j < 8; j++) run = max(run, (unsigned)(v[j] & 0x7fffu) << 16); /* zeros past the edges */
         uint8_t *code = &tile[row][c8]; /* zero codes past rows and cols */
         for (int j = 0; j < 8; j += 2) {
             unsigned pair = fp8_code2(widen1(v[j]) * s, widen1(v[j + 1]) * s, format);
@@ -166,6 +224,7 @@ __global__ void cast_t_k(uint8_t *qt, uint8_t *q, float *inv, const uint16_t *x,
             for (int j = 0; j < 8 && c + j < cols; j++) q[(size_t)r * cols + c + j] = code[j];
         }
     }
+    take_amax(acc, run);
     __syncthreads();
     int vec_out = ((uintptr_t)qt & 15) == 0 && ld % 16 == 0;
     for (int i = t; i < TT * TT / 16; i += nt) { /* sixteen codes: qt row c0 + i / 4, columns r0 + 16 (i % 4) .. + 15 */

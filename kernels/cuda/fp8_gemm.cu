@@ -73,28 +73,127 @@ void cuda_fp8_record_amax(float *out, const unsigned *amax) {
 /* rows rounded up to 16: the row length of a transposed operand's codes */
 static int padded(int rows) { return (rows + 15) / 16 * 16; }
 
+/* Cast sites, one per weight (keyed by its address in an open-addressed
+ * table that doubles when half full), for per-tensor current scaling:
+ *  - spec: each operand's (FP8_INPUT, FP8_WEIGHT, FP8_GRAD) speculative
+ *    scale exponent (fp8_cast.cuh's fp8_spec), device memory;
+ *  - the weight's transposed codes and inverse scale from its forward cast
+ *    (cast_t_k writes both layouts in its one pass), kept for its dgrad,
+ *    which then neither reads the weight again nor takes its amax. A
+ *    weight does not change between a forward and its backward; the
+ *    optimizer's step (cuda_fp8_weights_changed, from the fp8 table's
+ *    adamw) drops every kept weight, and only a forward keeps one, so a
+ *    dgrad finds its own forward's codes or none (then it casts).
+ * Memory: 256 bytes of device memory per site, plus one byte per element
+ * of each weight kept, for the life of the process (bounded by the
+ * weights that run in FP8). MTRAIN_FP8_KEEP_WEIGHTS=0 and
+ * MTRAIN_FP8_SPECULATE=0 turn the two off. */
+struct fp8_site {
+    const float *w;
+    struct fp8_spec *spec;    /* [FP8_OPERANDS], device */
+    int rows, cols;           /* of the kept codes */
+    unsigned long generation; /* they are valid while equal to weights_generation */
+    uint8_t *buf;             /* the inverse scale at buf, the codes [cols, rows] at buf + 256; NULL: none */
+};
+static struct fp8_site *sites;
+static size_t sites_cap, sites_used;
+static unsigned long weights_generation = 1;
+
+void cuda_fp8_weights_changed(void) { weights_generation++; }
+
+static int env_on(const char *name, int *cache) {
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = !(e && !strcmp(e, "0"));
+    }
+    return *cache;
+}
+static int keep_weights(void) {
+    static int on = -1;
+    return env_on("MTRAIN_FP8_KEEP_WEIGHTS", &on);
+}
+static int speculate(void) {
+    static int on = -1;
+    return env_on("MTRAIN_FP8_SPECULATE", &on);
+}
+
+static size_t site_hash(const float *w) { return (size_t)(((uintptr_t)w >> 4) * 0x9e3779b97f4a7c15ull); }
+
+/* w's site, made on first use (its exponents 0: the first cast redoes) */
+static struct fp8_site *site_of(const float *w) {
+    if (2 * (sites_used + 1) > sites_cap) { /* grow: rehash every site */
+        size_t cap = sites_cap ? 2 * sites_cap : 64;
+        struct fp8_site *t = (struct fp8_site *)calloc(cap, sizeof *t);
+        if (!t) die("out of memory");
+        for (size_t i = 0; i < sites_cap; i++) {
+            if (!sites[i].w) continue;
+            size_t j = site_hash(sites[i].w) & (cap - 1);
+            while (t[j].w) j = (j + 1) & (cap - 1);
+            t[j] = sites[i];
+        }
+        free(sites);
+        sites = t, sites_cap = cap;
+    }
+    size_t j = site_hash(w) & (sites_cap - 1);
+    while (sites[j].w && sites[j].w != w) j = (j + 1) & (sites_cap - 1);
+    struct fp8_site *e = &sites[j];
+    if (!e->w) {
+        e->w = w;
+        CUDA_CHECK(cudaMalloc(&e->spec, 256));
+        CUDA_CHECK(cudaMemset(e->spec, 0, 256));
+        sites_used++;
+    }
+    return e;
+}
+
+/* the site's speculative exponent of operand i, or NULL: the two-pass cast */
+static struct fp8_spec *spec_of(const float *w, int i, struct fp8_recipe recipe) {
+    return recipe.scaling == FP8_SCALING_TENSOR && speculate() ? site_of(w)->spec + i : NULL;
+}
+
+/* buffers for w's kept codes [cols, rows] (rows x cols: the weight's shape) */
+static void keep_room(struct fp8_site *e, int rows, int cols) {
+    if (e->buf && (size_t)rows * cols <= (size_t)e->rows * e->cols) {
+        e->rows = rows, e->cols = cols;
+        return;
+    }
+    if (e->buf) CUDA_CHECK(cudaFree(e->buf));
+    CUDA_CHECK(cudaMalloc(&e->buf, 256 + (size_t)rows * cols));
+    e->rows = rows, e->cols = cols;
+}
+
 /* operand i's amax (recorded under delayed scaling), then x [rows, cols]
  * cast into q (row-major) and/or qt (transposed, [cols, padded(rows)]); NULL
  * skips a layout; *inv (device memory) := the inverse scale */
 static void cast_to(int i, const float *x, int rows, int cols, int format, uint8_t *q, uint8_t *qt, float *inv,
-                    struct fp8_recipe recipe) {
+                    struct fp8_recipe recipe, struct fp8_spec *spec) {
     int delayed = recipe.scaling == FP8_SCALING_DELAYED, k = delayed ? recipe.scale_exp[i] : FP8_SCALE_CURRENT;
     size_t n = (size_t)rows * cols;
     if (!words) CUDA_CHECK(cudaMalloc(&words, 6 * WORD * sizeof(unsigned)));
     unsigned *amax = words + WORD * i;
     CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof *amax, 0));
-    unsigned grid = blocks_for(n, THREADS) < 1024 ? blocks_for(n, THREADS) : 1024;
-    amax_bf16_k<<<grid, THREADS>>>(amax, (const uint16_t *)x, n);
-    LAUNCH_CHECK();
-    if (delayed) cuda_fp8_record_amax(recipe.amax + i, amax);
-    if (qt) { /* both layouts: one read of x */
-        dim3 grid((rows + TT - 1) / TT, (cols + TT - 1) / TT);
-        cast_t_k<<<grid, dim3(32, 8)>>>(qt, q, inv, (const uint16_t *)x, rows, cols, padded(rows), amax, format, k);
+    if (!spec) { /* the amax first */
+        unsigned grid = blocks_for(n, THREADS) < 1024 ? blocks_for(n, THREADS) : 1024;
+        amax_bf16_k<<<grid, THREADS>>>(amax, (const uint16_t *)x, n);
         LAUNCH_CHECK();
-    } else if (q) {
-        cast_k<<<blocks_for((n + CAST_VEC - 1) / CAST_VEC, THREADS), THREADS>>>(q, inv, (const uint16_t *)x, n, amax,
-                                                                               format, k);
+        if (delayed) cuda_fp8_record_amax(recipe.amax + i, amax);
+    }
+    /* speculative: pass 1 (the site's last k, the amax taken), this tensor's k, pass 2 (only if k moved) */
+    for (int pass = spec ? 1 : 0; pass <= (spec ? 2 : 0); pass++) {
+        unsigned *acc = pass == 1 ? amax : NULL;
+        if (qt) { /* both layouts: one read of x */
+            dim3 grid((rows + TT - 1) / TT, (cols + TT - 1) / TT);
+            cast_t_k<<<grid, dim3(32, 8)>>>(qt, q, inv, (const uint16_t *)x, rows, cols, padded(rows), amax, format,
+                                            k, spec, acc);
+        } else if (q) {
+            cast_k<<<blocks_for((n + CAST_VEC - 1) / CAST_VEC, THREADS), THREADS>>>(q, inv, (const uint16_t *)x, n,
+                                                                                   amax, format, k, spec, acc);
+        }
         LAUNCH_CHECK();
+        if (pass == 1) {
+            spec_finish_k<<<1, 1>>>(spec, inv, amax, format);
+            LAUNCH_CHECK();
+        }
     }
 }
 
@@ -103,7 +202,7 @@ static void cast_to(int i, const float *x, int rows, int cols, int format, uint8
  * current amax or (delayed scaling) by the recipe's exponent, its amax
  * recorded; returns the device address of its inverse scale */
 static const float *cast(int i, const float *x, int rows, int cols, int format, int s_rows, int s_cols,
-                         uint8_t **q, uint8_t **qt, struct fp8_recipe recipe) {
+                         uint8_t **q, uint8_t **qt, struct fp8_recipe recipe, const float *site_w) {
     int delayed = recipe.scaling == FP8_SCALING_DELAYED;
     size_t n = (size_t)rows * cols;
     if (!words) CUDA_CHECK(cudaMalloc(&words, 6 * WORD * sizeof(unsigned)));
@@ -120,7 +219,7 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
     if (i == FP8_INPUT) kept[X_CODES].group = kept[XT_CODES].group = 0; /* its inverse scale changes below */
     *q = s_rows >= 0 ? slot(s_rows, n) : NULL;
     *qt = s_cols >= 0 ? slot(s_cols, (size_t)cols * padded(rows)) : NULL;
-    cast_to(i, x, rows, cols, format, *q, *qt, inv, recipe);
+    cast_to(i, x, rows, cols, format, *q, *qt, inv, recipe, spec_of(site_w, i, recipe));
     if (grouped)
         kept[want].group = recipe.input_group, kept[want].x = x, kept[want].rows = rows, kept[want].cols = cols,
         kept[want].block = 0;
@@ -170,81 +269,6 @@ static const float *cast_block(const float *x, int rows, int cols, int format, i
     if (grouped)
         kept[s].group = recipe.input_group, kept[s].x = x, kept[s].rows = rows, kept[s].cols = cols, kept[s].block = 1;
     return bscales[s];
-}
-
-/* Per-tensor current scaling: a weight's transposed codes and inverse
- * scale, written by its forward cast (cast_t_k writes both layouts in its
- * one pass), kept for its dgrad, so the backward neither reads the weight
- * again nor takes its amax again. A weight does not change between a
- * forward and that forward's backward; the optimizer's step
- * (cuda_fp8_weights_changed, from the fp8 table's adamw) drops every
- * entry, and only a forward makes one, so a backward finds the codes of
- * the weight it multiplies or none (then it casts as before). Entries are
- * keyed by the weight's address and shape in an open-addressed table that
- * doubles when half full. Memory: one byte per element of each weight that
- * has run in FP8, plus 256 bytes (the scale, 256-byte aligned for
- * cuBLASLt), held for the life of the process. MTRAIN_FP8_KEEP_WEIGHTS=0
- * turns it off. */
-struct kept_weight {
-    const float *w;
-    int rows, cols;
-    unsigned long generation; /* valid while equal to weights_generation */
-    uint8_t *buf;             /* the inverse scale at buf, the codes [cols, rows] at buf + 256 */
-};
-static struct kept_weight *kw;
-static size_t kw_cap, kw_used;
-static unsigned long weights_generation = 1;
-
-void cuda_fp8_weights_changed(void) { weights_generation++; }
-
-static int keep_weights(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("MTRAIN_FP8_KEEP_WEIGHTS");
-        on = !(e && !strcmp(e, "0"));
-    }
-    return on;
-}
-
-static size_t kw_hash(const float *w) { return (size_t)(((uintptr_t)w >> 4) * 0x9e3779b97f4a7c15ull); }
-
-/* w's entry (NULL: none, unless create, which makes one) */
-static struct kept_weight *kept_weight(const float *w, int rows, int cols, int create) {
-    if (!kw_cap && !create) return NULL;
-    if (create && 2 * (kw_used + 1) > kw_cap) { /* grow: rehash every entry */
-        size_t cap = kw_cap ? 2 * kw_cap : 64;
-        struct kept_weight *t = (struct kept_weight *)calloc(cap, sizeof *t);
-        if (!t) die("out of memory");
-        for (size_t i = 0; i < kw_cap; i++) {
-            if (!kw[i].w) continue;
-            size_t j = kw_hash(kw[i].w) & (cap - 1);
-            while (t[j].w) j = (j + 1) & (cap - 1);
-            t[j] = kw[i];
-        }
-        free(kw);
-        kw = t, kw_cap = cap;
-    }
-    for (size_t j = kw_hash(w) & (kw_cap - 1);; j = (j + 1) & (kw_cap - 1)) {
-        struct kept_weight *e = &kw[j];
-        if (e->w == w) {
-            if (e->rows != rows || e->cols != cols) { /* the same address, another shape: new codes */
-                if (!create) return NULL;
-                if ((size_t)rows * cols > (size_t)e->rows * e->cols) {
-                    CUDA_CHECK(cudaFree(e->buf));
-                    CUDA_CHECK(cudaMalloc(&e->buf, 256 + (size_t)rows * cols));
-                }
-                e->rows = rows, e->cols = cols, e->generation = 0;
-            }
-            return e;
-        }
-        if (!e->w) {
-            if (!create) return NULL;
-            e->w = w, e->rows = rows, e->cols = cols, e->generation = 0;
-            CUDA_CHECK(cudaMalloc(&e->buf, 256 + (size_t)rows * cols));
-            kw_used++;
-            return e;
-        }
-    }
 }
 
 /* MTRAIN_PROFILE: the casts and the GEMMs of an FP8 op timed as parts of its
@@ -319,18 +343,18 @@ int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, i
     int blk = recipe.scaling == FP8_SCALING_BLOCK;
     double t = part_begin();
     const float *sx = blk ? cast_block(x, N, K, FP8_E4M3, X_CODES, &qx, recipe, 1)
-                          : cast(FP8_INPUT, x, N, K, FP8_E4M3, X_CODES, -1, &qx, &unused, recipe);
+                          : cast(FP8_INPUT, x, N, K, FP8_E4M3, X_CODES, -1, &qx, &unused, recipe, w);
     const float *sw;
-    struct kept_weight *e =
-        recipe.scaling == FP8_SCALING_TENSOR && keep_weights() ? kept_weight(w, M, K, 1) : NULL;
-    if (e) { /* both layouts in one pass, the transposed one kept for the dgrad */
+    if (recipe.scaling == FP8_SCALING_TENSOR && keep_weights()) { /* both layouts, the transposed kept for dgrad */
+        struct fp8_site *e = site_of(w);
+        keep_room(e, M, K);
         qw = slot(W_CODES, (size_t)M * K);
-        cast_to(FP8_WEIGHT, w, M, K, FP8_E4M3, qw, e->buf + 256, (float *)e->buf, recipe);
+        cast_to(FP8_WEIGHT, w, M, K, FP8_E4M3, qw, e->buf + 256, (float *)e->buf, recipe, spec_of(w, FP8_WEIGHT, recipe));
         e->generation = weights_generation;
         sw = (const float *)e->buf;
     } else {
         sw = blk ? cast_block(w, M, K, FP8_E4M3, W_CODES, &qw, recipe, 0)
-                 : cast(FP8_WEIGHT, w, M, K, FP8_E4M3, W_CODES, -1, &qw, &unused, recipe);
+                 : cast(FP8_WEIGHT, w, M, K, FP8_E4M3, W_CODES, -1, &qw, &unused, recipe, w);
     }
     part_end(t, "fp8_forward_casts", 0, N, K, M);
     t = part_begin();
@@ -359,19 +383,20 @@ int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, c
         if (dx) sg = cast_block(dout, N, M, gf, G_CODES, &qg, recipe, 0);
         if (dw) sgt = cast_block(dout, N, M, gf, GT_CODES, &qgt, recipe, 0);
     } else {
-        sg = sgt = cast(FP8_GRAD, dout, N, M, gf, dx ? G_CODES : -1, dw ? GT_CODES : -1, &qg, &qgt, recipe);
+        sg = sgt = cast(FP8_GRAD, dout, N, M, gf, dx ? G_CODES : -1, dw ? GT_CODES : -1, &qg, &qgt, recipe, w);
     }
     part_end(t, "fp8_backward_casts", 0, N, K, M);
     if (dx) { /* dx = dout (w^T)^T: w's codes transposed, [K, M] */
         const float *sw;
-        struct kept_weight *e = recipe.scaling == FP8_SCALING_TENSOR && keep_weights() ? kept_weight(w, M, K, 0) : NULL;
-        if (e && e->generation == weights_generation) { /* the forward's codes (M is a multiple of 16: no padding) */
+        struct fp8_site *e = recipe.scaling == FP8_SCALING_TENSOR && keep_weights() ? site_of(w) : NULL;
+        if (e && e->buf && e->generation == weights_generation && e->rows == M && e->cols == K) {
+            /* the forward's codes (M is a multiple of 16: no padding) */
             qwt = e->buf + 256;
             sw = (const float *)e->buf;
         } else {
             t = part_begin();
             sw = blk ? cast_block(w, M, K, FP8_E4M3, WT_CODES, &qwt, recipe, 0)
-                     : cast(FP8_WEIGHT, w, M, K, FP8_E4M3, -1, WT_CODES, &unused, &qwt, recipe);
+                     : cast(FP8_WEIGHT, w, M, K, FP8_E4M3, -1, WT_CODES, &unused, &qwt, recipe, w);
             part_end(t, "fp8_backward_casts", 0, N, K, M);
         }
         t = part_begin();
@@ -388,7 +413,7 @@ int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, c
     if (dw) { /* dw += dout^T (x^T)^T: [M, Np] and [K, Np] codes, the contraction padded with zeros */
         t = part_begin();
         const float *sx = blk ? cast_block(x, N, K, FP8_E4M3, XT_CODES, &qxt, recipe, 1)
-                              : cast(FP8_INPUT, x, N, K, FP8_E4M3, -1, XT_CODES, &unused, &qxt, recipe);
+                              : cast(FP8_INPUT, x, N, K, FP8_E4M3, -1, XT_CODES, &unused, &qxt, recipe, w);
         part_end(t, "fp8_backward_casts", 0, N, K, M);
         int Np = blk ? padded_block(N) : padded(N);
         t = part_begin();

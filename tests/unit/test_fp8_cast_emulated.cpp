@@ -89,6 +89,69 @@ static void run_case(int rows, int cols, int format, int with_inf, int k_shift, 
     result(inv_ok, "inverse_scale", tag, with_inf ? "not NaN for a tensor holding an infinity" : "not 2^-k");
 }
 
+/* Speculative current scaling (fp8_spec): pass 1 with a site's last
+ * exponent, spec_finish_k, pass 2; whatever the guess (right, too large:
+ * saturating, too small), the codes in both layouts and the inverse scale
+ * are current scaling's bitwise, the amax taken in pass 1 is the tensor's,
+ * the site keeps this tensor's exponent, redo says whether the guess
+ * missed, and a right guess leaves pass 2 writing nothing. */
+static void spec_case(int rows, int cols, int format, int with_inf, const char *tag, int misalign = 0) {
+    size_t n = (size_t)rows * cols;
+    std::vector<uint16_t> xs(n + 8);
+    uint16_t *xp = xs.data() + (misalign ? 1 : 0);
+    for (size_t i = 0; i < n; i++) xp[i] = bf16_bits(ldexpf(rnd(), (int)(i % 19) - 9));
+    if (with_inf) xp[n / 3] = 0xff80; /* -inf */
+    float amax = 0;
+    for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(bf16_to_float(xp[i])));
+    int fin = std::isfinite(amax), k = fp8_scale_exp(fin ? amax : 0.0f, format), ld = (rows + 15) / 16 * 16;
+    std::vector<uint8_t> want(n), want_t((size_t)cols * ld, 0);
+    for (size_t i = 0; i < n; i++) {
+        want[i] = fp8_bits(bf16_to_float(xp[i]) * fp8_pow2(k), format);
+        want_t[(i % cols) * ld + i / cols] = want[i];
+    }
+    const int offs[] = {0, 2, -3};
+    for (int layout = 0; layout < 2; layout++)
+        for (int off : offs) {
+            struct fp8_spec sp = {k + off, 7};
+            unsigned acc = 0;
+            float inv = 0;
+            std::vector<uint8_t> qs(n + 16, 0xaa), qts((size_t)cols * ld + 16, 0xaa);
+            uint8_t *qp = qs.data() + (misalign ? 1 : 0), *qtp = qts.data() + (misalign ? 1 : 0);
+            dim3_ tiles{(unsigned)(rows + TT - 1) / TT, (unsigned)(cols + TT - 1) / TT, 1};
+            auto pass = [&](unsigned *a) {
+                if (layout == 0)
+                    emu_launch(dim3_{2, 1, 1}, dim3_{64, 1, 1},
+                               [&]() { cast_k(qp, &inv, xp, n, NULL, format, FP8_SCALE_CURRENT, &sp, a); });
+                else
+                    emu_launch(tiles, dim3_{32, 8, 1}, [&]() {
+                        cast_t_k(qtp, qp, &inv, xp, rows, cols, ld, NULL, format, FP8_SCALE_CURRENT, &sp, a);
+                    });
+            };
+            pass(&acc);
+            emu_launch(dim3_{1, 1, 1}, dim3_{32, 1, 1}, [&]() { spec_finish_k(&sp, &inv, &acc, format); });
+            int skipped = 1;
+            if (!sp.redo) { /* pass 2 must write nothing: poison the codes, which pass 1 made right */
+                std::fill(qs.begin(), qs.end(), 0x55), std::fill(qts.begin(), qts.end(), 0x55);
+                pass(NULL);
+                skipped = std::count(qs.begin(), qs.end(), 0x55) == (long)qs.size() &&
+                          (layout == 0 || std::count(qts.begin(), qts.end(), 0x55) == (long)qts.size());
+                pass(&acc); /* the codes again, for the comparison below (acc already holds the amax) */
+            } else {
+                pass(NULL);
+            }
+            char name[96];
+            snprintf(name, sizeof name, "%s_%s_guess%+d", tag, layout ? "both_layouts" : "rows", off);
+            int codes_ok = std::vector<uint8_t>(qp, qp + n) == want &&
+                           (layout == 0 || std::vector<uint8_t>(qtp, qtp + (size_t)cols * ld) == want_t);
+            int inv_ok = fin ? inv == fp8_pow2(-k) : std::isnan(inv);
+            int amax_ok = __uint_as_float(acc) == amax || (!fin && std::isinf(__uint_as_float(acc)));
+            result(codes_ok && inv_ok, "spec_codes", name, "codes or inverse scale not current scaling's bitwise");
+            result(amax_ok && sp.k == k && sp.redo == (off != 0), "spec_state", name,
+                   "amax, the kept exponent or redo wrong");
+            if (!off) result(skipped, "spec_pass2_skips", name, "pass 2 wrote codes after a right guess");
+        }
+}
+
 /* the delayed-scaling record: the max of the amaxes folded in, NaN for a
  * non-finite one, and NaN stays (the GPU launches it with one thread; the
  * emulator runs whole warps: 32 identical atomic maxima, the same result) */
@@ -237,6 +300,9 @@ int main() {
     run_case(33, 40, FP8_E5M2, 1, 0, "e5m2_with_inf_unaligned", 1);
     run_case(130, 136, FP8_E4M3, 0, 0, "e4m3_130x136"); /* several 64 x 64 tiles each way, the last ones partial */
     record_case();
+    spec_case(45, 70, FP8_E4M3, 0, "e4m3_45x70");
+    spec_case(37, 48, FP8_E5M2, 0, "e5m2_37x48_unaligned", 1);
+    spec_case(33, 40, FP8_E4M3, 1, "e4m3_with_inf");
     rows128_case(5, 256, FP8_E4M3, 0, 0, "e4m3_5x256");
     rows128_case(9, 384, FP8_E5M2, 1, 0, "e5m2_9x384_with_inf");
     rows128_case(5, 256, FP8_E4M3, 0, 1, "e4m3_5x256_unaligned");
