@@ -88,7 +88,8 @@ __device__ inline float cast_scale(const unsigned *amax, int format, int k_fixed
  * (its blocks return at once otherwise). So the codes and scale are
  * current scaling's, bit for bit, and where a site's k holds from one
  * step to the next (it is a power of two: most steps) the tensor is read
- * once instead of twice (amax pass, cast pass). */
+ * once instead of twice (amax pass, cast pass). Off by default
+ * (fp8_gemm.cu's speculate(): slower on an H100 as it stands). */
 struct fp8_spec {
     int k, redo;
 };

@@ -8,7 +8,7 @@
 #                                               # within BUDGET seconds (default 480): one call of a
 #                                               # 15-minute device allowance (see below)
 #   bash scripts/device/gpu_checks.sh fp8       # FP8 speed work: op tests, 8B bf16 vs fp8, the fp8 step
-#                                               # without its cast shortcuts, its profile, gpu_pretrain.sh (~3 min)
+#                                               # with its cast options flipped, its profile, gpu_pretrain.sh (~3 min)
 #   bash scripts/device/gpu_checks.sh tests     # unit + end-to-end GPU checks (~5 min)
 #   bash scripts/device/gpu_checks.sh bench124m # train_gpu.sh on the 124M shape
 #   bash scripts/device/gpu_checks.sh bench8b   # train_gpu.sh on the 8B-shaped stack
@@ -132,14 +132,14 @@ case $phase in
     fp8)
         # FP8 speed work, one short call (~3 min on an H100): the op tests (the casts' codes bitwise,
         # kept weight codes, FP8 GEMMs), the 8B step in bf16 and fp8 in one run, the fp8 step with the
-        # speculative scales and kept weight codes off (their share), the fp8 step op by op, the
-        # targets, then the end-to-end checks (FP8 runs, real text)
+        # speculative scales on and with the kept weight codes off (their share), the fp8 step op by
+        # op, the targets, then the end-to-end checks (FP8 runs, real text)
         rm -f build/bench/train_gpu_*.json
         nvidia-smi -L 2>&1 | tee -a "$log"
         within test_cuda_bf16 build/rel/tests/test_cuda_bf16
         within bench8b env SHAPES=8b RUNS="mtrain-bf16 mtrain-fp8" STEPS=4 bash scripts/bench/train_gpu.sh
-        within fp8_two_pass env MTRAIN_FP8_SPECULATE=0 MTRAIN_FP8_KEEP_WEIGHTS=0 \
-            build/rel/bench/bench_train $DIMS_8B 4 cuda 0 fp8 tensor
+        within fp8_speculative env MTRAIN_FP8_SPECULATE=1 build/rel/bench/bench_train $DIMS_8B 4 cuda 0 fp8 tensor
+        within fp8_weights_not_kept env MTRAIN_FP8_KEEP_WEIGHTS=0 build/rel/bench/bench_train $DIMS_8B 4 cuda 0 fp8 tensor
         within profile8b_fp8 env MTRAIN_PROFILE=1 build/rel/bench/bench_train $DIMS_8B 1 cuda 0 fp8 tensor
         run acceptance python3 scripts/bench/acceptance.py build/bench/train_gpu_*.json
         within gpu_pretrain bash tests/integration/gpu_pretrain.sh
