@@ -31,6 +31,7 @@
 #define THREADS 256
 
 #include "kernels/cuda/fp8_cast.cuh"
+#include "kernels/cuda/site_table.h"
 
 /* device buffers that grow: codes per operand slot, plus amax/scale words */
 enum { X_CODES, XT_CODES, W_CODES, WT_CODES, G_CODES, GT_CODES, SLOTS };
@@ -73,7 +74,7 @@ void cuda_fp8_record_amax(float *out, const unsigned *amax) {
 /* rows rounded up to 16: the row length of a transposed operand's codes */
 static int padded(int rows) { return (rows + 15) / 16 * 16; }
 
-/* Cast sites, one per weight (keyed by its address in an open-addressed
+/* Cast sites, one per weight (kernels/cuda/site_table.h: keyed by its address in an open-addressed
  * table that doubles when half full), for per-tensor current scaling:
  *  - spec: each operand's (FP8_INPUT, FP8_WEIGHT, FP8_GRAD) speculative
  *    scale exponent (fp8_cast.cuh's fp8_spec), device memory;
@@ -88,15 +89,7 @@ static int padded(int rows) { return (rows + 15) / 16 * 16; }
  * of each weight kept, for the life of the process (bounded by the
  * weights that run in FP8). MTRAIN_FP8_KEEP_WEIGHTS=0 turns the kept
  * codes off, MTRAIN_FP8_SPECULATE=1 the speculative exponents on. */
-struct fp8_site {
-    const float *w;
-    struct fp8_spec *spec;    /* [FP8_OPERANDS], device */
-    int rows, cols;           /* of the kept codes */
-    unsigned long generation; /* they are valid while equal to weights_generation */
-    uint8_t *buf;             /* the inverse scale at buf, the codes [cols, rows] at buf + 256; NULL: none */
-};
-static struct fp8_site *sites;
-static size_t sites_cap, sites_used;
+static struct site_table sites;
 static unsigned long weights_generation = 1;
 
 void cuda_fp8_weights_changed(void) { weights_generation++; }
@@ -122,38 +115,20 @@ static int speculate(void) {
     return env_flag("MTRAIN_FP8_SPECULATE", 0, &on);
 }
 
-static size_t site_hash(const float *w) { return (size_t)(((uintptr_t)w >> 4) * 0x9e3779b97f4a7c15ull); }
-
-/* w's site, made on first use (its exponents 0: the first cast redoes) */
+/* w's site, made on first use (its exponents 0: the first cast redoes);
+ * the pointer holds until a site is made for another weight */
 static struct fp8_site *site_of(const float *w) {
-    if (2 * (sites_used + 1) > sites_cap) { /* grow: rehash every site */
-        size_t cap = sites_cap ? 2 * sites_cap : 64;
-        struct fp8_site *t = (struct fp8_site *)calloc(cap, sizeof *t);
-        if (!t) die("out of memory");
-        for (size_t i = 0; i < sites_cap; i++) {
-            if (!sites[i].w) continue;
-            size_t j = site_hash(sites[i].w) & (cap - 1);
-            while (t[j].w) j = (j + 1) & (cap - 1);
-            t[j] = sites[i];
-        }
-        free(sites);
-        sites = t, sites_cap = cap;
-    }
-    size_t j = site_hash(w) & (sites_cap - 1);
-    while (sites[j].w && sites[j].w != w) j = (j + 1) & (sites_cap - 1);
-    struct fp8_site *e = &sites[j];
-    if (!e->w) {
-        e->w = w;
-        CUDA_CHECK(cudaMalloc(&e->spec, 256));
-        CUDA_CHECK(cudaMemset(e->spec, 0, 256));
-        sites_used++;
-    }
+    struct fp8_site *e = site_find(&sites, w);
+    if (e) return e;
+    if (!(e = site_insert(&sites, w))) die("out of memory");
+    CUDA_CHECK(cudaMalloc(&e->spec, 256));
+    CUDA_CHECK(cudaMemset(e->spec, 0, 256));
     return e;
 }
 
 /* the site's speculative exponent of operand i, or NULL: the two-pass cast */
 static struct fp8_spec *spec_of(const float *w, int i, struct fp8_recipe recipe) {
-    return recipe.scaling == FP8_SCALING_TENSOR && speculate() ? site_of(w)->spec + i : NULL;
+    return recipe.scaling == FP8_SCALING_TENSOR && speculate() ? (struct fp8_spec *)site_of(w)->spec + i : NULL;
 }
 
 /* buffers for w's kept codes [cols, rows] (rows x cols: the weight's shape) */
