@@ -276,9 +276,12 @@ static void ref_fp8_matmul_backward(float *dx, float *dw, const float *dout, con
 static void fp8_matmul_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,
                                struct fp8_recipe recipe) {
     const void *outs[] = {out};
-    if (!cuda_fp8_gemm_usable(N, K, M, outs, 1, recipe.scaling == FP8_SCALING_BLOCK) ||
-        cuda_fp8_forward(out, x, w, N, K, M, accumulate, recipe))
+    if (!cuda_fp8_gemm_usable(N, K, M, outs, 1, recipe.scaling == FP8_SCALING_BLOCK)) {
+        cuda_fp8_forget_weight(w); /* codes kept from an earlier forward may not be w's now */
         ref_fp8_matmul_forward(out, x, w, N, K, M, accumulate, recipe);
+    } else if (cuda_fp8_forward(out, x, w, N, K, M, accumulate, recipe)) {
+        ref_fp8_matmul_forward(out, x, w, N, K, M, accumulate, recipe);
+    }
 }
 
 static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,

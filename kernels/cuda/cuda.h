@@ -145,6 +145,9 @@ void cuda_fp8_record_amax(float *out, const unsigned *amax);
 /* The weights changed (the optimizer's step): the FP8 GEMMs drop the
  * weight codes they kept from a forward for its backward. */
 void cuda_fp8_weights_changed(void);
+/* A forward of w took the reference path: codes kept from an earlier
+ * forward of w are not used for its backward. */
+void cuda_fp8_forget_weight(const float *w);
 double cuda_sum(const float *x, size_t n);
 double cuda_sum_squares(const float *x, size_t n);
 void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1, float beta2,

@@ -9,12 +9,13 @@
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/storage.cuh"
 #include "kernels/fp8.h"
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#ifdef __CUDACC__
 #include <cuda_fp8.h>
 #endif
 
-/* The codes of a and b (a in the low byte): on GPUs with FP8 (compute
- * capability 8.9 and later) one convert instruction for the pair, rounding
+/* The codes of a and b (a in the low byte): in device code built for a GPU
+ * with FP8 (compute capability 8.9 and later; the Makefile builds sm_90a,
+ * Hopper, and sm_80, where fp8_bits runs) one convert instruction for the pair, rounding
  * to nearest even and saturating finite values as fp8_bits does
  * (test_cuda_bf16's cuda_fp8_cast_codes checks every bf16 value at several
  * scales bitwise against it); elsewhere, and under the CPU emulation,

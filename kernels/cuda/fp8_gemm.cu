@@ -1,6 +1,8 @@
 /* FP8 GEMMs with per-tensor scaling on FP8 tensor cores (cuBLASLt),
  * for the fp8 table's linear layers. Each bf16 operand is cast once per use
- * (an input once per group of GEMMs reading it, fp8_recipe.input_group):
+ * (an input once per group of GEMMs reading it, fp8_recipe.input_group; a
+ * weight under current scaling once per forward, its dgrad reusing the
+ * codes: the cast sites below):
  * its amax (max of |x| over the tensor, by bits: non-negative floats order
  * like their bits), the power-of-two scale 2^k of kernels/fp8.h (or, under
  * delayed scaling, the recipe's 2^k, the amax recorded for the history), the
@@ -131,15 +133,37 @@ static struct fp8_spec *spec_of(const float *w, int i, struct fp8_recipe recipe)
     return recipe.scaling == FP8_SCALING_TENSOR && speculate() ? (struct fp8_spec *)site_of(w)->spec + i : NULL;
 }
 
-/* buffers for w's kept codes [cols, rows] (rows x cols: the weight's shape) */
-static void keep_room(struct fp8_site *e, int rows, int cols) {
-    if (e->buf && (size_t)rows * cols <= (size_t)e->rows * e->cols) {
+/* room for w's kept codes [cols, rows] (rows x cols: the weight's shape);
+ * 0 where the device has no memory for them: keeping stops for the run
+ * (said once), the GEMMs cast as before */
+static int keep_room(struct fp8_site *e, int rows, int cols) {
+    static int out_of_memory;
+    size_t bytes = 256 + (size_t)rows * cols;
+    e->generation = 0;
+    if (e->buf && bytes <= e->bytes) {
         e->rows = rows, e->cols = cols;
-        return;
+        return 1;
     }
+    if (out_of_memory) return 0;
     if (e->buf) CUDA_CHECK(cudaFree(e->buf));
-    CUDA_CHECK(cudaMalloc(&e->buf, 256 + (size_t)rows * cols));
-    e->rows = rows, e->cols = cols;
+    e->buf = NULL, e->bytes = 0;
+    cudaError_t rc = cudaMalloc(&e->buf, bytes);
+    if (rc == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError(); /* clear it: the run goes on without kept codes */
+        e->buf = NULL, out_of_memory = 1;
+        fprintf(stderr, "mtrain: the GPU has no room to keep FP8 weight codes for the backward (%zu bytes more); "
+                        "the weights' dgrad casts them again (MTRAIN_FP8_KEEP_WEIGHTS, docs/model.md)\n", bytes);
+        return 0;
+    }
+    CUDA_CHECK(rc);
+    e->rows = rows, e->cols = cols, e->bytes = bytes;
+    return 1;
+}
+
+/* w's kept codes no longer match it: a forward of w that did not come here (the reference path) */
+void cuda_fp8_forget_weight(const float *w) {
+    struct fp8_site *e = site_find(&sites, w);
+    if (e) e->generation = 0;
 }
 
 /* operand i's amax (recorded under delayed scaling), then x [rows, cols]
@@ -325,9 +349,8 @@ int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, i
     const float *sx = blk ? cast_block(x, N, K, FP8_E4M3, X_CODES, &qx, recipe, 1)
                           : cast(FP8_INPUT, x, N, K, FP8_E4M3, X_CODES, -1, &qx, &unused, recipe, w);
     const float *sw;
-    if (recipe.scaling == FP8_SCALING_TENSOR && keep_weights()) { /* both layouts, the transposed kept for dgrad */
-        struct fp8_site *e = site_of(w);
-        keep_room(e, M, K);
+    struct fp8_site *e = recipe.scaling == FP8_SCALING_TENSOR && keep_weights() ? site_of(w) : NULL;
+    if (e && keep_room(e, M, K)) { /* both layouts, the transposed kept for the dgrad */
         qw = slot(W_CODES, (size_t)M * K);
         cast_to(FP8_WEIGHT, w, M, K, FP8_E4M3, qw, e->buf + 256, (float *)e->buf, recipe, spec_of(w, FP8_WEIGHT, recipe));
         e->generation = weights_generation;
@@ -368,7 +391,7 @@ int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, c
     part_end(t, "fp8_backward_casts", 0, N, K, M);
     if (dx) { /* dx = dout (w^T)^T: w's codes transposed, [K, M] */
         const float *sw;
-        struct fp8_site *e = recipe.scaling == FP8_SCALING_TENSOR && keep_weights() ? site_of(w) : NULL;
+        struct fp8_site *e = recipe.scaling == FP8_SCALING_TENSOR && keep_weights() ? site_find(&sites, w) : NULL;
         if (e && e->buf && e->generation == weights_generation && e->rows == M && e->cols == K) {
             /* the forward's codes (M is a multiple of 16: no padding) */
             qwt = e->buf + 256;
@@ -544,6 +567,7 @@ long cuda_fp8_cast_check(int format, int k, char *msg, size_t n) {
     cast_k<<<blocks_for(V / CAST_VEC, THREADS), THREADS>>>(dq, inv, dx, V, dw, format, k);
     cast_t_k<<<dim3(S / TT, S / TT), dim3(32, 8)>>>(dq + 2 * V, dq + V, inv, dx, S, S, S, dw, format, k);
     long bad = cudaGetLastError() == cudaSuccess ? 0 : -1;
+    if (bad) snprintf(msg, n, "a cast kernel failed to launch");
     CUDA_CHECK(cudaMemcpy(got, dq, 3 * V, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaFree(dx));
     CUDA_CHECK(cudaFree(dq));

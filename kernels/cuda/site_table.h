@@ -14,6 +14,7 @@ struct fp8_site {
     int rows, cols;           /* of the kept codes */
     unsigned long generation; /* they are valid while equal to the GEMMs' weights generation */
     uint8_t *buf;             /* device: the inverse scale, then the codes [cols, rows] at +256; NULL: none */
+    size_t bytes;             /* buf's size */
 };
 
 struct site_table {

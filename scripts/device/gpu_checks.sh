@@ -137,6 +137,8 @@ case $phase in
         rm -f build/bench/train_gpu_*.json
         nvidia-smi -L 2>&1 | tee -a "$log"
         within test_cuda_bf16 build/rel/tests/test_cuda_bf16
+        # the FP8 GEMMs again with speculative exponents (off by default) against the CPU fp8 table
+        within test_cuda_bf16_speculative env MTRAIN_FP8_SPECULATE=1 build/rel/tests/test_cuda_bf16
         within bench8b env SHAPES=8b RUNS="mtrain-bf16 mtrain-fp8" STEPS=4 bash scripts/bench/train_gpu.sh
         within fp8_speculative env MTRAIN_FP8_SPECULATE=1 build/rel/bench/bench_train $DIMS_8B 4 cuda 0 fp8 tensor
         within fp8_weights_not_kept env MTRAIN_FP8_KEEP_WEIGHTS=0 build/rel/bench/bench_train $DIMS_8B 4 cuda 0 fp8 tensor
@@ -151,6 +153,8 @@ case $phase in
         run test_cuda_bf16 build/rel/tests/test_cuda_bf16
         run test_cuda_bf16_cudnn env MTRAIN_ATTENTION=cudnn build/rel/tests/test_cuda_bf16
         run test_cuda_bf16_flash env MTRAIN_ATTENTION=flash build/rel/tests/test_cuda_bf16
+        run test_cuda_bf16_speculative env MTRAIN_FP8_SPECULATE=1 build/rel/tests/test_cuda_bf16
+        run test_cuda_bf16_no_kept_weights env MTRAIN_FP8_KEEP_WEIGHTS=0 build/rel/tests/test_cuda_bf16
         # the same with the fast kernels off: a failure in both points at the reference path or the test,
         # in the first only at flash attention / the FP8 tensor-core GEMMs
         run test_cuda_bf16_reference env MTRAIN_ATTENTION=reference MTRAIN_FP8_GEMM=reference \

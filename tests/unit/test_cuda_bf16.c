@@ -251,7 +251,9 @@ static void test_fp8_input_groups(const struct backend *g8, struct fp8_recipe sc
  * codes; fresh ones would halve it exactly, power-of-two scales); the
  * optimizer's step (the table's adamw, which rewrites the bf16 copy) drops
  * them: the dgrad right after it equals, bitwise, the dgrad after a fresh
- * forward. */
+ * forward; and the same address read as another shape takes fresh codes.
+ * With MTRAIN_FP8_KEEP_WEIGHTS=0 nothing is kept: the halved weight halves
+ * the dgrad. */
 static void test_fp8_kept_weights(const struct backend *g8) {
     const int N = 256, K = 512, M = 144;
     struct fp8_recipe sc = {.scaling = FP8_SCALING_TENSOR};
@@ -270,8 +272,11 @@ static void test_fp8_kept_weights(const struct backend *g8) {
     g16->from_host(dW, W, 2 * nw);
     g8->fp8_matmul_backward(dGX, NULL, dD, dX, dW, N, K, M, 0, sc);
     float *b = host_of(dGX, 2 * nx);
-    TEST_RESULT("cuda_fp8_kept_weight_codes_reused", !memcmp(a, b, 2 * nx),
-                "the dgrad after a forward did not take the forward's weight codes");
+    const char *keep = getenv("MTRAIN_FP8_KEEP_WEIGHTS");
+    int kept = !(keep && !strcmp(keep, "0"));
+    TEST_RESULT("cuda_fp8_kept_weight_codes_reused", (memcmp(a, b, 2 * nx) == 0) == kept,
+                kept ? "the dgrad after a forward did not take the forward's weight codes"
+                     : "MTRAIN_FP8_KEEP_WEIGHTS=0, yet the dgrad took codes of the weight before it was halved");
     float *master = unpack(W, nw), *dP = dev(master, 4 * nw);
     g16->zero(dm, 4 * nw), g16->zero(dv, 4 * nw);
     g8->adamw(dP, dG, dm, dv, nw, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1, (uint16_t *)dW);
@@ -283,6 +288,18 @@ static void test_fp8_kept_weights(const struct backend *g8) {
     TEST_RESULT("cuda_fp8_kept_weight_codes_dropped_by_the_optimizer", !memcmp(c, d, 2 * nx) && memcmp(c, b, 2 * nx),
                 "after the optimizer's step the dgrad %s", memcmp(c, b, 2 * nx) ? "differs from a fresh forward's"
                                                                                : "still took the old codes");
+    { /* the weight's address read as [M2, K2] (fewer elements): codes of that shape, not the kept [M, K] ones */
+        const int K2 = 256, M2 = 128; /* within every buffer of the [M, K] case */
+        g8->fp8_matmul_forward(dO, dX, dW, N, K, M, 0, sc); /* keeps [M, K] codes */
+        g8->fp8_matmul_backward(dGX, NULL, dD, dX, dW, N, K2, M2, 0, sc);
+        float *e = host_of(dGX, 2 * (size_t)N * K2);
+        g8->fp8_matmul_forward(dO, dX, dW, N, K2, M2, 0, sc);
+        g8->fp8_matmul_backward(dGX, NULL, dD, dX, dW, N, K2, M2, 0, sc);
+        float *f = host_of(dGX, 2 * (size_t)N * K2);
+        TEST_RESULT("cuda_fp8_kept_weight_codes_shape_checked", !memcmp(e, f, 2 * (size_t)N * K2),
+                    "a dgrad of another shape at the same address differs from a fresh forward's");
+        free(e), free(f);
+    }
     free(x), free(w), free(dout), free(grad), free(X), free(W), free(D), free(master), free(a), free(b), free(c), free(d);
     g16->free(dX), g16->free(dW), g16->free(dD), g16->free(dO), g16->free(dGX), g16->free(dG), g16->free(dm);
     g16->free(dv), g16->free(dP);
