@@ -47,6 +47,10 @@ static size_t cap[SLOTS];
  * 2026-11-26) */
 #define WORD 64
 static unsigned *words;
+static unsigned *scale_words(void) {
+    if (!words) CUDA_CHECK(cudaMalloc(&words, 6 * WORD * sizeof(unsigned)));
+    return words;
+}
 /* the input's codes kept in X_CODES / XT_CODES for the next GEMM of its
  * group (fp8_recipe.input_group): the x they came from; its inverse scale
  * stays in words[WORD * (3 + FP8_INPUT)] until the next input cast */
@@ -87,8 +91,8 @@ static int padded(int rows) { return (rows + 15) / 16 * 16; }
  *    optimizer's step (cuda_fp8_weights_changed, from the fp8 table's
  *    adamw) drops every kept weight, and only a forward keeps one, so a
  *    dgrad finds its own forward's codes or none (then it casts).
- * Memory: 256 bytes of device memory per site, plus one byte per element
- * of each weight kept, for the life of the process (bounded by the
+ * Memory: 256 bytes of device memory per speculating site, plus one byte
+ * per element of each weight kept, for the life of the process (bounded by the
  * weights that run in FP8). MTRAIN_FP8_KEEP_WEIGHTS=0 turns the kept
  * codes off, MTRAIN_FP8_SPECULATE=1 the speculative exponents on. */
 static struct site_table sites;
@@ -117,20 +121,24 @@ static int speculate(void) {
     return env_flag("MTRAIN_FP8_SPECULATE", 0, &on);
 }
 
-/* w's site, made on first use (its exponents 0: the first cast redoes);
- * the pointer holds until a site is made for another weight */
+/* w's site, made on first use; the pointer holds until a site is made
+ * for another weight */
 static struct fp8_site *site_of(const float *w) {
     struct fp8_site *e = site_find(&sites, w);
-    if (e) return e;
-    if (!(e = site_insert(&sites, w))) die("out of memory");
-    CUDA_CHECK(cudaMalloc(&e->spec, 256));
-    CUDA_CHECK(cudaMemset(e->spec, 0, 256));
+    if (!e && !(e = site_insert(&sites, w))) die("out of memory");
     return e;
 }
 
-/* the site's speculative exponent of operand i, or NULL: the two-pass cast */
+/* the site's speculative exponent of operand i (made on first use, its
+ * exponents 0: the first cast redoes), or NULL: the two-pass cast */
 static struct fp8_spec *spec_of(const float *w, int i, struct fp8_recipe recipe) {
-    return recipe.scaling == FP8_SCALING_TENSOR && speculate() ? (struct fp8_spec *)site_of(w)->spec + i : NULL;
+    if (recipe.scaling != FP8_SCALING_TENSOR || !speculate()) return NULL;
+    struct fp8_site *e = site_of(w);
+    if (!e->spec) {
+        CUDA_CHECK(cudaMalloc(&e->spec, 256));
+        CUDA_CHECK(cudaMemset(e->spec, 0, 256));
+    }
+    return (struct fp8_spec *)e->spec + i;
 }
 
 /* room for w's kept codes [cols, rows] (rows x cols: the weight's shape);
@@ -173,8 +181,7 @@ static void cast_to(int i, const float *x, int rows, int cols, int format, uint8
                     struct fp8_recipe recipe, struct fp8_spec *spec) {
     int delayed = recipe.scaling == FP8_SCALING_DELAYED, k = delayed ? recipe.scale_exp[i] : FP8_SCALE_CURRENT;
     size_t n = (size_t)rows * cols;
-    if (!words) CUDA_CHECK(cudaMalloc(&words, 6 * WORD * sizeof(unsigned)));
-    unsigned *amax = words + WORD * i;
+    unsigned *amax = scale_words() + WORD * i;
     CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof *amax, 0));
     if (!spec) { /* the amax first */
         unsigned grid = blocks_for(n, THREADS) < 1024 ? blocks_for(n, THREADS) : 1024;
@@ -209,8 +216,7 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
                          uint8_t **q, uint8_t **qt, struct fp8_recipe recipe, const float *site_w) {
     int delayed = recipe.scaling == FP8_SCALING_DELAYED;
     size_t n = (size_t)rows * cols;
-    if (!words) CUDA_CHECK(cudaMalloc(&words, 6 * WORD * sizeof(unsigned)));
-    float *inv = (float *)(words + WORD * (3 + i));
+    float *inv = (float *)(scale_words() + WORD * (3 + i));
     /* an input cast into one layout may be its group's (the kept codes are per layout) */
     int want = s_rows >= 0 ? s_rows : s_cols;
     int grouped = i == FP8_INPUT && recipe.input_group && !delayed && (s_rows < 0 || s_cols < 0);
@@ -331,11 +337,7 @@ int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts
  * for its speed, not the gradients'). MTRAIN_FP8_FAST_ACCUM=0 turns it off. */
 static int fast_accum(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("MTRAIN_FP8_FAST_ACCUM");
-        on = !(e && !strcmp(e, "0"));
-    }
-    return on;
+    return env_flag("MTRAIN_FP8_FAST_ACCUM", 1, &on);
 }
 
 /* out [N, M] (bf16) = x [N, K] w [M, K]^T (+ out); 0, or -1 where

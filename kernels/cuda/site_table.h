@@ -10,7 +10,7 @@
 
 struct fp8_site {
     const void *w;            /* the key: a weight's address; NULL: an empty slot */
-    void *spec;               /* device: the operands' speculative exponents (fp8_cast.cuh's fp8_spec) */
+    void *spec;               /* device: the operands' speculative exponents (fp8_cast.cuh's fp8_spec); NULL: none yet */
     int rows, cols;           /* of the kept codes */
     unsigned long generation; /* they are valid while equal to the GEMMs' weights generation */
     uint8_t *buf;             /* device: the inverse scale, then the codes [cols, rows] at +256; NULL: none */
