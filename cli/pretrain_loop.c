@@ -26,6 +26,7 @@
 #include "model/trainer.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/grid.h"
+#include "parallel/timeline.h"
 #include "parallel/watchdog.h"
 
 void openblas_set_num_threads(int);
@@ -277,6 +278,43 @@ static void log_comm(struct run *run, int steps) {
     free(v);
 }
 
+/* MTRAIN_TIMELINE's step traced (parallel/timeline.h): every rank writes
+ * LOG_DIR/timeline-rank-NNNNN.json; rank 0 says what its data-parallel
+ * gradient reduction overlapped, on stdout and as a metrics event. Called
+ * when the timeline is due and at the end of the run (a step never reached
+ * is said once). */
+static void write_timeline(struct run *run, int at_end) {
+    int step = timeline_parse_step(getenv("MTRAIN_TIMELINE"), NULL, 0);
+    if (!timeline_pending()) {
+        if (at_end && step > 0 && !timeline_done() && run->rank0)
+            warn("MTRAIN_TIMELINE=%d: this run did not run step %d (it ran steps %d to %d); no timeline written", step,
+                 step, run->first_step, run->st.step);
+        return;
+    }
+    struct timeline_summary t;
+    char *json = timeline_finish(run->grid.world_rank, &t), file[RECIPE_PATH_MAX + 48];
+    snprintf(file, sizeof file, "%s/timeline-rank-%05d.json", run->r->log.dir, run->grid.world_rank);
+    write_file_atomic(file, json, strlen(json));
+    free(json);
+    if (!run->rank0) return;
+    event(run,
+          "{\"event\":\"timeline\",\"step\":%d,\"file\":\"%s\",\"spans\":%d,\"dropped\":%d,\"step_ms\":%.3f,"
+          "\"compute_ms\":%.3f,\"grad_ms\":%.3f,\"grad_hidden_ms\":%.3f,\"grad_exposed_ms\":%.3f,\"grad_bytes\":%llu,"
+          "\"grad_calls\":%d}",
+          t.step, file, t.spans, t.dropped, t.step_ms, t.compute_ms, t.grad_ms, t.grad_hidden_ms, t.grad_exposed_ms,
+          (unsigned long long)t.grad_bytes, t.grad_calls);
+    printf("timeline of step %d in %s/timeline-rank-*.json: step %.2f ms, forward and backward %.2f ms", t.step,
+           run->r->log.dir, t.step_ms, t.compute_ms);
+    if (t.grad_calls)
+        printf("; data-parallel gradients %d call%s, %.1f MB, %.2f ms of communication: %.2f ms during forward or "
+               "backward, %.2f ms exposed\n",
+               t.grad_calls, t.grad_calls == 1 ? "" : "s", t.grad_bytes / 1e6, t.grad_ms, t.grad_hidden_ms,
+               t.grad_exposed_ms);
+    else
+        printf("; no data-parallel gradient communication\n");
+    if (t.dropped) warn("the timeline kept its first %d spans, not the %d after them", TIMELINE_SPANS, t.dropped);
+}
+
 /* Drop the lines of metrics.jsonl about steps after `step` (the interrupted
  * run's steps and events past the checkpoint a resume starts from), so each
  * step appears once. Rewritten atomically; a missing file is fine. */
@@ -410,6 +448,7 @@ static int one_step(struct run *run, int step) {
     int G = r->train.global_batch;
     double t0 = now_seconds();
     const int32_t *batch = prefetcher_next(run->train, run->st.consumed_samples);
+    timeline_step_begin(step);
     struct step_stats st = trainer_compute(&run->tr, batch, G / run->grid.dp);
     if (run->o->inject_nan == step && !run->injected_nan) {
         run->injected_nan = 1;
@@ -426,6 +465,7 @@ static int one_step(struct run *run, int step) {
     if (r->rewind.enabled) {
         enum rewind_reason why = rewind_check(&r->rewind, &run->st, st.loss, st.grad_norm);
         if (why != REWIND_NONE) {
+            timeline_step_end(step);
             rewind_to_checkpoint(run, step, why);
             return 1;
         }
@@ -434,6 +474,7 @@ static int one_step(struct run *run, int step) {
                  st.grad_norm);
     }
     trainer_update(&run->tr, &st, step <= run->st.lr_scale_until ? run->st.lr_scale : 1.0);
+    timeline_step_end(step);
     run->st.step = step;
     run->st.opt_step = run->tr.opt.step;
     run->st.consumed_samples += G;
@@ -467,6 +508,14 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     /* MTRAIN_PROFILE: where each step's time goes, over the steps run after the first (a rewound one included) */
     int profiling = profile_requested(), profiled = -1;
     if (profiling) run.be = backend_profiled(run.be);
+    /* MTRAIN_TIMELINE: one step's timeline, on the device's clock on GPUs */
+    char terr[160];
+    int timeline_step = timeline_parse_step(getenv("MTRAIN_TIMELINE"), terr, sizeof terr);
+    if (timeline_step < 0) {
+        if (parallel_world_rank() == 0) fprintf(stderr, "mtrain: error: %s\n", terr);
+        return EXIT_USAGE;
+    }
+    timeline_setup(timeline_step, strcmp(run.be->name, "cpu") != 0);
     install_signals(); /* before the (possibly long) load, so a signal then is not fatal */
     setup(&run);
     watchdog_phase(WATCHDOG_LOAD, 0);
@@ -531,6 +580,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
             char path[RECIPE_PATH_MAX + 32];
             save_final_weights(&run, path, sizeof path);
             event(&run, "{\"event\":\"signal\",\"signal\":\"%s\",\"step\":%d}", name, run.st.step);
+            write_timeline(&run, 0);
             teardown(&run);
             return 0;
         }
@@ -539,6 +589,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
             abort();
         }
         int rewound = one_step(&run, step);
+        if (timeline_due()) write_timeline(&run, 0);
         if (profiled >= 0) profiled++;
         if (rewound) continue;
         if (profiling && profiled < 0 && step < r->train.steps) profile_reset(), profiled = 0;
@@ -556,6 +607,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         profile_counting(counting);
     }
     watchdog_phase(WATCHDOG_END, run.st.step);
+    write_timeline(&run, 1);
     if (profiling) { /* every rank's table in LOG_DIR (pipeline stages differ); rank 0's also in metrics and on stdout */
         int steps = profiled >= 0 ? profiled : run.st.step - first + 1; /* a one-step run: that step */
         char *json = profile_json(steps), file[RECIPE_PATH_MAX + 48];

@@ -3,6 +3,7 @@
 
 #include "config/common.h"
 #include "model/trainer.h"
+#include "parallel/timeline.h"
 
 /* A layer's last backward of the step is done: its gradients join the
  * bucket being filled, which starts reducing over data-parallel ranks, while
@@ -183,11 +184,15 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
             float *out = NULL;
             if (s[k].op == SCHED_FORWARD) {
                 out = l.send_to >= 0 ? send_buf(tr, tr->send_fwd, mb, c) : NULL;
+                int span = timeline_compute_begin("forward", mb, c);
                 double lk = transformer_forward_chunk(m, slot, c, out, dscale);
+                timeline_end(span, NULL);
                 if (l.send_to < 0 && g->tp_rank == 0) loss += lk; /* the last virtual stage */
             } else {
                 m->last_micro_batch = !eval && mb == tr->micro_batches - 1;
+                int span = timeline_compute_begin("backward", mb, c);
                 transformer_backward_chunk(m, slot, c, tr->recv_grad);
+                timeline_end(span, NULL);
                 if (l.send_to >= 0) {
                     out = send_buf(tr, tr->send_bwd, mb, c);
                     m->be->copy(out, m->d_resid, act_bytes);
@@ -295,10 +300,12 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
     if (model_mtp_depth(&r->model)) mtp_step_stats(tr, &st);
     tr->bucket_first = -1; /* a bucket left unstarted is reduced below with the rest */
     int zero = tr->opt.group[0].distributed; /* ZeRO reduces the gradients away from m->grads */
+    int span = timeline_compute_begin("reduce_grads", -1, -1);
     if (zero) embed_grads_sum(tr);
     optimizer_reduce_grads(&tr->opt, m->grads);
     if (!zero) embed_grads_sum(tr);
     st.grad_norm = optimizer_grad_norm(&tr->opt, m->grads, &tr->grid->world);
+    timeline_end(span, NULL);
     return st;
 }
 
@@ -375,6 +382,8 @@ void trainer_update(struct trainer *tr, struct step_stats *st, double lr_scale) 
     struct transformer *m = &tr->model;
     const char *e = getenv("MTRAIN_FUSED_ADAMW");
     uint16_t *work = m->weights != m->params && !(e && !strcmp(e, "0")) ? (uint16_t *)m->weights : NULL;
+    timeline_phase(TIMELINE_UPDATE);
+    int span = timeline_compute_begin("optimizer", -1, -1);
     trainer_settle(tr); /* AdamW rewrites this rank's shard, which a pending gather may still be sending */
     /* the expert bias (state AdamW skips, read from the fp32 master) moves alike on every rank, so before
      * the update: under ZeRO-1 the gathers then carry the moved values */
@@ -382,6 +391,7 @@ void trainer_update(struct trainer *tr, struct step_stats *st, double lr_scale) 
     m->weights_fresh = optimizer_step(&tr->opt, m->params, m->grads, st->lr, st->grad_norm, work);
     if (tr->opt.defer_gather) gather_deferred(tr, work != NULL);
     embed_params_sync(tr);
+    timeline_end(span, NULL);
 }
 
 struct step_stats trainer_step(struct trainer *tr, const int32_t *samples, int n) {

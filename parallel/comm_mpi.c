@@ -8,6 +8,7 @@
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/comm_nccl.h"
+#include "parallel/timeline.h"
 #include "parallel/watchdog.h"
 
 #define MPI_CHECK(call)                                                                     \
@@ -29,6 +30,7 @@ struct pending {
     const struct comm *owner[MAX_PENDING];
     void *staged[MAX_PENDING]; /* a gather's count arrays, freed when it completes */
     int ticket[MAX_PENDING];   /* comm_all_gather_v_start's ticket, 0 for the rest */
+    int span[MAX_PENDING];     /* its timeline span (parallel/timeline.h), ended by the wait */
     int n;
 };
 static struct pending pending;
@@ -64,14 +66,24 @@ static void enter(const struct comm *c, const char *op) {
     watchdog_enter(op, c->name ? c->name : "?", c->rank, c->size);
 }
 
-static void track_ticket(const struct comm *c, MPI_Request r, void *staged, int ticket) {
+/* the call's span on the timeline (a started one ends when it is waited for) */
+static int span(const struct comm *c, const char *op, size_t bytes, int started) {
+    return timeline_begin(op, c->name ? c->name : "?", bytes, started, NULL);
+}
+static void leave(int span) {
+    timeline_end(span, NULL);
+    watchdog_leave();
+}
+
+static void track_ticket(const struct comm *c, MPI_Request r, void *staged, int ticket, int span) {
     if (pending.n == MAX_PENDING) die("too many outstanding communication requests");
     pending.req[pending.n] = r;
     pending.staged[pending.n] = staged;
     pending.ticket[pending.n] = ticket;
+    pending.span[pending.n] = span;
     pending.owner[pending.n++] = c;
 }
-static void track(const struct comm *c, MPI_Request r) { track_ticket(c, r, NULL, 0); }
+static void track(const struct comm *c, MPI_Request r, int span) { track_ticket(c, r, NULL, 0, span); }
 
 /* Host staging buffer `which` of at least bytes. */
 static void *host_buf(struct comm *c, int which, size_t bytes) {
@@ -130,8 +142,9 @@ void comm_all_reduce_sum(struct comm *c, float *buf, size_t n) {
     }
     if (c->size == 1 || n == 0) return;
     enter(c, "all_reduce_sum");
+    int s = span(c, "all_reduce_sum", n * sizeof(float), 0);
     all_reduce(c, buf, n, MPI_SUM);
-    watchdog_leave();
+    leave(s);
 }
 
 void comm_all_reduce_max(struct comm *c, float *buf, size_t n) {
@@ -141,17 +154,19 @@ void comm_all_reduce_max(struct comm *c, float *buf, size_t n) {
     }
     if (c->size == 1 || n == 0) return;
     enter(c, "all_reduce_max");
+    int s = span(c, "all_reduce_max", n * sizeof(float), 0);
     all_reduce(c, buf, n, MPI_MAX);
-    watchdog_leave();
+    leave(s);
 }
 
 void comm_all_reduce_sum_f64(struct comm *c, double *buf, size_t n) {
     if (c->size == 1 || n == 0) return;
     c->bytes += n * sizeof(double), c->calls++;
     enter(c, "all_reduce_sum_f64");
+    int s = span(c, "all_reduce_sum_f64", n * sizeof(double), 0);
     for (size_t o = 0; o < n; o += piece(n, o))
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + o, piece(n, o), MPI_DOUBLE, MPI_SUM, handle(c)));
-    watchdog_leave();
+    leave(s);
 }
 
 void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t n) {
@@ -166,10 +181,11 @@ void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t
     }
     c->bytes += in_bytes, c->calls++;
     enter(c, "reduce_scatter_sum");
+    int s = span(c, "reduce_scatter_sum", in_bytes, 0);
     float *hin = stage_in(c, 0, in, in_bytes), *hout = stage_out(c, 1, out, out_bytes);
     MPI_CHECK(MPI_Reduce_scatter_block(hin, hout, rank_count(c, n, "reduce_scatter"), MPI_FLOAT, MPI_SUM, handle(c)));
     stage_back(c, out, hout, out_bytes);
-    watchdog_leave();
+    leave(s);
 }
 
 void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
@@ -184,11 +200,12 @@ void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
     }
     c->bytes += out_bytes, c->calls++;
     enter(c, "all_gather");
+    int s = span(c, "all_gather", out_bytes, 0);
     float *hin = stage_in(c, 0, in, in_bytes), *hout = stage_out(c, 1, out, out_bytes);
     int k = rank_count(c, n, "all_gather");
     MPI_CHECK(MPI_Allgather(hin, k, MPI_FLOAT, hout, k, MPI_FLOAT, handle(c)));
     stage_back(c, out, hout, out_bytes);
-    watchdog_leave();
+    leave(s);
 }
 
 void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
@@ -199,11 +216,12 @@ void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
     if (c->size == 1) return;
     c->bytes += bytes, c->calls++;
     enter(c, "broadcast");
+    int s = span(c, "broadcast", bytes, 0);
     void *h = stage_in(c, 0, buf, bytes);
     for (size_t o = 0; o < bytes; o += piece(bytes, o))
         MPI_CHECK(MPI_Bcast((char *)h + o, piece(bytes, o), MPI_BYTE, root, handle(c)));
     stage_back(c, buf, h, bytes);
-    watchdog_leave();
+    leave(s);
 }
 
 /* Every transfer posted non-blocking, then all waited for: MPI's order of
@@ -219,9 +237,11 @@ void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n) {
         return;
     }
     if (!n) return;
-    for (int i = 0; i < n; i++) c->bytes += ops[i].recv ? 0 : ops[i].bytes;
-    c->calls++;
+    size_t sent = 0;
+    for (int i = 0; i < n; i++) sent += ops[i].recv ? 0 : ops[i].bytes;
+    c->bytes += sent, c->calls++;
     enter(c, "exchange");
+    int s = span(c, "exchange", sent, 0);
     MPI_Request req[COMM_EXCHANGE_MAX];
     MPI_Status status[COMM_EXCHANGE_MAX]; /* not MPI_STATUSES_IGNORE: gcc misreads its annotation */
     void *host[COMM_EXCHANGE_MAX] = {0};
@@ -242,7 +262,7 @@ void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n) {
         if (host[i] && ops[i].recv) c->stage->from_host(ops[i].buf, host[i], ops[i].bytes);
         free(host[i]);
     }
-    watchdog_leave();
+    leave(s);
 }
 
 /* complete c's requests: all of them (up_to < 0), or its gathers with
@@ -252,11 +272,13 @@ static void wait_matching(const struct comm *c, int up_to) {
     for (int i = 0; i < pending.n; i++) {
         if (pending.owner[i] == c && (up_to < 0 || (pending.ticket[i] > 0 && pending.ticket[i] <= up_to))) {
             MPI_CHECK(MPI_Wait(&pending.req[i], MPI_STATUS_IGNORE));
+            timeline_end(pending.span[i], NULL);
             free(pending.staged[i]);
         } else {
             pending.req[kept] = pending.req[i];
             pending.staged[kept] = pending.staged[i];
             pending.ticket[kept] = pending.ticket[i];
+            pending.span[kept] = pending.span[i];
             pending.owner[kept++] = pending.owner[i];
         }
     }
@@ -285,10 +307,12 @@ int comm_all_gather_v_start(struct comm *c, float *buf, const int *counts, const
     }
     enter(c, "all_gather_v_start");
     c->bytes += total * sizeof(float), c->calls++;
+    int s = span(c, "all_gather_v_start", total * sizeof(float), !c->stage);
     if (c->stage) { /* staged: done at once */
         float *h = stage_in(c, 0, buf, end * sizeof(float));
         MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, counts, displs, MPI_FLOAT, handle(c)));
         stage_back(c, buf, h, end * sizeof(float));
+        timeline_end(s, NULL);
     } else { /* the count arrays must outlive the call: a copy, freed when it completes */
         MPI_Request r;
         int *arrays = xmalloc(sizeof(int) * 2 * c->size);
@@ -296,7 +320,7 @@ int comm_all_gather_v_start(struct comm *c, float *buf, const int *counts, const
         memcpy(arrays + c->size, displs, sizeof(int) * c->size);
         MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, arrays, arrays + c->size, MPI_FLOAT,
                                   handle(c), &r));
-        track_ticket(c, r, arrays, ticket);
+        track_ticket(c, r, arrays, ticket, s);
     }
     watchdog_leave();
     return ticket;
@@ -319,14 +343,16 @@ void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n) {
     }
     if (c->size == 1 || n == 0) return;
     enter(c, "all_reduce_sum_start");
+    int s = span(c, "all_reduce_sum_start", n * sizeof(float), !c->stage);
     if (c->stage) { /* staged: done at once */
         all_reduce(c, buf, n, MPI_SUM);
+        timeline_end(s, NULL);
     } else {
         c->bytes += n * sizeof(float), c->calls++;
         for (size_t o = 0; o < n; o += piece(n, o)) {
             MPI_Request r;
             MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + o, piece(n, o), MPI_FLOAT, MPI_SUM, handle(c), &r));
-            track(c, r);
+            track(c, r, s);
         }
     }
     watchdog_leave();
@@ -340,7 +366,7 @@ void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root) {
     if (c->size == 1 || n == 0) return;
     enter(c, "reduce_sum_start");
     c->bytes += n * sizeof(float), c->calls++;
-    int me = c->rank == root;
+    int me = c->rank == root, s = span(c, "reduce_sum_start", n * sizeof(float), !c->stage);
     if (c->stage) { /* staged: done at once */
         float *h = stage_in(c, 0, buf, n * sizeof(float));
         /* MPI_Ireduce and a wait, not MPI_Reduce: Debian 12's MPICH 4.0.2 (ch4:ucx) crashes in a blocking
@@ -352,12 +378,13 @@ void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root) {
             MPI_CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE));
         }
         if (me) stage_back(c, buf, h, n * sizeof(float));
+        timeline_end(s, NULL);
     } else {
         for (size_t o = 0; o < n; o += piece(n, o)) {
             MPI_Request r;
             MPI_CHECK(MPI_Ireduce(me ? MPI_IN_PLACE : buf + o, me ? buf + o : NULL, piece(n, o), MPI_FLOAT, MPI_SUM,
                                   root, handle(c), &r));
-            track(c, r);
+            track(c, r, s);
         }
     }
     watchdog_leave();
@@ -379,11 +406,12 @@ void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n) {
     }
     c->bytes += bytes, c->calls++;
     enter(c, "all_to_all");
+    int s = span(c, "all_to_all", bytes, 0);
     float *hin = stage_in(c, 0, in, bytes), *hout = stage_out(c, 1, out, bytes);
     int k = rank_count(c, n, "all_to_all");
     MPI_CHECK(MPI_Alltoall(hin, k, MPI_FLOAT, hout, k, MPI_FLOAT, handle(c)));
     stage_back(c, out, hout, bytes);
-    watchdog_leave();
+    leave(s);
 }
 
 void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out,
@@ -403,16 +431,18 @@ void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
     int *displ = xmalloc(sizeof(int) * 2 * c->size), *rdispl = displ + c->size;
     for (int r = 0, s = 0, d = 0; r < c->size; s += send_counts[r], d += recv_counts[r], r++) displ[r] = s, rdispl[r] = d;
     enter(c, "all_to_all_v");
+    int s = span(c, "all_to_all_v", in_n * sizeof(float), 0);
     float *hin = stage_in(c, 0, in, in_n * sizeof(float)), *hout = stage_out(c, 1, out, out_n * sizeof(float));
     MPI_CHECK(MPI_Alltoallv(hin, send_counts, displ, MPI_FLOAT, hout, recv_counts, rdispl, MPI_FLOAT, handle(c)));
     stage_back(c, out, hout, out_n * sizeof(float));
-    watchdog_leave();
+    leave(s);
     free(displ);
 }
 
 void comm_barrier(struct comm *c) {
     if (c->size == 1) return;
     enter(c, "barrier");
+    int s = span(c, "barrier", 0, 0);
     MPI_CHECK(MPI_Barrier(handle(c)));
-    watchdog_leave();
+    leave(s);
 }

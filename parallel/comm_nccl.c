@@ -16,6 +16,7 @@
 #include "config/common.h"
 #include "parallel/comm.h"
 #include "parallel/comm_nccl.h"
+#include "parallel/timeline.h"
 
 #ifdef MTRAIN_CUDA
 #include <cuda_runtime_api.h>
@@ -125,6 +126,7 @@ struct nccl_group {
     cudaStream_t stream;
     cudaEvent_t before, after;
     cudaEvent_t *ticket_events;
+    int span; /* the call's on the timeline (parallel/timeline.h), marked on the group's stream */
 };
 
 void comm_nccl_init(struct comm *c) {
@@ -158,16 +160,18 @@ void comm_nccl_free(struct comm *c) {
 }
 
 /* the group's stream waits for the compute stream's work so far */
-static struct nccl_group *begin(struct comm *c, size_t bytes) {
+static struct nccl_group *begin(struct comm *c, size_t bytes, const char *op, int start) {
     struct nccl_group *g = c->nccl;
     c->bytes += bytes, c->calls++;
     CUDA_OK(cudaEventRecord(g->before, 0));
     CUDA_OK(cudaStreamWaitEvent(g->stream, g->before, 0));
+    g->span = timeline_begin(op, c->name ? c->name : "?", bytes, start, g->stream);
     return g;
 }
 
 /* after the call: the compute stream waits for it now, or (started) in nccl_wait */
 static void end(struct nccl_group *g, int start) {
+    timeline_end(g->span, g->stream);
     CUDA_OK(cudaEventRecord(g->after, g->stream));
     if (!start) CUDA_OK(cudaStreamWaitEvent(0, g->after, 0));
 }
@@ -178,31 +182,32 @@ void nccl_wait(struct comm *c) {
 }
 
 void nccl_all_reduce(struct comm *c, float *buf, size_t n, int max, int start) {
-    struct nccl_group *g = begin(c, n * sizeof(float));
+    const char *op = start ? "all_reduce_sum_start" : max ? "all_reduce_max" : "all_reduce_sum";
+    struct nccl_group *g = begin(c, n * sizeof(float), op, start);
     NCCL_CHECK(nc.all_reduce(buf, buf, n, ncclFloat32, max ? ncclMax : ncclSum, g->comm, g->stream));
     end(g, start);
 }
 
 void nccl_reduce(struct comm *c, float *buf, size_t n, int root) {
-    struct nccl_group *g = begin(c, n * sizeof(float));
+    struct nccl_group *g = begin(c, n * sizeof(float), "reduce_sum_start", 1);
     NCCL_CHECK(nc.reduce(buf, buf, n, ncclFloat32, ncclSum, root, g->comm, g->stream));
     end(g, 1);
 }
 
 void nccl_reduce_scatter(struct comm *c, const float *in, float *out, size_t n) {
-    struct nccl_group *g = begin(c, (size_t)c->size * n * sizeof(float));
+    struct nccl_group *g = begin(c, (size_t)c->size * n * sizeof(float), "reduce_scatter_sum", 0);
     NCCL_CHECK(nc.reduce_scatter(in, out, n, ncclFloat32, ncclSum, g->comm, g->stream));
     end(g, 0);
 }
 
 void nccl_all_gather(struct comm *c, const float *in, float *out, size_t n) {
-    struct nccl_group *g = begin(c, (size_t)c->size * n * sizeof(float));
+    struct nccl_group *g = begin(c, (size_t)c->size * n * sizeof(float), "all_gather", 0);
     NCCL_CHECK(nc.all_gather(in, out, n, ncclFloat32, g->comm, g->stream));
     end(g, 0);
 }
 
 void nccl_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
-    struct nccl_group *g = begin(c, bytes);
+    struct nccl_group *g = begin(c, bytes, "broadcast", 0);
     NCCL_CHECK(nc.broadcast(buf, buf, bytes, ncclUint8, root, g->comm, g->stream));
     end(g, 0);
 }
@@ -212,7 +217,7 @@ void nccl_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
 void nccl_all_gather_v(struct comm *c, float *buf, const int *counts, const int *displs, int ticket) {
     size_t total = 0;
     for (int r = 0; r < c->size; r++) total += (size_t)counts[r];
-    struct nccl_group *g = begin(c, total * sizeof(float));
+    struct nccl_group *g = begin(c, total * sizeof(float), "all_gather_v_start", 1);
     if (!g->ticket_events) {
         g->ticket_events = xmalloc(sizeof(cudaEvent_t) * TICKET_EVENTS);
         for (int i = 0; i < TICKET_EVENTS; i++)
@@ -237,7 +242,7 @@ void nccl_wait_ticket(struct comm *c, int ticket) {
 void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts) {
     size_t in_n = 0;
     for (int r = 0; r < c->size; r++) in_n += send_counts[r];
-    struct nccl_group *g = begin(c, in_n * sizeof(float));
+    struct nccl_group *g = begin(c, in_n * sizeof(float), "all_to_all_v", 0);
     NCCL_CHECK(nc.group_start());
     size_t so = 0, ro = 0;
     for (int r = 0; r < c->size; r++) {
@@ -255,7 +260,7 @@ void nccl_exchange(struct comm *c, const struct comm_p2p *ops, int n) {
     size_t sent = 0;
     for (int i = 0; i < n; i++) sent += ops[i].recv ? 0 : ops[i].bytes;
     if (!n) return;
-    struct nccl_group *g = begin(c, sent);
+    struct nccl_group *g = begin(c, sent, "exchange", 0);
     NCCL_CHECK(nc.group_start());
     for (int i = 0; i < n; i++) {
         const struct comm_p2p *o = &ops[i];
