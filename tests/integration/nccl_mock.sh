@@ -23,6 +23,7 @@
 # (tests/unit/test_comm.c runs against the real library where each rank
 # has a GPU; scripts/device/gpu_checks.sh).
 source "$(dirname "$0")/../lib.sh"
+CHECK_TL="$(cd "$(dirname "$0")" && pwd)/check_timeline.py"
 MOCK=$(build_path mock)
 TEST_COMM=$(build_path tests/test_comm)
 if [ ! -f "$MOCK/libnccl.so.2" ] || [ ! -f "$MOCK/libcudart_mock.so" ]; then
@@ -87,7 +88,9 @@ for spec in "${layouts[@]}"; do
     OMP_NUM_THREADS=1 timeout 300 mpiexec -n $np "$MTRAIN" pretrain $recipe "${sets[@]}" --set log.dir=${name}_plain \
         >${name}_plain.out 2>&1 || echo "exit $?" >>${name}_plain.out
     for comm in mpi nccl; do
-        MOCK_CUDA_REPORT=${name}_$comm.mallocs as_gpu_ranks $np pretrain $recipe "${sets[@]}" \
+        # the NCCL runs trace step 3 (parallel/timeline.h; checked below): the same losses all the same
+        tl=; [ $comm = nccl ] && tl=3
+        MTRAIN_TIMELINE=$tl MOCK_CUDA_REPORT=${name}_$comm.mallocs as_gpu_ranks $np pretrain $recipe "${sets[@]}" \
             --set parallel.comm=$comm --set log.dir=${name}_$comm >${name}_$comm.out 2>&1 || echo "exit $?" >>${name}_$comm.out
     done
     a=$(losses ${name}_plain/metrics.jsonl) b=$(losses ${name}_mpi/metrics.jsonl) c=$(losses ${name}_nccl/metrics.jsonl)
@@ -101,6 +104,20 @@ for spec in "${layouts[@]}"; do
         fail nccl_mock_pretrain_${name}_nccl_same_losses "plain: $(echo $a | head -c 80) / nccl: $(echo $c | head -c 80): $(tail -2 ${name}_nccl.out)"
 done
 
+# the timelines of step 3 over NCCL (comm_nccl.c's spans, on the host's clock here): ZeRO-1's buckets begin
+# during backward and its gathers are followed into step 4; tp and pp get lanes of their own
+check_tl() { # NAME NP FLAGS...
+    local name=$1 np=$2 r out=""
+    shift 2
+    for ((r = 0; r < np; r++)); do
+        out+=$("$PY" "$CHECK_TL" "$(printf '%s_nccl/timeline-rank-%05d.json' $name $r)" "$@" 2>&1) ||
+            out+=" (rank $r)"
+    done
+    [ -z "$out" ] && pass nccl_mock_timeline_$name || fail nccl_mock_timeline_$name "$out"
+}
+check_tl dp4_zero 4 --lanes compute,dp --overlap --gather --finished
+check_tl bf16_tp2_pp2 4 --lanes compute,tp,pp --finished
+check_tl moe_ep2_dp2 2 --lanes compute,ep --finished
 # checkpoints, evaluation and a rewind over NCCL (ZeRO-1 on 2 ranks: the moments gather and scatter through NCCL):
 # a run stopped at step 4, resumed, and rewound by a NaN injected at step 5, evaluating every 2 steps, gives the
 # losses the same sequence gives on plain CPU ranks over MPI
