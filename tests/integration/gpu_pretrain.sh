@@ -5,6 +5,7 @@
 # Skipped where no GPU is visible (or the build has no CUDA backend).
 source "$(dirname "$0")/../lib.sh"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+CHECK_TL=$ROOT/tests/integration/check_timeline.py
 cd "$TMP"
 CHECKS="gpu_pretrain_runs gpu_pretrain_device_line gpu_mfu_and_memory gpu_matches_cpu gpu_eval_matches_cpu gpu_deterministic
 gpu_resume_bitwise gpu_checkpoint_resumes_on_cpu gpu_tf32_close gpu_zero_single_rank gpu_layout_tp2_sp gpu_layout_pp2
@@ -15,7 +16,7 @@ gpu_bf16_close_to_cpu_bf16 gpu_bf16_deterministic gpu_bf16_resume_bitwise gpu_bf
 gpu_fp8_runs gpu_fp8_close_to_cpu_fp8 gpu_fp8_deterministic gpu_fp8_delayed_close_to_cpu gpu_fp8_delayed_resume_bitwise
 gpu_fp8_real_text_within_1_5pct_of_bf16
 gpu_nccl_single_rank_bitwise gpu_nccl_shared_gpu_refused
-gpu_nccl_layout_tp2_sp"
+gpu_nccl_layout_tp2_sp gpu_timeline_device_clock gpu_timeline_staged_dp2 gpu_nccl_overlap_timeline"
 "$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail gpu_setup "data generate failed"; exit 1; }
 cat >r.yaml <<'YAML'
 model: {vocab_size: 264, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2, intermediate_size: 160}
@@ -125,6 +126,7 @@ if [ $rc = 0 ]; then
                 fail gpu_nccl_shared_gpu_refused "not one message: $(cat "$TMP/out")"
             skip gpu_nccl_layout_tp2_sp "the two ranks share one GPU here"
         elif [ $rc = 0 ]; then
+            own_gpus=1
             skip gpu_nccl_shared_gpu_refused "each rank has a GPU of its own here"
             losses n2/metrics.jsonl >n2.loss
             if grep -q '"comm":"nccl"' n2/metrics.jsonl; then close gpu_nccl_layout_tp2_sp n2.loss g20.loss 1e-5 20
@@ -143,6 +145,34 @@ elif grep -q "libnccl.so.2 not found" "$TMP/out"; then
 else
     fail gpu_nccl_single_rank_bitwise "exit $rc: $(tail -2 "$TMP/out")"
 fi
+
+# MTRAIN_TIMELINE (parallel/timeline.h) on the device's clock: one GPU (tracing changes no loss), two ranks
+# sharing it through staged MPI (blocking: nothing overlaps there), and, where each rank has a GPU of its own,
+# data parallelism over NCCL whose gradient buckets must begin while backward runs (the overlap's timeline;
+# its summary line goes to the test's output)
+check_tl() { # CHECK FILES FLAGS...: check_timeline.py on each of FILES (a glob)
+    local name=$1 files=$2 f out="" n=0
+    shift 2
+    for f in $files; do
+        n=$((n + 1))
+        out+=$("$PY" "$CHECK_TL" "$f" "$@" 2>&1) || out+=" ($f)"
+    done
+    [ $n -gt 0 ] && [ -z "$out" ] && pass "$name" || fail "$name" "${out:-no timeline file}"
+}
+MTRAIN_TIMELINE=5 "$MTRAIN" pretrain r.yaml --set train.steps=20 --set checkpoint.dir=tl_ck --set log.dir=tl >"$TMP/out" 2>&1
+if [ "$(losses tl/metrics.jsonl)" = "$(cat g20.loss)" ]; then check_tl gpu_timeline_device_clock "tl/timeline-rank-*.json" --clock device --lanes compute --finished
+else fail gpu_timeline_device_clock "losses differ from the run without MTRAIN_TIMELINE: $(tail -2 "$TMP/out")"; fi
+if command -v mpiexec >/dev/null && [ -z "${own_gpus:-}" ]; then
+    MTRAIN_TIMELINE=5 OMP_NUM_THREADS=1 mpiexec -n 2 "$MTRAIN" pretrain r.yaml --set train.steps=20 \
+        --set parallel.grad_bucket_mb=0.01 --set checkpoint.dir=tls_ck --set log.dir=tls >"$TMP/out" 2>&1
+    check_tl gpu_timeline_staged_dp2 "tls/timeline-rank-*.json" --clock device --lanes compute,dp --finished
+else skip gpu_timeline_staged_dp2 "no mpiexec, or each rank has a GPU of its own (the NCCL timeline below)"; fi
+if [ -n "${own_gpus:-}" ]; then
+    MTRAIN_TIMELINE=5 OMP_NUM_THREADS=1 mpiexec -n 2 "$MTRAIN" pretrain r.yaml --set train.steps=20 --set parallel.comm=nccl \
+        --set parallel.grad_bucket_mb=0.01 --set checkpoint.dir=tln_ck --set log.dir=tln >"$TMP/out" 2>&1
+    grep '^timeline of step' "$TMP/out"
+    check_tl gpu_nccl_overlap_timeline "tln/timeline-rank-*.json" --clock device --lanes compute,dp --overlap --finished
+else skip gpu_nccl_overlap_timeline "needs two GPUs, one per rank (NCCL)"; fi
 
 # a tiny Mixtral (MoE layers 0 and 2, dense 1 and 3, with z-loss; dropless,
 # since with capacity drops a near-tie routing flip cascades): 40 GPU steps
