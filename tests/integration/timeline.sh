@@ -10,6 +10,7 @@
 # gpu_pretrain.sh.)
 source "$(dirname "$0")/../lib.sh"
 CHECK="$(cd "$(dirname "$0")" && pwd)/check_timeline.py"
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$TMP"
 "$MTRAIN" data generate --out data >/dev/null || { fail timeline_setup "data generate failed"; exit 1; }
 cat >r.yaml <<'YAML'
@@ -62,4 +63,8 @@ MTRAIN_TIMELINE=three run_np 2 pretrain r.yaml --set log.dir=bad >bad.out 2>&1
 rc=$?
 [ $rc = 2 ] && [ "$(grep -c 'MTRAIN_TIMELINE is "three": expected the step to trace, a positive integer' bad.out)" = 1 ] &&
     pass timeline_bad_value_exit_2 || fail timeline_bad_value_exit_2 "exit $rc: $(head -c 300 bad.out)"
+# scripts/bench/overlap.sh (make bench) runs on CPU ranks and reports both runs
+MTRAIN="$MTRAIN" BENCH_DIR="$TMP/ob" JSON="$TMP/overlap.json" bash "$ROOT/scripts/bench/overlap.sh" >"$TMP/ob.out" 2>&1 &&
+    "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1]))["rows"]; sys.exit(not (len(r) == 2 and r[0]["grad_calls"] > r[1]["grad_calls"] >= 1))' \
+        "$TMP/overlap.json" && pass timeline_overlap_bench || fail timeline_overlap_bench "$(tail -5 "$TMP/ob.out")"
 exit $FAILED
