@@ -13,6 +13,8 @@
 #   bash scripts/device/gpu_checks.sh bench124m # train_gpu.sh on the 124M shape
 #   bash scripts/device/gpu_checks.sh bench8b   # train_gpu.sh on the 8B-shaped stack
 #   bash scripts/device/gpu_checks.sh attention # attention alone, FP8 GEMM rates, comm
+#   bash scripts/device/gpu_checks.sh multigpu  # a node with 2+ GPUs: NCCL across them (what one GPU
+#                                               # cannot check; docs/parallelism.md lists it) (~5 min)
 #
 # quick: a session lent a GPU gets 15 minutes of device time in all, the
 # machine's start included, so one call of about 9 minutes is what there is.
@@ -177,7 +179,24 @@ case $phase in
         run train_gpu env SHAPES= RUNS="attention fp8-gemm" bash scripts/bench/train_gpu.sh
         run comm bash scripts/bench/comm.sh
         ;;
-    *) echo "usage: gpu_checks.sh quick|fp8|tests|bench124m|bench8b|attention" >&2; exit 2 ;;
+    multigpu)
+        # NCCL across GPUs, one rank each: every comm.h call on 2 and on all GPUs (test_comm), the
+        # end-to-end checks (gpu_nccl_layout_tp2_sp: nccl against one GPU; gpu_nccl_overlap_timeline:
+        # dp2 buckets begin during backward), NCCL's bus bandwidth, and the overlap on the 8B-shaped
+        # stack with its timeline (overlap.sh: on against off)
+        nvidia-smi -L 2>&1 | tee -a "$log"
+        gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+        if [ "$gpus" -lt 2 ]; then
+            echo "SKIP multigpu: $gpus GPU visible; this phase needs 2 or more" | tee -a "$log"
+        else
+            run test_comm_ranks2 mpiexec -n 2 build/rel/tests/test_comm
+            [ "$gpus" -gt 2 ] && run test_comm_ranks$gpus mpiexec -n "$gpus" build/rel/tests/test_comm
+            run gpu_pretrain bash tests/integration/gpu_pretrain.sh
+            run comm bash scripts/bench/comm.sh
+            run overlap bash scripts/bench/overlap.sh
+        fi
+        ;;
+    *) echo "usage: gpu_checks.sh quick|fp8|tests|bench124m|bench8b|attention|multigpu" >&2; exit 2 ;;
 esac
 p=$(grep -cE '^\s*PASS' "$log") f=$(grep -cE '^\s*FAIL' "$log") s=$(grep -cE '^\s*SKIP' "$log")
 save
