@@ -47,7 +47,21 @@ __device__ inline size_t vec_groups(const void *x, const void *q, size_t n) {
 /* |x| of two packed bf16 values as fp32 bits (the larger) */
 __device__ inline unsigned abs_bits2(unsigned w) { return max((w & 0x7fffu) << 16, w & 0x7fff0000u); }
 
-/* the running max of |x| over a grid-stride loop, one atomic per warp */
+/* *to = max(*to, v), the atomic skipped where *to already holds as much:
+ * during a kernel *to only grows, so such a lane has nothing to add, and
+ * after the first warps most have not (one address taking an atomic from
+ * every warp of a grid of ~28k blocks is the speculative casts' suspected
+ * cost, docs/model.md). The same bits either way. */
+__device__ inline void max_into(unsigned *to, unsigned v) {
+#ifdef __CUDACC__
+    unsigned now = *(volatile unsigned *)to;
+#else /* the CPU emulation's threads: an atomic read */
+    unsigned now = __atomic_load_n(to, __ATOMIC_RELAXED);
+#endif
+    if (v > now) atomicMax(to, v);
+}
+
+/* the running max of |x| over a grid-stride loop, one atomic per warp at most */
 __global__ void amax_bf16_k(unsigned *amax, const uint16_t *x, size_t n) {
     unsigned run = 0;
     size_t stride = (size_t)gridDim.x * blockDim.x, tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -58,7 +72,7 @@ __global__ void amax_bf16_k(unsigned *amax, const uint16_t *x, size_t n) {
     }
     for (size_t i = groups * CAST_VEC + tid; i < n; i += stride) run = max(run, (unsigned)(x[i] & 0x7fffu) << 16);
     run = warp_max_bits(run);
-    if ((threadIdx.x & 31) == 0) atomicMax(amax, run);
+    if ((threadIdx.x & 31) == 0) max_into(amax, run);
 }
 
 /* fold a tensor's amax (bits) into a delayed-scaling record (an fp32 in
@@ -106,11 +120,11 @@ __device__ inline float kernel_scale(const struct fp8_spec *spec, const unsigned
     return fp8_pow2(spec->k);
 }
 
-/* pass 1's amax (bits, over the grid) into *acc: one atomic per warp; every lane of the warp calls it */
+/* pass 1's amax (bits, over the grid) into *acc: one atomic per warp at most; every lane of the warp calls it */
 __device__ inline void take_amax(unsigned *acc, unsigned run) {
     if (!acc) return;
     run = warp_max_bits(run);
-    if ((threadIdx.x & 31) == 0) atomicMax(acc, run);
+    if ((threadIdx.x & 31) == 0) max_into(acc, run);
 }
 
 /* after pass 1: this tensor's k from its amax (a non-finite amax: k 0 and
