@@ -15,6 +15,7 @@
 #include "model/flops.h"
 #include "parallel/grid.h"
 #include "parallel/schedule.h"
+#include "parallel/timeline.h"
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -145,6 +146,11 @@ static int parse(int argc, char **argv, struct pretrain_opts *o, struct recipe *
     }
     /* a dry run plans away from the data: paths are not checked (it says so) */
     if (o->dry_run ? recipe_validate_plan(r, world) : recipe_validate(r, world ? world : 1)) return EXIT_USAGE;
+    char err[160];
+    if (timeline_parse_step(getenv("MTRAIN_TIMELINE"), err, sizeof err) < 0) { /* parallel/timeline.h */
+        if (parallel_world_rank() == 0) fprintf(stderr, "mtrain: error: %s\n", err);
+        return EXIT_USAGE;
+    }
     return -1;
 }
 

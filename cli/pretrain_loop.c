@@ -284,7 +284,7 @@ static void log_comm(struct run *run, int steps) {
  * when the timeline is due and at the end of the run (a step never reached
  * is said once). */
 static void write_timeline(struct run *run, int at_end) {
-    int step = timeline_parse_step(getenv("MTRAIN_TIMELINE"), NULL, 0);
+    int step = timeline_step_requested();
     if (!timeline_pending()) {
         if (at_end && step > 0 && !timeline_done() && run->rank0)
             warn("MTRAIN_TIMELINE=%d: this run did not run step %d (it ran steps %d to %d); no timeline written", step,
@@ -294,17 +294,25 @@ static void write_timeline(struct run *run, int at_end) {
     struct timeline_summary t;
     char *json = timeline_finish(run->grid.world_rank, &t), file[RECIPE_PATH_MAX + 48];
     snprintf(file, sizeof file, "%s/timeline-rank-%05d.json", run->r->log.dir, run->grid.world_rank);
-    write_file_atomic(file, json, strlen(json));
+    /* a diagnostic: a rank that cannot write it (LOG_DIR not shared with rank 0's node) says so and trains on */
+    mkdir_p(run->r->log.dir);
+    FILE *f = fopen(file, "w");
+    size_t len = strlen(json);
+    if (!f || fwrite(json, 1, len, f) != len || fclose(f) != 0) {
+        warn("rank %d: cannot write the timeline to %s: %s", run->grid.world_rank, file, strerror(errno));
+        if (f) fclose(f);
+    }
     free(json);
     if (!run->rank0) return;
     event(run,
-          "{\"event\":\"timeline\",\"step\":%d,\"file\":\"%s\",\"spans\":%d,\"dropped\":%d,\"step_ms\":%.3f,"
+          "{\"event\":\"timeline\",\"step\":%d,\"file\":\"%s\",\"spans\":%d,\"dropped\":%d,\"rewound\":%s,"
+          "\"step_ms\":%.3f,"
           "\"compute_ms\":%.3f,\"grad_ms\":%.3f,\"grad_hidden_ms\":%.3f,\"grad_exposed_ms\":%.3f,\"grad_bytes\":%llu,"
           "\"grad_calls\":%d}",
-          t.step, file, t.spans, t.dropped, t.step_ms, t.compute_ms, t.grad_ms, t.grad_hidden_ms, t.grad_exposed_ms,
+          t.step, file, t.spans, t.dropped, t.rewound ? "true" : "false", t.step_ms, t.compute_ms, t.grad_ms, t.grad_hidden_ms, t.grad_exposed_ms,
           (unsigned long long)t.grad_bytes, t.grad_calls);
-    printf("timeline of step %d in %s/timeline-rank-*.json: step %.2f ms, forward and backward %.2f ms", t.step,
-           run->r->log.dir, t.step_ms, t.compute_ms);
+    printf("timeline of step %d%s in %s/timeline-rank-*.json: step %.2f ms, forward and backward %.2f ms", t.step,
+           t.rewound ? " (rolled back by a rewind)" : "", run->r->log.dir, t.step_ms, t.compute_ms);
     if (t.grad_calls)
         printf("; data-parallel gradients %d call%s, %.1f MB, %.2f ms of communication: %.2f ms during forward or "
                "backward, %.2f ms exposed\n",
@@ -465,6 +473,7 @@ static int one_step(struct run *run, int step) {
     if (r->rewind.enabled) {
         enum rewind_reason why = rewind_check(&r->rewind, &run->st, st.loss, st.grad_norm);
         if (why != REWIND_NONE) {
+            timeline_rewound();
             timeline_step_end(step);
             rewind_to_checkpoint(run, step, why);
             return 1;
@@ -508,14 +517,8 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     /* MTRAIN_PROFILE: where each step's time goes, over the steps run after the first (a rewound one included) */
     int profiling = profile_requested(), profiled = -1;
     if (profiling) run.be = backend_profiled(run.be);
-    /* MTRAIN_TIMELINE: one step's timeline, on the device's clock on GPUs */
-    char terr[160];
-    int timeline_step = timeline_parse_step(getenv("MTRAIN_TIMELINE"), terr, sizeof terr);
-    if (timeline_step < 0) {
-        if (parallel_world_rank() == 0) fprintf(stderr, "mtrain: error: %s\n", terr);
-        return EXIT_USAGE;
-    }
-    timeline_setup(timeline_step, strcmp(run.be->name, "cpu") != 0);
+    /* MTRAIN_TIMELINE (checked with the recipe): one step's timeline, on the device's clock on GPUs */
+    timeline_setup(timeline_step_requested(), strcmp(run.be->name, "cpu") != 0);
     install_signals(); /* before the (possibly long) load, so a signal then is not fatal */
     setup(&run);
     watchdog_phase(WATCHDOG_LOAD, 0);
@@ -580,7 +583,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
             char path[RECIPE_PATH_MAX + 32];
             save_final_weights(&run, path, sizeof path);
             event(&run, "{\"event\":\"signal\",\"signal\":\"%s\",\"step\":%d}", name, run.st.step);
-            write_timeline(&run, 0);
+            write_timeline(&run, 1);
             teardown(&run);
             return 0;
         }

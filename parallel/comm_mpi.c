@@ -66,12 +66,15 @@ static void enter(const struct comm *c, const char *op) {
     watchdog_enter(op, c->name ? c->name : "?", c->rank, c->size);
 }
 
-/* the call's span on the timeline (a started one ends when it is waited for) */
+/* the call's span on the timeline (a started one ends when it is waited
+ * for), timed on the compute stream where it stages device memory (its
+ * copies run there) and on the host's clock where it runs on the host alone */
+static void *clock_of(const struct comm *c) { return c->stage ? NULL : TIMELINE_HOST_CLOCK; }
 static int span(const struct comm *c, const char *op, size_t bytes, int started) {
-    return timeline_begin(op, c->name ? c->name : "?", bytes, started, NULL);
+    return timeline_begin(op, c->name ? c->name : "?", bytes, started, clock_of(c));
 }
-static void leave(int span) {
-    timeline_end(span, NULL);
+static void leave(const struct comm *c, int span) {
+    timeline_end(span, clock_of(c));
     watchdog_leave();
 }
 
@@ -144,7 +147,7 @@ void comm_all_reduce_sum(struct comm *c, float *buf, size_t n) {
     enter(c, "all_reduce_sum");
     int s = span(c, "all_reduce_sum", n * sizeof(float), 0);
     all_reduce(c, buf, n, MPI_SUM);
-    leave(s);
+    leave(c, s);
 }
 
 void comm_all_reduce_max(struct comm *c, float *buf, size_t n) {
@@ -156,7 +159,7 @@ void comm_all_reduce_max(struct comm *c, float *buf, size_t n) {
     enter(c, "all_reduce_max");
     int s = span(c, "all_reduce_max", n * sizeof(float), 0);
     all_reduce(c, buf, n, MPI_MAX);
-    leave(s);
+    leave(c, s);
 }
 
 void comm_all_reduce_sum_f64(struct comm *c, double *buf, size_t n) {
@@ -166,7 +169,7 @@ void comm_all_reduce_sum_f64(struct comm *c, double *buf, size_t n) {
     int s = span(c, "all_reduce_sum_f64", n * sizeof(double), 0);
     for (size_t o = 0; o < n; o += piece(n, o))
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + o, piece(n, o), MPI_DOUBLE, MPI_SUM, handle(c)));
-    leave(s);
+    leave(c, s);
 }
 
 void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t n) {
@@ -185,7 +188,7 @@ void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t
     float *hin = stage_in(c, 0, in, in_bytes), *hout = stage_out(c, 1, out, out_bytes);
     MPI_CHECK(MPI_Reduce_scatter_block(hin, hout, rank_count(c, n, "reduce_scatter"), MPI_FLOAT, MPI_SUM, handle(c)));
     stage_back(c, out, hout, out_bytes);
-    leave(s);
+    leave(c, s);
 }
 
 void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
@@ -205,7 +208,7 @@ void comm_all_gather(struct comm *c, const float *in, float *out, size_t n) {
     int k = rank_count(c, n, "all_gather");
     MPI_CHECK(MPI_Allgather(hin, k, MPI_FLOAT, hout, k, MPI_FLOAT, handle(c)));
     stage_back(c, out, hout, out_bytes);
-    leave(s);
+    leave(c, s);
 }
 
 void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
@@ -221,7 +224,7 @@ void comm_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
     for (size_t o = 0; o < bytes; o += piece(bytes, o))
         MPI_CHECK(MPI_Bcast((char *)h + o, piece(bytes, o), MPI_BYTE, root, handle(c)));
     stage_back(c, buf, h, bytes);
-    leave(s);
+    leave(c, s);
 }
 
 /* Every transfer posted non-blocking, then all waited for: MPI's order of
@@ -262,7 +265,7 @@ void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n) {
         if (host[i] && ops[i].recv) c->stage->from_host(ops[i].buf, host[i], ops[i].bytes);
         free(host[i]);
     }
-    leave(s);
+    leave(c, s);
 }
 
 /* complete c's requests: all of them (up_to < 0), or its gathers with
@@ -272,7 +275,7 @@ static void wait_matching(const struct comm *c, int up_to) {
     for (int i = 0; i < pending.n; i++) {
         if (pending.owner[i] == c && (up_to < 0 || (pending.ticket[i] > 0 && pending.ticket[i] <= up_to))) {
             MPI_CHECK(MPI_Wait(&pending.req[i], MPI_STATUS_IGNORE));
-            timeline_end(pending.span[i], NULL);
+            timeline_end(pending.span[i], clock_of(c));
             free(pending.staged[i]);
         } else {
             pending.req[kept] = pending.req[i];
@@ -312,7 +315,7 @@ int comm_all_gather_v_start(struct comm *c, float *buf, const int *counts, const
         float *h = stage_in(c, 0, buf, end * sizeof(float));
         MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, counts, displs, MPI_FLOAT, handle(c)));
         stage_back(c, buf, h, end * sizeof(float));
-        timeline_end(s, NULL);
+        timeline_end(s, clock_of(c));
     } else { /* the count arrays must outlive the call: a copy, freed when it completes */
         MPI_Request r;
         int *arrays = xmalloc(sizeof(int) * 2 * c->size);
@@ -346,7 +349,7 @@ void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n) {
     int s = span(c, "all_reduce_sum_start", n * sizeof(float), !c->stage);
     if (c->stage) { /* staged: done at once */
         all_reduce(c, buf, n, MPI_SUM);
-        timeline_end(s, NULL);
+        timeline_end(s, clock_of(c));
     } else {
         c->bytes += n * sizeof(float), c->calls++;
         for (size_t o = 0; o < n; o += piece(n, o)) {
@@ -378,7 +381,7 @@ void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root) {
             MPI_CHECK(MPI_Wait(&r, MPI_STATUS_IGNORE));
         }
         if (me) stage_back(c, buf, h, n * sizeof(float));
-        timeline_end(s, NULL);
+        timeline_end(s, clock_of(c));
     } else {
         for (size_t o = 0; o < n; o += piece(n, o)) {
             MPI_Request r;
@@ -396,7 +399,7 @@ void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n) {
         CHECK(n <= (size_t)INT32_MAX);
         int *counts = xmalloc(sizeof(int) * c->size);
         for (int r = 0; r < c->size; r++) counts[r] = (int)n;
-        nccl_all_to_all_v(c, in, counts, out, counts);
+        nccl_all_to_all_v(c, in, counts, out, counts, "all_to_all");
         free(counts);
         return;
     }
@@ -411,7 +414,7 @@ void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n) {
     int k = rank_count(c, n, "all_to_all");
     MPI_CHECK(MPI_Alltoall(hin, k, MPI_FLOAT, hout, k, MPI_FLOAT, handle(c)));
     stage_back(c, out, hout, bytes);
-    leave(s);
+    leave(c, s);
 }
 
 void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out,
@@ -419,7 +422,7 @@ void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
     size_t in_n = 0, out_n = 0;
     for (int r = 0; r < c->size; r++) in_n += send_counts[r], out_n += recv_counts[r];
     if (c->nccl) {
-        nccl_all_to_all_v(c, in, send_counts, out, recv_counts);
+        nccl_all_to_all_v(c, in, send_counts, out, recv_counts, "all_to_all_v");
         return;
     }
     if (c->size == 1) {
@@ -435,7 +438,7 @@ void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
     float *hin = stage_in(c, 0, in, in_n * sizeof(float)), *hout = stage_out(c, 1, out, out_n * sizeof(float));
     MPI_CHECK(MPI_Alltoallv(hin, send_counts, displ, MPI_FLOAT, hout, recv_counts, rdispl, MPI_FLOAT, handle(c)));
     stage_back(c, out, hout, out_n * sizeof(float));
-    leave(s);
+    leave(c, s);
     free(displ);
 }
 
@@ -444,5 +447,5 @@ void comm_barrier(struct comm *c) {
     enter(c, "barrier");
     int s = span(c, "barrier", 0, 0);
     MPI_CHECK(MPI_Barrier(handle(c)));
-    leave(s);
+    leave(c, s);
 }

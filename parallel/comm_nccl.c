@@ -239,10 +239,11 @@ void nccl_wait_ticket(struct comm *c, int ticket) {
 }
 
 /* one grouped send and receive per peer (the rank itself included: a copy) */
-void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts) {
+void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts,
+                       const char *op) {
     size_t in_n = 0;
     for (int r = 0; r < c->size; r++) in_n += send_counts[r];
-    struct nccl_group *g = begin(c, in_n * sizeof(float), "all_to_all_v", 0);
+    struct nccl_group *g = begin(c, in_n * sizeof(float), op, 0);
     NCCL_CHECK(nc.group_start());
     size_t so = 0, ro = 0;
     for (int r = 0; r < c->size; r++) {
@@ -285,7 +286,8 @@ void nccl_reduce(struct comm *c, float *buf, size_t n, int root) { CHECK(0); }
 void nccl_reduce_scatter(struct comm *c, const float *in, float *out, size_t n) { CHECK(0); }
 void nccl_all_gather(struct comm *c, const float *in, float *out, size_t n) { CHECK(0); }
 void nccl_broadcast(struct comm *c, void *buf, size_t bytes, int root) { CHECK(0); }
-void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts) {
+void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts,
+                       const char *op) {
     CHECK(0);
 }
 void nccl_wait(struct comm *c) { CHECK(0); }

@@ -27,7 +27,8 @@ void nccl_reduce(struct comm *c, float *buf, size_t n, int root);
 void nccl_reduce_scatter(struct comm *c, const float *in, float *out, size_t n);
 void nccl_all_gather(struct comm *c, const float *in, float *out, size_t n);
 void nccl_broadcast(struct comm *c, void *buf, size_t bytes, int root);
-void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts);
+void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts,
+                       const char *op);
 /* the compute stream waits for every call started on c */
 void nccl_wait(struct comm *c);
 /* comm_all_gather_v_start (one broadcast per piece, grouped) and its wait */

@@ -1,6 +1,7 @@
 /* One step's timeline (parallel/timeline.h). */
 #include "parallel/timeline.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +18,8 @@
     } while (0)
 #endif
 
-/* a point in time: a host clock reading, or a CUDA event (device clock) */
+/* a point in time: a CUDA event (device clock), or without one a host clock
+ * reading */
 struct mark {
     double host;
     void *event;
@@ -32,8 +34,8 @@ struct span {
 
 static struct {
     int target, device, recording, phase, after; /* after: the traced step is done, its follower not yet */
-    int due, finished;
-    struct mark anchor;
+    int due, finished, rewound;
+    struct mark anchor; /* on the device clock: its event, and the host's time once it completed */
     struct span *spans;
     int n, dropped;
 } tl;
@@ -41,6 +43,8 @@ static struct {
 int timeline_parse_step(const char *value, char *err, size_t n) {
     if (!value || !*value) return 0;
     char *end;
+    if (!isdigit((unsigned char)value[0]))
+        return set_error(err, n, "MTRAIN_TIMELINE is \"%s\": expected the step to trace, a positive integer", value);
     errno = 0;
     long v = strtol(value, &end, 10);
     if (errno || *end || end == value || v < 1 || v > 1000000000L)
@@ -48,9 +52,15 @@ int timeline_parse_step(const char *value, char *err, size_t n) {
     return (int)v;
 }
 
+int timeline_step_requested(void) {
+    char err[160];
+    int step = timeline_parse_step(getenv("MTRAIN_TIMELINE"), err, sizeof err);
+    return step > 0 ? step : 0;
+}
+
 static void take(struct mark *m, void *stream) {
 #ifdef MTRAIN_CUDA
-    if (tl.device) {
+    if (tl.device && stream != TIMELINE_HOST_CLOCK) {
         cudaEvent_t e;
         CUDA_OK(cudaEventCreate(&e));
         CUDA_OK(cudaEventRecord(e, (cudaStream_t)stream));
@@ -59,13 +69,14 @@ static void take(struct mark *m, void *stream) {
     }
 #endif
     (void)stream;
+    m->event = NULL;
     m->host = now_seconds();
 }
 
 /* milliseconds from the anchor to m (waits for a device mark) */
 static double ms_of(const struct mark *m) {
 #ifdef MTRAIN_CUDA
-    if (tl.device) {
+    if (m->event) {
         float ms = 0;
         CUDA_OK(cudaEventSynchronize((cudaEvent_t)m->event));
         CUDA_OK(cudaEventElapsedTime(&ms, (cudaEvent_t)tl.anchor.event, (cudaEvent_t)m->event));
@@ -95,12 +106,22 @@ void timeline_step_begin(int step) {
     tl.spans = xcalloc(TIMELINE_SPANS, sizeof *tl.spans);
     tl.recording = 1, tl.phase = TIMELINE_COMPUTE;
     take(&tl.anchor, NULL);
+#ifdef MTRAIN_CUDA
+    if (tl.anchor.event) { /* the host's time of the anchor: the device idle, both clocks at one point */
+        CUDA_OK(cudaEventSynchronize((cudaEvent_t)tl.anchor.event));
+        tl.anchor.host = now_seconds();
+    }
+#endif
 }
 
 void timeline_step_end(int step) {
     if (!tl.spans || tl.finished) return;
     if (tl.recording) tl.recording = 0, tl.after = 1;
     else if (tl.after && step > tl.target) tl.due = 1;
+}
+
+void timeline_rewound(void) {
+    if (tl.recording) tl.rewound = 1;
 }
 
 void timeline_phase(enum timeline_phase phase) { tl.phase = phase; }
@@ -231,17 +252,18 @@ char *timeline_finish(int rank, struct timeline_summary *sum) {
         if (ms[i].t1 < ms[i].t0) ms[i].t1 = ms[i].t0;
     }
     timeline_summarize(ms, n, sum);
-    sum->step = tl.target, sum->dropped = tl.dropped;
+    sum->step = tl.target, sum->dropped = tl.dropped, sum->rewound = tl.rewound;
     char *out = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&out, &len);
     if (!f) die("timeline: open_memstream failed");
     fprintf(f,
             "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"step\":%d,\"rank\":%d,\"clock\":\"%s\",\"spans\":%d,"
-            "\"dropped\":%d,\"unfinished\":%d,\"step_ms\":%.4f,\"compute_ms\":%.4f,\"grad_ms\":%.4f,"
-            "\"grad_hidden_ms\":%.4f,\"grad_exposed_ms\":%.4f,\"grad_bytes\":%llu,\"grad_calls\":%d},\n"
+            "\"dropped\":%d,\"unfinished\":%d,\"rewound\":%s,\"step_ms\":%.6f,\"compute_ms\":%.6f,\"grad_ms\":%.6f,"
+            "\"grad_hidden_ms\":%.6f,\"grad_exposed_ms\":%.6f,\"grad_bytes\":%llu,\"grad_calls\":%d},\n"
             "\"traceEvents\":[\n",
-            sum->step, rank, tl.device ? "device" : "host", sum->spans, sum->dropped, sum->unfinished, sum->step_ms,
+            sum->step, rank, tl.device ? "device" : "host", sum->spans, sum->dropped, sum->unfinished,
+            sum->rewound ? "true" : "false", sum->step_ms,
             sum->compute_ms, sum->grad_ms, sum->grad_hidden_ms, sum->grad_exposed_ms,
             (unsigned long long)sum->grad_bytes, sum->grad_calls);
     fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank, rank);
@@ -250,9 +272,13 @@ char *timeline_finish(int rank, struct timeline_summary *sum) {
     for (int i = 0; i < n; i++) {
         struct span *s = &tl.spans[i];
         int lane = lane_of(s->group, lanes, &nlanes);
-        fprintf(f, ",\n{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,"
-                   "\"args\":{",
-                s->what, s->group ? "comm" : "compute", rank, lane, ms[i].t0 * 1e3, (ms[i].t1 - ms[i].t0) * 1e3);
+        /* a started call as an async slice (begin, end; id: its span's): on one group they overlap, which
+         * complete ("X") slices of one lane must not */
+        fprintf(f, ",\n{\"ph\":\"%s\",\"name\":\"%s\",\"cat\":\"%s\",", s->started ? "b" : "X", s->what,
+                s->group ? "comm" : "compute");
+        if (s->started) fprintf(f, "\"id\":%d,", i + 1);
+        else fprintf(f, "\"dur\":%.3f,", (ms[i].t1 - ms[i].t0) * 1e3);
+        fprintf(f, "\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"args\":{", rank, lane, ms[i].t0 * 1e3);
         if (s->group)
             fprintf(f, "\"group\":\"%s\",\"bytes\":%llu,\"started\":%s,\"phase\":\"%s\"%s", s->group,
                     (unsigned long long)s->bytes, s->started ? "true" : "false",
@@ -260,6 +286,11 @@ char *timeline_finish(int rank, struct timeline_summary *sum) {
         else if (s->micro_batch >= 0)
             fprintf(f, "\"micro_batch\":%d,\"chunk\":%d", s->micro_batch, s->chunk);
         fprintf(f, "}}");
+        if (s->started)
+            fprintf(f,
+                    ",\n{\"ph\":\"e\",\"name\":\"%s\",\"cat\":\"comm\",\"id\":%d,\"pid\":%d,\"tid\":%d,"
+                    "\"ts\":%.3f}",
+                    s->what, i + 1, rank, lane, ms[i].t1 * 1e3);
     }
     for (int i = 0; i < nlanes; i++)
         fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s%s\"}}",
@@ -270,6 +301,6 @@ char *timeline_finish(int rank, struct timeline_summary *sum) {
     drop_mark(&tl.anchor);
     free(tl.spans);
     free(ms);
-    tl.spans = NULL, tl.n = 0, tl.recording = tl.after = tl.due = 0, tl.finished = 1;
+    tl.spans = NULL, tl.n = 0, tl.recording = tl.after = tl.due = tl.rewound = 0, tl.finished = 1;
     return out;
 }

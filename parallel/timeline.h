@@ -5,8 +5,11 @@
  * after it. Times come from the device's clock on GPU ranks (a CUDA event
  * recorded on the stream each piece runs on: the compute stream, or an NCCL
  * group's stream) and from the host's on CPU ranks, where a non-blocking
- * call's end is when the wait for it returned. Recording adds an event (or a
- * clock read) around each piece and changes no numbers.
+ * call's end is when the wait for it returned. Calls that run on the host
+ * alone (MPI on host memory: the loss, flags, statistics) read the host's
+ * clock on GPU ranks too, from the step's start, when the device is
+ * synchronized once to line the two clocks up. Recording adds an event (or
+ * a clock read) around each piece and changes no numbers.
  *
  * A span begun in step N is followed to its end, which may come in step N+1
  * (ZeRO-1's parameter gathers complete in the next forward); the timeline is
@@ -17,12 +20,16 @@
 #include <stdint.h>
 
 #define TIMELINE_SPANS 16384
+/* a span's "stream" when it runs on the host alone: the host's clock */
+#define TIMELINE_HOST_CLOCK ((void *)-1)
 
 enum timeline_phase { TIMELINE_COMPUTE, TIMELINE_UPDATE };
 
 /* MTRAIN_TIMELINE's value: 0 when unset or empty, else the step (> 0);
  * -1 with err set when it is not a positive integer */
 int timeline_parse_step(const char *value, char *err, size_t n);
+/* MTRAIN_TIMELINE's step from the environment (0: none, or not valid) */
+int timeline_step_requested(void);
 
 /* Trace step `step` (0: nothing); device_clock: time with CUDA events */
 void timeline_setup(int step, int device_clock);
@@ -30,6 +37,8 @@ void timeline_setup(int step, int device_clock);
  * forwards, step_end after its update (or after its rollback). */
 void timeline_step_begin(int step);
 void timeline_step_end(int step);
+/* The traced step is being rolled back (a rewind): said in the summary */
+void timeline_rewound(void);
 /* Spans begun from here on belong to the step's update (its gradient
  * reductions are those begun before) */
 void timeline_phase(enum timeline_phase phase);
@@ -37,7 +46,8 @@ void timeline_phase(enum timeline_phase phase);
 /* A span begins: what ("forward", "all_reduce_start", ...), on group (NULL:
  * the compute lane), bytes (communication payload), started (a non-blocking
  * call: completed later); stream: the CUDA stream it runs on (NULL: the
- * compute stream). micro_batch and chunk name a forward or backward (-1:
+ * compute stream; TIMELINE_HOST_CLOCK: the host). micro_batch and chunk
+ * name a forward or backward (-1:
  * none). Returns its id, 0 when nothing is being recorded. */
 int timeline_begin(const char *what, const char *group, uint64_t bytes, int started, void *stream);
 int timeline_compute_begin(const char *what, int micro_batch, int chunk);
@@ -64,7 +74,7 @@ struct timeline_span_ms {
  * update; hidden is the part of their time (their union) during which a
  * forward or backward ran, exposed the rest. */
 struct timeline_summary {
-    int step, spans, dropped, unfinished;
+    int step, spans, dropped, unfinished, rewound;
     double step_ms;     /* the traced step's begin to its update's end */
     double compute_ms;  /* union of its forwards and backwards */
     double grad_ms, grad_hidden_ms, grad_exposed_ms;
@@ -75,6 +85,7 @@ void timeline_summarize(const struct timeline_span_ms *s, int n, struct timeline
 
 /* Resolve the recorded spans (waits for the device), fill *sum, and return
  * the timeline as Chrome trace JSON (Perfetto, chrome://tracing: one process
- * per rank, a lane for compute and one per communication group); the caller
+ * per rank, a lane for compute and one per communication group, a started
+ * call as an async slice, since those overlap on one group); the caller
  * frees it. The recording is then over: later steps record nothing. */
 char *timeline_finish(int rank, struct timeline_summary *sum);

@@ -8,7 +8,8 @@
 # GPU over NCCL on a Llama 3 8B-shaped stack (4 layers, bf16, ZeRO-1,
 # sequence 4096, 25 MiB buckets); elsewhere 2 CPU ranks over MPI on a tiny
 # model (MPI progresses its buckets only inside MPI calls, so little hides
-# there). Prints a table; writes build/bench/overlap.json (JSON=...).
+# there; OVERLAP_DEVICE=cpu takes this path anywhere). Prints a table;
+# writes build/bench/overlap.json (JSON=...).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/rel}
@@ -20,7 +21,7 @@ JSON=${JSON:-build/bench/overlap.json}
 mkdir -p "$(dirname "$JSON")"
 rm -rf "$WORK" && mkdir -p "$WORK"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-if [ "${gpus:-0}" -ge 2 ]; then
+if [ "${gpus:-0}" -ge 2 ] && [ "${OVERLAP_DEVICE:-}" != cpu ]; then
     NP=${NP:-$gpus} device=cuda
     "$MTRAIN" data generate --out "$WORK/data" --docs 2000 --frame-tokens 65536 >/dev/null
     model="{vocab_size: 128256, hidden_size: 4096, num_layers: 4, num_heads: 32, num_kv_heads: 8, intermediate_size: 14336}"

@@ -192,8 +192,8 @@ case $phase in
             run test_comm_ranks2 mpiexec -n 2 build/rel/tests/test_comm
             [ "$gpus" -gt 2 ] && run test_comm_ranks$gpus mpiexec -n "$gpus" build/rel/tests/test_comm
             run gpu_pretrain bash tests/integration/gpu_pretrain.sh
-            run comm bash scripts/bench/comm.sh
-            run overlap bash scripts/bench/overlap.sh
+            run comm bash scripts/bench/comm.sh || echo "FAIL comm: exit $?" | tee -a "$log"
+            run overlap bash scripts/bench/overlap.sh || echo "FAIL overlap: exit $?" | tee -a "$log"
         fi
         ;;
     *) echo "usage: gpu_checks.sh quick|fp8|tests|bench124m|bench8b|attention|multigpu" >&2; exit 2 ;;

@@ -1,15 +1,18 @@
 """Checks a timeline written by MTRAIN_TIMELINE (LOG_DIR/timeline-rank-N.json).
 
 usage: check_timeline.py FILE [--clock host|device] [--lanes a,b] [--overlap]
-                              [--no-overlap] [--gather] [--finished]
+                              [--no-overlap] [--gather] [--finished] [--rewound]
 
 Always: it parses as a Chrome trace, every span has a start and a duration
-of at least 0, and its summary (otherData) agrees with the one computed here
-from the spans themselves (a second implementation: unions by sorting).
+of at least 0 (complete slices, and started calls as async begin/end pairs
+of one id on their group's lane), and its summary (otherData) agrees with
+the one computed here from the spans themselves (a second implementation:
+unions by sorting).
 --overlap: a data-parallel gradient call began before the last backward
 ended; --no-overlap: none did and none ran during a forward or backward;
 --gather: a started data-parallel call of the update (ZeRO-1's gathers);
---finished: every span was waited for before the timeline was written."""
+--finished: every span was waited for before the timeline was written;
+--rewound: the step was rolled back."""
 import json
 import sys
 
@@ -38,9 +41,19 @@ def main():
     path, flags = sys.argv[1], sys.argv[2:]
     d = json.load(open(path))
     o = d["otherData"]
-    spans = [e for e in d["traceEvents"] if e["ph"] == "X"]
-    lanes = {e["args"]["name"] for e in d["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    spans = [dict(e) for e in d["traceEvents"] if e["ph"] == "X"]
     bad = []
+    begun = {e["id"]: e for e in d["traceEvents"] if e["ph"] == "b"}
+    for e in d["traceEvents"]:
+        if e["ph"] == "e":
+            b = begun.pop(e["id"], None)
+            if b is None or b["tid"] != e["tid"] or b["name"] != e["name"]:
+                bad.append(f"an async end without its begin: {e}")
+                continue
+            spans.append(dict(b, dur=e["ts"] - b["ts"]))
+    if begun:
+        bad.append(f"{len(begun)} async begins without an end")
+    lanes = {e["args"]["name"] for e in d["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
     if len(spans) != o["spans"]:
         bad.append(f"{len(spans)} spans, summary says {o['spans']}")
     if any(e["dur"] < 0 or e["ts"] < 0 for e in spans):
@@ -53,9 +66,14 @@ def main():
     mine = {"compute_ms": sum(b - a for a, b in cu), "grad_ms": sum(b - a for a, b in gu),
             "grad_hidden_ms": inter(gu, cu)}
     mine["grad_exposed_ms"] = mine["grad_ms"] - mine["grad_hidden_ms"]
+    mine["step_ms"] = max((ms(e)[1] for e in spans if e["cat"] == "compute"), default=0.0)
     for k, v in mine.items():
-        if abs(v - o[k]) > 2e-3 * (1 + len(spans)):  # the trace's times are rounded to 1 ns
-            bad.append(f"{k} {o[k]}, recomputed {v:.4f}")
+        # the trace's times and the summary's are rounded to 1 ns
+        if abs(v - o[k]) > 1e-5 * (1 + len(spans)):
+            bad.append(f"{k} {o[k]}, recomputed {v:.6f}")
+    if any(e["cat"] == "comm" and e["args"]["started"] != (e["ph"] == "b") for e in d["traceEvents"]
+           if e["ph"] in ("X", "b")):
+        bad.append("a started call as a complete slice, or a blocking one as an async slice")
     if o["grad_calls"] != len(grad) or o["grad_bytes"] != sum(e["args"]["bytes"] for e in grad):
         bad.append(f"grad calls/bytes {o['grad_calls']}/{o['grad_bytes']} against the spans'")
     i = 0
@@ -83,6 +101,9 @@ def main():
             if not any(e["args"]["phase"] == "update" and e["args"]["started"] and e["args"]["group"] == "dp"
                        for e in spans if e["cat"] == "comm"):
                 bad.append("no started data-parallel call in the update")
+        elif f == "--rewound":
+            if o["rewound"] is not True:
+                bad.append("not marked as rolled back")
         elif f == "--finished":
             if o["unfinished"] or any(e["args"].get("unfinished") for e in spans):
                 bad.append(f"{o['unfinished']} spans never waited for")

@@ -104,8 +104,9 @@ for spec in "${layouts[@]}"; do
         fail nccl_mock_pretrain_${name}_nccl_same_losses "plain: $(echo $a | head -c 80) / nccl: $(echo $c | head -c 80): $(tail -2 ${name}_nccl.out)"
 done
 
-# the timelines of step 3 over NCCL (comm_nccl.c's spans, on the host's clock here): ZeRO-1's buckets begin
-# during backward and its gathers are followed into step 4; tp and pp get lanes of their own
+# the timelines of step 3 over NCCL (comm_nccl.c's spans, on the host's clock here, where the stand-in runs
+# each call at once): ZeRO-1's buckets begin during backward, its gathers are recorded in the update as
+# started calls, and tp, pp and ep get lanes of their own
 check_tl() { # NAME NP FLAGS...
     local name=$1 np=$2 r out=""
     shift 2

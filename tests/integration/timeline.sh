@@ -5,8 +5,9 @@
 # without overlap none does; ZeRO-1's started gathers of the update are
 # followed into the next step; tensor and pipeline groups get lanes of their
 # own; tracing changes no loss (bitwise); the last step is written at the
-# run's end; a step the run never reaches is said, and a malformed value
-# exits 2 with one message. (The NCCL path's spans: nccl_mock.sh; on a GPU:
+# run's end; a step the run never reaches (or stops before) is said, a step
+# a rewind rolls back is marked so, and a malformed value exits 2 with one
+# message, a dry run's too. (The NCCL path's spans: nccl_mock.sh; on a GPU:
 # gpu_pretrain.sh.)
 source "$(dirname "$0")/../lib.sh"
 CHECK="$(cd "$(dirname "$0")" && pwd)/check_timeline.py"
@@ -58,13 +59,30 @@ MTRAIN_TIMELINE=99 "$MTRAIN" pretrain r.yaml --set log.dir=never >never.out 2>&1
 rc=$?
 [ $rc = 0 ] && grep -q "MTRAIN_TIMELINE=99: this run did not run step 99" never.out && ! ls never/timeline-* >/dev/null 2>&1 &&
     pass timeline_step_not_reached || fail timeline_step_not_reached "exit $rc: $(tail -2 never.out)"
-# a malformed value: exit 2, one message from rank 0, before anything runs
+# stopped before it (--stop-after, as a signal stops): said too
+MTRAIN_TIMELINE=5 "$MTRAIN" pretrain r.yaml --set log.dir=stopped --set checkpoint.dir=ck_stopped --stop-after 2 \
+    >stopped.out 2>&1
+rc=$?
+[ $rc = 0 ] && grep -q "MTRAIN_TIMELINE=5: this run did not run step 5" stopped.out && pass timeline_stopped_before_the_step ||
+    fail timeline_stopped_before_the_step "exit $rc: $(tail -2 stopped.out)"
+# a traced step that a rewind rolls back (a NaN injected at it) is marked so
+MTRAIN_TIMELINE=4 "$MTRAIN" pretrain r.yaml --set log.dir=rw --set checkpoint.dir=ck_rw --set checkpoint.interval=2 \
+    --set rewind.enabled=true --inject nan@4 >rw.out 2>&1
+rc=$?
+[ $rc = 0 ] && grep -q "^timeline of step 4 (rolled back by a rewind)" rw.out &&
+    "$PY" "$CHECK" rw/timeline-rank-00000.json --rewound >rw.check 2>&1 && pass timeline_rewound_step ||
+    fail timeline_rewound_step "exit $rc: $(tail -2 rw.out) $(cat rw.check 2>/dev/null)"
+# a malformed value: exit 2, one message from rank 0, before anything runs (a dry run too)
+MTRAIN_TIMELINE=" 3" "$MTRAIN" pretrain r.yaml --dry-run >dry.out 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q 'MTRAIN_TIMELINE is " 3"' dry.out && pass timeline_bad_value_dry_run ||
+    fail timeline_bad_value_dry_run "exit $rc: $(head -c 300 dry.out)"
 MTRAIN_TIMELINE=three run_np 2 pretrain r.yaml --set log.dir=bad >bad.out 2>&1
 rc=$?
 [ $rc = 2 ] && [ "$(grep -c 'MTRAIN_TIMELINE is "three": expected the step to trace, a positive integer' bad.out)" = 1 ] &&
     pass timeline_bad_value_exit_2 || fail timeline_bad_value_exit_2 "exit $rc: $(head -c 300 bad.out)"
 # scripts/bench/overlap.sh (make bench) runs on CPU ranks and reports both runs
-MTRAIN="$MTRAIN" BENCH_DIR="$TMP/ob" JSON="$TMP/overlap.json" bash "$ROOT/scripts/bench/overlap.sh" >"$TMP/ob.out" 2>&1 &&
+OVERLAP_DEVICE=cpu MTRAIN="$MTRAIN" BENCH_DIR="$TMP/ob" JSON="$TMP/overlap.json" bash "$ROOT/scripts/bench/overlap.sh" >"$TMP/ob.out" 2>&1 &&
     "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1]))["rows"]; sys.exit(not (len(r) == 2 and r[0]["grad_calls"] > r[1]["grad_calls"] >= 1))' \
         "$TMP/overlap.json" && pass timeline_overlap_bench || fail timeline_overlap_bench "$(tail -5 "$TMP/ob.out")"
 exit $FAILED

@@ -3,10 +3,12 @@
  * so the count is exact), the recording's step boundaries (a span started
  * in the traced step ends in the next; nothing is recorded outside it; the
  * timeline is due after the following step), the Chrome trace it writes
- * (parsed with jansson), spans never ended, the table's limit, and
- * MTRAIN_TIMELINE's parsing. */
+ * (parsed with jansson: complete slices, and started calls as async
+ * begin/end pairs), a rolled-back step, spans never ended, the table's
+ * limit, and MTRAIN_TIMELINE's parsing. */
 #include <jansson.h>
 #include <string.h>
+#include <time.h>
 
 #include "parallel/timeline.h"
 #include "tests/unit/check.h"
@@ -66,6 +68,11 @@ static int one_span(const char *what, const char *group, int started) {
     return id;
 }
 
+static void pause_ms(int ms) {
+    struct timespec t = {0, ms * 1000000L};
+    nanosleep(&t, NULL);
+}
+
 static void recording(void) {
     timeline_setup(2, 0);
     timeline_step_begin(1);
@@ -78,7 +85,9 @@ static void recording(void) {
     timeline_end(f, NULL);
     int b = timeline_compute_begin("backward", 0, 0);
     int bucket = one_span("all_reduce_sum_start", "dp", 1);
+    pause_ms(2); /* the bucket's first 2 ms run during backward */
     timeline_end(b, NULL);
+    pause_ms(1);
     one_span("all_reduce_sum", "tp", 0);
     timeline_phase(TIMELINE_UPDATE);
     int gather = one_span("all_gather_v_start", "dp", 1);
@@ -95,33 +104,58 @@ static void recording(void) {
     struct timeline_summary sum;
     char *json = timeline_finish(3, &sum);
     TEST_RESULT("timeline_summary_of_the_step",
-                sum.step == 2 && sum.spans == 5 && sum.unfinished == 0 && sum.grad_calls == 1 && sum.grad_bytes == 64 &&
-                    sum.grad_ms >= sum.grad_hidden_ms && sum.grad_exposed_ms > 0 && timeline_done() &&
+                sum.step == 2 && sum.spans == 5 && sum.unfinished == 0 && !sum.rewound && sum.grad_calls == 1 &&
+                    sum.grad_bytes == 64 && sum.grad_hidden_ms >= 2 && sum.grad_exposed_ms >= 1 &&
+                    fabs(sum.grad_ms - sum.grad_hidden_ms - sum.grad_exposed_ms) < 1e-9 && timeline_done() &&
                     !timeline_pending(),
-                "step %d spans %d unfinished %d calls %d", sum.step, sum.spans, sum.unfinished, sum.grad_calls);
+                "step %d spans %d unfinished %d calls %d hidden %g exposed %g", sum.step, sum.spans, sum.unfinished,
+                sum.grad_calls, sum.grad_hidden_ms, sum.grad_exposed_ms);
     json_error_t err;
     json_t *root = json_loads(json, 0, &err);
     json_t *ev = root ? json_object_get(root, "traceEvents") : NULL;
-    int lanes = 0, complete = 0, ordered = 1;
-    double last_ts = -1;
+    int lanes = 0, complete = 0, begins = 0, ends = 0, ordered = 1;
+    double last_ts = -1, begin_ts = -1;
     for (size_t i = 0; ev && i < json_array_size(ev); i++) {
         json_t *e = json_array_get(ev, i);
         const char *ph = json_string_value(json_object_get(e, "ph"));
-        if (ph && !strcmp(ph, "M") && json_object_get(e, "tid")) lanes++;
-        if (ph && !strcmp(ph, "X")) {
-            complete++;
-            double ts = json_number_value(json_object_get(e, "ts")), dur = json_number_value(json_object_get(e, "dur"));
-            if (ts < last_ts || dur < 0 || json_integer_value(json_object_get(e, "pid")) != 3) ordered = 0;
+        double ts = json_number_value(json_object_get(e, "ts"));
+        if (!ph) continue;
+        if (!strcmp(ph, "M") && json_object_get(e, "tid")) lanes++;
+        if (!strcmp(ph, "X") || !strcmp(ph, "b")) { /* in the order begun */
+            complete += !strcmp(ph, "X"), begins += !strcmp(ph, "b");
+            if (ts < last_ts || json_integer_value(json_object_get(e, "pid")) != 3) ordered = 0;
+            if (!strcmp(ph, "X") && json_number_value(json_object_get(e, "dur")) < 0) ordered = 0;
+            if (!strcmp(ph, "b")) begin_ts = ts;
             last_ts = ts;
         }
+        if (!strcmp(ph, "e")) { /* right after its begin, the same id, not earlier */
+            json_t *b = json_array_get(ev, i - 1);
+            ends++;
+            if (ts < begin_ts || !json_equal(json_object_get(b, "id"), json_object_get(e, "id"))) ordered = 0;
+        }
     }
-    /* lanes: compute, comm dp, comm tp */
-    TEST_RESULT("timeline_trace_json", root && complete == 5 && lanes == 3 && ordered, "%s: %d spans, %d lanes",
-                root ? "parsed" : err.text, complete, lanes);
+    /* three complete slices (forward, backward, the tp call), two started calls; lanes: compute, dp, tp */
+    TEST_RESULT("timeline_trace_json", root && complete == 3 && begins == 2 && ends == 2 && lanes == 3 && ordered,
+                "%s: %d complete, %d begun, %d ended, %d lanes, ordered %d", root ? "parsed" : err.text, complete,
+                begins, ends, lanes, ordered);
     json_decref(root);
     free(json);
     timeline_step_begin(2);
     TEST_RESULT("timeline_only_once", !one_span("forward", NULL, 0), "recorded again after it was written");
+}
+
+static void rolled_back(void) {
+    timeline_setup(4, 0);
+    timeline_step_begin(4);
+    timeline_end(timeline_compute_begin("forward", 0, 0), NULL);
+    timeline_rewound();
+    timeline_step_end(4);
+    timeline_rewound(); /* not recording: no effect on what follows */
+    struct timeline_summary sum;
+    char *json = timeline_finish(0, &sum);
+    TEST_RESULT("timeline_rolled_back_step", sum.rewound && strstr(json, "\"rewound\":true") && sum.spans == 1,
+                "rewound %d, spans %d", sum.rewound, sum.spans);
+    free(json);
 }
 
 static void unfinished_and_dropped(void) {
@@ -143,7 +177,7 @@ static void parse(void) {
     char err[160] = "";
     int ok = timeline_parse_step(NULL, err, sizeof err) == 0 && timeline_parse_step("", err, sizeof err) == 0 &&
              timeline_parse_step("12", err, sizeof err) == 12;
-    const char *bad[] = {"abc", "0", "-3", "5x", " ", "99999999999"};
+    const char *bad[] = {"abc", "0", "-3", "5x", " ", " 3", "+3", "99999999999"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = 0;
         if (timeline_parse_step(bad[i], err, sizeof err) != -1 || !strstr(err, "MTRAIN_TIMELINE")) ok = 0;
@@ -154,6 +188,7 @@ static void parse(void) {
 int main(void) {
     summary_against_grid();
     recording();
+    rolled_back();
     unfinished_and_dropped();
     parse();
     TEST_EXIT();
