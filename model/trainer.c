@@ -14,6 +14,8 @@
 static void layer_grads_done(void *ctx, int layer) {
     struct trainer *tr = ctx;
     int first = tr->layer_first[layer], last = tr->layer_last[layer];
+    for (int k = 0; k < tr->opt.ngroups; k++) /* the buckets started so far move on (MPI: only inside its calls) */
+        if (tr->opt.group[k].dp) comm_progress(tr->opt.group[k].dp);
     if (first < 0) return;
     const struct param_table *t = &tr->model.table;
     if (tr->bucket_first >= 0 && last + 1 != tr->bucket_first) { /* not adjacent: start what is there */
@@ -339,6 +341,7 @@ static void layer_params_needed(void *ctx, int l) {
     if (!tr->gather_ticket[l]) return;
     size_t begin, end;
     layer_range(tr, l, &begin, &end);
+    comm_progress(tr->opt.group[0].dp); /* the later layers' gathers too */
     comm_wait_ticket(tr->opt.group[0].dp, tr->gather_ticket[l]);
     tr->gather_ticket[l] = 0;
     refresh_weights(tr, begin, end);

@@ -78,6 +78,12 @@ void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n);
  * comm_wait_all. */
 void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root);
 void comm_wait_all(struct comm *c);
+/* Move c's started calls along without waiting for them: MPI progresses
+ * non-blocking collectives only inside MPI calls, so the trainer calls this
+ * as backward finishes each layer (and the forward before each layer's
+ * gather wait); a call found complete is ended on the timeline then. Over
+ * NCCL (its own stream) nothing. */
+void comm_progress(struct comm *c);
 /* Non-blocking all-gather in place (ZeRO-1's parameters, bucket by bucket):
  * rank r's piece, counts[r] floats at buf + displs[r], is already in place
  * on rank r; afterwards every rank holds every piece. Returns a ticket (> 0):

@@ -274,8 +274,9 @@ static void wait_matching(const struct comm *c, int up_to) {
     int kept = 0;
     for (int i = 0; i < pending.n; i++) {
         if (pending.owner[i] == c && (up_to < 0 || (pending.ticket[i] > 0 && pending.ticket[i] <= up_to))) {
+            int ended = pending.req[i] == MPI_REQUEST_NULL; /* completed in comm_progress, its end recorded there */
             MPI_CHECK(MPI_Wait(&pending.req[i], MPI_STATUS_IGNORE));
-            timeline_end(pending.span[i], clock_of(c));
+            if (!ended) timeline_end(pending.span[i], clock_of(c));
             free(pending.staged[i]);
         } else {
             pending.req[kept] = pending.req[i];
@@ -288,6 +289,18 @@ static void wait_matching(const struct comm *c, int up_to) {
     pending.n = kept;
 }
 static void wait_owned(const struct comm *c) { wait_matching(c, -1); }
+
+void comm_progress(struct comm *c) {
+    if (c->nccl || !pending.n) return;
+    enter(c, "progress");
+    for (int i = 0; i < pending.n; i++) {
+        if (pending.owner[i] != c || pending.req[i] == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        MPI_CHECK(MPI_Test(&pending.req[i], &done, MPI_STATUS_IGNORE)); /* done: the request is now null */
+        if (done) timeline_end(pending.span[i], clock_of(c));
+    }
+    watchdog_leave();
+}
 
 void comm_wait_all(struct comm *c) {
     if (c->nccl) nccl_wait(c);
