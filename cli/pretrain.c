@@ -45,6 +45,11 @@ static void usage(FILE *out) {
             "Writes LOG_DIR/metrics.jsonl (one JSON object per step and per event) and\n"
             "LOG_DIR/model.safetensors (final weights, Hugging Face names); with log.tensorboard\n"
             "also LOG_DIR/events.out.tfevents.* (the same scalars; scripts/plot_metrics.py draws them).\n"
+            "Diagnostics, from the environment:\n"
+            "  MTRAIN_PROFILE=1   where the steps' time goes, op by op (LOG_DIR/profile-rank-*.json)\n"
+            "  MTRAIN_TIMELINE=N  step N's forwards, backwards and communication calls per rank, as a\n"
+            "                     Chrome trace (LOG_DIR/timeline-rank-*.json) with how much of the\n"
+            "                     data-parallel gradient reduction overlapped backward\n"
             "Exit codes: 0 ok, 1 runtime failure, 2 usage or recipe error.\n");
 }
 
