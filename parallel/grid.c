@@ -73,6 +73,39 @@ static int env_int(const char *const *names, int fallback) {
     return fallback;
 }
 
+/* This rank's node-local rank (which GPU it takes): the launcher's
+ * (env_rank, from the first of vars set), where it numbers the node's n
+ * ranks 0 .. n-1 once each, else the rank among the processes sharing this
+ * node's memory. mpirun inside a Slurm allocation starts its ranks from
+ * one srun task per node, so each inherits that task's SLURM_LOCALID, 0:
+ * taken at its word, every rank would drive GPU 0 (said once per node). */
+static int local_rank_of(MPI_Comm node, int n, int node_rank, int env_rank, const char *const *vars) {
+    int *all = xmalloc(sizeof(int) * n), ok = 1, any = 0;
+    if (MPI_Allgather(&env_rank, 1, MPI_INT, all, 1, MPI_INT, node) != MPI_SUCCESS)
+        die("MPI_Allgather of the node-local ranks failed");
+    char *seen = xcalloc(n, 1);
+    for (int i = 0; i < n; i++) {
+        any |= all[i] >= 0;
+        if (all[i] < 0 || all[i] >= n || seen[all[i]]) ok = 0;
+        else seen[all[i]] = 1;
+    }
+    free(seen);
+    free(all);
+    if (ok) return env_rank;
+    if (any && node_rank == 0) {
+        const char *var = "the launcher's local rank";
+        for (int i = 0; vars[i]; i++)
+            if (getenv(vars[i]) && *getenv(vars[i])) {
+                var = vars[i];
+                break;
+            }
+        warn("%s does not number this node's %d ranks 0 to %d once each (mpirun inside a Slurm allocation passes "
+             "one task's value to all its ranks): each rank takes its GPU by its order on the node instead",
+             var, n, n - 1);
+    }
+    return node_rank;
+}
+
 /* Group of the ranks that share every coordinate but `axis`. */
 static void make_comm(struct comm *c, const char *name, int color, int key) {
     memset(c, 0, sizeof *c);
@@ -90,15 +123,15 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
     g->world_size = parallel_world_size();
     static const char *const local_vars[] = {"SLURM_LOCALID", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", NULL};
     MPI_Comm node;
-    int node_rank = 0;
+    int node_rank = 0, env_rank = env_int(local_vars, -1);
     g->local_size = 1;
+    g->local_rank = env_rank >= 0 ? env_rank : 0;
     if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g->world_rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
         MPI_Comm_size(node, &g->local_size);
         MPI_Comm_rank(node, &node_rank);
+        g->local_rank = local_rank_of(node, g->local_size, node_rank, env_rank, local_vars);
         MPI_Comm_free(&node);
     }
-    /* the launcher's node-local rank, else the rank among the processes sharing this node's memory */
-    g->local_rank = env_int(local_vars, node_rank);
     g->tp = p->tp, g->cp = p->cp, g->ep = p->ep > 0 ? p->ep : 1, g->pp = p->pp, g->vpp = p->vpp;
     g->dp = g->world_size / (g->tp * g->cp * g->pp);
     CHECK(g->dp * g->tp * g->cp * g->pp == g->world_size);

@@ -52,7 +52,11 @@ int main(int argc, char **argv) {
     int n = c->size;
     if (!strcmp(how, "nccl")) {
         char why[256] = "";
-        if (!cuda_backend_available() || cuda_device_count() < g.local_size) snprintf(why, sizeof why, "needs a GPU per rank");
+        int gpus = cuda_backend_available() ? cuda_device_count() : 0;
+        if (gpus > 0) cuda_use_device(g.local_rank);
+        /* collective; a rank may see only its own GPU (srun --gpus-per-task=1) */
+        int shared = grid_ranks_sharing_gpu(&g);
+        if (!gpus || shared) snprintf(why, sizeof why, "needs a GPU per rank");
         else nccl_available(why, sizeof why);
         if (why[0]) {
             if (g.world_rank == 0) printf("{\"skipped\":\"nccl: %s\"}\n", why);

@@ -25,6 +25,7 @@
 source "$(dirname "$0")/../lib.sh"
 CHECK_TL="$(cd "$(dirname "$0")" && pwd)/check_timeline.py"
 MOCK=$(build_path mock)
+BENCH_COMM=$(build_path bench/bench_comm)
 TEST_COMM=$(build_path tests/test_comm)
 if [ ! -f "$MOCK/libnccl.so.2" ] || [ ! -f "$MOCK/libcudart_mock.so" ]; then
     skip nccl_mock "this build has no CUDA backend (CUDA=0): no NCCL path to run"
@@ -163,6 +164,24 @@ rc=$?
 [ $rc = 0 ] && grep -q '; mpi)' shared_auto.out && [ "$(grep -c 'communicate over MPI' shared_auto.out)" = 1 ] &&
     pass nccl_mock_ranks_sharing_a_gpu_auto_falls_back ||
     fail nccl_mock_ranks_sharing_a_gpu_auto_falls_back "exit $rc: $(grep -m2 -E 'warning|ranks' shared_auto.out)"
+# mpirun inside a Slurm allocation: every rank inherits one srun task's SLURM_LOCALID (0); taken at its word,
+# both ranks would drive GPU 0 and NCCL would be refused. The ranks' order on the node picks the GPUs instead,
+# said once
+gpu_run slurm_localid 2 SLURM_LOCALID=0 --set parallel.comm=nccl
+rc=$?
+[ $rc = 0 ] && grep -q '; nccl)' slurm_localid.out && [ "$(grep -c 'SLURM_LOCALID does not number' slurm_localid.out)" = 1 ] &&
+    pass nccl_mock_inherited_slurm_localid_gpu_per_rank ||
+    fail nccl_mock_inherited_slurm_localid_gpu_per_rank "exit $rc: $(grep -m3 -E 'warning|error|ranks' slurm_localid.out)"
+# the bus-bandwidth benchmark's NCCL path (scripts/bench/bench_comm.c): rows from two ranks with a GPU each,
+# skipped with the reason where they would share one
+if [ -x "$BENCH_COMM" ]; then
+    LD_PRELOAD=$MOCK/libcudart_mock.so timeout 120 mpiexec -n 2 "$BENCH_COMM" nccl 1 >bench_nccl.out 2>&1
+    MOCK_CUDA_DEVICES=1 LD_PRELOAD=$MOCK/libcudart_mock.so timeout 120 mpiexec -n 2 "$BENCH_COMM" nccl 1 \
+        >bench_shared.out 2>&1
+    grep -q '"comm":"nccl","ranks":2,"collective":"all_reduce"' bench_nccl.out &&
+        grep -q '"skipped":"nccl: needs a GPU per rank"' bench_shared.out && pass nccl_mock_bench_comm ||
+        fail nccl_mock_bench_comm "$(head -c 300 bench_nccl.out) / $(head -c 200 bench_shared.out)"
+fi
 gpu_run fp8_ampere 2 MOCK_CUDA_CC=80 --set train.device=cuda --set train.precision=fp8
 rc=$?
 [ $rc = 2 ] && [ "$(grep -c 'no FP8 tensor cores' fp8_ampere.out)" = 1 ] && pass nccl_mock_fp8_without_fp8_gpu_exit_2 ||
