@@ -4,6 +4,10 @@
 #include "config/common.h"
 #include "kernels/ops.h"
 
+static long d2h_copies;
+long backend_d2h_copies(void) { return __atomic_load_n(&d2h_copies, __ATOMIC_RELAXED); }
+void backend_count_d2h(void) { __atomic_fetch_add(&d2h_copies, 1, __ATOMIC_RELAXED); }
+
 const char *precision_name(enum precision p) { return p == PRECISION_FP8 ? "fp8" : p == PRECISION_BF16 ? "bf16" : "fp32"; }
 
 const struct backend *backend_table(int cuda, const char *precision) {
@@ -36,6 +40,7 @@ const struct backend *backend_in_device_memory(const struct backend *cpu) {
     table = *cpu;
     table.alloc = cuda_backend.alloc, table.free = cuda_backend.free, table.zero = cuda_backend.zero;
     table.to_host = cuda_backend.to_host, table.from_host = cuda_backend.from_host, table.copy = cuda_backend.copy;
+    table.host_view = NULL; /* device memory, as far as the model knows */
     return &table;
 }
 

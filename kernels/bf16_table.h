@@ -20,6 +20,7 @@
  *   BF16_NAME   the device's name ("cpu", "cuda")
  *   BF16_MEM    the device-memory function of the table, or NULL
  *   BF16_PEAK   the bf16 dense peak TFLOP/s function, or NULL
+ *   BF16_HOST_VIEW  the device's host_view (kernels/ops.h), or NULL
  * and these storage functions of the device (src/dst in device memory):
  *   bf16_widen(float *dst, const float *src_bf16, size_t n)
  *   bf16_narrow(float *dst_bf16, const float *src, size_t n)     round to nearest even
@@ -196,9 +197,10 @@ static void moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, 
 }
 
 static void moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
-                               const float *w, const float *aux_coef, float z_scale, int n, int E, int k) {
+                               const float *w, const float *aux_coef, float z_scale, int n, int E, int k, int T,
+                               int r0) {
     float *d = scratch(0, (size_t)n * E);
-    BF16_INNER.moe_route_backward(d, dw, probs, lse, idx, w, aux_coef, z_scale, n, E, k);
+    BF16_INNER.moe_route_backward(d, dw, probs, lse, idx, w, aux_coef, z_scale, n, E, k, T, r0);
     bf16_narrow(dlogits, d, (size_t)n * E);
 }
 
@@ -209,10 +211,30 @@ static void moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, con
 }
 
 static void moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
-                                       const float *w, const float *aux_coef, int n, int E, int k, float scaling) {
+                                       const float *w, const float *aux_coef, int n, int E, int k, float scaling,
+                                       int T, int r0) {
     float *d = scratch(0, (size_t)n * E);
-    BF16_INNER.moe_route_sigmoid_backward(d, dw, scores, idx, w, aux_coef, n, E, k, scaling);
+    BF16_INNER.moe_route_sigmoid_backward(d, dw, scores, idx, w, aux_coef, n, E, k, scaling, T, r0);
     bf16_narrow(dlogits, d, (size_t)n * E);
+}
+
+/* the routing decisions read counts, statistics and indices only: the fp32 table's */
+static void moe_route_counts(float *counts, const int32_t *idx, int n, int k, int E, int T, int r0, int B) {
+    BF16_INNER.moe_route_counts(counts, idx, n, k, E, T, r0, B);
+}
+static void moe_route_balance(float *coef, double *metrics, const float *counts_all, const float *probs,
+                              const float *lse, int n, int E, int k, int T, int r0, int B, int tp, int tp_rank,
+                              int sigmoid, float aux_scale, long cap) {
+    BF16_INNER.moe_route_balance(coef, metrics, counts_all, probs, lse, n, E, k, T, r0, B, tp, tp_rank, sigmoid,
+                                 aux_scale, cap);
+}
+static void moe_dispatch(int32_t *pos, int32_t *send_rows, float *expert_counts, const int32_t *idx,
+                         const float *counts_all, int n, int k, int E, int T, int r0, int B, int tp_rank, long cap) {
+    BF16_INNER.moe_dispatch(pos, send_rows, expert_counts, idx, counts_all, n, k, E, T, r0, B, tp_rank, cap);
+}
+static void moe_expert_order(int32_t *order, int32_t *inverse, int32_t *offsets, const float *in, int ep, int El,
+                             int rows) {
+    BF16_INNER.moe_expert_order(order, inverse, offsets, in, ep, El, rows);
 }
 
 /* y has n*k rows (the send order); gate weights w are fp32 */
@@ -310,6 +332,7 @@ static void scale(float *x, float s, size_t n) {
     .to_host = to_host, \
     .from_host = from_host, \
     .copy = copy, \
+    .host_view = BF16_HOST_VIEW, \
     .embedding_forward = bf16_embedding, \
     .embedding_backward = embedding_backward, \
     .rmsnorm_forward = rmsnorm_forward, \
@@ -331,6 +354,10 @@ static void scale(float *x, float s, size_t n) {
     .gather_rows = bf16_gather_rows, \
     .moe_combine = moe_combine, \
     .moe_combine_backward = moe_combine_backward, \
+    .moe_route_counts = moe_route_counts, \
+    .moe_route_balance = moe_route_balance, \
+    .moe_dispatch = moe_dispatch, \
+    .moe_expert_order = moe_expert_order, \
     .cross_entropy = cross_entropy, \
     .ce_row_max = ce_row_max, \
     .ce_row_sumexp = ce_row_sumexp, \

@@ -73,6 +73,9 @@ struct backend {
     void (*to_host)(void *host_dst, const void *src, size_t bytes);
     void (*from_host)(void *dst, const void *host_src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);
+    /* Optional (NULL: none): p readable by the host as it is, without a
+     * copy (the CPU's memory is the host's). */
+    const void *(*host_view)(const void *p);
 
     /* Vocab-parallel embedding: table holds rows [vstart, vstart+V) of the
      * vocabulary. out[n,:] = table[tokens[n]-vstart,:], or zeros for a token
@@ -138,12 +141,13 @@ struct backend {
     void (*moe_route_forward)(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E,
                               int k);
     /* dlogits [n,E] (overwritten) from dw [n,k], the gradient of the gate
-     * weights, plus the auxiliary losses' gradients: aux_coef[t,e] (NULL:
-     * none) is added to dL/dprobs[t,e] (load balancing), z_scale * 2 * lse[t]
-     * to dL/dlse[t] (z-loss). */
+     * weights, plus the auxiliary losses' gradients: aux_coef [B,E] per
+     * sequence (NULL: none; moe_route_balance) is added to dL/dprobs[t,e],
+     * token t being row r0 + t of a micro batch of sequences of T tokens
+     * (load balancing), z_scale * 2 * lse[t] to dL/dlse[t] (z-loss). */
     void (*moe_route_backward)(float *dlogits, const float *dw, const float *probs, const float *lse,
                                const int32_t *idx, const float *w, const float *aux_coef, float z_scale, int n,
-                               int E, int k);
+                               int E, int k, int T, int r0);
     /* DeepSeek-V3 routing: scores [n,E] = sigmoid(logits); the choice ranks
      * scores + bias[E] (bias NULL: none). With n_group > 1 (at most 64) only
      * experts of the best topk_group groups are eligible, a group (E/n_group
@@ -153,10 +157,13 @@ struct backend {
      * their sum, x scaling (routed_scaling_factor). */
     void (*moe_route_sigmoid_forward)(float *scores, int32_t *idx, float *w, const float *logits, const float *bias,
                                       int n, int E, int k, int n_group, int topk_group, float scaling);
-    /* dlogits [n,E] (overwritten) from dw [n,k], plus aux_coef[t,e] (NULL:
-     * none) as dL/d(s_e / sum_j s_j), the sequence-wise balance loss. */
+    /* dlogits [n,E] (overwritten) from dw [n,k], plus aux_coef [B,E] per
+     * sequence (NULL: none; token t in sequence (r0 + t) / T) as
+     * dL/d(s_e / sum_j s_j), the sequence-wise balance loss. */
     void (*moe_route_sigmoid_backward)(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
-                                       const float *w, const float *aux_coef, int n, int E, int k, float scaling);
+                                       const float *w, const float *aux_coef, int n, int E, int k, float scaling,
+                                       int T, int r0);
+
     /* out[i,:] = x[rows[i],:] for i < n (permute tokens to experts and back) */
     void (*gather_rows)(float *out, const float *x, const int32_t *rows, int n, int C);
     /* out[t,:] (+= if accumulate) sum over j < k with pos[t,j] >= 0 of
@@ -169,6 +176,46 @@ struct backend {
      * dw[t,j] = dout[t,:] . y[pos[t,j],:] (0 where pos < 0, a dropped token) */
     void (*moe_combine_backward)(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
                                  const float *w, int n, int k, int C);
+
+    /* Routing decisions on the device (model/moe.c; kernels/cpu/moe_plan.c,
+     * kernels/cuda/moe_plan.cuh), so an MoE layer needs no host round trip.
+     * A TP rank routes n tokens, rows [r0, r0 + n) of a micro batch of B
+     * sequences of T tokens; idx [n,k] are its choices (moe_route_*).
+     * Counts are whole numbers held in floats (exact below 2^24), so the
+     * float collectives carry them. */
+    /* counts [B,E] (overwritten): this rank's selections per sequence and expert */
+    void (*moe_route_counts)(float *counts, const int32_t *idx, int n, int k, int E, int T, int r0, int B);
+    /* From every TP rank's counts counts_all [tp,B,E] (c = their sum):
+     * coef [B,E] = aux_scale * f * c / T, the balance loss's gradient
+     * coefficients (f = E/T for softmax routing, E/(kT) for sigmoid).
+     * metrics (NULL: none) [E+3] += this rank's share of the step's
+     * statistics, summed over ranks afterwards: [e] the selections of expert
+     * e (TP rank 0: c summed over sequences), [E] the balance loss
+     * f/T sum_t sum_e c[seq(t),e] p[t,e] / norm_t over this rank's tokens
+     * (norm_t 1 for softmax, sum_e p[t,e] for sigmoid), [E+1] the z-loss
+     * sum_t lse[t]^2 / T (softmax; lse unread for sigmoid), [E+2] selections
+     * over the capacity cap (TP rank 0; cap < 0: none). */
+    void (*moe_route_balance)(float *coef, double *metrics, const float *counts_all, const float *probs,
+                              const float *lse, int n, int E, int k, int T, int r0, int B, int tp, int tp_rank,
+                              int sigmoid, float aux_scale, long cap);
+    /* The capacity and the counting sort into expert-major order. Selection
+     * i of idx is kept unless its (sequence, expert) already holds cap
+     * selections (cap < 0: no limit), counting TP ranks before tp_rank
+     * first (counts_all [tp,B,E]), then this rank's in token order.
+     * pos [n,k]: a kept selection's row in expert-major order (stable in
+     * token order), -1 for a dropped one; send_rows [n*k]: each row's token,
+     * the kept rows first, then the dropped selections in token order;
+     * expert_counts [E]: kept rows per expert. */
+    void (*moe_dispatch)(int32_t *pos, int32_t *send_rows, float *expert_counts, const int32_t *idx,
+                         const float *counts_all, int n, int k, int E, int T, int r0, int B, int tp_rank, long cap);
+    /* Rows received from an expert-parallel group arrive source-major: in
+     * [ep,El] rows from source s for local expert e (sources in rank order,
+     * experts in order within each). offsets [El+1]: the first expert-major
+     * row of each local expert (offsets[El], the total). order and inverse
+     * (NULL: offsets only): order[expert-major row] = received row, and its
+     * inverse. rows: at least the total (the buffers' bound). */
+    void (*moe_expert_order)(int32_t *order, int32_t *inverse, int32_t *offsets, const float *in, int ep, int El,
+                             int rows);
 
     /* Softmax cross-entropy over logits[N,V] against targets[N] (a target < 0
      * is ignored). losses[n] = -log p[target]. If dscale != 0 the logits are
@@ -228,6 +275,11 @@ struct backend {
     void (*fp8_matmul_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int K,
                                 int M, int accumulate_dx, struct fp8_recipe recipe);
 };
+
+/* Blocking device-to-host copies so far (every table's to_host, and any a
+ * CUDA op makes inside): tests count those an MoE layer makes. */
+long backend_d2h_copies(void);
+void backend_count_d2h(void);
 
 /* "cpu", "cuda" or "auto" at precision "fp32", "bf16" or "fp8"; returns
  * NULL with a message if unavailable. */

@@ -156,8 +156,9 @@ TIMED(moe_route_forward, (float *probs, float *lse, int32_t *idx, float *w, cons
       (probs, lse, idx, w, logits, n, E, k), "moe_route_forward", 0, "%dx%d top%d", n, E, k)
 TIMED(moe_route_backward,
       (float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx, const float *w,
-       const float *aux_coef, float z_scale, int n, int E, int k),
-      (dlogits, dw, probs, lse, idx, w, aux_coef, z_scale, n, E, k), "moe_route_backward", 0, "%dx%d top%d", n, E, k)
+       const float *aux_coef, float z_scale, int n, int E, int k, int T, int r0),
+      (dlogits, dw, probs, lse, idx, w, aux_coef, z_scale, n, E, k, T, r0), "moe_route_backward", 0, "%dx%d top%d", n,
+      E, k)
 TIMED(moe_route_sigmoid_forward,
       (float *scores, int32_t *idx, float *w, const float *logits, const float *bias, int n, int E, int k,
        int n_group, int topk_group, float scaling),
@@ -165,9 +166,24 @@ TIMED(moe_route_sigmoid_forward,
       "%dx%d top%d", n, E, k)
 TIMED(moe_route_sigmoid_backward,
       (float *dlogits, const float *dw, const float *scores, const int32_t *idx, const float *w,
-       const float *aux_coef, int n, int E, int k, float scaling),
-      (dlogits, dw, scores, idx, w, aux_coef, n, E, k, scaling), "moe_route_sigmoid_backward", 0, "%dx%d top%d", n, E,
-      k)
+       const float *aux_coef, int n, int E, int k, float scaling, int T, int r0),
+      (dlogits, dw, scores, idx, w, aux_coef, n, E, k, scaling, T, r0), "moe_route_sigmoid_backward", 0, "%dx%d top%d",
+      n, E, k)
+TIMED(moe_route_counts, (float *counts, const int32_t *idx, int n, int k, int E, int T, int r0, int B),
+      (counts, idx, n, k, E, T, r0, B), "moe_route_counts", 0, "%dx%d top%d", n, E, k)
+TIMED(moe_route_balance,
+      (float *coef, double *metrics, const float *counts_all, const float *probs, const float *lse, int n, int E, int k,
+       int T, int r0, int B, int tp, int tp_rank, int sigmoid, float aux_scale, long cap),
+      (coef, metrics, counts_all, probs, lse, n, E, k, T, r0, B, tp, tp_rank, sigmoid, aux_scale, cap),
+      "moe_route_balance", 0, "%dx%d top%d", n, E, k)
+TIMED(moe_dispatch,
+      (int32_t *pos, int32_t *send_rows, float *expert_counts, const int32_t *idx, const float *counts_all, int n,
+       int k, int E, int T, int r0, int B, int tp_rank, long cap),
+      (pos, send_rows, expert_counts, idx, counts_all, n, k, E, T, r0, B, tp_rank, cap), "moe_dispatch", 0,
+      "%dx%d top%d", n, E, k)
+TIMED(moe_expert_order,
+      (int32_t *order, int32_t *inverse, int32_t *offsets, const float *received, int ep, int El, int rows_),
+      (order, inverse, offsets, received, ep, El, rows_), "moe_expert_order", 0, "ep%d El%d", ep, El)
 TIMED(gather_rows, (float *out, const float *x, const int32_t *rows_, int n, int C), (out, x, rows_, n, C),
       "gather_rows", 0, "C%d", C) /* n varies with the routing */
 TIMED(moe_combine,
@@ -230,6 +246,7 @@ const struct backend *backend_profiled(const struct backend *inner) {
     WRAP(attention_decode), WRAP(copy_cols), WRAP(swiglu_forward), WRAP(swiglu_backward);
     WRAP(moe_route_forward), WRAP(moe_route_backward), WRAP(moe_route_sigmoid_forward);
     WRAP(moe_route_sigmoid_backward), WRAP(gather_rows), WRAP(moe_combine), WRAP(moe_combine_backward);
+    WRAP(moe_route_counts), WRAP(moe_route_balance), WRAP(moe_dispatch), WRAP(moe_expert_order);
     WRAP(cross_entropy), WRAP(ce_row_max), WRAP(ce_row_sumexp), WRAP(ce_finish), WRAP(to_storage);
     WRAP(from_storage), WRAP(add), WRAP(scale), WRAP(sum), WRAP(sum_squares), WRAP(adamw);
     WRAP(fp8_matmul_forward), WRAP(fp8_matmul_backward);

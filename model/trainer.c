@@ -237,8 +237,9 @@ static void embed_params_sync(struct trainer *tr) {
 }
 
 /* The MoE statistics of this step over every rank: each (micro batch,
- * layer) was counted once, on TP rank 0 of the rank that ran it; the
- * losses are sums over sequences. */
+ * layer)'s load and drops were counted once, on TP rank 0 of the rank that
+ * ran it, and each TP rank added its tokens' share of the losses, which are
+ * sums over sequences. */
 static void moe_step_stats(struct trainer *tr, struct step_stats *st) {
     const struct recipe *r = tr->recipe;
     struct transformer *m = &tr->model;
@@ -246,6 +247,7 @@ static void moe_step_stats(struct trainer *tr, struct step_stats *st) {
     size_t n = (size_t)nm * E + 3;
     double *v = tr->moe_load; /* [nm][E] then aux, z, dropped: one all-reduce */
     double *all = xcalloc(n, sizeof *all);
+    transformer_fetch_moe_stats(m);
     for (int l = 0, j = 0; l < L; l++) {
         if (!model_layer_is_moe(&r->model, l)) continue;
         memcpy(all + (size_t)j * E, m->moe_load + (size_t)l * E, sizeof(double) * E);

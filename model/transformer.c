@@ -81,7 +81,8 @@ static void carve_layer(struct transformer *m, struct layer_acts *a, size_t F, i
     a->eu = carve_act(c, R * FM);
     a->eh = shared ? shared->eh : carve_act(c, R * FM);
     a->y = carve_act(c, n * k * C);
-    a->aux_coef = carve(c, n * E);
+    a->aux_coef = carve(c, (size_t)m->B * E);
+    a->expert_off = (int32_t *)carve(c, (size_t)m->El + 1);
 }
 
 /* What a layer keeps for backward (train.recompute): none keeps everything;
@@ -192,6 +193,7 @@ static void layout_arena(struct transformer *m, struct carver *c) {
         m->d_topw = carve(c, n * k);
         m->d_logits = carve_act(c, n * E);
         m->moe_counts = carve(c, 2 * E);
+        m->moe_tp_counts = carve(c, (size_t)(m->tp + (m->tp > 1)) * m->B * E);
     }
     if (m->mtp_depth) {
         m->d_mtp_carry = carve_act(c, Ns * C);
@@ -358,9 +360,9 @@ static void bind_layers(struct transformer *m, float *buf, struct layer_weights 
 
 /* Host-side dispatch plan arrays: counts per EP peer and local expert. */
 static void alloc_plan(struct transformer *m, struct moe_plan *p) {
-    p->send_counts = xcalloc(2 * m->ep + m->El, sizeof(int));
+    p->send_counts = xcalloc(2 * m->ep, sizeof(int));
     p->recv_counts = p->send_counts + m->ep;
-    p->expert_rows = p->recv_counts + m->ep;
+    p->host_off = xcalloc(m->El + 1, sizeof(int32_t));
 }
 
 static void create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
@@ -398,7 +400,10 @@ static void create(struct transformer *m, const struct backend *be, const struct
     for (int i = 0; i < nslots && m->recompute != RECOMPUTE_FULL; i++)
         for (int l = 0; l < m->NL; l++)
             if (m->layers[l].moe) alloc_plan(m, &m->slots[i].acts[l].plan);
-    if (m->E) m->moe_load = xcalloc((size_t)m->NL * m->E, sizeof(double));
+    if (m->E) {
+        m->moe_load = xcalloc((size_t)m->NL * m->E, sizeof(double));
+        m->moe_metrics = be->alloc(sizeof(double) * m->NL * (m->E + 3));
+    }
     transformer_set_moe_sequences(m, B);
     size_t half = (size_t)T * m->Dr / 2;
     float *cs = xmalloc(sizeof(float) * half * 2);
@@ -434,16 +439,17 @@ void transformer_free(struct transformer *m) {
     m->be->free(m->grads);
     m->be->free(m->arena);
     for (int i = 0; i < m->nslots; i++) {
-        for (int l = 0; l < m->NL; l++) free(m->slots[i].acts[l].plan.send_counts);
+        for (int l = 0; l < m->NL; l++) free(m->slots[i].acts[l].plan.send_counts), free(m->slots[i].acts[l].plan.host_off);
         free(m->slots[i].acts);
         free(m->slots[i].mtp);
     }
-    free(m->shared_acts.plan.send_counts);
+    free(m->shared_acts.plan.send_counts), free(m->shared_acts.plan.host_off);
     free(m->slots);
     for (int l = 0; l < m->NL; l++) free(m->layers[l].experts), free(m->dlayers[l].experts);
     free(m->layers);
     free(m->dlayers);
     free(m->moe_load);
+    if (m->moe_metrics) m->be->free(m->moe_metrics);
     free(m->mtp), free(m->dmtp), free(m->mtp_loss), free(m->mtp_host);
     moe_host_free(m);
     if (m->fp8_hist) fp8_history_free(m->fp8_hist), free(m->fp8_hist);
@@ -462,8 +468,23 @@ void transformer_set_moe_sequences(struct transformer *m, int sequences) {
 
 void transformer_reset_moe_stats(struct transformer *m) {
     if (m->moe_load) memset(m->moe_load, 0, sizeof(double) * m->NL * m->E);
+    if (m->moe_metrics) m->be->zero(m->moe_metrics, sizeof(double) * m->NL * (m->E + 3));
     m->moe_aux_sum = m->moe_z_sum = m->moe_dropped = 0;
     if (m->mtp_loss) memset(m->mtp_loss, 0, sizeof(double) * m->mtp_depth);
+}
+
+void transformer_fetch_moe_stats(struct transformer *m) {
+    if (!m->moe_metrics) return;
+    size_t per = (size_t)m->E + 3, n = per * m->NL;
+    double *v = xmalloc(sizeof(double) * n);
+    m->be->to_host(v, m->moe_metrics, sizeof(double) * n);
+    m->moe_aux_sum = m->moe_z_sum = m->moe_dropped = 0;
+    for (int l = 0; l < m->NL; l++) {
+        const double *s = v + (size_t)l * per;
+        memcpy(m->moe_load + (size_t)l * m->E, s, sizeof(double) * m->E);
+        m->moe_aux_sum += s[m->E], m->moe_z_sum += s[m->E + 1], m->moe_dropped += s[m->E + 2];
+    }
+    free(v);
 }
 
 void transformer_init_params(struct transformer *m, uint64_t seed) {

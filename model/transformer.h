@@ -28,11 +28,14 @@ struct layer_weights {
     float **experts;             /* [3 * El]: w1 [Fm, C], w2 [C, Fm], w3 [Fm, C] of each local expert */
 };
 
-/* Host-side dispatch plan of one MoE layer for one micro batch. */
+/* Host-side dispatch plan of one MoE layer for one micro batch (the
+ * decisions themselves live on the device, model/moe.c). */
 struct moe_plan {
-    int nsend, nrecv;            /* rows sent to / received from the EP group */
-    int *send_counts, *recv_counts; /* [ep] floats per peer */
-    int *expert_rows;            /* [El] rows each local expert got, expert-major */
+    int nsend, nrecv;            /* ep > 1: rows sent to / received from the EP group */
+    int *send_counts, *recv_counts; /* [ep] floats per peer (ep > 1) */
+    int rows;                    /* rows of the expert-major buffers in use (ep 1: a bound on them) */
+    int32_t *host_off;           /* [El+1] the experts' first rows, when host_off_valid (model/moe.c) */
+    int host_off_valid;
     float z_scale;               /* z-loss gradient coefficient of this micro batch */
 };
 
@@ -56,7 +59,8 @@ struct layer_acts {
     int32_t *recv_order, *recv_inverse;   /* [R] expert-major row <-> received (source-major) row */
     float *xe, *eg, *eu, *eh;             /* [R,C], [R,Fm] x3: the local experts' rows, expert-major */
     float *y;                             /* [n*k, C] the experts' outputs back at the source, send order */
-    float *aux_coef;                      /* [n,E] load-balancing gradient (its sequence's counts) */
+    float *aux_coef;                      /* [B,E] load-balancing gradient coefficients per sequence */
+    int32_t *expert_off;                  /* [El+1] each local expert's first expert-major row */
     struct moe_plan plan;
 };
 
@@ -116,8 +120,10 @@ struct transformer {
     struct comm *ep_comm;        /* expert-parallel group (NULL or size 1: none) */
     float moe_aux_scale, moe_z_scale; /* loss coefficients / (sequences per step * MoE layers) */
     int moe_collect;             /* forward of a training step: accumulate the statistics below */
-    double *moe_load;            /* [L][E] tokens routed per expert (before drops), this step */
-    double moe_aux_sum, moe_z_sum, moe_dropped; /* summed over sequences and MoE layers */
+    double *moe_metrics;         /* backend memory [L][E+3]: this step's statistics (kernels/ops.h moe_route_balance) */
+    double *moe_load;            /* [L][E] tokens routed per expert (before drops), this step ... */
+    double moe_aux_sum, moe_z_sum, moe_dropped; /* summed over sequences and MoE layers: this rank's share,
+                                  * filled from moe_metrics by transformer_fetch_moe_stats */
     struct param_table table;
     float *params, *grads;       /* one buffer each, table offsets: fp32 master weights and gradients */
     float *weights;              /* what the ops read (layers, embed, ...): params itself at fp32; at bf16 a
@@ -143,7 +149,8 @@ struct transformer {
     float *moe_send, *moe_ra, *moe_rb; /* [n*k, C], [R, C], [R, C] */
     float *d_eg, *d_eu, *d_eh;   /* [R, Fm] */
     float *d_topw, *d_logits;    /* [n*k], [n*E] */
-    float *moe_counts;           /* [2E] count exchange */
+    float *moe_counts;           /* [2E] kept rows per expert: sent, received */
+    float *moe_tp_counts;        /* [tp,B,E] selections per sequence and expert of each TP rank (then this rank's) */
     void *moe_host;              /* host scratch for the plan (model/moe.c) */
     float *d_attn, *d_q, *d_k, *d_v, *d_gate, *d_up, *d_h;
     /* MLA scratch: the kv up-projection [N, Hl*(DN+Dv)] and its gradient, the
@@ -232,6 +239,9 @@ void transformer_set_moe_sequences(struct transformer *m, int sequences);
 void transformer_update_expert_bias(struct transformer *m, const double *load);
 /* Zero the per-step MoE statistics. */
 void transformer_reset_moe_stats(struct transformer *m);
+/* Bring this step's MoE statistics to the host (moe_load, moe_aux_sum,
+ * moe_z_sum, moe_dropped): one copy a step, after the last micro batch. */
+void transformer_fetch_moe_stats(struct transformer *m);
 /* Bytes of the activation arena transformer_create would allocate for this part
  * (for the memory estimate). */
 size_t transformer_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,

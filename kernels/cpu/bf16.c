@@ -89,4 +89,5 @@ static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int for
 #define BF16_NAME "cpu"
 #define BF16_MEM NULL
 #define BF16_PEAK NULL
+#define BF16_HOST_VIEW cpu_host_view
 #include "kernels/bf16_table.h"

@@ -41,11 +41,21 @@ void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, fl
                float eps, float weight_decay, float grad_scale, int step, uint16_t *work);
 void cpu_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E, int k);
 void cpu_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
-                            const float *w, const float *aux_coef, float z_scale, int n, int E, int k);
+                            const float *w, const float *aux_coef, float z_scale, int n, int E, int k, int T, int r0);
 void cpu_moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const float *logits, const float *bias, int n,
                                    int E, int k, int n_group, int topk_group, float scaling);
 void cpu_moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
-                                    const float *w, const float *aux_coef, int n, int E, int k, float scaling);
+                                    const float *w, const float *aux_coef, int n, int E, int k, float scaling, int T,
+                                    int r0);
+const void *cpu_host_view(const void *p);
+void cpu_moe_route_counts(float *counts, const int32_t *idx, int n, int k, int E, int T, int r0, int B);
+void cpu_moe_route_balance(float *coef, double *metrics, const float *counts_all, const float *probs, const float *lse,
+                           int n, int E, int k, int T, int r0, int B, int tp, int tp_rank, int sigmoid, float aux_scale,
+                           long cap);
+void cpu_moe_dispatch(int32_t *pos, int32_t *send_rows, float *expert_counts, const int32_t *idx,
+                      const float *counts_all, int n, int k, int E, int T, int r0, int B, int tp_rank, long cap);
+void cpu_moe_expert_order(int32_t *order, int32_t *inverse, int32_t *offsets, const float *in, int ep, int El,
+                          int rows);
 void cpu_gather_rows(float *out, const float *x, const int32_t *rows, int n, int C);
 void cpu_moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
                      int accumulate);

@@ -19,6 +19,13 @@ void cpu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
 }
 
+/* a copy like any other, counted as the device's would be (kernels/ops.h) */
+static void cpu_to_host(void *dst, const void *src, size_t bytes) {
+    backend_count_d2h();
+    cpu_copy(dst, src, bytes);
+}
+const void *cpu_host_view(const void *p) { return p; }
+
 /* the softmax probabilities [B,H,T,T] */
 size_t cpu_attention_state_floats(int B, int H, int T) { return (size_t)B * H * T * T; }
 
@@ -31,7 +38,8 @@ const struct backend cpu_backend = {
     .alloc = cpu_alloc,
     .free = cpu_free,
     .zero = cpu_zero,
-    .to_host = cpu_copy,
+    .to_host = cpu_to_host,
+    .host_view = cpu_host_view,
     .from_host = cpu_copy,
     .copy = cpu_copy,
     .embedding_forward = cpu_embedding_forward,
@@ -55,6 +63,10 @@ const struct backend cpu_backend = {
     .gather_rows = cpu_gather_rows,
     .moe_combine = cpu_moe_combine,
     .moe_combine_backward = cpu_moe_combine_backward,
+    .moe_route_counts = cpu_moe_route_counts,
+    .moe_route_balance = cpu_moe_route_balance,
+    .moe_dispatch = cpu_moe_dispatch,
+    .moe_expert_order = cpu_moe_expert_order,
     .cross_entropy = cpu_cross_entropy,
     .ce_row_max = cpu_ce_row_max,
     .ce_row_sumexp = cpu_ce_row_sumexp,

@@ -36,14 +36,15 @@ void cpu_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, con
 }
 
 void cpu_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
-                            const float *w, const float *aux_coef, float z_scale, int n, int E, int k) {
+                            const float *w, const float *aux_coef, float z_scale, int n, int E, int k, int T, int r0) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < n; t++) {
         const float *p = probs + (size_t)t * E;
         const int32_t *ti = idx + (size_t)t * k;
         const float *tw = w + (size_t)t * k, *tdw = dw + (size_t)t * k;
         float *g = dlogits + (size_t)t * E; /* dL/dprobs first, then dL/dlogits in place */
-        for (int e = 0; e < E; e++) g[e] = aux_coef ? aux_coef[(size_t)t * E + e] : 0.0f;
+        const float *a = aux_coef ? aux_coef + (size_t)((r0 + t) / T) * E : NULL; /* its sequence's */
+        for (int e = 0; e < E; e++) g[e] = a ? a[e] : 0.0f;
         /* w_j = p_j / S with S the sum of the chosen p: dL/dp_j = (dw_j - sum_m dw_m w_m) / S */
         float S = 0, dot = 0;
         for (int j = 0; j < k; j++) S += p[ti[j]], dot += tdw[j] * tw[j];
@@ -107,10 +108,12 @@ void cpu_moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const 
 }
 
 void cpu_moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
-                                    const float *w, const float *aux_coef, int n, int E, int k, float scaling) {
+                                    const float *w, const float *aux_coef, int n, int E, int k, float scaling, int T,
+                                    int r0) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < n; t++)
         route_sigmoid_token_backward(dlogits + (size_t)t * E, dw + (size_t)t * k, scores + (size_t)t * E,
-                                     idx + (size_t)t * k, w + (size_t)t * k, aux_coef ? aux_coef + (size_t)t * E : NULL,
+                                     idx + (size_t)t * k, w + (size_t)t * k,
+                                     aux_coef ? aux_coef + (size_t)((r0 + t) / T) * E : NULL,
                                      E, k, scaling);
 }

@@ -298,6 +298,7 @@ static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const f
 #define BF16_TABLE cuda_bf16_backend
 #define BF16_FP8_TABLE cuda_fp8_backend
 #define BF16_INNER cuda_backend
+#define BF16_HOST_VIEW NULL
 #define BF16_NAME "cuda"
 #define BF16_MEM mem
 #define BF16_PEAK bf16_peak

@@ -125,6 +125,7 @@ static void d_zero(void *p, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemset(p, 0, bytes));
 }
 static void d_to_host(void *dst, const void *src, size_t bytes) {
+    backend_count_d2h();
     if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 static void d_from_host(void *dst, const void *src, size_t bytes) {
@@ -200,6 +201,10 @@ extern "C" const struct backend cuda_backend = {
     .gather_rows = cuda_gather_rows,
     .moe_combine = cuda_moe_combine,
     .moe_combine_backward = cuda_moe_combine_backward,
+    .moe_route_counts = cuda_moe_route_counts,
+    .moe_route_balance = cuda_moe_route_balance,
+    .moe_dispatch = cuda_moe_dispatch,
+    .moe_expert_order = cuda_moe_expert_order,
     .cross_entropy = cuda_cross_entropy,
     .ce_row_max = cuda_ce_row_max,
     .ce_row_sumexp = cuda_ce_row_sumexp,

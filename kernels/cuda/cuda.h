@@ -31,7 +31,7 @@ extern "C" {
 cublasHandle_t cuda_blas(void);
 /* Device scratch of at least bytes, reused across calls (grows, never
  * shrinks): one buffer per slot, for pieces needed at the same time. */
-enum scratch_slot { SCRATCH_WORK, SCRATCH_POINTERS, SCRATCH_SLOTS };
+enum scratch_slot { SCRATCH_WORK, SCRATCH_POINTERS, SCRATCH_MOE, SCRATCH_SLOTS };
 void *cuda_scratch(enum scratch_slot slot, size_t bytes);
 
 /* Row-major C[M,N] = alpha * op(A) op(B) + beta * C, with op(A) [M,K] and
@@ -78,11 +78,20 @@ void cuda_swiglu_forward(float *out, const float *gate, const float *up, size_t 
 void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
 void cuda_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E, int k);
 void cuda_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
-                             const float *w, const float *aux_coef, float z_scale, int n, int E, int k);
+                             const float *w, const float *aux_coef, float z_scale, int n, int E, int k, int T, int r0);
 void cuda_moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const float *logits, const float *bias, int n,
                                     int E, int k, int n_group, int topk_group, float scaling);
 void cuda_moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
-                                     const float *w, const float *aux_coef, int n, int E, int k, float scaling);
+                                     const float *w, const float *aux_coef, int n, int E, int k, float scaling, int T,
+                                     int r0);
+void cuda_moe_route_counts(float *counts, const int32_t *idx, int n, int k, int E, int T, int r0, int B);
+void cuda_moe_route_balance(float *coef, double *metrics, const float *counts_all, const float *probs, const float *lse,
+                            int n, int E, int k, int T, int r0, int B, int tp, int tp_rank, int sigmoid,
+                            float aux_scale, long cap);
+void cuda_moe_dispatch(int32_t *pos, int32_t *send_rows, float *expert_counts, const int32_t *idx,
+                       const float *counts_all, int n, int k, int E, int T, int r0, int B, int tp_rank, long cap);
+void cuda_moe_expert_order(int32_t *order, int32_t *inverse, int32_t *offsets, const float *in, int ep, int El,
+                           int rows);
 void cuda_gather_rows(float *out, const float *x, const int32_t *rows, int n, int C);
 void cuda_moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
                       int accumulate);

@@ -3,6 +3,7 @@
 // thread per output element for the row moves; every output has one writer,
 // so results repeat bitwise. Simple first: speed comes with grouped GEMMs.
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/moe_plan.cuh"
 #include "kernels/moe_sigmoid_route.h"
 
 static const unsigned THREADS = 256;
@@ -36,14 +37,15 @@ __global__ void route_forward_k(float *probs, float *lse, int32_t *idx, float *w
 
 __global__ void route_backward_k(float *dlogits, const float *dw, const float *probs, const float *lse,
                                  const int32_t *idx, const float *w, const float *aux_coef, float z_scale, int n, int E,
-                                 int k) {
+                                 int k, int T, int r0) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
     const float *p = probs + (size_t)t * E;
     const int32_t *ti = idx + (size_t)t * k;
     const float *tw = w + (size_t)t * k, *tdw = dw + (size_t)t * k;
     float *g = dlogits + (size_t)t * E;
-    for (int e = 0; e < E; e++) g[e] = aux_coef ? aux_coef[(size_t)t * E + e] : 0.0f;
+    const float *a = aux_coef ? aux_coef + (size_t)((r0 + t) / T) * E : NULL; /* its sequence's */
+    for (int e = 0; e < E; e++) g[e] = a ? a[e] : 0.0f;
     float S = 0, dot = 0;
     for (int j = 0; j < k; j++) S += p[ti[j]], dot += tdw[j] * tw[j];
     for (int j = 0; j < k; j++) g[ti[j]] += (tdw[j] - dot) / S;
@@ -62,12 +64,13 @@ __global__ void route_sigmoid_forward_k(float *scores, int32_t *idx, float *w, c
 }
 
 __global__ void route_sigmoid_backward_k(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
-                                         const float *w, const float *aux_coef, int n, int E, int k, float scaling) {
+                                         const float *w, const float *aux_coef, int n, int E, int k, float scaling,
+                                         int T, int r0) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
     route_sigmoid_token_backward(dlogits + (size_t)t * E, dw + (size_t)t * k, scores + (size_t)t * E,
-                                 idx + (size_t)t * k, w + (size_t)t * k, aux_coef ? aux_coef + (size_t)t * E : NULL, E,
-                                 k, scaling);
+                                 idx + (size_t)t * k, w + (size_t)t * k,
+                                 aux_coef ? aux_coef + (size_t)((r0 + t) / T) * E : NULL, E, k, scaling);
 }
 
 __global__ void gather_rows_k(float *out, const float *x, const int32_t *rows, int n, int C) {
@@ -118,10 +121,10 @@ void cuda_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, co
 }
 
 void cuda_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
-                             const float *w, const float *aux_coef, float z_scale, int n, int E, int k) {
+                             const float *w, const float *aux_coef, float z_scale, int n, int E, int k, int T, int r0) {
     if (!n) return;
     route_backward_k<<<(n + THREADS - 1) / THREADS, THREADS>>>(dlogits, dw, probs, lse, idx, w, aux_coef, z_scale, n,
-                                                               E, k);
+                                                               E, k, T, r0);
     LAUNCH_CHECK();
 }
 
@@ -134,10 +137,11 @@ void cuda_moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const
 }
 
 void cuda_moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
-                                     const float *w, const float *aux_coef, int n, int E, int k, float scaling) {
+                                     const float *w, const float *aux_coef, int n, int E, int k, float scaling, int T,
+                                     int r0) {
     if (!n) return;
     route_sigmoid_backward_k<<<(n + THREADS - 1) / THREADS, THREADS>>>(dlogits, dw, scores, idx, w, aux_coef, n, E, k,
-                                                                       scaling);
+                                                                       scaling, T, r0);
     LAUNCH_CHECK();
 }
 
@@ -160,5 +164,56 @@ void cuda_moe_combine_backward(float *dy, float *dw, const float *dout, const fl
     combine_dy_k<<<blocks_for((size_t)n * k * C, THREADS), THREADS>>>(dy, dout, pos, w, n, k, C);
     LAUNCH_CHECK();
     combine_dw_k<<<(unsigned)((size_t)n * k), THREADS>>>(dw, dout, y, pos, k, C);
+    LAUNCH_CHECK();
+}
+
+// ---- routing decisions (kernels/cuda/moe_plan.cuh): no host copy ----
+
+static unsigned grid_for(long n) { return (unsigned)((n + THREADS - 1) / THREADS); }
+
+void cuda_moe_route_counts(float *counts, const int32_t *idx, int n, int k, int E, int T, int r0, int B) {
+    moe_counts_k<<<grid_for((long)B * E), THREADS>>>(counts, idx, n, k, E, T, r0, B);
+    LAUNCH_CHECK();
+}
+
+void cuda_moe_route_balance(float *coef, double *metrics, const float *counts_all, const float *probs, const float *lse,
+                            int n, int E, int k, int T, int r0, int B, int tp, int tp_rank, int sigmoid,
+                            float aux_scale, long cap) {
+    int BE = B * E;
+    double f_scale = sigmoid ? (double)E / ((double)k * T) : (double)E / T;
+    moe_coef_k<<<grid_for(BE), THREADS>>>(coef, metrics, counts_all, E, T, BE, tp, tp_rank, f_scale, aux_scale, cap);
+    LAUNCH_CHECK();
+    if (!metrics) return;
+    moe_balance_k<<<1, 256>>>(metrics, counts_all, probs, lse, n, E, T, r0, BE, tp, sigmoid, f_scale);
+    LAUNCH_CHECK();
+}
+
+void cuda_moe_dispatch(int32_t *pos, int32_t *send_rows, float *expert_counts, const int32_t *idx,
+                       const float *counts_all, int n, int k, int E, int T, int r0, int B, int tp_rank, long cap) {
+    int nk = n * k, chunks = (nk + MOE_PLAN_CHUNK - 1) / MOE_PLAN_CHUNK, capped = cap >= 0;
+    if (!nk) {
+        CUDA_CHECK(cudaMemset(expert_counts, 0, sizeof(float) * E));
+        return;
+    }
+    int32_t *hist = (int32_t *)cuda_scratch(SCRATCH_MOE, sizeof(int32_t) * ((size_t)chunks + 1) * (E + 1));
+    if (capped) {
+        moe_keep_k<<<grid_for((long)B * E), THREADS>>>(pos, idx, counts_all, n, k, E, T, r0, B, tp_rank, cap);
+        LAUNCH_CHECK();
+    }
+    moe_hist_k<<<grid_for(chunks), THREADS>>>(hist, pos, idx, nk, E, capped);
+    LAUNCH_CHECK();
+    moe_scan_k<<<1, THREADS>>>(hist, hist + (size_t)chunks * (E + 1), expert_counts, chunks, E);
+    LAUNCH_CHECK();
+    moe_assign_k<<<grid_for(chunks), THREADS>>>(pos, send_rows, hist, idx, nk, k, E, capped);
+    LAUNCH_CHECK();
+}
+
+void cuda_moe_expert_order(int32_t *order, int32_t *inverse, int32_t *offsets, const float *in, int ep, int El,
+                           int rows) {
+    int32_t *blocks = order ? (int32_t *)cuda_scratch(SCRATCH_MOE, sizeof(int32_t) * 2 * ep * El) : NULL;
+    moe_offsets_k<<<1, 32>>>(offsets, blocks, in, ep, El);
+    LAUNCH_CHECK();
+    if (!order || !rows) return;
+    moe_order_k<<<grid_for(rows), THREADS>>>(order, inverse, blocks, offsets, in, ep, El, rows);
     LAUNCH_CHECK();
 }

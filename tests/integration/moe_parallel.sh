@@ -79,4 +79,11 @@ for target in direct_ep1 direct_ep2 convert_ep1 convert_ep2; do
     "$PY" "$COMPARE" long/step-000000040 $target/step-000000040 1e-5 >"$TMP/cmp" 2>&1 &&
         pass moe_resume_${target}_params || fail moe_resume_${target}_params "$(cat "$TMP/cmp")"
 done
+# one MoE layer's blocking copies to the host at ep 2 and 4 (tests/unit/test_moe_plan.c run
+# on N ranks): one, the per-expert counts that size the all-to-all, and none in backward
+for np in 2 4; do
+    OMP_NUM_THREADS=1 timeout 120 mpiexec -n $np "$(build_path tests/test_moe_plan)" >"$TMP/copies" 2>&1
+    grep '^[A-Z]* moe_layer_host_copies' "$TMP/copies" | grep -q . || fail moe_layer_host_copies_np$np "$(tail -3 "$TMP/copies")"
+    grep '^[A-Z]* moe_layer_host_copies' "$TMP/copies"
+done
 exit $FAILED

@@ -87,6 +87,7 @@ static void grad_mode(struct trainer *tr, const int32_t *samples, const char *ou
         snprintf(path, sizeof path, "%s/aux.txt", outdir);
         f = xfopen(path, "w");
         double per = (double)n * model_moe_layer_count_all(&r->model);
+        transformer_fetch_moe_stats(m);
         fprintf(f, "%.9g %.9g\n", m->moe_aux_sum / per, m->moe_z_sum / per);
         xfclose(f, path);
     }

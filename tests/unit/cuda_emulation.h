@@ -92,6 +92,13 @@ static inline unsigned atomicMax(unsigned *p, unsigned v) {
     return old;
 }
 
+static inline double atomicAdd(double *p, double v) {
+    std::lock_guard<std::mutex> hold(emu_atomic_lock);
+    double old = *p;
+    *p = old + v;
+    return old;
+}
+
 /* deterministic test data: uniform in [lo, hi) from a 64-bit LCG state */
 static inline float emu_uniform(unsigned long long *state, float lo, float hi) {
     *state = *state * 6364136223846793005ull + 1442695040888963407ull;

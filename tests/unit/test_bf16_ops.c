@@ -379,15 +379,15 @@ static void test_moe(void) {
     check_exact("bf16_moe_route_weights_fp32", w16, w, nk);
     float *dw = rnd(nk), *aux = rnd(nE), *dl = malloc(4 * nE);
     struct operand DL = operand(nE);
-    f32->moe_route_backward(dl, dw, p, lse, idx, w, aux, 0.01f, n, E, k);
-    b16->moe_route_backward(DL.X, dw, p16, lse16, idx16, w16, aux, 0.01f, n, E, k);
+    f32->moe_route_backward(dl, dw, p, lse, idx, w, aux, 0.01f, n, E, k, 1, 0);
+    b16->moe_route_backward(DL.X, dw, p16, lse16, idx16, w16, aux, 0.01f, n, E, k, 1, 0);
     check_act("bf16_moe_route_backward", DL.X, dl, nE, dl);
     float *bias = rnd(E);
     f32->moe_route_sigmoid_forward(p, idx, w, lg.xr, bias, n, E, k, 2, 1, 2.5f);
     b16->moe_route_sigmoid_forward(p16, idx16, w16, lg.X, bias, n, E, k, 2, 1, 2.5f);
     check_exact("bf16_moe_route_sigmoid_weights_fp32", w16, w, nk);
-    f32->moe_route_sigmoid_backward(dl, dw, p, idx, w, aux, n, E, k, 2.5f);
-    b16->moe_route_sigmoid_backward(DL.X, dw, p16, idx16, w16, aux, n, E, k, 2.5f);
+    f32->moe_route_sigmoid_backward(dl, dw, p, idx, w, aux, n, E, k, 2.5f, 1, 0);
+    b16->moe_route_sigmoid_backward(DL.X, dw, p16, idx16, w16, aux, n, E, k, 2.5f, 1, 0);
     check_act("bf16_moe_route_sigmoid_backward", DL.X, dl, nE, dl);
     /* permutation and combine: rows in send order, one dropped */
     for (size_t i = 0; i < nk; i++) pos[i] = i == 3 ? -1 : (int32_t)i;

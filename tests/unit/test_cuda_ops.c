@@ -329,9 +329,9 @@ static void test_moe(int n, int E, int k, int C) {
     gpu->to_host(gi, dI, 4ul * n * k);
     TEST_RESULT("cuda_moe_route_experts", !memcmp(gi, idx, 4ul * n * k), "top-k choices differ from the CPU's");
     float *R = frand((size_t)n * k), *A = frand((size_t)n * E), *dl = malloc(4ul * n * E);
-    cpu->moe_route_backward(dl, R, probs, lse, idx, w, A, 0.3f, n, E, k);
+    cpu->moe_route_backward(dl, R, probs, lse, idx, w, A, 0.3f, n, E, k, 2, 1); /* sequences of 2 tokens from row 1 */
     float *dR = dev(R, 4ul * n * k), *dA = dev(A, 4ul * n * E), *dDL = gpu->alloc(4ul * n * E);
-    gpu->moe_route_backward(dDL, dR, dP, dL, dI, dW, dA, 0.3f, n, E, k);
+    gpu->moe_route_backward(dDL, dR, dP, dL, dI, dW, dA, 0.3f, n, E, k, 2, 1); /* sequences of 2 tokens from row 1 */
     compare("cuda_moe_route_backward", dDL, dl, (size_t)n * E);
     /* DeepSeek-V3 sigmoid routing: 8 groups, best 4, a bias that reorders choices */
     int G = E >= 16 ? 8 : 4; /* groups of at least 2 experts (validated) */
@@ -346,8 +346,8 @@ static void test_moe(int n, int E, int k, int C) {
     compare("cuda_moe_route_sigmoid_weights", dSW, sw, (size_t)n * k);
     gpu->to_host(sgi, dSI, 4ul * n * k);
     TEST_RESULT("cuda_moe_route_sigmoid_experts", !memcmp(sgi, sidx, 4ul * n * k), "choices differ from the CPU's");
-    cpu->moe_route_sigmoid_backward(sdl, R, ss, sidx, sw, A, n, E, k, 2.5f);
-    gpu->moe_route_sigmoid_backward(dDL, dR, dS, dSI, dSW, dA, n, E, k, 2.5f);
+    cpu->moe_route_sigmoid_backward(sdl, R, ss, sidx, sw, A, n, E, k, 2.5f, 2, 1);
+    gpu->moe_route_sigmoid_backward(dDL, dR, dS, dSI, dSW, dA, n, E, k, 2.5f, 2, 1);
     compare("cuda_moe_route_sigmoid_backward", dDL, sdl, (size_t)n * E);
     free(bias), free(ss), free(sw), free(sdl), free(sidx), free(sgi);
     gpu->free(dB), gpu->free(dS), gpu->free(dSW), gpu->free(dSI);

@@ -423,7 +423,7 @@ static void test_moe(void) {
     check_close("moe_route_lse", lse, ld, n, 1e-6);
     check_close("moe_route_weights", w, wd, (size_t)n * k, 1e-6);
     float *dl = malloc(4ul * n * E);
-    be->moe_route_backward(dl, R, probs, lse, idx, w, A, (float)z, n, E, k);
+    be->moe_route_backward(dl, R, probs, lse, idx, w, A, (float)z, n, E, k, 1, 0); /* a sequence per token: A per token */
     double *fd = malloc(8ul * n * E);
     for (int i = 0; i < n * E; i++) { /* central differences of the objective */
         double h = 1e-6, keep = xd[i];
@@ -548,7 +548,7 @@ static void test_moe_sigmoid(int E, int k, int G, int TG, const char *tag) {
     check_close(name, w, wd, (size_t)n * k, 1e-6);
     float *dl = malloc(4ul * n * E);
     double *fd = malloc(8ul * n * E);
-    be->moe_route_sigmoid_backward(dl, R, s, idx, w, A, n, E, k, (float)scaling);
+    be->moe_route_sigmoid_backward(dl, R, s, idx, w, A, n, E, k, (float)scaling, 1, 0);
     for (int i = 0; i < n * E; i++) {
         double h = 1e-6, keep = xd[i];
         xd[i] = keep + h;
