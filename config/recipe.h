@@ -40,6 +40,7 @@ struct model_config {
     double moe_aux_loss_coef;       /* load-balancing loss weight (Switch / Mixtral form) */
     double moe_z_loss_coef;         /* router z-loss weight */
     double moe_capacity_factor;     /* 0 = dropless; else capacity per expert and sequence = ceil(f * seq_len * k / experts) */
+    double moe_rows_headroom;       /* ep > 1: expert buffers sized for this x the mean rows a rank receives, grown on demand */
     /* DeepSeek-V3 (arch deepseek_v3): multi-head latent attention (MLA) */
     int q_lora_rank;                /* query compression rank; 0 = a full-rank q_proj */
     int kv_lora_rank;               /* joint key/value compression rank */

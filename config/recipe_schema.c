@@ -55,6 +55,7 @@ const struct recipe_key recipe_keys[] = {
     DBL(model, moe_aux_loss_coef, "0.01", 0, INF, 0, "weight of the load-balancing loss (Switch/Mixtral form, mean over sequences and MoE layers)"),
     DBL(model, moe_z_loss_coef, "0", 0, INF, 0, "weight of the router z-loss (mean of logsumexp(logits)^2)"),
     DBL(model, moe_capacity_factor, "0", 0, INF, 0, "0 = dropless; else each expert takes at most ceil(f * seq_len * k / experts) tokens of a sequence, the rest are dropped"),
+    DBL(model, moe_rows_headroom, "2", 1, INF, 0, "ep > 1: the experts' row buffers are sized for this many times the mean rows a rank receives (what the memory estimate counts) and grow when a micro batch routes more, up to the worst case (every routed token of the EP group)"),
     NONNEG(model, q_lora_rank, "0", "deepseek_v3 MLA: query compression rank (q_a_proj, RMSNorm, q_b_proj); 0 = a full-rank q_proj"),
     NONNEG(model, kv_lora_rank, "0", "deepseek_v3 MLA: joint key/value compression rank (kv_a_proj_with_mqa, RMSNorm, kv_b_proj); required"),
     NONNEG(model, qk_nope_head_dim, "0", "deepseek_v3 MLA: per-head query/key size without position"),

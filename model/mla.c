@@ -1,4 +1,5 @@
 /* Multi-head latent attention forward and backward (see mla.h). */
+#include "model/linear.h"
 #include "model/mla.h"
 
 /* RoPE (or its transpose) on the rotary columns [DN, DN+Dr) of each head of x [N, Hl, D]. */
@@ -15,12 +16,12 @@ void mla_forward(struct transformer *m, struct layer_acts *a, int l) {
     const struct layer_weights *w = &m->layers[l];
     int N = m->N, C = m->C, Hl = m->Hl, D = m->D, DN = m->DN, Dv = m->Dv, Dr = m->Dr, KR = m->KR, QR = m->QR;
     float eps = (float)m->cfg.norm_eps;
-    /* the three projections of ln1 first: one FP8 input group (transformer_same_input) */
-    transformer_same_input(m, 1);
+    /* the three projections of ln1 first: one FP8 input group (linear_same_input) */
+    linear_same_input(m, 1);
     linear_forward(m, QR ? a->qa : a->q, a->ln1, QR ? w->wq_a : w->wq, N, C, QR ? QR : Hl * D, 0);
     linear_forward(m, a->ckv, a->ln1, w->wkv_a, N, C, KR, 0);
     linear_forward(m, m->mla_kpe, a->ln1, act_at(m, w->wkv_a, (size_t)KR * C), N, C, Dr, 0);
-    transformer_same_input(m, 0);
+    linear_same_input(m, 0);
     if (QR) {
         be->rmsnorm_forward(a->qan, a->rstdq, a->qa, w->q_a_ln, N, QR, eps);
         linear_forward(m, a->q, a->qan, w->wq_b, N, QR, Hl * D, 0);
@@ -52,12 +53,12 @@ void mla_backward(struct transformer *m, struct layer_acts *a, int l) {
     be->copy_cols(act_at(m, m->d_kvb, DN), DN + Dv, m->d_v, Dv, N * Hl, Dv, 0);
     linear_backward(m, m->d_kvn, dw->wkv_b, m->d_kvb, a->kvn, w->wkv_b, N, KR, Hl * (DN + Dv), 0);
     be->rmsnorm_backward(m->d_ckv, dw->kv_a_ln, m->d_kvn, a->ckv, w->kv_a_ln, a->rstdkv, N, KR, 0);
-    transformer_same_input(m, 1);
+    linear_same_input(m, 1);
     linear_backward(m, m->d_ln_full, dw->wkv_a, m->d_ckv, a->ln1, w->wkv_a, N, C, KR, 0);
     /* the rotary rows of the projection: the gradient is fp32, the working weights are storage */
     linear_backward(m, m->d_ln_full, dw->wkv_a + (size_t)KR * C, m->d_kpe, a->ln1, act_at(m, w->wkv_a, (size_t)KR * C),
                         N, C, Dr, 1);
-    transformer_same_input(m, 0);
+    linear_same_input(m, 0);
     if (QR) {
         linear_backward(m, m->d_qan, dw->wq_b, m->d_q, a->qan, w->wq_b, N, QR, Hl * D, 0);
         be->rmsnorm_backward(m->d_qa, dw->q_a_ln, m->d_qan, a->qa, w->q_a_ln, a->rstdq, N, QR, 0);

@@ -3,9 +3,11 @@
  * .. moe_expert_order): at ep 1 an MoE layer copies nothing to the host; at
  * ep > 1 one copy of the per-expert row counts sizes the all-to-all. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "config/common.h"
+#include "model/linear.h"
 #include "model/moe.h"
 
 struct moe_host {
@@ -21,6 +23,72 @@ int moe_expert_rows(const struct model_config *cfg, int n, int seq_len, int ep) 
         if (cap * seqs * (E / ep) < rows) rows = cap * seqs * (E / ep);
     }
     return (int)(rows * ep);
+}
+
+int moe_initial_rows(const struct model_config *cfg, int n, int seq_len, int ep) {
+    int worst = moe_expert_rows(cfg, n, seq_len, ep);
+    double mean = (double)n * cfg->experts_per_token, want = ceil(mean * cfg->moe_rows_headroom);
+    return ep == 1 || want >= worst ? worst : (int)want;
+}
+
+/* rows past need, so that a slowly rising load does not reallocate every step */
+static int grown_rows(const struct transformer *m, int need) {
+    long rows = (long)need + need / 4;
+    return rows > m->moe_R ? m->moe_R : (int)rows;
+}
+
+/* the next n elements of activation storage (ints: act_bytes 4 each) from a grown block */
+static float *take(const struct transformer *m, char **at, size_t n, size_t bytes_each) {
+    float *p = (float *)*at;
+    *at += (n * bytes_each + 63) / 64 * 64;
+    return p;
+}
+
+/* a's expert-major buffers hold at least rows rows: a micro batch that
+ * routes more to this rank than they hold gives them an allocation of
+ * their own (the arena's slice stays unused), kept for later micro batches.
+ * Only in a forward, before they are written; the backward of the same
+ * micro batch reads what the forward wrote. Under selective recompute eh is
+ * the shared one (recomputed in backward), grown with it. */
+static void reserve_rows(struct transformer *m, struct layer_acts *a, int rows) {
+    struct layer_acts *sh = &m->shared_acts;
+    int shared_eh = m->recompute == RECOMPUTE_SELECTIVE && a != sh;
+    if (shared_eh && rows > sh->rows_cap) {
+        int cap = grown_rows(m, rows);
+        if (sh->rows_mem) m->be->free(sh->rows_mem);
+        sh->rows_mem = m->be->alloc(act_size(m, (size_t)cap * m->FM) + 64);
+        sh->eh = sh->rows_mem, sh->rows_cap = cap;
+        for (int i = 0; i < m->nslots; i++) /* every layer's eh is the shared one */
+            for (int l = 0; l < m->NL; l++) m->slots[i].acts[l].eh = sh->eh;
+    }
+    if (rows <= a->rows_cap) return;
+    int cap = grown_rows(m, rows);
+    if (!m->moe_grew++) /* once per process: the memory estimate counted moe_R0 */
+        fprintf(stderr,
+                "mtrain: note: a micro batch routed %d rows to this rank's experts, past the %d that "
+                "model.moe_rows_headroom %g provides (the memory estimate counts those); its expert buffers grow to %d "
+                "rows\n",
+                rows, m->moe_R0, m->cfg.moe_rows_headroom, cap);
+    size_t C = m->C, FM = m->FM, ab = m->be->act_bytes, R = (size_t)cap;
+    size_t bytes = (R * C * ab + 64) + (3 - shared_eh) * (R * FM * ab + 64) + 2 * (R * 4 + 64);
+    if (a->rows_mem) m->be->free(a->rows_mem);
+    char *at = a->rows_mem = m->be->alloc(bytes);
+    a->xe = take(m, &at, R * C, ab), a->eg = take(m, &at, R * FM, ab), a->eu = take(m, &at, R * FM, ab);
+    if (!shared_eh) a->eh = take(m, &at, R * FM, ab);
+    a->recv_order = (int32_t *)take(m, &at, R, 4), a->recv_inverse = (int32_t *)take(m, &at, R, 4);
+    a->rows_cap = cap;
+}
+
+/* the shared scratch of the expert rows likewise (moe_ra, moe_rb, d_eg, d_eu, d_eh) */
+static void reserve_scratch(struct transformer *m, int rows) {
+    if (rows <= m->moe_scratch_rows) return;
+    int cap = grown_rows(m, rows);
+    size_t C = m->C, FM = m->FM, ab = m->be->act_bytes, R = (size_t)cap;
+    if (m->moe_scratch_mem) m->be->free(m->moe_scratch_mem);
+    char *at = m->moe_scratch_mem = m->be->alloc(2 * (R * C * ab + 64) + 3 * (R * FM * ab + 64));
+    m->moe_ra = take(m, &at, R * C, ab), m->moe_rb = take(m, &at, R * C, ab);
+    m->d_eg = take(m, &at, R * FM, ab), m->d_eu = take(m, &at, R * FM, ab), m->d_eh = take(m, &at, R * FM, ab);
+    m->moe_scratch_rows = cap;
 }
 
 static struct moe_host *host(struct transformer *m) {
@@ -84,6 +152,8 @@ static void plan_exchange(struct transformer *m, struct layer_acts *a) {
         p->nsend += p->send_counts[r] / C, p->nrecv += p->recv_counts[r] / C;
     }
     CHECK(p->nrecv <= m->moe_R);
+    reserve_rows(m, a, p->nrecv);
+    reserve_scratch(m, p->nrecv);
     p->host_off[0] = 0;
     for (int e = 0; e < El; e++) {
         p->host_off[e + 1] = p->host_off[e];

@@ -23,4 +23,10 @@ void moe_backward(struct transformer *m, struct layer_acts *a, int l, const floa
  * tokens per rank in sequences of seq_len: the worst case, every routed token
  * of the EP group on this rank (bounded by the capacity if set). */
 int moe_expert_rows(const struct model_config *cfg, int n, int seq_len, int ep);
+/* Rows the expert buffers get at first: all of moe_expert_rows at ep 1
+ * (where they are what one rank routes), else the mean a rank receives,
+ * n k, times model.moe_rows_headroom (at most moe_expert_rows). A micro
+ * batch that routes more to a rank grows its buffers (model/moe.c); the
+ * memory estimate counts this size. */
+int moe_initial_rows(const struct model_config *cfg, int n, int seq_len, int ep);
 void moe_host_free(struct transformer *m);

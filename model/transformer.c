@@ -4,6 +4,7 @@
 #include "config/common.h"
 #include "model/init.h"
 #include "model/transformer.h"
+#include "model/linear.h"
 #include "model/mla.h"
 #include "model/moe.h"
 
@@ -66,7 +67,8 @@ static void carve_layer(struct transformer *m, struct layer_acts *a, size_t F, i
         a->h = shared ? shared->h : carve_act(c, N * F);
     }
     if (!moe) return;
-    size_t n = m->moe_n, k = m->K, E = m->E, R = m->moe_R, FM = m->FM;
+    size_t n = m->moe_n, k = m->K, E = m->E, R = m->moe_R0, FM = m->FM;
+    a->rows_cap = (int)R;
     a->logits = carve_act(c, n * E);
     a->probs = carve(c, n * E);
     a->lse = carve(c, n);
@@ -135,7 +137,7 @@ static size_t swiglu_width(const struct transformer *m) {
  * recomputed products; full, a whole layer of either kind. */
 static void layout_shared(struct transformer *m, struct carver *c) {
     struct layer_acts *a = &m->shared_acts;
-    size_t N = m->N, OD = (size_t)m->Hl * m->Dv, F = swiglu_width(m), R = m->moe_R, FM = m->FM;
+    size_t N = m->N, OD = (size_t)m->Hl * m->Dv, F = swiglu_width(m), R = m->moe_R0, FM = m->FM;
     int moe = m->n_moe_layers > 0;
     memset(a, 0, offsetof(struct layer_acts, plan));
     if (m->recompute == RECOMPUTE_FULL) {
@@ -145,7 +147,7 @@ static void layout_shared(struct transformer *m, struct carver *c) {
         a->att = carve(c, m->be->attention_state_floats(m->B, m->Hl, m->T));
         a->attn_out = carve_act(c, N * OD);
         if (F) a->h = carve_act(c, N * F);
-        if (moe) a->eh = carve_act(c, R * FM);
+        if (moe) a->eh = carve_act(c, R * FM), a->rows_cap = (int)R;
     }
 }
 
@@ -181,7 +183,8 @@ static void layout_arena(struct transformer *m, struct carver *c) {
     m->d_up = carve_act(c, N * F);
     m->d_h = carve_act(c, N * F);
     if (m->n_moe_layers) {
-        size_t n = m->moe_n, k = m->K, E = m->E, R = m->moe_R, FM = m->FM;
+        size_t n = m->moe_n, k = m->K, E = m->E, R = m->moe_R0, FM = m->FM;
+        m->moe_scratch_rows = (int)R;
         m->moe_out = carve_act(c, n * C);
         m->d_moe_in = carve_act(c, n * C);
         m->moe_send = carve_act(c, n * k * C);
@@ -234,6 +237,7 @@ static void set_dims(struct transformer *m, const struct model_config *cfg, cons
         m->ep = part->ep, m->El = m->E / m->ep;
         m->moe_n = m->N / m->tp, m->moe_r0 = part->tp_rank * m->moe_n;
         m->moe_R = moe_expert_rows(cfg, m->moe_n, m->T, m->ep);
+        m->moe_R0 = moe_initial_rows(cfg, m->moe_n, m->T, m->ep);
         m->Fs = cfg->moe_shared_experts * m->FM / m->tp;
         m->sigmoid = !strcmp(cfg->moe_score_func, "sigmoid");
     }
@@ -439,11 +443,17 @@ void transformer_free(struct transformer *m) {
     m->be->free(m->grads);
     m->be->free(m->arena);
     for (int i = 0; i < m->nslots; i++) {
-        for (int l = 0; l < m->NL; l++) free(m->slots[i].acts[l].plan.send_counts), free(m->slots[i].acts[l].plan.host_off);
+        for (int l = 0; l < m->NL; l++) {
+            struct layer_acts *a = &m->slots[i].acts[l];
+            free(a->plan.send_counts), free(a->plan.host_off);
+            if (a->rows_mem) m->be->free(a->rows_mem);
+        }
         free(m->slots[i].acts);
         free(m->slots[i].mtp);
     }
     free(m->shared_acts.plan.send_counts), free(m->shared_acts.plan.host_off);
+    if (m->shared_acts.rows_mem) m->be->free(m->shared_acts.rows_mem);
+    if (m->moe_scratch_mem) m->be->free(m->moe_scratch_mem);
     free(m->slots);
     for (int l = 0; l < m->NL; l++) free(m->layers[l].experts), free(m->dlayers[l].experts);
     free(m->layers);
@@ -555,48 +565,6 @@ static void row_parallel_residual(struct transformer *m, float *out, const float
     be->add(out, reduce_rows(m, m->tmp_full, m->tmp_shard), (size_t)m->Ns * m->C);
 }
 
-/* A linear layer of the block being run: FP8 GEMMs when it is one of the
- * FP8 blocks (fp8 tables, train.fp8_skip_layers), else the table's. */
-/* the FP8 recipe of a GEMM with weight w (in the working copy): under
- * delayed scaling its site's exponents and amax record */
-static struct fp8_recipe fp8_recipe_for(const struct transformer *m, const float *w) {
-    if (!m->fp8_hist) {
-        struct fp8_recipe r = m->fp8;
-        r.input_group = m->fp8_input_group;
-        return r;
-    }
-    const char *base = (const char *)m->weights;
-    CHECK((const char *)w >= base);
-    int site = fp8_history_site_at(m->fp8_hist, (size_t)((const char *)w - base) / m->be->act_bytes);
-    CHECK(site >= 0); /* every weight of an FP8 block's linear layers is a site */
-    return fp8_history_recipe(m->fp8_hist, m->fp8, site);
-}
-
-void linear_forward(struct transformer *m, float *out, const float *x, const float *w, int N, int K, int M,
-                    int accumulate) {
-    if (m->fp8_now) m->be->fp8_matmul_forward(out, x, w, N, K, M, accumulate, fp8_recipe_for(m, w));
-    else m->be->matmul_forward(out, x, w, N, K, M, accumulate);
-}
-
-void linear_backward(struct transformer *m, float *dx, float *dw, const float *dout, const float *x, const float *w,
-                     int N, int K, int M, int accumulate_dx) {
-    if (m->fp8_now) m->be->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, fp8_recipe_for(m, w));
-    else m->be->matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx);
-}
-
-/* Around linears that read one input one after the other (nothing else in
- * between): their FP8 GEMMs may cast the input once (kernels/ops.h,
- * fp8_recipe.input_group). Not under delayed scaling: each weight's site
- * has its own input scale there. Groups are numbered for the process: the
- * kept codes are the backend's, whichever model runs. */
-void transformer_same_input(struct transformer *m, int begin) {
-    static unsigned groups;
-    m->fp8_input_group = 0;
-    if (!begin || !m->fp8_reuse || m->fp8_hist) return;
-    if (++groups == 0) groups = 1; /* 0 means no group */
-    m->fp8_input_group = groups;
-}
-
 /* the linear layers of block l run in FP8 from here on, or not */
 static void fp8_block(struct transformer *m, int l) { m->fp8_now = l >= m->fp8_begin && l < m->fp8_end; }
 
@@ -655,10 +623,10 @@ static struct layer_acts *acts_of(struct transformer *m, struct act_slot *s, int
 static void swiglu_block_forward(struct transformer *m, struct layer_acts *a, const struct layer_weights *w, int F,
                                  float *out) {
     const struct backend *be = m->be;
-    transformer_same_input(m, 1);
+    linear_same_input(m, 1);
     linear_forward(m, a->gate, a->ln2, w->wgate, m->N, m->C, F, 0);
     linear_forward(m, a->up, a->ln2, w->wup, m->N, m->C, F, 0);
-    transformer_same_input(m, 0);
+    linear_same_input(m, 0);
     be->swiglu_forward(a->h, a->gate, a->up, (size_t)m->N * F);
     row_parallel_residual(m, out, a->xmid, a->h, w->wdown, F);
 }
@@ -673,11 +641,11 @@ static void block_forward(struct transformer *m, struct act_slot *s, int l, floa
     if (m->mla) {
         mla_forward(m, a, l);
     } else {
-        transformer_same_input(m, 1);
+        linear_same_input(m, 1);
         linear_forward(m, a->q, a->ln1, w->wq, N, C, QD, 0);
         linear_forward(m, a->k, a->ln1, w->wk, N, C, KD, 0);
         linear_forward(m, a->v, a->ln1, w->wv, N, C, KD, 0);
-        transformer_same_input(m, 0);
+        linear_same_input(m, 0);
         be->rope(a->q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 0);
         be->rope(a->k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 0);
     }
@@ -804,10 +772,10 @@ static float *swiglu_block_backward(struct transformer *m, struct layer_acts *a,
     if (m->recompute == RECOMPUTE_SELECTIVE) be->swiglu_forward(a->h, a->gate, a->up, (size_t)N * F);
     linear_backward(m, m->d_h, dw->wdown, grad_full_rows(m), a->h, w->wdown, N, F, C, 0);
     be->swiglu_backward(m->d_gate, m->d_up, m->d_h, a->gate, a->up, (size_t)N * F);
-    transformer_same_input(m, 1);
+    linear_same_input(m, 1);
     linear_backward(m, m->d_ln_full, dw->wgate, m->d_gate, a->ln2, w->wgate, N, C, F, 0);
     linear_backward(m, m->d_ln_full, dw->wup, m->d_up, a->ln2, w->wup, N, C, F, 1);
-    transformer_same_input(m, 0);
+    linear_same_input(m, 0);
     return reduce_rows(m, m->d_ln_full, m->d_ln);
 }
 
@@ -856,11 +824,11 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     } else {
         be->rope(m->d_q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 1);
         be->rope(m->d_k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 1);
-        transformer_same_input(m, 1);
+        linear_same_input(m, 1);
         linear_backward(m, m->d_ln_full, dw->wq, m->d_q, a->ln1, w->wq, N, C, QD, 0);
         linear_backward(m, m->d_ln_full, dw->wk, m->d_k, a->ln1, w->wk, N, C, KD, 1);
         linear_backward(m, m->d_ln_full, dw->wv, m->d_v, a->ln1, w->wv, N, C, KD, 1);
-        transformer_same_input(m, 0);
+        linear_same_input(m, 0);
     }
     d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
     be->rmsnorm_backward(m->d_resid, dw->ln1_w, d_ln, a->x, w->ln1_w, a->rstd1, Ns, C, 1);

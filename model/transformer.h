@@ -61,6 +61,8 @@ struct layer_acts {
     float *y;                             /* [n*k, C] the experts' outputs back at the source, send order */
     float *aux_coef;                      /* [B,E] load-balancing gradient coefficients per sequence */
     int32_t *expert_off;                  /* [El+1] each local expert's first expert-major row */
+    int rows_cap;                         /* rows the R-sized buffers above hold (moe_R0, or grown) */
+    void *rows_mem;                       /* their own allocation once grown past the arena's (model/moe.c) */
     struct moe_plan plan;
 };
 
@@ -115,6 +117,7 @@ struct transformer {
     /* mixture of experts: E experts, top K, expert FFN FM; El local of ep;
      * each TP rank routes tokens [moe_r0, moe_r0 + moe_n) of the micro batch */
     int E, K, FM, El, ep, moe_n, moe_r0, moe_R, n_moe_layers;
+    int moe_R0;                  /* rows of the expert buffers at first: moe_R at ep 1, else moe_initial_rows */
     int Fs;                      /* shared experts' SwiGLU width on this TP rank (0: none) */
     int sigmoid;                 /* DeepSeek-V3 sigmoid routing (kernels/ops.h moe_route_sigmoid_*) */
     struct comm *ep_comm;        /* expert-parallel group (NULL or size 1: none) */
@@ -148,6 +151,9 @@ struct transformer {
     float *moe_out, *d_moe_in;   /* [n, C] */
     float *moe_send, *moe_ra, *moe_rb; /* [n*k, C], [R, C], [R, C] */
     float *d_eg, *d_eu, *d_eh;   /* [R, Fm] */
+    int moe_scratch_rows;        /* rows the R-sized scratch holds (moe_R0, or grown) */
+    int moe_grew;                /* expert buffers grew past moe_R0 (said once) */
+    void *moe_scratch_mem;       /* its own allocation once grown (model/moe.c) */
     float *d_topw, *d_logits;    /* [n*k], [n*E] */
     float *moe_counts;           /* [2E] kept rows per expert: sent, received */
     float *moe_tp_counts;        /* [tp,B,E] selections per sequence and expert of each TP rank (then this rank's) */
@@ -221,15 +227,6 @@ void transformer_params_changed(struct transformer *m);
  * embedding, head, routers and MTP modules always stay in the table's bf16);
  * delayed scaling keeps history_length steps of amaxes (m->fp8_hist). */
 void transformer_set_fp8(struct transformer *m, struct fp8_recipe recipe, int skip_layers, int history_length);
-/* Begin (1) or end (0) a group of linears that read one input one after
- * the other: their FP8 GEMMs cast it once (fp8_recipe.input_group). */
-void transformer_same_input(struct transformer *m, int begin);
-/* The matmul_forward / matmul_backward of the blocks' linear layers: the
- * table's, or its FP8 GEMMs in an FP8 block (model/moe.c, model/mla.c). */
-void linear_forward(struct transformer *m, float *out, const float *x, const float *w, int N, int K, int M,
-                    int accumulate);
-void linear_backward(struct transformer *m, float *dx, float *dw, const float *dout, const float *x, const float *w,
-                     int N, int K, int M, int accumulate_dx);
 /* Weights of the MoE auxiliary losses' gradients when a step has `sequences`
  * sequences (the losses are means over sequences and MoE layers). */
 void transformer_set_moe_sequences(struct transformer *m, int sequences);

@@ -1,7 +1,8 @@
 # Shared helpers for shell integration tests: each check prints PASS/FAIL/SKIP
 # lines that tests/run.sh counts. Source this, then call pass/fail/expect_*.
 set -u
-MTRAIN=${MTRAIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/mtrain}
+TEST_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd) # resolved now: tests cd into $TMP
+MTRAIN=${MTRAIN:-$TEST_ROOT/mtrain}
 TMP=$(mktemp -d /tmp/mtrain-test.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 FAILED=0
@@ -32,7 +33,7 @@ require_python() {
     fi
 }
 # A build product (tools are built by `make test`).
-build_path() { echo "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/${BUILD:-build/rel}/$1"; }
+build_path() { echo "$TEST_ROOT/${BUILD:-build/rel}/$1"; }
 # Multi-rank tests (oversubscribed on 2 cores): run_np N ARGS... runs mtrain
 # on N ranks with a time limit; COMPARE checks two checkpoints' parameters.
 COMPARE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/integration/compare_ckpt.py"

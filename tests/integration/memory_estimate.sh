@@ -39,4 +39,19 @@ check pp2 2 parallel.pp=2 train.micro_batch=2
 check recompute_full_checkpoints 1 train.recompute=full checkpoint.dir=ck checkpoint.interval=2
 check bf16_working_copy 1 train.precision=bf16
 check fp8 1 train.precision=fp8
+# Mixtral-shaped: the experts dominate; at ep > 1 their row buffers are sized
+# for model.moe_rows_headroom x the mean rows a rank receives (the worst case,
+# every routed token on one rank, is not allocated)
+cat >mem.yaml <<'YAML'
+model: {arch: mixtral, vocab_size: 4096, hidden_size: 384, num_layers: 4, num_heads: 6, num_kv_heads: 2,
+        intermediate_size: 1024, num_experts: 8, experts_per_token: 2}
+train: {seq_len: 256, micro_batch: 4, global_batch: 8, steps: 2}
+data: {path: data}
+log: {interval: 100}
+YAML
+check moe_plain 1
+check moe_ep2 2 parallel.ep=2
+check moe_ep4_recompute_full 4 parallel.ep=4 train.recompute=full train.micro_batch=2
+check moe_tp2_ep2_selective 4 parallel.tp=2 parallel.ep=2 train.recompute=selective
+check moe_pp2_ep2 4 parallel.pp=2 parallel.ep=2 train.micro_batch=2
 exit $FAILED

@@ -29,11 +29,16 @@ layouts=(
     "ep2 1 1 2 2" "ep4 1 1 4 4" "ep2_tp2 2 1 2 2" "ep2_pp2 1 2 2 2" "ep2_dp4 1 1 4 2"
     "ep2_dp4_zero 1 1 4 2 optimizer.distributed=true" "ep4_zero 1 1 4 4 optimizer.distributed=true"
     "ep2_tp2_sp 2 1 2 2 parallel.sequence_parallel=true" "ep2_tp2_pp2_zero 2 2 2 2 optimizer.distributed=true"
+    # expert buffers sized for the mean rows only: the busier ranks' grow (model/moe.c reserve_rows)
+    "ep4_grown_selective 1 1 4 4 model.moe_rows_headroom=1 train.recompute=selective"
+    "ep2_pp2_grown_full 1 2 2 2 model.moe_rows_headroom=1 train.recompute=full"
 )
 for spec in "${layouts[@]}"; do
     set -- $spec
     name=$1 tp=$2 pp=$3 dp=$4 ep=$5; shift 5
     layout_run moe_$name $((tp * pp * dp)) r.yaml $name parallel.tp=$tp parallel.pp=$pp parallel.ep=$ep "$@" || continue
+    case $name in *grown*) grep -q "expert buffers grow" "$TMP/out" && pass moe_${name}_buffers_grew ||
+        fail moe_${name}_buffers_grew "no rank's expert buffers grew: $(tail -2 "$TMP/out")" ;; esac
     close_metrics ref/metrics.jsonl $name/metrics.jsonl 1 20 && pass "moe_${name}_losses" ||
         fail "moe_${name}_losses" "$(paste <(metric ref/metrics.jsonl loss) <(metric $name/metrics.jsonl loss) | head -4 | tr '\n' ' ')"
     params_close moe_$name ck_ref/step-000000020 ck_$name/step-000000020
