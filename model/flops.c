@@ -157,10 +157,10 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     e.in_flight = slots;
     e.activations = transformer_arena_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
                                       r->train.seq_len, slots, recompute_mode(r->train.recompute));
-    /* pipeline: a send buffer per (micro batch, chunk) each way, one receive buffer */
+    /* pipeline: a send buffer per item of an exchange unit (reused once sent), one receive buffer */
     int sp_tp = r->parallel.sequence_parallel ? r->parallel.tp : 1;
     size_t act = (size_t)r->train.micro_batch * r->train.seq_len / sp_tp * r->model.hidden_size * be->act_bytes;
-    if (pp > 1) e.buffers += act * (2 * (size_t)m * vpp + 1);
+    if (pp > 1) e.buffers += act * (SCHED_UNIT_MAX + 1);
     e.buffers += bf16_scratch_bytes(r, be);
     /* host: the global batch, two prefetched shares, and the checkpoint snapshot (params + moments) */
     size_t sample = (size_t)(r->train.seq_len + 1) * sizeof(int32_t);

@@ -14,11 +14,18 @@ struct moe_host {
     float *counts; /* [2E] kept rows per expert sent, then received (ep > 1) */
 };
 
+long moe_capacity(const struct model_config *cfg, int seq_len) {
+    if (cfg->moe_capacity_factor <= 0) return -1;
+    /* a sequence selects an expert at most once per token: a larger capacity never drops (nor overflows) */
+    double cap = ceil(cfg->moe_capacity_factor * (double)seq_len * cfg->experts_per_token / cfg->num_experts);
+    return cap < seq_len ? (long)cap : seq_len;
+}
+
 int moe_expert_rows(const struct model_config *cfg, int n, int seq_len, int ep) {
     int E = cfg->num_experts, k = cfg->experts_per_token;
     long rows = (long)n * k; /* what one source rank may send to one EP rank */
     if (cfg->moe_capacity_factor > 0) { /* ... at most `capacity` rows per expert and sequence */
-        long cap = (long)ceil(cfg->moe_capacity_factor * (double)seq_len * k / E);
+        long cap = moe_capacity(cfg, seq_len);
         long seqs = (n + seq_len - 1) / seq_len + 1; /* sequences n consecutive tokens can touch */
         if (cap * seqs * (E / ep) < rows) rows = cap * seqs * (E / ep);
     }
@@ -108,11 +115,7 @@ void moe_host_free(struct transformer *m) {
     m->moe_host = NULL;
 }
 
-/* the capacity per (sequence, expert), -1 without one */
-static long capacity(const struct transformer *m) {
-    double f = m->cfg.moe_capacity_factor;
-    return f > 0 ? (long)ceil(f * (double)m->T * m->K / m->E) : -1;
-}
+static long capacity(const struct transformer *m) { return moe_capacity(&m->cfg, m->T); }
 
 /* Counts per sequence and expert over the TP group, the balance loss's
  * coefficients and the step's statistics, the capacity and the sort into

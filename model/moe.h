@@ -23,6 +23,10 @@ void moe_backward(struct transformer *m, struct layer_acts *a, int l, const floa
  * tokens per rank in sequences of seq_len: the worst case, every routed token
  * of the EP group on this rank (bounded by the capacity if set). */
 int moe_expert_rows(const struct model_config *cfg, int n, int seq_len, int ep);
+/* Selections of one (sequence, expert) the capacity keeps: ceil(f * seq_len
+ * * k / E) for model.moe_capacity_factor f, at most seq_len (what a sequence
+ * can select: larger never drops); -1 dropless. */
+long moe_capacity(const struct model_config *cfg, int seq_len);
 /* Rows the expert buffers get at first: all of moe_expert_rows at ep 1
  * (where they are what one rank routes), else the mean a rank receives,
  * n k, times model.moe_rows_headroom (at most moe_expert_rows). A micro

@@ -91,8 +91,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     }
     if (g->pp > 1) {
         size_t act = act_size(&tr->model, (size_t)tr->model.Ns * tr->model.C);
-        tr->send_fwd = be->alloc(act * m * vpp);
-        tr->send_bwd = be->alloc(act * m * vpp);
+        tr->send = be->alloc(act * SCHED_UNIT_MAX);
         tr->recv_grad = be->alloc(act);
     }
     if (g->embed_comm.size > 1 && model_head_uses_embed(&r->model)) {
@@ -107,9 +106,8 @@ void trainer_free(struct trainer *tr) {
     const struct backend *be = tr->model.be;
     trainer_settle(tr);
     free(tr->gather_ticket);
-    if (tr->send_fwd) {
-        be->free(tr->send_fwd);
-        be->free(tr->send_bwd);
+    if (tr->send) {
+        be->free(tr->send);
         be->free(tr->recv_grad);
     }
     optimizer_free(&tr->opt);
@@ -138,8 +136,12 @@ static void stage_micro_batch(struct trainer *tr, const int32_t *samples, int mb
 
 /* ---- pipeline plumbing: virtual stage vs = chunk * pp + pp_rank ---- */
 
-static float *send_buf(struct trainer *tr, float *base, int mb, int chunk) {
-    return act_at(&tr->model, base, ((size_t)mb * tr->model.part.nchunks + chunk) * tr->model.Ns * tr->model.C);
+/* The send buffer of the item at position pos of its unit: a unit's sends go
+ * out with the next exchange, which completes them (over NCCL the compute
+ * stream waits for it), so the next unit reuses the buffers. */
+static float *send_buf(struct trainer *tr, int pos) {
+    CHECK(pos < SCHED_UNIT_MAX);
+    return act_at(&tr->model, tr->send, (size_t)pos * tr->model.Ns * tr->model.C);
 }
 
 /* The receive an item needs, added to the group: a forward's input (after
@@ -185,7 +187,7 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
             struct sched_links l = schedule_links(s[k], pp, vpp, g->pp_rank);
             float *out = NULL;
             if (s[k].op == SCHED_FORWARD) {
-                out = l.send_to >= 0 ? send_buf(tr, tr->send_fwd, mb, c) : NULL;
+                out = l.send_to >= 0 ? send_buf(tr, k - i) : NULL;
                 int span = timeline_compute_begin("forward", mb, c);
                 double lk = transformer_forward_chunk(m, slot, c, out, dscale);
                 timeline_end(span, NULL);
@@ -196,7 +198,7 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
                 transformer_backward_chunk(m, slot, c, tr->recv_grad);
                 timeline_end(span, NULL);
                 if (l.send_to >= 0) {
-                    out = send_buf(tr, tr->send_bwd, mb, c);
+                    out = send_buf(tr, k - i);
                     m->be->copy(out, m->d_resid, act_bytes);
                 }
                 if (c == 0) {

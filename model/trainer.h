@@ -25,7 +25,8 @@ struct trainer {
     int bucket_first, bucket_last; /* the gradient bucket being filled by backward (table indices; -1: empty) */
     size_t bucket_bytes, bucket_limit; /* its gradient bytes; it starts reducing at the limit (0: every layer) */
     double *moe_load;            /* [MoE layers][E] host: tokens per expert of the last step, all ranks */
-    float *send_fwd, *send_bwd;  /* pipeline send buffers, [micro batch][chunk][Ns*C] */
+    float *send;                 /* pipeline sends [SCHED_UNIT_MAX][Ns*C]: one per item of a unit, free again
+                                  * after the exchange that sends them (model/trainer.c run_schedule) */
     float *recv_grad;            /* [Ns*C] */
     int32_t *inputs, *targets;   /* host staging for one micro batch */
     const struct param_info *embed_shared; /* the embedding (or its copy) when the first and last stage both

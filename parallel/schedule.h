@@ -43,6 +43,7 @@ struct sched_links schedule_links(struct sched_item it, int pp, int vpp, int ran
  * backward after it share one exchange (one item each deadlocks there;
  * without a steady phase, m = pp, every item is a unit). */
 int schedule_unit(const struct sched_item *s, int n, int i, int vpp);
+#define SCHED_UNIT_MAX 2 /* the most items schedule_unit returns */
 
 /* Run all ranks' schedules (training; forward_only: evaluation's order) with
  * unit-cost forwards and backwards of cost `backward_cost`, exchanging as

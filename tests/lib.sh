@@ -101,3 +101,16 @@ YAML
         sed '1d' r.yaml
     } >deepseek.yaml
 }
+# recipe_fits CHECK RECIPE: the recipe's header names "Fits 80 GiB per GPU on N GPUs"; its
+# dry run at N ranks says every pipeline stage fits, in bf16 and in fp8 (CHECK_bf16, CHECK_fp8)
+recipe_fits() {
+    local check=$1 recipe=$2 n p
+    n=$(sed -n 's/^# Fits 80 GiB per GPU on \([0-9]*\) GPUs.*/\1/p' "$recipe")
+    [ -n "$n" ] || { fail "${check}_header" "no 'Fits 80 GiB per GPU on N GPUs' line"; return; }
+    grep -q '^  device_memory_gib: 80' "$recipe" || fail "${check}_device_memory" "train.device_memory_gib is not 80"
+    for p in bf16 fp8; do
+        SLURM_NTASKS=$n "$MTRAIN" pretrain "$recipe" --set data.path=/tmp --set train.precision=$p --dry-run >"$TMP/fit" 2>&1
+        grep -q '^verdict: *fits on every rank' "$TMP/fit" && pass "${check}_${p}_${n}_gpus" ||
+            fail "${check}_${p}_${n}_gpus" "$(grep -E 'verdict|error' "$TMP/fit" | head -2)"
+    done
+}

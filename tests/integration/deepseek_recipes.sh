@@ -40,6 +40,7 @@ PY
 read want_main want_active want_mtp < <(count 7168 129280 61 128 1536 512 128 64 128 18432 2048 256 8 1 3 1)
 [ "$main $active $mtp" = "$want_main $want_active $want_mtp" ] && pass deepseek_v3_counts_match_shapes ||
     fail deepseek_v3_counts_match_shapes "mtrain $main $active $mtp, independent count $want_main $want_active $want_mtp"
+recipe_fits deepseek_v3_fits "$ROOT/recipes/deepseek-v3.yaml"
 "$MTRAIN" pretrain "$ROOT/recipes/tiny-deepseek-v3.yaml" --set data.path=/tmp --dry-run >out 2>&1 ||
     fail deepseek_tiny_dry_run "exit $?: $(tail -2 out)"
 got="$(sed -n 's/^main_parameters: *\([0-9]*\).*/\1/p' out) $(sed -n 's/^active_parameters: *\([0-9]*\).*/\1/p' out) $(sed -n 's/^mtp_parameters: *\([0-9]*\).*/\1/p' out)"
