@@ -140,8 +140,7 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     size_t experts = fe < t.count ? (t.total - t.items[fe].offset) * sizeof(float) : 0;
     int zero = r->optimizer.distributed && dp > 1, edp = dp / (r->parallel.ep > 0 ? r->parallel.ep : 1);
     e.optimizer = 2 * (e.params - experts) / (zero ? dp : 1) + 2 * experts / (zero && edp > 1 ? edp : 1);
-    /* ZeRO-1 keeps, per group, the reduced gradient shard and a dp-wide flat scratch */
-    if (zero) e.buffers += (e.params - experts) / dp * (dp + 1) + (edp > 1 ? experts / edp * (edp + 1) : 0);
+    /* ZeRO-1 reduces and gathers in place in the gradient and parameter buffers: no scratch */
     e.buffers += param_table_shared_block_floats(&t) * sizeof(float); /* kv-block scratch */
     param_table_free(&t);
     /* pipeline stage 0 holds the most micro batches at once, the last the fewest */

@@ -19,8 +19,6 @@ static void group_init(struct opt_group *g, const struct backend *be, const stru
         per = (per + 15) / 16 * 16;
         g->shard_len = per;
         g->shard_begin = g->base + per * dp->rank;
-        g->grad_shard = be->alloc(sizeof(float) * per);
-        g->flat = be->alloc(sizeof(float) * per * dp->size);
     }
     g->m = be->alloc(sizeof(float) * (g->shard_len ? g->shard_len : 1));
     g->v = be->alloc(sizeof(float) * (g->shard_len ? g->shard_len : 1));
@@ -51,10 +49,6 @@ void optimizer_free(struct optimizer *o) {
         struct opt_group *g = &o->group[k];
         o->be->free(g->m);
         o->be->free(g->v);
-        if (g->distributed) {
-            o->be->free(g->grad_shard);
-            o->be->free(g->flat);
-        }
     }
 }
 
@@ -78,6 +72,12 @@ static void reduce_shared_over_tp(struct optimizer *o, float *grads, int first, 
             o->be->copy(g, o->shared_scratch + p->part * p->numel, sizeof(float) * p->numel);
         }
     }
+}
+
+/* the part of the group's range in this rank's shard (the last shard is short) */
+static size_t shard_mine(const struct opt_group *g) {
+    size_t end = g->base + g->total, mine = g->shard_begin < end ? end - g->shard_begin : 0;
+    return mine > g->shard_len ? g->shard_len : mine;
 }
 
 static struct opt_group *group_of(struct optimizer *o, int item) {
@@ -125,21 +125,11 @@ void optimizer_reduce_grads(struct optimizer *o, float *grads) {
             reduce_shared_over_tp(o, grads, i, j);
             size_t begin = t->items[i].offset, stop = t->items[j].offset + t->items[j].numel;
             if (g->dp && g->dp->size > 1 && !g->distributed) comm_all_reduce_sum(g->dp, grads + begin, stop - begin);
-            else if (g->distributed && buckets) reduce_to_owners_start(g, grads, begin, stop);
+            else if (g->distributed) reduce_to_owners_start(g, grads, begin, stop);
             i = j + 1;
         }
-        if (g->dp) comm_wait_all(g->dp); /* the buckets started during backward */
-        if (!g->distributed) continue;
-        if (buckets) { /* this rank's shard of grads holds the sums */
-            size_t stop = g->base + g->total, mine = g->shard_begin < stop ? stop - g->shard_begin : 0;
-            if (mine > g->shard_len) mine = g->shard_len;
-            o->be->zero(g->grad_shard, sizeof(float) * g->shard_len);
-            o->be->copy(g->grad_shard, grads + g->shard_begin, sizeof(float) * mine);
-            continue;
-        }
-        o->be->zero(g->flat, sizeof(float) * g->shard_len * g->dp->size);
-        o->be->copy(g->flat, grads + g->base, sizeof(float) * g->total);
-        comm_reduce_scatter_sum(g->dp, g->flat, g->grad_shard, g->shard_len);
+        if (g->dp) comm_wait_all(g->dp); /* the buckets started during backward, and the rest */
+        /* under ZeRO-1 this rank's shard of grads now holds the sums (in place: no scratch) */
     }
     memset(o->started, 0, t->count);
 }
@@ -159,7 +149,7 @@ static double group_sum_squares(struct optimizer *o, struct opt_group *gr, const
     /* DP replicas hold the same reduced gradient: count it on DP rank 0 only,
      * unless ZeRO split it into disjoint shards */
     if (!(gr->distributed || !gr->dp || gr->dp->rank == 0)) return 0;
-    const float *g = gr->distributed ? gr->grad_shard : grads + gr->shard_begin;
+    const float *g = grads + gr->shard_begin;
     /* adjacent counted tensors are summed in one call: on a GPU each call
      * waits for its result, so one rank's whole buffer is usually one wait */
     size_t run_off = 0, run_len = 0;
@@ -199,7 +189,7 @@ int optimizer_step(struct optimizer *o, float *params, const float *grads, doubl
     o->step++;
     for (int k = 0; k < o->ngroups; k++) {
         struct opt_group *gr = &o->group[k];
-        const float *g = gr->distributed ? gr->grad_shard : grads + gr->shard_begin;
+        const float *g = grads + gr->shard_begin;
         uint16_t *wk = gr->distributed ? NULL : work;
         if (gr->distributed) fresh = 0;
         /* one AdamW call per run of adjacent tensors with the same weight
@@ -226,19 +216,23 @@ int optimizer_step(struct optimizer *o, float *params, const float *grads, doubl
             run_len = take ? n : 0, run_off = off, run_wd = wd;
         }
         if (!gr->distributed || (k == 0 && o->defer_gather)) continue;
-        /* every DP rank updated its slice: gather the group's parameters back */
-        size_t end = gr->base + gr->total, mine = gr->shard_begin < end ? end - gr->shard_begin : 0;
-        if (mine > gr->shard_len) mine = gr->shard_len;
-        o->be->zero(gr->grad_shard, sizeof(float) * gr->shard_len); /* reused as the send buffer */
-        o->be->copy(gr->grad_shard, params + gr->shard_begin, sizeof(float) * mine);
-        comm_all_gather(gr->dp, gr->grad_shard, gr->flat, gr->shard_len);
-        o->be->copy(params + gr->base, gr->flat, sizeof(float) * gr->total);
+        /* every DP rank updated its slice: gather the group's parameters back, in place (in
+         * pieces: the gather counts in ints) */
+        size_t end = gr->base + gr->total, piece = (size_t)1 << 30;
+        for (size_t at = gr->base; at < end; at += piece) {
+            int ticket = optimizer_group_gather_start(o, k, params, at, end - at < piece ? end : at + piece);
+            if (ticket) comm_wait_ticket(gr->dp, ticket);
+        }
     }
     return fresh;
 }
 
 int optimizer_gather_start(struct optimizer *o, float *params, size_t begin, size_t end) {
-    struct opt_group *g = &o->group[0];
+    return optimizer_group_gather_start(o, 0, params, begin, end);
+}
+
+int optimizer_group_gather_start(struct optimizer *o, int k, float *params, size_t begin, size_t end) {
+    struct opt_group *g = &o->group[k];
     if (!g->distributed || begin >= end) return 0;
     CHECK(end - begin <= (size_t)INT_MAX); /* MPI's int counts */
     int n = g->dp->size, *counts = xmalloc(sizeof(int) * 2 * n), *displs = counts + n;
@@ -254,18 +248,27 @@ int optimizer_gather_start(struct optimizer *o, float *params, size_t begin, siz
     return ticket;
 }
 
+/* Under ZeRO-1 each owner's slice of the moments reaches every rank through
+ * a staging buffer of one slice, made for the call (checkpoints only). */
 void optimizer_get_moments(struct optimizer *o, float *m_out, float *v_out) {
     for (int k = 0; k < o->ngroups; k++) {
         struct opt_group *g = &o->group[k];
         float *bufs[2] = {g->m, g->v}, *outs[2] = {m_out + g->base, v_out + g->base};
+        float *stage = g->distributed ? o->be->alloc(sizeof(float) * g->shard_len) : NULL;
         for (int s = 0; s < 2; s++) {
             if (!g->distributed) {
                 o->be->to_host(outs[s], bufs[s], sizeof(float) * g->total);
                 continue;
             }
-            comm_all_gather(g->dp, bufs[s], g->flat, g->shard_len);
-            o->be->to_host(outs[s], g->flat, sizeof(float) * g->total);
+            for (int r = 0; r < g->dp->size; r++) {
+                size_t at = g->shard_len * r, n = at < g->total ? g->total - at : 0;
+                if (n > g->shard_len) n = g->shard_len;
+                if (r == g->dp->rank) o->be->copy(stage, bufs[s], sizeof(float) * g->shard_len);
+                comm_broadcast(g->dp, stage, sizeof(float) * g->shard_len, r);
+                o->be->to_host(outs[s] + at, stage, sizeof(float) * n);
+            }
         }
+        if (stage) o->be->free(stage);
     }
 }
 
@@ -274,8 +277,7 @@ void optimizer_set_moments(struct optimizer *o, const float *m_in, const float *
         struct opt_group *g = &o->group[k];
         float *bufs[2] = {g->m, g->v};
         const float *ins[2] = {m_in, v_in};
-        size_t end = g->base + g->total, mine = g->shard_begin < end ? end - g->shard_begin : 0;
-        if (mine > g->shard_len) mine = g->shard_len;
+        size_t mine = shard_mine(g);
         for (int s = 0; s < 2; s++) {
             if (!g->distributed) {
                 o->be->from_host(bufs[s], ins[s] + g->base, sizeof(float) * g->total);

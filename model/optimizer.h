@@ -4,7 +4,11 @@
  * Without optimizer.distributed every data-parallel rank all-reduces the full
  * gradient and updates the full local parameters. With it (ZeRO-1) each DP
  * rank reduce-scatters the gradient, keeps fp32 moments and updates only its
- * 1/dp slice of the flat parameter buffer, and all-gathers the parameters. */
+ * 1/dp slice of the flat parameter buffer, and all-gathers the parameters.
+ * Both work in place in the gradient and parameter buffers: each part is
+ * summed onto its owner, and each owner's slice is gathered into the
+ * others' parameters, with no scratch: the reduced slice stays in the
+ * gradient buffer, where AdamW reads it. */
 #pragma once
 #include "config/recipe.h"
 #include "kernels/ops.h"
@@ -22,8 +26,6 @@ struct opt_group {
     int distributed;           /* ZeRO-1 in effect (distributed and dp > 1) */
     size_t shard_begin, shard_len; /* the flat range this rank updates */
     float *m, *v;              /* moments of [shard_begin, shard_begin+shard_len) */
-    float *grad_shard;         /* ZeRO: reduced gradient of the shard */
-    float *flat;               /* ZeRO: padded scratch of dp * shard_len floats */
 };
 
 struct optimizer {
@@ -74,6 +76,8 @@ int optimizer_step(struct optimizer *o, float *params, const float *grads, doubl
  * ranges in the same order; comm_wait_ticket(group[0].dp, ticket)
  * completes it. */
 int optimizer_gather_start(struct optimizer *o, float *params, size_t begin, size_t end);
+/* The same for any group k. */
+int optimizer_group_gather_start(struct optimizer *o, int k, float *params, size_t begin, size_t end);
 /* Full local moments (gathered over DP under ZeRO) into host buffers of
  * table->total floats each, for checkpoints; and the reverse. */
 void optimizer_get_moments(struct optimizer *o, float *m_out, float *v_out);
