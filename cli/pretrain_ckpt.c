@@ -333,6 +333,74 @@ static void check_data_semantics(struct run *run, const char *step_dir) {
     fail_all(run, EXIT_USAGE, err);
 }
 
+/* The model section of r as "  key: value" lines (recipe_print's), in memory. */
+static char *model_lines(const struct recipe *r) {
+    char *text = NULL, *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) die("open_memstream: out of memory");
+    recipe_print(r, f);
+    if (fclose(f) != 0) die("open_memstream: out of memory");
+    const char *at = strstr(text, "model:\n"), *end = at ? strstr(at, "\n\n") : NULL;
+    out = xstrdup(at ? at + strlen("model:\n") : "");
+    if (at && end) out[end - at - strlen("model:\n") + 1] = 0;
+    free(text);
+    return out;
+}
+
+/* The value of key in model_lines text (a pointer to its line's value, up to the newline). */
+static const char *model_value(const char *lines, const char *key, int *len) {
+    char probe[128];
+    snprintf(probe, sizeof probe, "  %s: ", key);
+    const char *at = strstr(lines, probe);
+    if (!at) return *len = 0, "";
+    at += strlen(probe);
+    const char *nl = strchr(at, '\n');
+    *len = nl ? (int)(nl - at) : (int)strlen(at);
+    return at;
+}
+
+/* Every model key that changes what the network computes must be the
+ * checkpoint's: tensors of the same shape can mean another model (heads,
+ * routing, norms), and a shallower recipe would drop the extra layers in
+ * silence. Keys that only start a run (init_std, init_from) or size buffers
+ * (max_seq_len, moe_rows_headroom) may differ. Refused with exit 2, naming
+ * each key. */
+static void check_model_semantics(struct run *run, const char *step_dir) {
+    static struct recipe saved;
+    static const char *free_keys[] = {"init_std", "init_from", "max_seq_len", "moe_rows_headroom", NULL};
+    char err[8192];
+    int rc;
+    struct ckpt_reader *rd = ckpt_reader_open(step_dir, err, sizeof err, &rc);
+    if (!rd || ckpt_reader_load_recipe(rd, &saved, err, sizeof err) != 0) {
+        ckpt_reader_close(rd);
+        fail_all(run, EXIT_RUNTIME, err);
+    }
+    ckpt_reader_close(rd);
+    char *mine = model_lines(run->r), *theirs = model_lines(&saved);
+    int n = snprintf(err, sizeof err, "%s/manifest.json: the checkpoint holds another model:", step_dir), differs = 0;
+    for (const char *line = mine; *line;) {
+        const char *colon = strstr(line, ": "), *nl = strchr(line, '\n');
+        if (!colon || !nl) break;
+        char key[96];
+        snprintf(key, sizeof key, "%.*s", (int)(colon - line - 2 > 95 ? 95 : colon - line - 2), line + 2);
+        int free_key = 0, la, lb;
+        for (int i = 0; free_keys[i]; i++) free_key |= !strcmp(key, free_keys[i]);
+        const char *a = model_value(mine, key, &la), *b = model_value(theirs, key, &lb);
+        if (!free_key && (la != lb || memcmp(a, b, la)) && n < (int)sizeof err - 200) {
+            n += snprintf(err + n, sizeof err - n, " model.%s %.*s (checkpoint %.*s);", key, la > 60 ? 60 : la, a,
+                          lb > 60 ? 60 : lb, b);
+            differs = 1;
+        }
+        line = nl + 1;
+    }
+    free(mine), free(theirs);
+    if (!differs) return;
+    snprintf(err + n - 1, sizeof err - n + 1, ". Resume with the checkpoint's model, or start a new run from its "
+             "weights with model.init_from (a safetensors export) and --resume never");
+    fail_all(run, EXIT_USAGE, err);
+}
+
 const char *resume(struct run *run) {
     const struct recipe *r = run->r;
     const char *how = run->o->resume;
@@ -356,6 +424,7 @@ const char *resume(struct run *run) {
         }
     }
     check_sampler_version(run, how);
+    check_model_semantics(run, how);
     check_data_semantics(run, how);
     if (run->rank0)
         printf("resumed from %s at step %d (%lld samples consumed)\n", how, run->st.step,
