@@ -495,11 +495,6 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     static struct run run;
     memset(&run, 0, sizeof run);
     run.r = r, run.o = o;
-    const char *unsupported = transformer_unsupported(&r->model, r->parallel.pp);
-    if (unsupported) {
-        fprintf(stderr, "mtrain: error: %s: %s\n", r->source, unsupported);
-        return EXIT_USAGE;
-    }
     /* a configuration this GPU cannot run: exit 2, one message from rank 0
      * (asked of the node's first GPU: the ranks' own are chosen later) */
     const char *why = backend_precision_error(r->train.device, r->train.precision);
@@ -577,7 +572,13 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
                                : stop == SIGUSR1  ? "SIGUSR1"
                                : stop == SIGINT   ? "SIGINT"
                                                   : "SIGTERM";
-            if (run.rank0) printf("%s: saving a checkpoint at step %d and exiting\n", name, run.st.step);
+            if (run.rank0) { /* what is really saved: without checkpoint.dir only the final weights */
+                if (r->checkpoint.dir[0])
+                    printf("%s: saving a checkpoint at step %d and exiting\n", name, run.st.step);
+                else
+                    printf("%s: no checkpoint.dir, so no checkpoint to resume from: saving the weights of step %d to "
+                           "%s/model.safetensors and exiting\n", name, run.st.step, r->log.dir);
+            }
             watchdog_phase(WATCHDOG_SAVE, run.st.step);
             if (r->checkpoint.dir[0] && run.saved_step != run.st.step) save_checkpoint(&run);
             char path[RECIPE_PATH_MAX + 32];

@@ -69,6 +69,14 @@ static int check_deepseek(const struct recipe *r) {
                     "at least 2 experts (num_experts %d / moe_n_group %d)", m->num_experts, m->moe_n_group);
     if (m->moe_n_group > 64)
         return verr(r, "model.moe_n_group", "moe_n_group %d is more than the 64 groups supported", m->moe_n_group);
+    if (!strcmp(m->moe_score_func, "softmax")) { /* DeepSeek-V3's routing keys, with Mixtral's router */
+        const char *key = m->moe_n_group > 1 ? "model.moe_n_group" : m->moe_routed_scaling != 1 ? "model.moe_routed_scaling"
+                          : m->moe_bias_update_rate > 0 ? "model.moe_bias_update_rate"
+                          : m->moe_seq_aux_loss_coef > 0 ? "model.moe_seq_aux_loss_coef" : NULL;
+        if (key)
+            return verr(r, key, "moe_n_group, moe_routed_scaling, moe_bias_update_rate and moe_seq_aux_loss_coef "
+                        "belong to sigmoid routing (DeepSeek-V3): set model.moe_score_func sigmoid");
+    }
     if (!strcmp(m->moe_score_func, "sigmoid") && (m->moe_aux_loss_coef > 0 || m->moe_z_loss_coef > 0))
         return verr(r, m->moe_aux_loss_coef > 0 ? "model.moe_aux_loss_coef" : "model.moe_z_loss_coef",
                     "sigmoid routing balances with moe_bias_update_rate and moe_seq_aux_loss_coef: set "

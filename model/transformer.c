@@ -243,16 +243,6 @@ static void set_dims(struct transformer *m, const struct model_config *cfg, cons
     }
 }
 
-const char *transformer_unsupported(const struct model_config *cfg, int pp) {
-    if (cfg->num_experts > 0 && !strcmp(cfg->moe_score_func, "softmax") &&
-        (cfg->moe_n_group > 1 || cfg->moe_routed_scaling != 1 || cfg->moe_bias_update_rate > 0 ||
-         cfg->moe_seq_aux_loss_coef > 0))
-        return "moe_n_group, moe_routed_scaling, moe_bias_update_rate and moe_seq_aux_loss_coef belong to sigmoid "
-               "routing (DeepSeek-V3): set model.moe_score_func sigmoid";
-    (void)pp; /* nothing is refused for pp any more: with MTP the last stage keeps a copy of the embedding */
-    return NULL;
-}
-
 enum recompute recompute_mode(const char *name) {
     return !strcmp(name, "full") ? RECOMPUTE_FULL : !strcmp(name, "selective") ? RECOMPUTE_SELECTIVE : RECOMPUTE_NONE;
 }

@@ -266,5 +266,3 @@ double transformer_step(struct transformer *m, const int32_t *tokens, const int3
 void rope_tables(float *cos_out, float *sin_out, const struct model_config *cfg, int T);
 /* YaRN's softmax-scale correction: (0.1 mscale_all_dim ln(factor) + 1)^2, 1 without YaRN. */
 float rope_softmax_scale(const struct model_config *cfg);
-/* NULL, or why this build cannot train the model yet (checked before anything is allocated). */
-const char *transformer_unsupported(const struct model_config *cfg, int pp);

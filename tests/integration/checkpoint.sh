@@ -113,6 +113,16 @@ else fail ckpt_sigterm_saves_exit0 "exit $rc, latest '$step'"; fi
 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=s --set log.dir=s_run --set train.steps=400 --set checkpoint.interval=1000 \
     --stop-after $((step + 3)) >/dev/null 2>&1
 same_state ckpt_sigterm_resumes_exactly sref s $((step + 3))
+# SIGTERM without checkpoint.dir: the message says what is saved (the final weights, no checkpoint)
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir= --set checkpoint.interval=0 --set log.dir=nock_run --set train.steps=400 \
+    >"$TMP/sig.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q '"step":5,' nock_run/metrics.jsonl 2>/dev/null && break; sleep 0.1; done
+kill -TERM $pid; wait $pid; rc=$?
+if [ $rc = 0 ] && grep -q 'SIGTERM: no checkpoint.dir, so no checkpoint to resume from: saving the weights of step' "$TMP/sig.out" &&
+    ! grep -q 'saving a checkpoint' "$TMP/sig.out" && [ -s nock_run/model.safetensors ]; then
+    pass ckpt_sigterm_without_checkpoint_dir_says_so
+else fail ckpt_sigterm_without_checkpoint_dir_says_so "exit $rc: $(grep -i sigterm "$TMP/sig.out" | head -2)"; fi
 # Ctrl-C (SIGINT) like SIGTERM: a message, a checkpoint at the next step boundary, the final
 # weights, exit 0, an exact resume; a second Ctrl-C ends the run at once (exit 130)
 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=si --set log.dir=si_run --set train.steps=400 --set checkpoint.interval=1000 \

@@ -164,6 +164,11 @@ parallel:
 "
 unset SLURM_NTASKS
 bad moe_capacity_negative - model.moe_capacity_factor 'out of range|>= 0' "$moe" --set model.moe_capacity_factor=-1
+# DeepSeek-V3's routing keys with softmax routing: refused by the dry run as by the run (they lived in the model)
+for kv in moe_n_group=2 moe_routed_scaling=2.5 moe_bias_update_rate=1e-3 moe_seq_aux_loss_coef=1e-4; do
+    bad moe_softmax_${kv%%=*} - model.${kv%%=*} 'belong to sigmoid routing' "$moe" --set model.$kv
+done
+bad moe_rows_headroom_below_one - model.moe_rows_headroom 'out of range|>= 1' "$moe" --set model.moe_rows_headroom=0.5
 bad moe_ep_dense 14 parallel.ep 'needs a mixture-of-experts model' "$good
 parallel:
   ep: 2
