@@ -155,8 +155,9 @@ static int eval_ids(const struct eval_opts *o, const struct model_source *src) {
     long n = parse_token_ids(text ? text : o->ids, V, o->ids_file ? o->ids_file : "--ids", &ids, err, sizeof err);
     free(text);
     if (n < 0) return fprintf(stderr, "mtrain: error: %s\n", err), EXIT_USAGE;
-    if (n < 1 || n > src->max_positions) {
-        fprintf(stderr, "mtrain: error: the sequence has %ld tokens; the model takes 1 to %d\n", n, src->max_positions);
+    if (n < 2 || n > src->max_positions) { /* the loss of a token needs one before it */
+        fprintf(stderr, "mtrain: error: the sequence has %ld tokens; scoring takes 2 to %d (the loss of each token "
+                "after the first)\n", n, src->max_positions);
         free(ids);
         return EXIT_USAGE;
     }

@@ -291,8 +291,10 @@ static int check_schedule(const struct recipe *r) {
     int steps = r->train.steps;
     char o[RECIPE_PATH_MAX + 96];
     if (op->warmup_steps > steps)
-        return verr(r, "optimizer.warmup_steps", "warmup_steps %d is more than train.steps %d%s", op->warmup_steps,
-                    steps, other(r, "train.steps", o, sizeof o));
+        return verr(r, "optimizer.warmup_steps",
+                    "warmup_steps %d is more than train.steps %d%s: for a short run set both, e.g. --set "
+                    "train.steps=%d --set optimizer.warmup_steps=%d", op->warmup_steps, steps,
+                    other(r, "train.steps", o, sizeof o), steps, steps / 10 > 0 ? steps / 10 : 1);
     if (op->decay_steps && op->decay_steps < op->warmup_steps)
         return verr(r, "optimizer.decay_steps", "decay_steps %d is less than warmup_steps %d%s", op->decay_steps,
                     op->warmup_steps, other(r, "optimizer.warmup_steps", o, sizeof o));
@@ -312,6 +314,8 @@ static int check_paths(const struct recipe *r, int check_exist) {
     struct stat st;
     if (r->rewind.enabled && (!r->checkpoint.dir[0] || r->checkpoint.interval == 0))
         return verr(r, "rewind.enabled", "rewinding needs checkpoints: set checkpoint.dir and checkpoint.interval");
+    if (!r->log.dir[0])
+        return verr(r, "log.dir", "log.dir is empty: the run directory (metrics, final weights) needs a path");
     if (r->checkpoint.interval > 0 && !r->checkpoint.dir[0])
         return verr(r, "checkpoint.interval", "checkpoints every %d steps need checkpoint.dir", r->checkpoint.interval);
     const struct data_blend *bl = &r->data.blend;

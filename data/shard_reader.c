@@ -170,6 +170,12 @@ static void parse_docs(struct dataset *ds, const char *path) {
             (long long)ds->ntokens);
 }
 
+/* what a path that is not a regular file is, in words */
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
+           : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a file";
+}
+
 /* Open every shard and check it is long enough for its last frame. */
 static void open_shards(struct dataset *ds) {
     ds->shard_paths = xcalloc((size_t)ds->nshards + 1, sizeof *ds->shard_paths);
@@ -178,12 +184,16 @@ static void open_shards(struct dataset *ds) {
         size_t n = strlen(ds->dir) + 32;
         ds->shard_paths[s] = xmalloc(n);
         snprintf(ds->shard_paths[s], n, "%s/" DATASET_SHARD_FMT, ds->dir, s);
-        ds->fds[s] = open(ds->shard_paths[s], O_RDONLY | O_CLOEXEC);
+        /* non-blocking: opening a FIFO would wait for a writer (nothing else is read that way) */
+        ds->fds[s] = open(ds->shard_paths[s], O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         if (ds->fds[s] < 0)
             die("%s: %s (the index lists %d shards)", ds->shard_paths[s],
                 errno == ENOENT ? "missing" : strerror(errno), ds->nshards);
         struct stat st;
         if (fstat(ds->fds[s], &st) != 0) die("%s: %s", ds->shard_paths[s], strerror(errno));
+        if (!S_ISREG(st.st_mode))
+            die("%s: not a regular file (%s): a shard is a file of zstd frames written by 'mtrain data build'",
+                ds->shard_paths[s], file_kind(st.st_mode));
         if ((uint64_t)st.st_size < ds->shard_need[s])
             die("%s: truncated: %lld bytes, but frame %lld at offset %llu ends at %llu", ds->shard_paths[s],
                 (long long)st.st_size, (long long)ds->shard_last[s],
@@ -193,11 +203,13 @@ static void open_shards(struct dataset *ds) {
 }
 
 static void map_index(struct dataset *ds, const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block: refused below */
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0)
         die("%s: cannot read: %s (build a dataset with 'mtrain data build')", path, strerror(errno));
-    if (!S_ISREG(st.st_mode) || st.st_size < INDEX_HEADER_BYTES + INDEX_TRAILER_BYTES)
+    if (!S_ISREG(st.st_mode))
+        die("%s: not a regular file (%s): not a dataset index", path, file_kind(st.st_mode));
+    if (st.st_size < INDEX_HEADER_BYTES + INDEX_TRAILER_BYTES)
         die("%s: too short (%lld bytes) or not a file: truncated or not a dataset index", path, (long long)st.st_size);
     ds->map_size = (size_t)st.st_size;
     ds->map = mmap(NULL, ds->map_size, PROT_READ, MAP_PRIVATE, fd, 0);

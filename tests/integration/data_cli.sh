@@ -186,4 +186,21 @@ expect_exit data_generate_verify 0 "$MTRAIN" data verify "$D/g1"
 expect_exit data_generate_inspect 0 "$MTRAIN" data inspect "$D/g1"
 expect_output data_generate_docs "documents: +200$"
 expect_output data_generate_text 'as text: +"[A-Z][a-z]+ '
+# a shard or index that is not a regular file (a FIFO would block the open, a directory
+# read as 4096 bytes) is named as such by verify and inspect, within a time limit
+"$MTRAIN" data generate --out "$D/g" --docs 50 >/dev/null
+for kind in fifo dir; do
+    for what in shard index; do
+        rm -rf "$D/$kind$what" && cp -r "$D/g" "$D/$kind$what"
+        f="$D/$kind$what/$([ $what = shard ] && echo shard-00000.zst || echo index.mtd)"
+        rm "$f" && { [ $kind = fifo ] && mkfifo "$f" || mkdir "$f"; }
+        for sub in verify inspect; do
+            timeout 20 "$MTRAIN" data $sub "$D/$kind$what" >"$TMP/out" 2>&1
+            rc=$?
+            want=$([ $kind = fifo ] && echo "a FIFO" || echo "a directory")
+            [ $rc != 0 ] && [ $rc != 124 ] && grep -q "not a regular file ($want)" "$TMP/out" &&
+                pass data_${sub}_${kind}_${what}_refused || fail data_${sub}_${kind}_${what}_refused "exit $rc: $(head -c 200 "$TMP/out")"
+        done
+    done
+done
 exit $FAILED

@@ -173,6 +173,10 @@ expect_exit gen_prompt_needs_tokenizer 2 "$MTRAIN" generate ck --prompt hi
 expect_exit gen_bad_temperature 2 "$MTRAIN" generate ck --prompt-ids 1 --temperature -1
 expect_exit gen_weights_without_recipe 2 "$MTRAIN" generate hf/model.safetensors --recipe nothere.yaml --prompt-ids 1
 expect_exit eval_ids_too_long 2 "$MTRAIN" eval ck --ids $long
+# one id has no token to score (it printed "loss nan" and exit 0)
+expect_exit eval_one_id_refused 2 "$MTRAIN" eval ck --ids 5
+expect_output eval_one_id_says_why "scoring takes 2 to"
+
 expect_exit eval_empty_valid_split 2 "$MTRAIN" eval ck --data data --valid-fraction 0
 expect_exit eval_seq_len_too_long 2 "$MTRAIN" eval ck --data data --seq-len 400
 expect_exit eval_missing_data 1 "$MTRAIN" eval ck --data nodata

@@ -168,6 +168,10 @@ bad moe_capacity_negative - model.moe_capacity_factor 'out of range|>= 0' "$moe"
 for kv in moe_n_group=2 moe_routed_scaling=2.5 moe_bias_update_rate=1e-3 moe_seq_aux_loss_coef=1e-4; do
     bad moe_softmax_${kv%%=*} - model.${kv%%=*} 'belong to sigmoid routing' "$moe" --set model.$kv
 done
+# a short run of a tiny recipe (warmup_steps 20): the error says what to set
+bad warmup_short_run - optimizer.warmup_steps 'set both, e.g. --set train.steps=5 --set optimizer.warmup_steps=1' \
+    "$(cat "$TEST_ROOT/recipes/tiny-llama3.yaml")" --set train.steps=5 --set data.path="$DATA"
+bad log_dir_empty - log.dir 'log.dir is empty' "$good" --set log.dir=
 bad moe_rows_headroom_below_one - model.moe_rows_headroom 'out of range|>= 1' "$moe" --set model.moe_rows_headroom=0.5
 bad moe_ep_dense 14 parallel.ep 'needs a mixture-of-experts model' "$good
 parallel:
