@@ -1,7 +1,10 @@
 /* mtrain convert: reshard a checkpoint for another layout, print its
  * manifest, or export it as a Hugging Face model. */
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "checkpoint/checkpoint.h"
@@ -16,7 +19,7 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: mtrain convert SRC DST --tp N --pp N [--vpp N] [--dp N] [--ep N]\n"
+"usage: mtrain convert SRC DST --tp N --pp N [--vpp N] [--dp N] [--ep N] [--force]\n"
             "       mtrain convert --info SRC\n"
             "       mtrain convert SRC --hf OUT_DIR [--tokenizer SPEC]\n\n"
             "SRC is a checkpoint directory (its `latest` step is used) or one step directory;\n"
@@ -24,7 +27,9 @@ static void usage(FILE *out) {
             "  reshard   write SRC's step for the layout tp x pp (x vpp chunks) with dp data-parallel\n"
             "            ranks (ep of them splitting a MoE model's experts) into checkpoint directory\n"
             "            DST, tensor by tensor (memory near the\n"
-            "            largest tensor); `mtrain pretrain` with that layout resumes from DST\n"
+            "            largest tensor); `mtrain pretrain` with that layout resumes from DST.\n"
+            "            DST must not exist or be empty (--force: write into it anyway); it is\n"
+            "            never SRC's checkpoint directory\n"
             "  --info    print the manifest summary: step, data position, layout, files, tensors\n"
             "  --hf      write OUT_DIR/model.safetensors and config.json for transformers'\n"
             "            LlamaForCausalLM, MixtralForCausalLM or DeepseekV3ForCausalLM (fp32), and the\n"
@@ -33,6 +38,28 @@ static void usage(FILE *out) {
             "  --tokenizer SPEC   with --hf: ship this tokenizer instead (bytes | hf:FILE | tiktoken:FILE;\n"
             "            --tiktoken-specials S and --tiktoken-regex RE as for `mtrain data build`)\n"
             "Any layout can also load any other directly; convert is for offline moves.\n");
+}
+
+/* 0 when DST may receive the converted checkpoint: not SRC's step or
+ * checkpoint directory (never), and absent or empty unless forced. */
+static int check_destination(const char *step_dir, const char *dst, int force) {
+    char d[PATH_MAX], s[PATH_MAX], root[PATH_MAX + 4];
+    if (!realpath(dst, d)) return 0; /* absent: created by the conversion */
+    snprintf(root, sizeof root, "%s/..", step_dir);
+    if ((realpath(step_dir, s) && !strcmp(s, d)) || (realpath(root, s) && !strcmp(s, d))) {
+        fprintf(stderr, "mtrain: error: convert: DST %s is the source checkpoint's own directory: write the "
+                "converted checkpoint somewhere else\n", dst);
+        return 2;
+    }
+    DIR *dir = opendir(d);
+    int empty = 1;
+    for (struct dirent *e; dir && (e = readdir(dir));) empty &= !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    if (dir) closedir(dir);
+    if (!dir || empty || force) return dir ? 0 : (fprintf(stderr, "mtrain: error: convert: DST %s exists and is not a "
+                                                          "directory\n", dst), 2);
+    fprintf(stderr, "mtrain: error: convert: DST %s exists and is not empty: choose a new directory, or pass "
+            "--force to write the converted step into it\n", dst);
+    return 2;
 }
 
 /* A checkpoint directory -> its latest committed step directory. */
@@ -234,7 +261,7 @@ static int export_final_weights(const char *src, const char *out, const struct t
 int cmd_convert(int argc, char **argv) {
     const char *src = NULL, *dst = NULL, *hf = NULL;
     struct tokenizer_choice tc = {0};
-    int tp = 1, pp = 1, vpp = 1, dp = 1, ep = 1, show = 0;
+    int tp = 1, pp = 1, vpp = 1, dp = 1, ep = 1, show = 0, force = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int *num = !strcmp(a, "--tp") ? &tp : !strcmp(a, "--pp") ? &pp : !strcmp(a, "--vpp") ? &vpp
@@ -250,6 +277,8 @@ int cmd_convert(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--info")) {
             show = 1;
+        } else if (!strcmp(a, "--force")) {
+            force = 1;
         } else if (!strcmp(a, "--hf") && i + 1 < argc) {
             hf = argv[++i];
         } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
@@ -290,6 +319,7 @@ int cmd_convert(int argc, char **argv) {
         }
     } else {
         int bad = check_layout(step_dir, tp, pp, vpp, ep);
+        if (!bad) bad = check_destination(step_dir, dst, force);
         if (bad) return bad;
         rc = checkpoint_convert(step_dir, dst, tp, pp, vpp, dp, ep, err, sizeof err);
         if (rc == 0)

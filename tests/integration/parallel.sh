@@ -81,6 +81,16 @@ done
 expect_exit par_convert_info 0 "$MTRAIN" convert --info s222
 expect_output par_convert_info_layout 'layout: +tp 2, pp 2, vpp 1, dp 2, ep 1 \(8 ranks\)'
 expect_exit par_convert_bad_layout 2 "$MTRAIN" convert s222 bad --tp 3
+# convert never writes into its source, and into an existing non-empty DST only with --force
+sum_before=$(cat s222/step-000000020/*.safetensors | md5sum)
+expect_exit par_convert_into_source_refused 2 "$MTRAIN" convert s222 s222 --tp 1 --pp 1
+expect_output par_convert_into_source_says_why "source checkpoint's own directory"
+expect_exit par_convert_into_source_step_refused 2 "$MTRAIN" convert s222/step-000000020 s222 --tp 1 --pp 1
+[ "$(cat s222/step-000000020/*.safetensors | md5sum)" = "$sum_before" ] && pass par_convert_source_untouched ||
+    fail par_convert_source_untouched "the source checkpoint changed"
+expect_exit par_convert_existing_dst_refused 2 "$MTRAIN" convert s222 convert_111 --tp 1 --pp 1
+expect_output par_convert_existing_dst_says_force "pass --force"
+expect_exit par_convert_existing_dst_forced 0 "$MTRAIN" convert s222 convert_111 --tp 1 --pp 1 --force
 
 # bad layouts: one message (rank 0), every rank exits 2, no hang
 bad() {
