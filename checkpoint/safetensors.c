@@ -23,6 +23,17 @@ int safetensors_dtype_size(const char *dtype) {
     return 0;
 }
 
+/* A write that fails (a full disk, a file size limit) removes the partial
+ * temporary file before saying so: nothing half-written is left behind, and
+ * what was there under the final name is untouched. */
+static void put(struct st_writer *w, const void *data, size_t nbytes) {
+    if (!nbytes || fwrite(data, 1, nbytes, w->f) == nbytes) return;
+    int e = errno;
+    fclose(w->f);
+    unlink(w->tmp);
+    die("cannot write %s: %s (the partial file is removed; %s is as it was)", w->tmp, strerror(e), w->path);
+}
+
 void st_writer_open(struct st_writer *w, const char *path, const struct st_tensor *tensors, int n,
                     const char *const *meta_keys, const char *const *meta_values, int n_meta) {
     memset(w, 0, sizeof *w);
@@ -56,21 +67,25 @@ void st_writer_open(struct st_writer *w, const char *path, const struct st_tenso
     w->n = n;
     uint8_t len_le[8];
     for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    xfwrite(len_le, 8, w->f, tmp);
-    xfwrite(header, hlen, w->f, tmp);
-    for (size_t i = hlen; i < padded; i++) xfwrite(" ", 1, w->f, tmp);
+    put(w, len_le, 8);
+    put(w, header, hlen);
+    for (size_t i = hlen; i < padded; i++) put(w, " ", 1);
     free(header);
 }
 
 void st_writer_put(struct st_writer *w, const void *data, size_t nbytes) {
     CHECK(w->next < w->n && w->meta[w->next].nbytes == nbytes);
     w->next++;
-    xfwrite(data, nbytes, w->f, w->tmp);
+    put(w, data, nbytes);
 }
 
 void st_writer_close(struct st_writer *w) {
     CHECK(w->next == w->n);
-    xfclose(w->f, w->tmp);
+    if (fflush(w->f) != 0 || ferror(w->f) || fsync(fileno(w->f)) != 0 || fclose(w->f) != 0) {
+        int e = errno ? errno : EIO;
+        unlink(w->tmp);
+        die("cannot write %s: %s (the partial file is removed; %s is as it was)", w->tmp, strerror(e), w->path);
+    }
     if (rename(w->tmp, w->path) != 0) die("cannot rename %s to %s: %s", w->tmp, w->path, strerror(errno));
     free(w->tmp);
     free(w->path);

@@ -83,6 +83,9 @@ int load_checkpoint(struct run *run, const char *step_dir, char *err, size_t err
  * names), whatever the layout and whether checkpoints are on; every rank
  * calls it. path receives the file's name. */
 void save_final_weights(struct run *run, char *path, size_t n);
+/* Before training: warn (rank 0) when log.dir's free space or the file size
+ * limit is below what the final weights will need. */
+void check_final_space(const struct run *run);
 /* --resume: returns what was loaded or NULL for a fresh start. */
 const char *resume(struct run *run);
 

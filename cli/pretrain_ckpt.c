@@ -5,11 +5,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "checkpoint/hf_export.h"
 #include "checkpoint/weights.h"
 #include "cli/pretrain.h"
+#include "model/flops.h"
 #include "config/common.h"
 
 /* One failure every rank reaches together: ranks that saw it say why (one
@@ -105,6 +108,25 @@ static void save_final_recipe(const struct recipe *r) {
     snprintf(path, sizeof path, "%s/model.recipe.yaml", r->log.dir);
     write_file_atomic(path, text, len);
     free(text);
+}
+
+void check_final_space(const struct run *run) {
+    const struct recipe *r = run->r;
+    if (!run->rank0) return;
+    /* model.safetensors in fp32; several ranks first write a scratch checkpoint beside it (weights and moments) */
+    double gib = 1024.0 * 1024 * 1024, need = 4.0 * model_param_count(&r->model) * (run->grid.world_size > 1 ? 4 : 1);
+    struct statvfs v;
+    struct rlimit lim;
+    double free_b = statvfs(r->log.dir, &v) == 0 ? (double)v.f_bavail * v.f_frsize : -1;
+    double limit = getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY ? (double)lim.rlim_cur : -1;
+    char why[160];
+    if (free_b >= 0 && free_b < need) snprintf(why, sizeof why, "only %.2f GiB are free there", free_b / gib);
+    else if (limit >= 0 && limit < need) snprintf(why, sizeof why, "the file size limit (ulimit -f) is %.2f GiB", limit / gib);
+    else return;
+    warn("%s: the final weights need about %.2f GiB but %s: %s", r->log.dir, need / gib, why,
+         r->checkpoint.dir[0] ? "if their write fails, the last checkpoint is the way back (mtrain convert --hf)"
+                              : "without checkpoint.dir a failed write loses the training; free space, choose another "
+                                "log.dir, or set checkpoint.dir");
 }
 
 void save_final_weights(struct run *run, char *path, size_t n) {

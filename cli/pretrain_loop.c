@@ -265,7 +265,9 @@ static void log_comm(struct run *run, int steps) {
     v[NV * g->world_rank + NG] = (double)g->dp_comm.overlapped / per;
     comm_all_reduce_sum_f64(&g->world, v, NV * n);
     if (run->rank0 && run->metrics) {
-        fprintf(run->metrics, "{\"event\":\"comm\",\"steps\":%d,\"bytes_per_step\":[", steps);
+        /* "step": the run's last, so a resume from an earlier step drops this run's event with its steps */
+        fprintf(run->metrics, "{\"event\":\"comm\",\"step\":%d,\"steps\":%d,\"bytes_per_step\":[", run->st.step,
+                steps);
         for (int r = 0; r < n; r++)
             fprintf(run->metrics,
                     "%s{\"rank\":%d,\"tp\":%.0f,\"dp\":%.0f,\"pp\":%.0f,\"ep\":%.0f,\"edp\":%.0f,\"embed\":%.0f,"
@@ -523,6 +525,7 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
      * the step it resumes at: what the interrupted run logged after it goes */
     if (run.rank0 && from) trim_metrics(run.metrics_path, run.st.step);
     if (run.rank0) run.metrics = xfopen(run.metrics_path, from ? "a" : "w");
+    check_final_space(&run);
     if (run.rank0 && r->log.tensorboard && tb_open(&run.tb, r->log.dir, from ? run.st.step : -1) != 0)
         die("cannot create a TensorBoard event file in %s: %s", r->log.dir, strerror(errno));
     if (from)

@@ -113,6 +113,13 @@ else fail ckpt_sigterm_saves_exit0 "exit $rc, latest '$step'"; fi
 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=s --set log.dir=s_run --set train.steps=400 --set checkpoint.interval=1000 \
     --stop-after $((step + 3)) >/dev/null 2>&1
 same_state ckpt_sigterm_resumes_exactly sref s $((step + 3))
+# a resume from an earlier step drops everything the abandoned run logged after it, its comm event too
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir=cm --set log.dir=cm_run --set train.steps=12 --set checkpoint.interval=5 \
+    --set checkpoint.keep_last=5 >/dev/null 2>&1
+"$MTRAIN" pretrain r.yaml --set checkpoint.dir=cm --set log.dir=cm_run --set train.steps=7 --set checkpoint.interval=5 \
+    --set checkpoint.keep_last=5 --resume cm/step-000000005 >/dev/null 2>&1
+[ "$(grep -c '"event":"comm"' cm_run/metrics.jsonl)" = 1 ] && grep '"event":"comm"' cm_run/metrics.jsonl | grep -q '"step":7,' &&
+    pass ckpt_resume_drops_abandoned_comm_event || fail ckpt_resume_drops_abandoned_comm_event "$(grep '"event":"comm"' cm_run/metrics.jsonl | cut -c1-60)"
 # SIGTERM without checkpoint.dir: the message says what is saved (the final weights, no checkpoint)
 "$MTRAIN" pretrain r.yaml --set checkpoint.dir= --set checkpoint.interval=0 --set log.dir=nock_run --set train.steps=400 \
     >"$TMP/sig.out" 2>&1 &

@@ -67,4 +67,15 @@ PY
     [ -n "$a" ] && [ "$a" = "$b" ] && pass final_${run}_convert_hf_generates ||
         fail final_${run}_convert_hf_generates "'$a' vs '$b'"
 done
+# A final-weights write that fails (here the file size limit, as a full disk would): the start-up
+# warned about it, the run exits non-zero naming the file, and no partial file is left
+big=(--set model.hidden_size=512 --set model.intermediate_size=2048 --set model.num_layers=4 --set train.steps=2
+     --set optimizer.warmup_steps=1 --set log.dir=limited --set checkpoint.dir= --set checkpoint.interval=0)
+(ulimit -f 32768; trap '' XFSZ; "$MTRAIN" pretrain "$TEST_ROOT/recipes/tiny-llama3.yaml" --set data.path=data "${big[@]}" \
+    >"$TMP/limited.out" 2>&1)
+rc=$?
+[ $rc = 1 ] && grep -q 'warning: limited: the final weights need about .* file size limit (ulimit -f)' "$TMP/limited.out" &&
+    grep -q 'cannot write limited/model.safetensors.tmp.*the partial file is removed' "$TMP/limited.out" &&
+    [ -z "$(ls limited | grep '\.tmp')" ] && [ ! -e limited/model.safetensors ] && pass final_failed_write_cleans_up ||
+    fail final_failed_write_cleans_up "exit $rc: $(grep -E 'warning|error' "$TMP/limited.out" | head -2); $(ls limited)"
 exit $FAILED
