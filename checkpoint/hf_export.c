@@ -12,6 +12,7 @@
 #include "checkpoint/hf_rope_layout.h"
 #include "checkpoint/safetensors.h"
 #include "config/common.h"
+#include "model/transformer.h"
 
 /* config.json keys of transformers' LlamaConfig (MixtralConfig for a MoE
  * model) for this model. */
@@ -84,8 +85,7 @@ static json_t *deepseek_config(const struct model_config *m) {
     set(c, "hidden_act", json_string("silu"));
     /* YaRN extends the original context by its factor (DeepSeek-V3: 40 x 4096);
      * transformers warns when the two disagree */
-    long long yarn_ctx = m->rope_scaling_factor > 0 ? (long long)(m->rope_scaling_factor * m->rope_original_max_pos) : 0;
-    set(c, "max_position_embeddings", json_integer(m->max_seq_len ? m->max_seq_len : yarn_ctx ? yarn_ctx : 8192));
+    set(c, "max_position_embeddings", json_integer(model_max_positions(m, 8192)));
     set(c, "initializer_range", json_real(m->init_std));
     set(c, "rms_norm_eps", json_real(m->norm_eps));
     set(c, "tie_word_embeddings", json_boolean(m->tie_embeddings));
@@ -300,7 +300,9 @@ int checkpoint_export_hf(const char *step_dir, const char *out_dir, char *err, s
     snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
     struct tensor_source src = {.rd = rd};
     rc = write_weights(&src, &r, path, 1, err, errlen);
-    if (rc == 0) checkpoint_hf_write_config(&r.model, out_dir);
+    struct model_config mc = r.model; /* config.json states the positions eval and generate accept */
+    mc.max_seq_len = model_max_positions(&r.model, r.train.seq_len);
+    if (rc == 0) checkpoint_hf_write_config(&mc, out_dir);
     ckpt_reader_close(rd);
     return rc;
 }

@@ -253,7 +253,9 @@ static int export_final_weights(const char *src, const char *out, const struct t
         fprintf(stderr, "mtrain: error: convert: %s\n", err);
         return EXIT_RUNTIME;
     }
-    checkpoint_hf_write_config(&s.recipe.model, out);
+    struct model_config mc = s.recipe.model; /* the positions eval and generate accept */
+    mc.max_seq_len = model_max_positions(&mc, s.recipe.train.seq_len);
+    checkpoint_hf_write_config(&mc, out);
     printf("wrote %s/model.safetensors and %s/config.json from %s\n", out, out, s.path);
     return export_tokenizer(s.has_run_recipe ? &s.recipe : NULL, out, c);
 }

@@ -298,7 +298,7 @@ int model_source_open(struct model_source *s, const char *path, const char *reci
     int rc = model_source_resolve(s, path, recipe_path, err, errlen);
     if (rc) return rc;
     const struct model_config *m = &s->recipe.model;
-    s->max_positions = m->max_seq_len ? m->max_seq_len : s->recipe.train.seq_len;
+    s->max_positions = model_max_positions(m, s->recipe.train.seq_len);
     return 0;
 }
 

@@ -71,3 +71,9 @@ void rope_tables(float *cos_out, float *sin_out, const struct model_config *cfg,
         }
     }
 }
+
+int model_max_positions(const struct model_config *cfg, int seq_len) {
+    if (cfg->rope_scaling_factor > 0 && !strcmp(cfg->rope_scaling_type, "yarn")) /* YaRN's extended context */
+        return (int)(cfg->rope_scaling_factor * cfg->rope_original_max_pos);
+    return cfg->max_seq_len ? cfg->max_seq_len : seq_len;
+}

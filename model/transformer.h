@@ -266,3 +266,8 @@ double transformer_step(struct transformer *m, const int32_t *tokens, const int3
 void rope_tables(float *cos_out, float *sin_out, const struct model_config *cfg, int T);
 /* YaRN's softmax-scale correction: (0.1 mscale_all_dim ln(factor) + 1)^2, 1 without YaRN. */
 float rope_softmax_scale(const struct model_config *cfg);
+/* The positions the model takes, one number for the HF export's
+ * max_position_embeddings and for eval/generate's limit: YaRN's extended
+ * context (factor x original_max_pos, as DeepSeek-V3's config states), else
+ * model.max_seq_len, else the training seq_len. */
+int model_max_positions(const struct model_config *cfg, int seq_len);

@@ -125,6 +125,11 @@ gen ck-q_latent --prompt-ids $P --max-tokens 20 >x.txt && gen hf-ds --prompt-ids
     [ -s x.txt ] && cmp -s x.txt y.txt && pass gen_deepseek_checkpoint_tokens_equal_export ||
     fail gen_deepseek_checkpoint_tokens_equal_export "$(cat x.txt y.txt err)"
 
+# YaRN: the positions are its extended context, factor x original_max_pos (4 x 80), as DeepSeek-V3's config states
+"$MTRAIN" pretrain ds.yaml --set model.max_seq_len=0 --set train.steps=2 --set checkpoint.dir=ck-yarn \
+    --set checkpoint.interval=2 --set log.dir=run-yarn >/dev/null 2>&1 && "$MTRAIN" convert ck-yarn --hf hf-yarn >/dev/null 2>&1
+"$PY" -c "import json,sys; sys.exit(0 if json.load(open('hf-yarn/config.json'))['max_position_embeddings'] == 320 else 1)" &&
+    pass export_max_positions_yarn || fail export_max_positions_yarn "$(grep -o '"max_position_embeddings":[0-9]*' hf-yarn/config.json)"
 # multi-rank checkpoints (tp 2 dense, ep 2 MoE) give what their exports give
 for spec in "dense tp2 parallel.tp=2" "moe ep2 parallel.ep=2"; do
     set -- $spec
@@ -173,6 +178,18 @@ expect_exit gen_prompt_needs_tokenizer 2 "$MTRAIN" generate ck --prompt hi
 expect_exit gen_bad_temperature 2 "$MTRAIN" generate ck --prompt-ids 1 --temperature -1
 expect_exit gen_weights_without_recipe 2 "$MTRAIN" generate hf/model.safetensors --recipe nothere.yaml --prompt-ids 1
 expect_exit eval_ids_too_long 2 "$MTRAIN" eval ck --ids $long
+# the positions the model takes, one number for both sources: config.json's max_position_embeddings
+# is the run's (max_seq_len 320 here; train.seq_len without it) and the export refuses what the run does
+"$PY" -c "import json,sys; sys.exit(0 if json.load(open('hf/config.json'))['max_position_embeddings'] == 320 else 1)" &&
+    pass export_max_positions_max_seq_len || fail export_max_positions_max_seq_len "$(grep -o '"max_position_embeddings":[0-9]*' hf/config.json)"
+expect_exit eval_export_ids_too_long 2 "$MTRAIN" eval hf --ids $long
+"$MTRAIN" pretrain dense.yaml --set model.max_seq_len=0 --set train.steps=2 --set optimizer.warmup_steps=1 \
+    --set checkpoint.dir=ck_nomax --set log.dir=run_nomax >/dev/null 2>&1 && "$MTRAIN" convert ck_nomax --hf hf_nomax >/dev/null 2>&1
+"$PY" -c "import json,sys; sys.exit(0 if json.load(open('hf_nomax/config.json'))['max_position_embeddings'] == 32 else 1)" &&
+    pass export_max_positions_seq_len || fail export_max_positions_seq_len "$(grep -o '"max_position_embeddings":[0-9]*' hf_nomax/config.json)"
+ids33=$("$PY" -c "print(','.join(['5'] * 33))")
+expect_exit eval_run_seq_len_limit 2 "$MTRAIN" eval ck_nomax --ids $ids33
+expect_exit eval_export_seq_len_limit 2 "$MTRAIN" eval hf_nomax --ids $ids33
 # one id has no token to score (it printed "loss nan" and exit 0)
 expect_exit eval_one_id_refused 2 "$MTRAIN" eval ck --ids 5
 expect_output eval_one_id_says_why "scoring takes 2 to"
