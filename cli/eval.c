@@ -36,18 +36,20 @@ static void usage(FILE *out) {
             "                       the top --top (default 5) logits ('-' = stdout)\n"
             "  --device D           auto (default) | cpu | cuda\n"
             "  --recipe FILE        the model of a bare .safetensors file (and its defaults)\n"
-            "  --json               print the result as one JSON object\n");
+            "  --json               print the result as one JSON object\n"
+            "  --progress S         over a split: a progress line on stderr every S seconds (default 10; 0: none)\n");
 }
 
 struct eval_opts {
     const char *model, *data, *split, *ids, *ids_file, *dump, *device, *recipe;
-    double valid_fraction;
+    double valid_fraction, progress_s;
     long long seed;
     int seq_len, batch, batches, top, json;
 };
 
 static int parse(int argc, char **argv, struct eval_opts *o) {
-    *o = (struct eval_opts){.split = "valid", .device = "auto", .valid_fraction = -1, .seed = -1, .top = 5};
+    *o = (struct eval_opts){.split = "valid", .device = "auto", .valid_fraction = -1, .seed = -1, .top = 5,
+                            .progress_s = 10};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
@@ -65,6 +67,7 @@ static int parse(int argc, char **argv, struct eval_opts *o) {
         OPT_NUM("eval", "--batch-size", batch, (int)strtol(v, &end, 10), o->batch > 0)
         OPT_NUM("eval", "--batches", batches, (int)strtol(v, &end, 10), o->batches > 0)
         OPT_NUM("eval", "--top", top, (int)strtol(v, &end, 10), o->top >= 0)
+        OPT_NUM("eval", "--progress", progress_s, strtod(v, &end), o->progress_s >= 0)
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (a[0] != '-' && !o->model) o->model = a;
         else {
@@ -229,9 +232,15 @@ static int eval_data(const struct eval_opts *o, const struct model_source *src) 
     }
     int32_t *sample = xmalloc(sizeof(int32_t) * (T + 1)), *tokens = xmalloc(sizeof(int32_t) * B * T),
             *targets = xmalloc(sizeof(int32_t) * B * T);
-    double sum = 0, t0 = now_seconds();
+    double sum = 0, t0 = now_seconds(), said = t0;
     long long ntok = 0;
     for (long first = 0; first < samples; first += B) {
+        double now = now_seconds();
+        if (o->progress_s > 0 && now - said >= o->progress_s) { /* a long split: progress on stderr (stdout: the result) */
+            fprintf(stderr, "eval %s: %ld of %ld samples, loss so far %.6f, %.0f tokens/s\n", o->split, first, samples,
+                    ntok ? sum / ntok : 0.0, ntok / (now - t0));
+            said = now;
+        }
         for (int b = 0; b < B; b++) {
             int32_t *tk = tokens + (size_t)b * T, *tg = targets + (size_t)b * T;
             if (first + b >= samples) { /* a short last batch: rows that count for nothing */

@@ -255,10 +255,17 @@ static int check_train(const struct recipe *r, int world_size) {
     /* check_parallel made tp*pp*cp divide the world size, so dp >= 1 */
     long long dp = world_size > 0 ? world_size / ((long long)p->tp * p->pp * p->cp) : 1;
     long long per_step = (long long)t->micro_batch * dp;
-    if (t->global_batch % per_step)
+    if (t->global_batch % per_step) {
+        /* say what works: the largest micro batch that divides the share of each data-parallel rank */
+        int mb = 0;
+        for (int b = t->micro_batch; b >= 1 && !mb; b--)
+            if (t->global_batch % ((long long)b * dp) == 0) mb = b;
+        char fix[96] = "";
+        if (mb) snprintf(fix, sizeof fix, "; with %lld data-parallel ranks set train.micro_batch=%d", dp, mb);
         return verr(r, "train.global_batch",
-                    "global_batch %d is not divisible by micro_batch * data-parallel size = %d * %lld = %lld%s",
-                    t->global_batch, t->micro_batch, dp, per_step, other(r, "train.micro_batch", o, sizeof o));
+                    "global_batch %d is not divisible by micro_batch * data-parallel size = %d * %lld = %lld%s%s",
+                    t->global_batch, t->micro_batch, dp, per_step, other(r, "train.micro_batch", o, sizeof o), fix);
+    }
     long long micro_batches = t->global_batch / per_step;
     if (p->vpp > 1 && world_size > 0 && micro_batches % p->pp)
         return verr(r, "parallel.vpp", "interleaved 1F1B (vpp %d) needs the micro batches per data-parallel rank (%lld) "

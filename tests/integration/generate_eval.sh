@@ -52,6 +52,10 @@ want=$("$PY" -c "import json,sys; print([json.loads(l)['val_loss'] for l in open
 "$PY" -c "import json,sys; g=json.load(open('ev.json'))['loss']; sys.exit(0 if abs(g-$want)<=2e-6*abs($want)+1e-6 else 1)" &&
     pass eval_valid_equals_training_eval || fail eval_valid_equals_training_eval "eval $(cat ev.json), training $want"
 # batch size does not change the mean (padded last batch counts nothing)
+# a pass over a split says how far it is on stderr (every --progress seconds), stdout stays the result
+"$MTRAIN" eval ck --data data --split all --batches 6 --batch-size 2 --json --progress 0.000001 >ep.json 2>ep.err
+grep -q '^eval all: [0-9]* of 12 samples, loss so far [0-9.]*, [0-9]* tokens/s$' ep.err && [ "$(wc -l <ep.json)" = 1 ] &&
+    pass eval_progress_lines || fail eval_progress_lines "$(head -c 300 ep.err)"
 "$MTRAIN" eval ck --data data --split all --batches 3 --batch-size 4 --json >e1.json 2>/dev/null
 "$MTRAIN" eval ck --data data --split all --batches 4 --batch-size 3 --json >e2.json 2>/dev/null
 "$MTRAIN" eval ck --data data --split all --batches 2 --batch-size 5 --json >e3.json 2>/dev/null

@@ -171,6 +171,11 @@ done
 # a short run of a tiny recipe (warmup_steps 20): the error says what to set
 bad warmup_short_run - optimizer.warmup_steps 'set both, e.g. --set train.steps=5 --set optimizer.warmup_steps=1' \
     "$(cat "$TEST_ROOT/recipes/tiny-llama3.yaml")" --set train.steps=5 --set data.path="$DATA"
+# the documented ep line without its micro batch: the error says which micro batch works
+SLURM_NTASKS=2 "$MTRAIN" pretrain "$TEST_ROOT/recipes/tiny-mixtral.yaml" --set parallel.ep=2 --set data.path="$DATA" --dry-run \
+    >"$TMP/out" 2>&1
+[ $? = 2 ] && grep -q 'with 2 data-parallel ranks set train.micro_batch=4' "$TMP/out" && pass recipe_error_batch_split_says_fix ||
+    fail recipe_error_batch_split_says_fix "$(head -c 300 "$TMP/out")"
 bad log_dir_empty - log.dir 'log.dir is empty' "$good" --set log.dir=
 bad moe_rows_headroom_below_one - model.moe_rows_headroom 'out of range|>= 1' "$moe" --set model.moe_rows_headroom=0.5
 bad moe_ep_dense 14 parallel.ep 'needs a mixture-of-experts model' "$good
