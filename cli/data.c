@@ -495,12 +495,21 @@ static int data_verify(int argc, char **argv) {
     struct dataset_info in;
     dataset_get_info(ds, &in);
     int64_t bad = dataset_verify(ds, stderr);
+    /* the tokenizer record too, as inspect and training read it */
+    char *rjson = NULL, err[4096];
+    int version = 0, has_record = tokenizer_record_read(argv[1], &rjson, &version, err, sizeof err), bad_record = 0;
+    struct tokenizer_record rec;
+    if (has_record > 0 && tokenizer_record_parse(rjson, &rec, err, sizeof err) != 0)
+        fprintf(stderr, "mtrain: error: %s/index.mtd: %s\n", argv[1], err), bad_record = 1;
+    else if (has_record > 0) tokenizer_record_free(&rec);
+    if (has_record < 0) fprintf(stderr, "mtrain: error: %s\n", err), bad_record = 1;
+    free(rjson);
     if (bad) fprintf(stderr, "mtrain: error: verify %s: %lld of %lld frames bad\n", argv[1], (long long)bad,
                      (long long)in.frames);
-    else printf("verify %s: ok, %lld frames, %lld tokens, %lld documents\n", argv[1], (long long)in.frames,
+    else if (!bad_record) printf("verify %s: ok, %lld frames, %lld tokens, %lld documents\n", argv[1], (long long)in.frames,
                 (long long)in.tokens, (long long)in.docs);
     dataset_close(ds);
-    return bad ? EXIT_RUNTIME : 0;
+    return bad || bad_record ? EXIT_RUNTIME : 0;
 }
 
 int cmd_data(int argc, char **argv) {

@@ -203,4 +203,14 @@ for kind in fifo dir; do
         done
     done
 done
+# a tokenizer record that inspect refuses (behind a valid index checksum) fails verify too
+rm -rf "$D/badrec" && cp -r "$D/g" "$D/badrec"
+"$PY" -c "
+import sys
+p = sys.argv[1]; d = open(p, 'rb').read(); a = b'\"tokenizer\":\"bytes\"'
+assert a in d; open(p, 'wb').write(d.replace(a, b'\"tokenizer\":\"bytez\"', 1))" "$D/badrec/index.mtd" &&
+    "$(build_path tools/index_reseal)" "$D/badrec/index.mtd"
+expect_exit data_inspect_bad_tokenizer_record 1 "$MTRAIN" data inspect "$D/badrec"
+expect_exit data_verify_bad_tokenizer_record 1 "$MTRAIN" data verify "$D/badrec"
+expect_output data_verify_bad_tokenizer_record_named "index.mtd: tokenizer record lacks a known tokenizer kind"
 exit $FAILED
