@@ -35,6 +35,8 @@
  * same numbers as the widening ones, in one pass); with BF16_OWN_ATTENTION,
  * its own attention_forward and attention_backward (the same state as the
  * fp32 table's), which may call ref_attention_forward/backward (below);
+ * with BF16_OWN_COMBINE, its own moe_combine and moe_combine_backward on
+ * bf16 rows (the same numbers; rows of dropped selections in dy unwritten);
  * with BF16_OWN_CROSS_ENTROPY, its own cross_entropy, ce_row_max,
  * ce_row_sumexp and ce_finish on the stored logits. */
 
@@ -237,6 +239,7 @@ static void moe_expert_order(int32_t *order, int32_t *inverse, int32_t *offsets,
     BF16_INNER.moe_expert_order(order, inverse, offsets, in, ep, El, rows);
 }
 
+#ifndef BF16_OWN_COMBINE
 /* y has n*k rows (the send order); gate weights w are fp32 */
 static void moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
                         int accumulate) {
@@ -254,6 +257,7 @@ static void moe_combine_backward(float *dy, float *dw, const float *dout, const 
     BF16_INNER.moe_combine_backward(d, dw, wide(0, dout, (size_t)n * C), wide(1, y, ny), pos, w, n, k, C);
     bf16_narrow(dy, d, ny);
 }
+#endif
 
 #ifndef BF16_OWN_CROSS_ENTROPY
 /* The cross-entropy ops work row by row, so they widen the logits a chunk

@@ -104,8 +104,8 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
  *   cross-entropy and flash attention (head dims 64 and 128) run on bf16
  *   storage; the
  *   reference attention (other head dims) widens its operands: seven slots
- *   of up to N x C, k x C rows under MoE's combine, counted always (an
- *   upper bound). fp8 adds the reference FP8 GEMMs' widened operands (x, w
+ *   of up to N x C, counted always (an upper bound; MoE's combine runs on
+ *   bf16 rows). fp8 adds the reference FP8 GEMMs' widened operands (x, w
  *   and the output), an upper bound of the FP8 GEMMs' code buffers too. */
 static size_t bf16_scratch_bytes(const struct recipe *r, const struct backend *be) {
     if (be->precision == PRECISION_FP32) return 0;
@@ -118,8 +118,7 @@ static size_t bf16_scratch_bytes(const struct recipe *r, const struct backend *b
     if (!strcmp(be->name, "cpu")) {
         floats = N * V + 4 * N * big + 2 * N * C + (V * C > N * F ? V * C : N * F) + N * V;
     } else {
-        size_t row = C * (mc->num_experts > 0 && mc->experts_per_token > 1 ? (size_t)mc->experts_per_token : 1);
-        floats = 7 * N * row;
+        floats = 7 * N * C;
     }
     if (be->precision == PRECISION_FP8) floats += 2 * N * big + big * C; /* the FP8 GEMMs widen both operands */
     return floats * sizeof(float);

@@ -131,6 +131,17 @@ static void embedding_backward(float *dtable, const int32_t *tokens, const float
     cuda_bf16_embedding_backward(dtable, tokens, dout, N, C, vstart, V);
 }
 
+/* the MoE combine and its backward on bf16 rows (kernels/cuda/moe_combine.cuh): no fp32 copy of the k x tokens rows */
+#define BF16_OWN_COMBINE
+static void moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
+                        int accumulate) {
+    cuda_bf16_moe_combine(out, y, pos, w, n, k, C, accumulate);
+}
+static void moe_combine_backward(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
+                                 const float *w, int n, int k, int C) {
+    cuda_bf16_moe_combine_backward(dy, dw, dout, y, pos, w, n, k, C);
+}
+
 /* cross-entropy on the stored logits, gradient stored in place (kernels/cuda/cross_entropy.cu) */
 #define BF16_OWN_CROSS_ENTROPY
 static void cross_entropy(float *losses, float *logits, const int32_t *targets, int N, int V, float dscale) {

@@ -84,6 +84,10 @@ void cuda_moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const
 void cuda_moe_route_sigmoid_backward(float *dlogits, const float *dw, const float *scores, const int32_t *idx,
                                      const float *w, const float *aux_coef, int n, int E, int k, float scaling, int T,
                                      int r0);
+void cuda_bf16_moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
+                           int accumulate);
+void cuda_bf16_moe_combine_backward(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
+                                    const float *w, int n, int k, int C);
 void cuda_moe_route_counts(float *counts, const int32_t *idx, int n, int k, int E, int T, int r0, int B);
 void cuda_moe_route_balance(float *coef, double *metrics, const float *counts_all, const float *probs, const float *lse,
                             int n, int E, int k, int T, int r0, int B, int tp, int tp_rank, int sigmoid,

@@ -3,6 +3,7 @@
 // thread per output element for the row moves; every output has one writer,
 // so results repeat bitwise. Simple first: speed comes with grouped GEMMs.
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/moe_combine.cuh"
 #include "kernels/cuda/moe_plan.cuh"
 #include "kernels/moe_sigmoid_route.h"
 
@@ -79,41 +80,6 @@ __global__ void gather_rows_k(float *out, const float *x, const int32_t *rows, i
         out[i] = x[(size_t)rows[i / C] * C + i % C];
 }
 
-__global__ void combine_k(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
-                          int accumulate) {
-    size_t total = (size_t)n * C;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        size_t t = i / C, c = i % C;
-        float acc = accumulate ? out[i] : 0.0f;
-        for (int j = 0; j < k; j++) {
-            int32_t r = pos[t * k + j];
-            if (r >= 0) acc += (w ? w[t * k + j] : 1.0f) * y[(size_t)r * C + c];
-        }
-        out[i] = acc;
-    }
-}
-
-__global__ void combine_dy_k(float *dy, const float *dout, const int32_t *pos, const float *w, int n, int k, int C) {
-    size_t total = (size_t)n * k * C;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        size_t tj = i / C, c = i % C;
-        int32_t r = pos[tj];
-        if (r >= 0) dy[(size_t)r * C + c] = w[tj] * dout[(tj / k) * C + c];
-    }
-}
-
-// one block per (token, slot): dw = dout[t] . y[pos]
-__global__ void combine_dw_k(float *dw, const float *dout, const float *y, const int32_t *pos, int k, int C) {
-    __shared__ double buf[THREADS];
-    size_t tj = blockIdx.x;
-    int32_t r = pos[tj];
-    double acc = 0;
-    if (r >= 0)
-        for (int c = threadIdx.x; c < C; c += blockDim.x) acc += (double)dout[(tj / k) * C + c] * y[(size_t)r * C + c];
-    acc = block_sum(acc, buf);
-    if (threadIdx.x == 0) dw[tj] = r >= 0 ? (float)acc : 0.0f;
-}
-
 void cuda_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E, int k) {
     if (!n) return;
     route_forward_k<<<(n + THREADS - 1) / THREADS, THREADS>>>(probs, lse, idx, w, logits, n, E, k);
@@ -151,20 +117,44 @@ void cuda_gather_rows(float *out, const float *x, const int32_t *rows, int n, in
     LAUNCH_CHECK();
 }
 
+template <typename T>
+static void combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C, int accumulate) {
+    if (!n) return;
+    moe_combine_k<T><<<blocks_for((size_t)n * C, THREADS), THREADS>>>((T *)out, (const T *)y, pos, w, n, k, C,
+                                                                     accumulate);
+    LAUNCH_CHECK();
+}
+
+template <typename T>
+static void combine_backward(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
+                             const float *w, int n, int k, int C) {
+    if (!n) return;
+    moe_combine_dy_k<T><<<blocks_for((size_t)n * k * C, THREADS), THREADS>>>((T *)dy, (const T *)dout, pos, w, n, k,
+                                                                            C);
+    LAUNCH_CHECK();
+    moe_combine_dw_k<T><<<(unsigned)((size_t)n * k), THREADS>>>(dw, (const T *)dout, (const T *)y, pos, k, C);
+    LAUNCH_CHECK();
+}
+
 void cuda_moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
                       int accumulate) {
-    if (!n) return;
-    combine_k<<<blocks_for((size_t)n * C, THREADS), THREADS>>>(out, y, pos, w, n, k, C, accumulate);
-    LAUNCH_CHECK();
+    combine<float>(out, y, pos, w, n, k, C, accumulate);
 }
 
 void cuda_moe_combine_backward(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
                                const float *w, int n, int k, int C) {
-    if (!n) return;
-    combine_dy_k<<<blocks_for((size_t)n * k * C, THREADS), THREADS>>>(dy, dout, pos, w, n, k, C);
-    LAUNCH_CHECK();
-    combine_dw_k<<<(unsigned)((size_t)n * k), THREADS>>>(dw, dout, y, pos, k, C);
-    LAUNCH_CHECK();
+    combine_backward<float>(dy, dw, dout, y, pos, w, n, k, C);
+}
+
+/* the bf16 table's: the same kernels on bf16 rows (kernels/cuda/moe_combine.cuh) */
+void cuda_bf16_moe_combine(float *out, const float *y, const int32_t *pos, const float *w, int n, int k, int C,
+                           int accumulate) {
+    combine<bf16_t>(out, y, pos, w, n, k, C, accumulate);
+}
+
+void cuda_bf16_moe_combine_backward(float *dy, float *dw, const float *dout, const float *y, const int32_t *pos,
+                                    const float *w, int n, int k, int C) {
+    combine_backward<bf16_t>(dy, dw, dout, y, pos, w, n, k, C);
 }
 
 // ---- routing decisions (kernels/cuda/moe_plan.cuh): no host copy ----
