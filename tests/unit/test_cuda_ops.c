@@ -385,6 +385,87 @@ static void test_moe(int n, int E, int k, int C) {
     gpu->free(dG), gpu->free(dDY), gpu->free(dDW);
 }
 
+/* The routing decisions (kernels/cuda/moe_plan.cuh) against the CPU ops on
+ * the same choices: counts, coefficients, kept rows, send order, per-expert
+ * counts and the received order bitwise, the statistics within 1e-12; over
+ * 3 TP ranks with a capacity (sequences split between ranks) and without. */
+static void test_moe_plan(int n, int k, int E, int T, int tp, int sigmoid, double cap_factor, const char *tag) {
+    int B = tp * n / T, nk = n * k, BE = B * E;
+    long cap = cap_factor > 0 ? (long)ceil(cap_factor * T * k / E) : -1;
+    int32_t *idx = malloc(sizeof(int32_t) * tp * nk);
+    for (int t = 0; t < tp * n; t++)
+        for (int j = 0; j < k; j++) { /* skewed distinct choices */
+            int e;
+            do {
+                double u = (test_rand(&seed) + 1) / 2;
+                e = (int)(u * u * E) % E;
+                for (int m = 0; m < j; m++) e = idx[t * k + m] == e ? -1 : e;
+            } while (e < 0);
+            idx[t * k + j] = e;
+        }
+    float *probs = frand((size_t)tp * n * E), *lse = frand((size_t)tp * n);
+    for (size_t i = 0; i < (size_t)tp * n * E; i++) probs[i] = fabsf(probs[i]) + 0.05f;
+    float *all = malloc(sizeof(float) * tp * BE), *d_all = gpu->alloc(sizeof(float) * tp * BE);
+    int32_t *d_idx = gpu->alloc(sizeof(int32_t) * nk);
+    int ok = 1;
+    for (int r = 0; r < tp; r++) {
+        cpu->moe_route_counts(all + (size_t)r * BE, idx + (size_t)r * nk, n, k, E, T, r * n, B);
+        gpu->from_host(d_idx, idx + (size_t)r * nk, sizeof(int32_t) * nk);
+        gpu->moe_route_counts(d_all + (size_t)r * BE, d_idx, n, k, E, T, r * n, B);
+    }
+    float *g_all = host(d_all, (size_t)tp * BE);
+    ok &= !memcmp(g_all, all, sizeof(float) * tp * BE);
+    for (int r = 0; r < tp; r++) {
+        float *coef = malloc(sizeof(float) * BE), *ec = malloc(sizeof(float) * E), *d_coef = gpu->alloc(sizeof(float) * BE);
+        float *d_ec = gpu->alloc(sizeof(float) * E), *d_probs = dev(probs + (size_t)r * n * E, sizeof(float) * n * E);
+        float *d_lse = dev(lse + (size_t)r * n, sizeof(float) * n);
+        double *met = calloc(E + 3, sizeof(double)), *gmet = malloc(sizeof(double) * (E + 3));
+        double *d_met = gpu->alloc(sizeof(double) * (E + 3));
+        int32_t *pos = malloc(sizeof(int32_t) * nk), *rows = malloc(sizeof(int32_t) * nk), *gpos = malloc(sizeof(int32_t) * nk);
+        int32_t *grows = malloc(sizeof(int32_t) * nk), *d_pos = gpu->alloc(sizeof(int32_t) * nk);
+        int32_t *d_rows = gpu->alloc(sizeof(int32_t) * nk);
+        gpu->from_host(d_idx, idx + (size_t)r * nk, sizeof(int32_t) * nk);
+        cpu->moe_route_balance(coef, met, all, probs + (size_t)r * n * E, lse + (size_t)r * n, n, E, k, T, r * n, B, tp, r,
+                               sigmoid, 0.3f, cap);
+        gpu->moe_route_balance(d_coef, d_met, d_all, d_probs, d_lse, n, E, k, T, r * n, B, tp, r, sigmoid, 0.3f, cap);
+        cpu->moe_dispatch(pos, rows, ec, idx + (size_t)r * nk, all, n, k, E, T, r * n, B, r, cap);
+        gpu->moe_dispatch(d_pos, d_rows, d_ec, d_idx, d_all, n, k, E, T, r * n, B, r, cap);
+        float *gcoef = host(d_coef, BE), *gec = host(d_ec, E);
+        gpu->to_host(gmet, d_met, sizeof(double) * (E + 3));
+        gpu->to_host(gpos, d_pos, sizeof(int32_t) * nk);
+        gpu->to_host(grows, d_rows, sizeof(int32_t) * nk);
+        ok &= !memcmp(gcoef, coef, sizeof(float) * BE) && !memcmp(gec, ec, sizeof(float) * E);
+        ok &= !memcmp(gpos, pos, sizeof(int32_t) * nk) && !memcmp(grows, rows, sizeof(int32_t) * nk);
+        for (int i = 0; i < E + 3; i++) ok &= fabs(gmet[i] - met[i]) <= 1e-12 * fmax(fabs(met[i]), 1e-30);
+        free(coef), free(ec), free(pos), free(rows), free(gpos), free(grows), free(gcoef), free(gec), free(met), free(gmet);
+        gpu->free(d_coef), gpu->free(d_ec), gpu->free(d_probs), gpu->free(d_lse), gpu->free(d_met);
+        gpu->free(d_pos), gpu->free(d_rows);
+    }
+    /* the received order, 4 sources of E/4 local experts */
+    int El = E / 4, total = 0;
+    float *in = malloc(sizeof(float) * E);
+    for (int i = 0; i < E; i++) total += (int)(in[i] = (float)(int)((test_rand(&seed) + 1) * 3));
+    int32_t *o = malloc(sizeof(int32_t) * (total + 1)), *iv = malloc(sizeof(int32_t) * (total + 1));
+    int32_t *off = malloc(sizeof(int32_t) * (El + 1)), *go = malloc(sizeof(int32_t) * (total + 1));
+    int32_t *giv = malloc(sizeof(int32_t) * (total + 1)), *goff = malloc(sizeof(int32_t) * (El + 1));
+    int32_t *d_o = gpu->alloc(sizeof(int32_t) * (total + 1)), *d_iv = gpu->alloc(sizeof(int32_t) * (total + 1));
+    int32_t *d_off = gpu->alloc(sizeof(int32_t) * (El + 1));
+    float *d_in = dev(in, sizeof(float) * E);
+    cpu->moe_expert_order(o, iv, off, in, 4, El, total);
+    gpu->moe_expert_order(d_o, d_iv, d_off, d_in, 4, El, total);
+    gpu->to_host(go, d_o, sizeof(int32_t) * total);
+    gpu->to_host(giv, d_iv, sizeof(int32_t) * total);
+    gpu->to_host(goff, d_off, sizeof(int32_t) * (El + 1));
+    ok &= !memcmp(go, o, sizeof(int32_t) * total) && !memcmp(giv, iv, sizeof(int32_t) * total) &&
+          !memcmp(goff, off, sizeof(int32_t) * (El + 1));
+    char name[96];
+    snprintf(name, sizeof name, "cuda_moe_plan_%s", tag);
+    TEST_RESULT(name, ok, "a routing decision differs from the CPU op's");
+    free(idx), free(probs), free(lse), free(all), free(g_all), free(in), free(o), free(iv), free(off), free(go);
+    free(giv), free(goff);
+    gpu->free(d_all), gpu->free(d_idx), gpu->free(d_o), gpu->free(d_iv), gpu->free(d_off), gpu->free(d_in);
+}
+
 static void test_memory(void) {
     size_t n = 1000;
     float *a = frand(n), *b = malloc(4 * n), *z = calloc(n, 4);
@@ -439,5 +520,8 @@ int main(void) {
     test_adamw(100003);
     test_moe(1000, 8, 2, 520);
     test_moe(77, 64, 6, 96);
+    test_moe_plan(2048, 8, 256, 2048, 1, 1, 0, "deepseek_shape");
+    test_moe_plan(40, 3, 16, 24, 3, 0, 1.25, "tp3_capacity");
+    test_moe_plan(600, 2, 8, 300, 2, 0, 1.0, "softmax_chunks_capacity");
     TEST_EXIT();
 }
