@@ -8,6 +8,7 @@
 
 #include "config/common.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/moe_balance.h"
 
 void cpu_moe_route_counts(float *counts, const int32_t *idx, int n, int k, int E, int T, int r0, int B) {
     memset(counts, 0, sizeof(float) * B * E);
@@ -15,38 +16,24 @@ void cpu_moe_route_counts(float *counts, const int32_t *idx, int n, int k, int E
         for (int j = 0; j < k; j++) counts[(size_t)((r0 + t) / T) * E + idx[(size_t)t * k + j]] += 1;
 }
 
-/* the sum over TP ranks of counts_all [tp, B*E] at i */
-static double count_at(const float *counts_all, size_t BE, int tp, size_t i) {
-    double c = 0;
-    for (int r = 0; r < tp; r++) c += counts_all[(size_t)r * BE + i];
-    return c;
-}
 
 void cpu_moe_route_balance(float *coef, double *metrics, const float *counts_all, const float *probs, const float *lse,
                            int n, int E, int k, int T, int r0, int B, int tp, int tp_rank, int sigmoid, float aux_scale,
                            long cap) {
     size_t BE = (size_t)B * E;
     double f_scale = sigmoid ? (double)E / ((double)k * T) : (double)E / T;
-    for (size_t i = 0; i < BE; i++) coef[i] = (float)(aux_scale * f_scale * count_at(counts_all, BE, tp, i) / T);
+    for (size_t i = 0; i < BE; i++) coef[i] = (float)(aux_scale * f_scale * moe_count_at(counts_all, BE, tp, i) / T);
     if (!metrics) return;
     double aux = 0, z = 0;
     for (int t = 0; t < n; t++) {
-        const float *p = probs + (size_t)t * E;
-        size_t seq = (size_t)((r0 + t) / T) * E;
-        double norm = 1, dot = 0;
-        if (sigmoid) {
-            norm = 0;
-            for (int e = 0; e < E; e++) norm += p[e];
-        }
-        for (int e = 0; e < E; e++) dot += count_at(counts_all, BE, tp, seq + e) * (p[e] / norm);
-        aux += dot;
+        aux += moe_token_balance(probs + (size_t)t * E, counts_all, BE, tp, (size_t)((r0 + t) / T) * E, E, sigmoid);
         if (!sigmoid) z += (double)lse[t] * lse[t];
     }
     metrics[E] += aux * f_scale / T;
     metrics[E + 1] += z / T;
     if (tp_rank != 0) return;
     for (size_t i = 0; i < BE; i++) {
-        double c = count_at(counts_all, BE, tp, i);
+        double c = moe_count_at(counts_all, BE, tp, i);
         metrics[i % E] += c;
         if (cap >= 0 && c > cap) metrics[E + 2] += c - cap;
     }

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/block_reduce.cuh"
+#include "kernels/moe_balance.h"
 
 enum { MOE_PLAN_CHUNK = 256 }; /* selections one thread of the counting sort takes in order */
 
@@ -37,8 +38,7 @@ static __global__ void moe_coef_k(float *coef, double *metrics, const float *cou
                                   int tp_rank, double f_scale, float aux_scale, long cap) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= BE) return;
-    double c = 0;
-    for (int r = 0; r < tp; r++) c += counts_all[(size_t)r * BE + i];
+    double c = moe_count_at(counts_all, BE, tp, i);
     coef[i] = (float)(aux_scale * f_scale * c / T);
     if (!metrics || tp_rank != 0) return;
     atomicAdd(&metrics[i % E], c);
@@ -51,19 +51,7 @@ static __global__ void moe_balance_k(double *metrics, const float *counts_all, c
     __shared__ double buf[256];
     double aux = 0, z = 0;
     for (int t = threadIdx.x; t < n; t += blockDim.x) {
-        const float *p = probs + (size_t)t * E;
-        size_t seq = (size_t)((r0 + t) / T) * E;
-        double norm = 1, dot = 0;
-        if (sigmoid) {
-            norm = 0;
-            for (int e = 0; e < E; e++) norm += p[e];
-        }
-        for (int e = 0; e < E; e++) {
-            double c = 0;
-            for (int r = 0; r < tp; r++) c += counts_all[(size_t)r * BE + seq + e];
-            dot += c * (p[e] / norm);
-        }
-        aux += dot;
+        aux += moe_token_balance(probs + (size_t)t * E, counts_all, BE, tp, (size_t)((r0 + t) / T) * E, E, sigmoid);
         if (!sigmoid) z += (double)lse[t] * lse[t];
     }
     aux = block_sum(aux, buf);
