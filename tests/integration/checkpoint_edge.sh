@@ -157,7 +157,7 @@ if command -v prlimit >/dev/null 2>&1; then
     kill -USR1 $pid # its last save, then the end of the run (the final weights too fail to write)
     for _ in $(seq 600); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
     kill -9 $pid 2>/dev/null; wait $pid; rc=$?
-    [ $rc = 1 ] && [ "$(grep -c 'mtrain: error' "$TMP/out")" = 1 ] && grep -qE '^mtrain: error: .*File too large$' "$TMP/out" &&
+    [ $rc = 1 ] && [ "$(grep -c 'mtrain: error' "$TMP/out")" = 1 ] && grep -qE '^mtrain: error: .*File too large( \(the partial file is removed; .*\))?$' "$TMP/out" &&
         pass edge_async_final_fail_one_line || fail edge_async_final_fail_one_line "exit $rc: $(grep -A1 'mtrain: error' "$TMP/out" | head -c 600)"
 else
     fail edge_async_fail "prlimit (util-linux) is missing"
