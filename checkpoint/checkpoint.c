@@ -34,10 +34,10 @@ void ckpt_snapshot_free(struct ckpt_snapshot *s) {
     json_decref(s->fp8);
 }
 
-void ckpt_snapshot_take(struct ckpt_snapshot *s, const struct backend *be, const float *params,
-                        struct optimizer *opt, const struct train_state *st) {
+void ckpt_snapshot_take(struct ckpt_snapshot *s, struct master *ms, struct optimizer *opt,
+                        const struct train_state *st) {
     size_t n = s->table->total;
-    be->to_host(s->host, params, sizeof(float) * n);
+    master_to_host(ms, s->host);
     optimizer_get_moments(opt, s->host + n, s->host + 2 * n);
     s->state = *st;
 }

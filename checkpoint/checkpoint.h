@@ -50,10 +50,11 @@ struct ckpt_snapshot {
 void ckpt_snapshot_init(struct ckpt_snapshot *s, const struct recipe *r, const struct param_table *t,
                         const struct ckpt_layout *layout);
 void ckpt_snapshot_free(struct ckpt_snapshot *s);
-/* Copy parameters and (gathered) optimizer moments to host: every rank of a
- * data-parallel group must call it together (ZeRO-1 gathers the moments). */
-void ckpt_snapshot_take(struct ckpt_snapshot *s, const struct backend *be, const float *params,
-                        struct optimizer *opt, const struct train_state *st);
+/* Copy the fp32 master weights and optimizer moments to host, whole: every
+ * rank of a data-parallel group must call it together (under ZeRO-1 both
+ * come from their owners' shards, model/master.h). */
+void ckpt_snapshot_take(struct ckpt_snapshot *s, struct master *ms, struct optimizer *opt,
+                        const struct train_state *st);
 
 /* Keep h's amax history (NULL: none) in the snapshot, for the manifest's
  * "fp8_amax_history" (checkpoint/amax_history.c): the same on every rank,

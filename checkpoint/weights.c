@@ -108,7 +108,7 @@ static int hf_interleaved(const char *path, const struct weight_files *w, const 
     return yes;
 }
 
-void weights_load(const struct backend *be, float *buf, const struct param_table *t, const char *path) {
+void weights_load_each(const struct param_table *t, const char *path, param_put_fn put, void *ctx) {
     struct weight_files w;
     struct mla_dims dims;
     char err[1024];
@@ -140,11 +140,16 @@ void weights_load(const struct backend *be, float *buf, const struct param_table
                     f->path, p->name, (double)whole[k], (long long)k);
         if (interleaved) hf_rope_permute(&dims, p->name, whole, rows, cols, 0);
         for (int64_t r = 0; r < lr; r++) memcpy(local + r * lc, whole + (r0 + r) * cols + c0, sizeof(float) * lc);
-        be->from_host(buf + p->offset, local, sizeof(float) * p->numel);
+        put(ctx, i, local);
         free(whole);
         free(local);
     }
     close_weights(&w);
+}
+
+void weights_load(const struct backend *be, float *buf, const struct param_table *t, const char *path) {
+    struct param_buffer b = {be, buf, t};
+    weights_load_each(t, path, param_put_buffer, &b);
 }
 
 void weights_save(const struct backend *be, const float *buf, const struct param_table *t, const char *path) {

@@ -2,6 +2,7 @@
  * the parameter table), fp32 on disk. */
 #pragma once
 #include "kernels/ops.h"
+#include "model/init.h"
 #include "model/params.h"
 
 /* Load every tensor of the table from path into the device buffer: a
@@ -13,5 +14,7 @@
  * rope_interleave) has its rotary rows put back in mtrain's order
  * (hf_rope_layout.h). Errors name the file and tensor and exit 1. */
 void weights_load(const struct backend *be, float *buf, const struct param_table *t, const char *path);
+/* The same, each tensor handed to put (model/master.h master_put). */
+void weights_load_each(const struct param_table *t, const char *path, param_put_fn put, void *ctx);
 /* Save the device buffer (e.g. parameters or gradients) as fp32 safetensors. */
 void weights_save(const struct backend *be, const float *buf, const struct param_table *t, const char *path);

@@ -269,6 +269,13 @@ static void dry_run(const struct recipe *r, int verbose) {
            e.total / GIB, e.params / GIB, working, e.grads / GIB, e.optimizer / GIB, e.activations / GIB,
            e.buffers / GIB, r->train.precision, be->name, dp, r->train.recompute);
     print_largest(r, &e, be);
+    if (e.local_params) { /* what each parameter this rank holds costs it (Megatron's 6 + 12/dp at bf16 ZeRO-1) */
+        double n = (double)e.local_params;
+        printf("bytes_per_param:  %.3f (fp32 master %.3f, working weights %.3f, grads %.3f, adam %.3f; %.4g local "
+               "parameters)\n",
+               (e.params + e.weights + e.grads + e.optimizer) / n, e.params / n, e.weights / n, e.grads / n,
+               e.optimizer / n, n);
+    }
     printf("host_per_rank:    %.3f GiB (batches and final weights %.3f, checkpoint/final snapshot %.3f, process runtime %.3f)%s\n",
            (e.host + e.runtime) / GIB, (e.host - e.snapshot) / GIB, e.snapshot / GIB, e.runtime / GIB,
            e.runtime ? "; counted in memory_per_rank (the CPU backend's device is host memory)" : "");

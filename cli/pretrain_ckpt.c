@@ -147,7 +147,7 @@ void save_final_weights(struct run *run, char *path, size_t n) {
     finish_save(run, 1); /* the snapshot is free once its save is committed */
     if (!r->checkpoint.dir[0]) ckpt_snapshot_init(sp = &local, r, &run->tr.model.table, &L);
     trainer_settle(&run->tr);
-    ckpt_snapshot_take(sp, run->be, run->tr.model.params, &run->tr.opt, &run->st);
+    ckpt_snapshot_take(sp, &run->tr.model.master, &run->tr.opt, &run->st);
     if (run->rank0) checkpoint_prepare(dir, run->st.step);
     comm_barrier(&run->grid.world);
     checkpoint_write_rank(sp, dir, 0);
@@ -188,7 +188,7 @@ void save_checkpoint(struct run *run) {
     finish_save(run, 1); /* a second save waits for the first */
     double waited = now_seconds() - t0;
     trainer_settle(&run->tr);
-    ckpt_snapshot_take(&run->snap, run->be, run->tr.model.params, &run->tr.opt, &run->st);
+    ckpt_snapshot_take(&run->snap, &run->tr.model.master, &run->tr.opt, &run->st);
     ckpt_snapshot_set_fp8(&run->snap, run->tr.model.fp8_hist);
     if (run->rank0) checkpoint_prepare(r->checkpoint.dir, run->st.step);
     comm_barrier(&run->grid.world);
@@ -229,7 +229,7 @@ int load_checkpoint(struct run *run, const char *step_dir, char *err, size_t err
     comm_all_reduce_max(&run->grid.world, &worst, 1);
     rc = -(int)worst;
     if (rc == 0) {
-        m->be->from_host(m->params, host, sizeof(float) * n);
+        master_put_all(&m->master, host);
         transformer_params_changed(m);
         optimizer_set_moments(&run->tr.opt, host + n, host + 2 * n);
         run->st = st;

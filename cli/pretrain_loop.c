@@ -422,7 +422,7 @@ static void setup(struct run *run) {
     if (r->train.eval_interval > 0 && r->data.valid_fraction > 0) run->valid = blend_from_recipe(r, SPLIT_VALID);
     trainer_create(&run->tr, run->be, r, &run->grid);
     if (r->model.init_from[0]) {
-        weights_load(run->be, run->tr.model.params, &run->tr.model.table, r->model.init_from);
+        weights_load_each(&run->tr.model.table, r->model.init_from, master_put, &run->tr.model.master);
         transformer_params_changed(&run->tr.model);
     } else {
         transformer_init_params(&run->tr.model, r->train.seed);

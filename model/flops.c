@@ -2,6 +2,7 @@
 
 #include "config/common.h"
 #include "model/flops.h"
+#include "model/master.h"
 #include "model/transformer.h"
 #include "parallel/schedule.h"
 
@@ -131,14 +132,19 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     struct model_part part;
     model_part_for(&part, &r->model, &r->parallel, 0, pp_rank, 0);
     param_table_build(&t, &r->model, &part);
-    e.params = t.total * sizeof(float);
-    e.grads = e.params;
+    e.local_params = t.total;
+    e.grads = t.total * sizeof(float);
     if (strcmp(r->train.precision, "fp32")) e.weights = t.total * 2; /* the bf16 working copy */
-    /* ZeRO-1 shards the dense tensors' moments over dp, the experts' over dp / ep */
+    /* ZeRO-1 shards the dense tensors' moments over dp, the experts' over dp / ep; with a working copy
+     * the fp32 master too, but for the norm gains and state every rank keeps whole (model/master.h) */
     int fe = param_table_first_expert(&t);
-    size_t experts = fe < t.count ? (t.total - t.items[fe].offset) * sizeof(float) : 0;
+    size_t experts = fe < t.count ? (t.total - t.items[fe].offset) * sizeof(float) : 0, gains = 0;
     int zero = r->optimizer.distributed && dp > 1, edp = dp / (r->parallel.ep > 0 ? r->parallel.ep : 1);
-    e.optimizer = 2 * (e.params - experts) / (zero ? dp : 1) + 2 * experts / (zero && edp > 1 ? edp : 1);
+    int edp_div = zero && edp > 1 ? edp : 1;
+    for (int i = 0; i < t.count; i++)
+        if (master_packed(&t.items[i])) gains += t.items[i].numel * sizeof(float);
+    e.params = zero && e.weights ? (e.grads - experts) / dp + experts / edp_div + gains : e.grads;
+    e.optimizer = 2 * (e.grads - experts) / (zero ? dp : 1) + 2 * experts / edp_div;
     /* ZeRO-1 reduces and gathers in place in the gradient and parameter buffers: no scratch */
     e.buffers += param_table_shared_block_floats(&t) * sizeof(float); /* kv-block scratch */
     param_table_free(&t);
@@ -166,8 +172,8 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     /* the final weights: one rank writes them from a host copy; several write
      * a scratch checkpoint from the checkpoint snapshot (or one of their own) */
     int one_rank = dp <= 1 && r->parallel.tp * r->parallel.pp == 1;
-    e.snapshot = r->checkpoint.dir[0] || !one_rank ? 3 * e.params : 0;
-    e.host += e.snapshot + (one_rank ? e.params : 0);
+    e.snapshot = r->checkpoint.dir[0] || !one_rank ? 3 * e.grads : 0; /* whole fp32 master and moments */
+    e.host += e.snapshot + (one_rank ? e.grads : 0);
     int cpu = !strcmp(be->name, "cpu");
     e.runtime = cpu ? MTRAIN_RUNTIME_BYTES : 0;
     e.total = e.params + e.weights + e.grads + e.optimizer + e.activations + e.buffers +

@@ -30,10 +30,11 @@ int64_t model_param_count(const struct model_config *m);
 int64_t model_active_param_count(const struct model_config *m);
 
 struct memory_estimate {
-    size_t params, grads, optimizer, activations; /* bytes per rank, on the backend's device */
+    size_t params, grads, optimizer, activations; /* bytes per rank, on the backend's device: params is the
+                                                   * fp32 master (sharded under ZeRO-1 with a working copy) */
+    size_t local_params; /* parameters this rank holds (its table's floats) */
     size_t weights;     /* the bf16 working copy of the weights; 0 at fp32 */
-    size_t buffers;     /* ZeRO-1 gather/scatter scratch, pipeline send/receive buffers, kv-block scratch, a
-                         * bf16 table's fp32 scratch */
+    size_t buffers;     /* pipeline send/receive buffers, kv-block scratch, a bf16 table's fp32 scratch */
     size_t host;        /* host memory besides the model: batches and prefetch, final weights, the snapshot */
     size_t snapshot;    /* ... of which the host snapshot of checkpoints or of multi-rank final weights */
     size_t runtime;     /* the process itself on the CPU backend: libraries, MPI, BLAS buffers (measured) */

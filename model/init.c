@@ -30,17 +30,27 @@ static uint64_t global_index(const struct param_info *p, size_t i, int tp_rank) 
     return (uint64_t)(r * p->shape[1] + c);
 }
 
-void params_init(const struct backend *be, float *params, const struct param_table *t, uint64_t seed, int tp_rank) {
+void params_init_each(const struct param_table *t, uint64_t seed, int tp_rank, param_put_fn put, void *ctx) {
     for (int k = 0; k < t->count; k++) {
         const struct param_info *p = &t->items[k];
-        float *host = xmalloc(sizeof(float) * p->numel);
+        float *host = xmalloc(sizeof(float) * (p->numel ? p->numel : 1));
         uint64_t stream = hash_string(p->name);
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < p->numel; i++)
             host[i] = p->kind == PARAM_NORM    ? 1.0f
                       : p->kind == PARAM_STATE ? 0.0f
                                                : (float)(p->init_std * init_normal(seed, stream, global_index(p, i, tp_rank)));
-        be->from_host(params + p->offset, host, sizeof(float) * p->numel);
+        put(ctx, k, host);
         free(host);
     }
+}
+
+void param_put_buffer(void *ctx, int i, const float *host) {
+    struct param_buffer *b = ctx;
+    b->be->from_host(b->buf + b->t->items[i].offset, host, sizeof(float) * b->t->items[i].numel);
+}
+
+void params_init(const struct backend *be, float *params, const struct param_table *t, uint64_t seed, int tp_rank) {
+    struct param_buffer b = {be, params, t};
+    params_init_each(t, seed, tp_rank, param_put_buffer, &b);
 }

@@ -24,12 +24,14 @@ static void group_init(struct opt_group *g, const struct backend *be, const stru
     g->v = be->alloc(sizeof(float) * (g->shard_len ? g->shard_len : 1));
 }
 
-void optimizer_create(struct optimizer *o, const struct backend *be, const struct param_table *t,
+void optimizer_create(struct optimizer *o, const struct backend *be, struct master *ms,
                       const struct optimizer_config *cfg, struct comm *dp, struct comm *tp, int sequence_parallel,
                       struct comm *edp) {
+    const struct param_table *t = ms->t;
     memset(o, 0, sizeof *o);
     o->be = be;
     o->table = t;
+    o->master = ms;
     o->cfg = *cfg;
     o->tp = tp;
     o->sequence_parallel = sequence_parallel && tp && tp->size > 1;
@@ -37,6 +39,11 @@ void optimizer_create(struct optimizer *o, const struct backend *be, const struc
     group_init(&o->group[0], be, t, 0, fe, dp, cfg->distributed);
     o->ngroups = 1;
     if (fe < t->count) group_init(&o->group[o->ngroups++], be, t, fe, t->count - fe, edp, cfg->distributed);
+    /* a sharded master (model/master.h) keeps each group's fp32 matrices over the moments' shard */
+    for (int k = 0; k < o->ngroups && !ms->full; k++) {
+        struct opt_group *g = &o->group[k];
+        master_add_shard(ms, g->base, g->total, g->shard_begin, g->shard_len, g->distributed ? g->dp : NULL);
+    }
     o->started = xcalloc(t->count ? t->count : 1, 1);
     size_t shared = param_table_shared_block_floats(t);
     if (shared) o->shared_scratch = be->alloc(sizeof(float) * shared);
@@ -178,9 +185,10 @@ double optimizer_grad_norm(struct optimizer *o, const float *grads, struct comm 
     return sqrt(ss);
 }
 
-int optimizer_step(struct optimizer *o, float *params, const float *grads, double lr, double grad_norm,
-                   uint16_t *work) {
-    int fresh = work != NULL;
+int optimizer_step(struct optimizer *o, const float *grads, double lr, double grad_norm, uint16_t *work) {
+    struct master *ms = o->master;
+    const struct backend *be = o->be;
+    int fresh = work != NULL, sharded = !ms->full;
     float scale = 1.0f;
     if (o->cfg.grad_clip > 0) {
         double coef = o->cfg.grad_clip / (grad_norm + 1e-6);
@@ -190,48 +198,56 @@ int optimizer_step(struct optimizer *o, float *params, const float *grads, doubl
     for (int k = 0; k < o->ngroups; k++) {
         struct opt_group *gr = &o->group[k];
         const float *g = grads + gr->shard_begin;
-        uint16_t *wk = gr->distributed ? NULL : work;
+        /* a sharded master's shard writes its working copy, which the gather then carries; a whole fp32
+         * master under ZeRO-1 (fp32 runs: the ops read it) is gathered itself */
+        uint16_t *wk = gr->distributed && !sharded ? NULL : work;
         if (gr->distributed) fresh = 0;
         /* one AdamW call per run of adjacent tensors with the same weight
-         * decay (an element-wise update: the same numbers, far fewer calls;
-         * on a GPU, launches) */
+         * decay and the same home of their master (an element-wise update:
+         * the same numbers, far fewer calls; on a GPU, launches) */
         size_t run_off = 0, run_len = 0;
         float run_wd = 0;
+        int run_item = -1, run_packed = 0;
         for (int i = gr->first; i <= gr->first + gr->count; i++) {
             const struct param_info *p = i < gr->first + gr->count ? &o->table->items[i] : NULL;
             size_t off = 0, n = 0;
             /* PARAM_STATE (the MoE expert bias) moves by its own rule, not by AdamW */
             int take = p && p->kind != PARAM_STATE && intersect(p, gr->shard_begin, gr->shard_len, &off, &n);
             float wd = p && p->kind == PARAM_NORM ? 0.0f : (float)o->cfg.weight_decay;
-            if (take && run_len && off == run_off + run_len && wd == run_wd) {
+            int packed = p && master_packed(p);
+            if (take && run_len && off == run_off + run_len && wd == run_wd && packed == run_packed) {
                 run_len += n;
                 continue;
             }
             if (run_len) {
                 size_t j = run_off - gr->shard_begin;
-                o->be->adamw(params + run_off, g + j, gr->m + j, gr->v + j, run_len, (float)lr, (float)o->cfg.beta1,
-                             (float)o->cfg.beta2, (float)o->cfg.eps, run_wd, scale, o->step,
-                             wk ? wk + run_off : NULL);
+                float *master = master_at(ms, k, run_item, run_off);
+                be->adamw(master, g + j, gr->m + j, gr->v + j, run_len, (float)lr, (float)o->cfg.beta1,
+                          (float)o->cfg.beta2, (float)o->cfg.eps, run_wd, scale, o->step, wk ? wk + run_off : NULL);
+                if (sharded && !wk) /* MTRAIN_FUSED_ADAMW=0: the separate conversion, as transformer_sync_weights */
+                    be->to_storage((float *)((char *)ms->work + be->act_bytes * run_off), master, run_len);
             }
-            run_len = take ? n : 0, run_off = off, run_wd = wd;
+            run_len = take ? n : 0, run_off = off, run_wd = wd, run_item = i, run_packed = packed;
         }
-        if (!gr->distributed || (k == 0 && o->defer_gather)) continue;
+        if (!gr->distributed) continue;
+        master_gather_gains(ms, k); /* the norm gains this rank's shard updated, to every rank */
+        if (k == 0 && o->defer_gather) continue;
         /* every DP rank updated its slice: gather the group's parameters back, in place (in
          * pieces: the gather counts in ints) */
         size_t end = gr->base + gr->total, piece = (size_t)1 << 30;
         for (size_t at = gr->base; at < end; at += piece) {
-            int ticket = optimizer_group_gather_start(o, k, params, at, end - at < piece ? end : at + piece);
+            int ticket = optimizer_group_gather_start(o, k, at, end - at < piece ? end : at + piece);
             if (ticket) comm_wait_ticket(gr->dp, ticket);
         }
     }
     return fresh;
 }
 
-int optimizer_gather_start(struct optimizer *o, float *params, size_t begin, size_t end) {
-    return optimizer_group_gather_start(o, 0, params, begin, end);
+int optimizer_gather_start(struct optimizer *o, size_t begin, size_t end) {
+    return optimizer_group_gather_start(o, 0, begin, end);
 }
 
-int optimizer_group_gather_start(struct optimizer *o, int k, float *params, size_t begin, size_t end) {
+int optimizer_group_gather_start(struct optimizer *o, int k, size_t begin, size_t end) {
     struct opt_group *g = &o->group[k];
     if (!g->distributed || begin >= end) return 0;
     CHECK(end - begin <= (size_t)INT_MAX); /* MPI's int counts */
@@ -243,7 +259,9 @@ int optimizer_group_gather_start(struct optimizer *o, int k, float *params, size
         counts[r] = lo < hi ? (int)(hi - lo) : 0;
         displs[r] = lo < hi ? (int)(lo - begin) : 0;
     }
-    int ticket = comm_all_gather_v_start(g->dp, params + begin, counts, displs);
+    /* what the ops read: the bf16 working copy (sharded master), or the fp32 master itself */
+    size_t elem = o->be->act_bytes;
+    int ticket = comm_all_gather_v_start(g->dp, (char *)o->master->work + elem * begin, elem, counts, displs);
     free(counts);
     return ticket;
 }
@@ -253,22 +271,9 @@ int optimizer_group_gather_start(struct optimizer *o, int k, float *params, size
 void optimizer_get_moments(struct optimizer *o, float *m_out, float *v_out) {
     for (int k = 0; k < o->ngroups; k++) {
         struct opt_group *g = &o->group[k];
-        float *bufs[2] = {g->m, g->v}, *outs[2] = {m_out + g->base, v_out + g->base};
-        float *stage = g->distributed ? o->be->alloc(sizeof(float) * g->shard_len) : NULL;
-        for (int s = 0; s < 2; s++) {
-            if (!g->distributed) {
-                o->be->to_host(outs[s], bufs[s], sizeof(float) * g->total);
-                continue;
-            }
-            for (int r = 0; r < g->dp->size; r++) {
-                size_t at = g->shard_len * r, n = at < g->total ? g->total - at : 0;
-                if (n > g->shard_len) n = g->shard_len;
-                if (r == g->dp->rank) o->be->copy(stage, bufs[s], sizeof(float) * g->shard_len);
-                comm_broadcast(g->dp, stage, sizeof(float) * g->shard_len, r);
-                o->be->to_host(outs[s] + at, stage, sizeof(float) * n);
-            }
-        }
-        if (stage) o->be->free(stage);
+        struct comm *dp = g->distributed ? g->dp : NULL;
+        shard_to_host(o->be, dp, g->m, g->shard_len, g->total, m_out + g->base);
+        shard_to_host(o->be, dp, g->v, g->shard_len, g->total, v_out + g->base);
     }
 }
 

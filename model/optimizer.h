@@ -2,16 +2,18 @@
  * process grid, clipping by global norm, and the learning-rate schedules.
  *
  * Without optimizer.distributed every data-parallel rank all-reduces the full
- * gradient and updates the full local parameters. With it (ZeRO-1) each DP
- * rank reduce-scatters the gradient, keeps fp32 moments and updates only its
- * 1/dp slice of the flat parameter buffer, and all-gathers the parameters.
- * Both work in place in the gradient and parameter buffers: each part is
- * summed onto its owner, and each owner's slice is gathered into the
- * others' parameters, with no scratch: the reduced slice stays in the
- * gradient buffer, where AdamW reads it. */
+ * gradient and updates the full local parameters. With it (ZeRO-1, the
+ * distributed optimizer) each DP rank reduce-scatters the gradient, keeps
+ * fp32 moments and (with a bf16 working copy) fp32 master weights for only
+ * its 1/dp slice of the flat parameter layout (model/master.h), updates that
+ * slice, and all-gathers what the ops read: the working copy, or at fp32 the
+ * master itself. Both work in place: each part of the gradient is summed
+ * onto its owner, where AdamW reads it, and each owner's slice is gathered
+ * into the others' weights, with no scratch. */
 #pragma once
 #include "config/recipe.h"
 #include "kernels/ops.h"
+#include "model/master.h"
 #include "model/params.h"
 #include "parallel/comm.h"
 
@@ -31,6 +33,7 @@ struct opt_group {
 struct optimizer {
     const struct backend *be;
     const struct param_table *table;
+    struct master *master;     /* the fp32 master weights AdamW updates (whole, or sharded like the moments) */
     struct optimizer_config cfg;
     struct comm *tp;           /* tensor-parallel group (may be size 1) */
     int sequence_parallel;     /* replicated tensors' grads are partial over TP */
@@ -45,7 +48,7 @@ struct optimizer {
 
 /* dp reduces the dense tensors' gradients, edp the routed experts' (NULL
  * when the model has none). */
-void optimizer_create(struct optimizer *o, const struct backend *be, const struct param_table *t,
+void optimizer_create(struct optimizer *o, const struct backend *be, struct master *ms,
                       const struct optimizer_config *cfg, struct comm *dp, struct comm *tp, int sequence_parallel,
                       struct comm *edp);
 void optimizer_free(struct optimizer *o);
@@ -61,23 +64,26 @@ void optimizer_reduce_bucket_start(struct optimizer *o, float *grads, int first,
 /* Global L2 norm of the reduced gradients, each parameter counted once
  * across TP, PP and DP; world is the group of all ranks. */
 double optimizer_grad_norm(struct optimizer *o, const float *grads, struct comm *world);
-/* One AdamW update at learning rate lr; gradients are clipped to
- * cfg.grad_clip by the global norm (torch clip_grad_norm_ semantics). Weight
- * decay skips norms. work: NULL, or the bf16 working copy (2-byte values at
- * the table's offsets) that AdamW writes as it updates; returns 1 when the
- * working copy now matches every parameter AdamW updated (no group is
- * ZeRO-sharded: a gathered shard arrives in fp32 and needs converting). */
-int optimizer_step(struct optimizer *o, float *params, const float *grads, double lr, double grad_norm,
-                   uint16_t *work);
+/* One AdamW update at learning rate lr of the master's parameters;
+ * gradients are clipped to cfg.grad_clip by the global norm (torch
+ * clip_grad_norm_ semantics). Weight decay skips norms. work: NULL, or the
+ * bf16 working copy (2-byte values at the table's offsets) that AdamW
+ * writes as it updates (a sharded master's working copy is written either
+ * way); returns 1 when the working copy now matches every parameter AdamW
+ * updated and no group was gathered. Under ZeRO-1 every rank updates its
+ * shard, then the gains of the norms reach every rank and the group is
+ * gathered (the dense group left to the caller with defer_gather). */
+int optimizer_step(struct optimizer *o, const float *grads, double lr, double grad_norm, uint16_t *work);
 /* ZeRO-1 with defer_gather: start gathering the dense group's updated
- * parameters in [begin, end) (offsets into the flat buffer) from their
- * owners into params, in place; returns the comm ticket (0 when the group
- * is not sharded: nothing to gather). Every rank calls it for the same
- * ranges in the same order; comm_wait_ticket(group[0].dp, ticket)
+ * parameters in [begin, end) (offsets into the flat layout) from their
+ * owners into what the ops read (the master's work: the working copy, or
+ * the fp32 master at fp32), in place; returns the comm ticket (0 when the
+ * group is not sharded: nothing to gather). Every rank calls it for the
+ * same ranges in the same order; comm_wait_ticket(group[0].dp, ticket)
  * completes it. */
-int optimizer_gather_start(struct optimizer *o, float *params, size_t begin, size_t end);
+int optimizer_gather_start(struct optimizer *o, size_t begin, size_t end);
 /* The same for any group k. */
-int optimizer_group_gather_start(struct optimizer *o, int k, float *params, size_t begin, size_t end);
+int optimizer_group_gather_start(struct optimizer *o, int k, size_t begin, size_t end);
 /* Full local moments (gathered over DP under ZeRO) into host buffers of
  * table->total floats each, for checkpoints; and the reverse. */
 void optimizer_get_moments(struct optimizer *o, float *m_out, float *v_out);

@@ -47,8 +47,10 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     int slots = schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp);
     struct model_part part;
     model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank, g->ep_rank);
+    /* ZeRO-1 with a working copy: each rank keeps the fp32 master of its shard only */
+    int shard_master = r->optimizer.distributed && g->dp > 1 && be->precision != PRECISION_FP32;
     transformer_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots,
-                       recompute_mode(r->train.recompute));
+                       recompute_mode(r->train.recompute), shard_master);
     tr->model.ep_comm = &g->ep_comm;
     const char *sc = r->train.fp8_scaling;
     struct fp8_recipe fp8 = {.scaling = !strcmp(sc, "block")     ? FP8_SCALING_BLOCK
@@ -57,8 +59,10 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
                              .grad_e5m2 = !strcmp(r->train.fp8_grad_format, "e5m2")};
     transformer_set_fp8(&tr->model, fp8, r->train.fp8_skip_layers, r->train.fp8_amax_history);
     transformer_set_moe_sequences(&tr->model, r->train.global_batch);
-    optimizer_create(&tr->opt, be, &tr->model.table, &r->optimizer, &g->dp_comm, &g->tp_comm,
+    optimizer_create(&tr->opt, be, &tr->model.master, &r->optimizer, &g->dp_comm, &g->tp_comm,
                      r->parallel.sequence_parallel, &g->edp_comm);
+    for (int k = 0; k < tr->opt.ngroups; k++) /* a gathered group's working copy comes from its owners */
+        CHECK(!tr->opt.group[k].distributed || shard_master || be->precision == PRECISION_FP32);
     tr->slot_of = xmalloc(sizeof(int) * m);
     /* gradient buckets: one per layer, its dense tensors (contiguous in the
      * table; routed experts are stored after everything else) */
@@ -223,19 +227,17 @@ static void embed_grads_sum(struct trainer *tr) {
     if (p) comm_all_reduce_sum(&tr->grid->embed_comm, tr->model.grads + p->offset, p->numel);
 }
 
-static void refresh_weights(struct trainer *tr, size_t begin, size_t end);
-
 /* Under ZeRO-1 the two ends' shards split the embedding at different places,
  * so their reduce-scatters may add the data-parallel ranks' gradients in
- * different orders: the first stage's updated embedding is sent to the copy
- * (and its working copy follows: a deferred gather already converted the
- * copy's own update). */
+ * different orders: the first stage's updated embedding, as the ops read
+ * it (the working copy, or at fp32 the master), is sent to the copy. The
+ * copy's own master shard is then stale, which nothing reads: checkpoints
+ * skip copies and loads fill them from the owner's tensor. */
 static void embed_params_sync(struct trainer *tr) {
     const struct param_info *p = tr->embed_shared;
-    if (p && tr->opt.group[0].distributed) {
-        comm_broadcast(&tr->grid->embed_comm, tr->model.params + p->offset, sizeof(float) * p->numel, 0);
-        refresh_weights(tr, p->offset, p->offset + p->numel);
-    }
+    size_t elem = tr->model.be->act_bytes;
+    if (p && tr->opt.group[0].distributed)
+        comm_broadcast(&tr->grid->embed_comm, (char *)tr->model.weights + elem * p->offset, elem * p->numel, 0);
 }
 
 /* The MoE statistics of this step over every rank: each (micro batch,
@@ -327,28 +329,17 @@ static void layer_range(const struct trainer *tr, int l, size_t *begin, size_t *
     *begin = a->offset, *end = b->offset + b->numel;
 }
 
-/* the working copy of params [begin, end), where there is one */
-static void refresh_weights(struct trainer *tr, size_t begin, size_t end) {
-    struct transformer *m = &tr->model;
-    if (m->weights != m->params && end > begin)
-        m->be->to_storage(act_at(m, m->weights, begin), m->params + begin, end - begin);
-}
-
 static void gather_now(struct trainer *tr, size_t begin, size_t end) {
-    int ticket = optimizer_gather_start(&tr->opt, tr->model.params, begin, end);
+    int ticket = optimizer_gather_start(&tr->opt, begin, end);
     if (ticket) comm_wait_ticket(tr->opt.group[0].dp, ticket);
-    refresh_weights(tr, begin, end);
 }
 
 static void layer_params_needed(void *ctx, int l) {
     struct trainer *tr = ctx;
     if (!tr->gather_ticket[l]) return;
-    size_t begin, end;
-    layer_range(tr, l, &begin, &end);
     comm_progress(tr->opt.group[0].dp); /* the later layers' gathers too */
     comm_wait_ticket(tr->opt.group[0].dp, tr->gather_ticket[l]);
     tr->gather_ticket[l] = 0;
-    refresh_weights(tr, begin, end);
 }
 
 void trainer_settle(struct trainer *tr) {
@@ -356,9 +347,9 @@ void trainer_settle(struct trainer *tr) {
     for (int l = 0; l < tr->recipe->model.num_layers; l++) layer_params_needed(tr, l);
 }
 
-/* after optimizer_step left the dense group's gather to us; adamw_wrote:
- * AdamW wrote the working copy of the groups it did not shard */
-static void gather_deferred(struct trainer *tr, int adamw_wrote) {
+/* after optimizer_step left the dense group's gather to us (the routed
+ * experts' it gathered itself) */
+static void gather_deferred(struct trainer *tr) {
     struct optimizer *o = &tr->opt;
     struct opt_group *g = &o->group[0];
     int L = tr->recipe->model.num_layers;
@@ -371,15 +362,11 @@ static void gather_deferred(struct trainer *tr, int adamw_wrote) {
         at = end;
     }
     if (stop > at) gather_now(tr, at, stop);
-    for (int k = 1; k < o->ngroups; k++) /* the routed experts: gathered (or written) by optimizer_step */
-        if (o->group[k].distributed || !adamw_wrote)
-            refresh_weights(tr, o->group[k].base, o->group[k].base + o->group[k].total);
     for (int l = 0; l < L; l++) {
         if (tr->layer_first[l] < 0) continue;
         layer_range(tr, l, &begin, &end);
-        tr->gather_ticket[l] = optimizer_gather_start(o, tr->model.params, begin, end);
+        tr->gather_ticket[l] = optimizer_gather_start(o, begin, end);
     }
-    tr->model.weights_fresh = 1; /* every layer refreshes its part when its gather is waited for */
 }
 
 void trainer_update(struct trainer *tr, struct step_stats *st, double lr_scale) {
@@ -395,8 +382,8 @@ void trainer_update(struct trainer *tr, struct step_stats *st, double lr_scale) 
     /* the expert bias (state AdamW skips, read from the fp32 master) moves alike on every rank, so before
      * the update: under ZeRO-1 the gathers then carry the moved values */
     if (tr->moe_load) transformer_update_expert_bias(m, tr->moe_load);
-    m->weights_fresh = optimizer_step(&tr->opt, m->params, m->grads, st->lr, st->grad_norm, work);
-    if (tr->opt.defer_gather) gather_deferred(tr, work != NULL);
+    m->weights_fresh = optimizer_step(&tr->opt, m->grads, st->lr, st->grad_norm, work);
+    if (tr->opt.defer_gather) gather_deferred(tr);
     embed_params_sync(tr);
     timeline_end(span, NULL);
 }

@@ -51,9 +51,9 @@ struct step_stats {
 /* g describes the layout (grid_single for one process). */
 void trainer_create(struct trainer *tr, const struct backend *be, const struct recipe *r, struct grid *g);
 void trainer_free(struct trainer *tr);
-/* Complete the parameter gathers still in flight (parallel.overlap_param_gather)
- * and refresh their working copy: before anything reads or writes the
- * parameters outside a forward pass (checkpoint snapshots and restores). */
+/* Complete the parameter gathers still in flight (parallel.overlap_param_gather):
+ * before anything reads or writes the parameters outside a forward pass
+ * (checkpoint snapshots and restores). */
 void trainer_settle(struct trainer *tr);
 /* samples: this data-parallel rank's share of the global batch (global_batch
  * / dp sequences of seq_len+1 tokens). Computes the loss, reduced gradients

@@ -267,9 +267,10 @@ size_t transformer_arena_bytes(const struct backend *be, const struct model_conf
 /* Where the ops read tensor p from when binding buf: matrices from the
  * working copy; norm gains and state always from the fp32 master (a gain
  * near 1 moves by less than bf16's step there, 2^-7, for many updates). */
-static float *bound(const struct transformer *m, float *buf, const struct param_info *p) {
+static float *bound(struct transformer *m, float *buf, const struct param_info *p) {
     if (buf != m->weights) return buf + p->offset;
-    return p->kind == PARAM_MATRIX ? act_at(m, buf, p->offset) : m->params + p->offset;
+    return p->kind == PARAM_MATRIX ? act_at(m, buf, p->offset)
+                                   : master_at(&m->master, 0, (int)(p - m->table.items), p->offset);
 }
 
 /* Point the per-layer weight structs into a buffer laid out by the table. */
@@ -361,16 +362,18 @@ static void alloc_plan(struct transformer *m, struct moe_plan *p) {
 
 static void create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                    const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
-                   int nslots, enum recompute rc, int with_grads) {
+                   int nslots, enum recompute rc, int with_grads, int shard_master) {
     memset(m, 0, sizeof *m);
     m->be = be;
     m->tp_comm = tp_comm;
     set_dims(m, cfg, part, sequence_parallel, B, T, nslots, rc);
     CHECK(m->tp == 1 || (tp_comm && tp_comm->size == m->tp));
     param_table_build(&m->table, cfg, part);
-    m->params = be->alloc(sizeof(float) * m->table.total);
+    CHECK(!shard_master || be->precision != PRECISION_FP32);
+    m->params = shard_master ? NULL : be->alloc(sizeof(float) * m->table.total);
     m->grads = with_grads ? be->alloc(sizeof(float) * m->table.total) : NULL;
     m->weights = be->precision == PRECISION_FP32 ? m->params : be->alloc(be->act_bytes * m->table.total);
+    master_create(&m->master, be, &m->table, m->params, m->weights);
     m->layers = xcalloc(m->NL, sizeof *m->layers);
     m->dlayers = xcalloc(m->NL, sizeof *m->dlayers);
     m->mtp = xcalloc(m->mtp_depth + 1, sizeof *m->mtp);
@@ -416,20 +419,21 @@ static void create(struct transformer *m, const struct backend *be, const struct
 
 void transformer_create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                   const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
-                  int nslots, enum recompute rc) {
-    create(m, be, cfg, part, tp_comm, sequence_parallel, B, T, nslots, rc, 1);
+                  int nslots, enum recompute rc, int shard_master) {
+    create(m, be, cfg, part, tp_comm, sequence_parallel, B, T, nslots, rc, 1, shard_master);
 }
 
 void transformer_create_forward_only(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                                      int B, int T) {
     struct model_part part;
     model_part_full(&part, cfg);
-    create(m, be, cfg, &part, NULL, 0, B, T, 1, RECOMPUTE_NONE, 0);
+    create(m, be, cfg, &part, NULL, 0, B, T, 1, RECOMPUTE_NONE, 0, 0);
 }
 
 void transformer_free(struct transformer *m) {
     if (m->weights != m->params) m->be->free(m->weights);
-    m->be->free(m->params);
+    if (m->params) m->be->free(m->params);
+    master_free(&m->master);
     m->be->free(m->grads);
     m->be->free(m->arena);
     for (int i = 0; i < m->nslots; i++) {
@@ -488,14 +492,15 @@ void transformer_fetch_moe_stats(struct transformer *m) {
 }
 
 void transformer_init_params(struct transformer *m, uint64_t seed) {
-    params_init(m->be, m->params, &m->table, seed, m->part.tp_rank);
+    params_init_each(&m->table, seed, m->part.tp_rank, master_put, &m->master);
     transformer_params_changed(m);
 }
 
 void transformer_params_changed(struct transformer *m) { m->weights_fresh = 0; }
 
 void transformer_sync_weights(struct transformer *m) {
-    if (m->weights != m->params && !m->weights_fresh) m->be->to_storage(m->weights, m->params, m->table.total);
+    if (m->params && m->weights != m->params && !m->weights_fresh)
+        m->be->to_storage(m->weights, m->params, m->table.total);
 }
 
 void transformer_stage(struct transformer *m, int slot, const int32_t *tokens, const int32_t *targets) {

@@ -13,6 +13,7 @@
 #include "config/recipe.h"
 #include "kernels/ops.h"
 #include "model/fp8_history.h"
+#include "model/master.h"
 #include "model/params.h"
 #include "parallel/comm.h"
 
@@ -128,7 +129,9 @@ struct transformer {
     double moe_aux_sum, moe_z_sum, moe_dropped; /* summed over sequences and MoE layers: this rank's share,
                                   * filled from moe_metrics by transformer_fetch_moe_stats */
     struct param_table table;
-    float *params, *grads;       /* one buffer each, table offsets: fp32 master weights and gradients */
+    float *params, *grads;       /* one buffer each, table offsets: fp32 master weights and gradients;
+                                  * params is NULL when the master is sharded (ZeRO-1 with a working copy) */
+    struct master master;        /* where the fp32 master lives (model/master.h): params, or shards and gains */
     float *weights;              /* what the ops read (layers, embed, ...): params itself at fp32; at bf16 a
                                   * working copy in the backend's storage precision (transformer_sync_weights) */
     int weights_fresh;           /* the working copy is the parameters' (AdamW wrote it); anything else that
@@ -204,10 +207,12 @@ static inline size_t act_floats(const struct transformer *m, size_t n) { return 
 
 /* Allocate this rank's part for micro batches of B x T with nslots
  * activation slots. tp_comm may be NULL for a single rank. Parameters are
- * zero until transformer_init_params or a load. */
+ * zero until transformer_init_params or a load. shard_master (not at fp32):
+ * no whole fp32 master; the optimizer names the shards (master_add_shard)
+ * before anything initialises or loads the parameters. */
 void transformer_create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                   const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
-                  int nslots, enum recompute rc);
+                  int nslots, enum recompute rc, int shard_master);
 /* The whole model on one rank for forward passes only (generate, eval): no
  * gradient buffer (half the parameter memory); backward must not be called. */
 void transformer_create_forward_only(struct transformer *m, const struct backend *be, const struct model_config *cfg,
@@ -215,11 +220,11 @@ void transformer_create_forward_only(struct transformer *m, const struct backend
 void transformer_free(struct transformer *m);
 void transformer_init_params(struct transformer *m, uint64_t seed);
 /* Refresh the working copy of the weights from the fp32 master (nothing at
- * fp32, or when the optimizer's AdamW wrote it: weights_fresh). The trainer
- * calls it before every forward pass; a writer of the master other than
- * AdamW's fused update (init, loads, a rewind's restore) calls
- * transformer_params_changed; ZeRO's gather leaves weights_fresh unset, or
- * (parallel.overlap_param_gather) the trainer refreshes each gathered range. */
+ * fp32, when the optimizer's AdamW wrote it: weights_fresh, or when the
+ * master is sharded: then every writer writes the working copy too). The
+ * trainer calls it before every forward pass; a writer of the master other
+ * than AdamW's fused update (init, loads, a rewind's restore) calls
+ * transformer_params_changed. */
 void transformer_sync_weights(struct transformer *m);
 void transformer_params_changed(struct transformer *m);
 /* Under an fp8 table, the main layers but skip_layers at each end multiply

@@ -85,9 +85,10 @@ void comm_wait_all(struct comm *c);
  * NCCL (its own stream) nothing. */
 void comm_progress(struct comm *c);
 /* Non-blocking all-gather in place (ZeRO-1's parameters, bucket by bucket):
- * rank r's piece, counts[r] floats at buf + displs[r], is already in place
- * on rank r; afterwards every rank holds every piece. Returns a ticket (> 0):
+ * rank r's piece, counts[r] values of elem bytes (4: fp32, 2: the bf16
+ * working copy) at element displs[r] of buf, is already in place on rank
+ * r; afterwards every rank holds every piece. Returns a ticket (> 0):
  * comm_wait_ticket completes that gather and every earlier one of c, and
  * comm_wait_all completes them all. buf must not be touched in between. */
-int comm_all_gather_v_start(struct comm *c, float *buf, const int *counts, const int *displs);
+int comm_all_gather_v_start(struct comm *c, void *buf, size_t elem, const int *counts, const int *displs);
 void comm_wait_ticket(struct comm *c, int ticket);

@@ -309,32 +309,34 @@ void comm_wait_all(struct comm *c) {
     watchdog_leave();
 }
 
-int comm_all_gather_v_start(struct comm *c, float *buf, const int *counts, const int *displs) {
+int comm_all_gather_v_start(struct comm *c, void *buf, size_t elem, const int *counts, const int *displs) {
     int ticket = ++c->tickets;
     if (c->nccl) {
-        nccl_all_gather_v(c, buf, counts, displs, ticket);
+        nccl_all_gather_v(c, buf, elem, counts, displs, ticket);
         return ticket;
     }
     if (c->size == 1) return ticket;
+    CHECK(elem == 4 || elem == 2);
+    MPI_Datatype dt = elem == 4 ? MPI_FLOAT : MPI_UINT16_T;
     size_t total = 0, end = 0;
     for (int r = 0; r < c->size; r++) {
         total += (size_t)counts[r];
         if ((size_t)displs[r] + (size_t)counts[r] > end) end = (size_t)displs[r] + (size_t)counts[r];
     }
     enter(c, "all_gather_v_start");
-    c->bytes += total * sizeof(float), c->calls++;
-    int s = span(c, "all_gather_v_start", total * sizeof(float), !c->stage);
+    c->bytes += total * elem, c->calls++;
+    int s = span(c, "all_gather_v_start", total * elem, !c->stage);
     if (c->stage) { /* staged: done at once */
-        float *h = stage_in(c, 0, buf, end * sizeof(float));
-        MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, counts, displs, MPI_FLOAT, handle(c)));
-        stage_back(c, buf, h, end * sizeof(float));
+        void *h = stage_in(c, 0, buf, end * elem);
+        MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, counts, displs, dt, handle(c)));
+        stage_back(c, buf, h, end * elem);
         timeline_end(s, clock_of(c));
     } else { /* the count arrays must outlive the call: a copy, freed when it completes */
         MPI_Request r;
         int *arrays = xmalloc(sizeof(int) * 2 * c->size);
         memcpy(arrays, counts, sizeof(int) * c->size);
         memcpy(arrays + c->size, displs, sizeof(int) * c->size);
-        MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, arrays, arrays + c->size, MPI_FLOAT,
+        MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, arrays, arrays + c->size, dt,
                                   handle(c), &r));
         track_ticket(c, r, arrays, ticket, s);
     }

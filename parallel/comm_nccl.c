@@ -214,10 +214,11 @@ void nccl_broadcast(struct comm *c, void *buf, size_t bytes, int root) {
 
 /* each piece broadcast from its owner, in place, grouped; the ticket's event
  * marks its end for nccl_wait_ticket */
-void nccl_all_gather_v(struct comm *c, float *buf, const int *counts, const int *displs, int ticket) {
+void nccl_all_gather_v(struct comm *c, void *buf, size_t elem, const int *counts, const int *displs, int ticket) {
     size_t total = 0;
+    char *b = buf;
     for (int r = 0; r < c->size; r++) total += (size_t)counts[r];
-    struct nccl_group *g = begin(c, total * sizeof(float), "all_gather_v_start", 1);
+    struct nccl_group *g = begin(c, total * elem, "all_gather_v_start", 1);
     if (!g->ticket_events) {
         g->ticket_events = xmalloc(sizeof(cudaEvent_t) * TICKET_EVENTS);
         for (int i = 0; i < TICKET_EVENTS; i++)
@@ -226,8 +227,8 @@ void nccl_all_gather_v(struct comm *c, float *buf, const int *counts, const int 
     NCCL_CHECK(nc.group_start());
     for (int r = 0; r < c->size; r++)
         if (counts[r])
-            NCCL_CHECK(nc.broadcast(buf + displs[r], buf + displs[r], (size_t)counts[r], ncclFloat32, r, g->comm,
-                                    g->stream));
+            NCCL_CHECK(nc.broadcast(b + elem * displs[r], b + elem * displs[r], elem * counts[r], ncclUint8, r,
+                                    g->comm, g->stream)); /* a copy: bytes whatever the values are */
     NCCL_CHECK(nc.group_end());
     end(g, 1);
     CUDA_OK(cudaEventRecord(g->ticket_events[ticket % TICKET_EVENTS], g->stream));
@@ -291,7 +292,9 @@ void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
     CHECK(0);
 }
 void nccl_wait(struct comm *c) { CHECK(0); }
-void nccl_all_gather_v(struct comm *c, float *buf, const int *counts, const int *displs, int ticket) { CHECK(0); }
+void nccl_all_gather_v(struct comm *c, void *buf, size_t elem, const int *counts, const int *displs, int ticket) {
+    CHECK(0);
+}
 void nccl_wait_ticket(struct comm *c, int ticket) { CHECK(0); }
 void nccl_exchange(struct comm *c, const struct comm_p2p *ops, int n) { CHECK(0); }
 #endif

@@ -32,7 +32,7 @@ void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
 /* the compute stream waits for every call started on c */
 void nccl_wait(struct comm *c);
 /* comm_all_gather_v_start (one broadcast per piece, grouped) and its wait */
-void nccl_all_gather_v(struct comm *c, float *buf, const int *counts, const int *displs, int ticket);
+void nccl_all_gather_v(struct comm *c, void *buf, size_t elem, const int *counts, const int *displs, int ticket);
 void nccl_wait_ticket(struct comm *c, int ticket);
 /* comm_exchange: the group's sends and receives in one NCCL group */
 void nccl_exchange(struct comm *c, const struct comm_p2p *ops, int n);

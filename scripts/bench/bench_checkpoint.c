@@ -28,7 +28,9 @@ int main(int argc, char **argv) {
     size_t bytes = sizeof(float) * t.total;
     float *p = be->alloc(bytes);
     struct optimizer opt;
-    optimizer_create(&opt, be, &t, &r.optimizer, NULL, NULL, 0, NULL);
+    struct master ms;
+    master_create(&ms, be, &t, p, p);
+    optimizer_create(&opt, be, &ms, &r.optimizer, NULL, NULL, 0, NULL);
     params_init(be, p, &t, 1, 0);
     params_init(be, opt.group[0].m, &t, 2, 0);
     params_init(be, opt.group[0].v, &t, 3, 0);
@@ -37,9 +39,9 @@ int main(int argc, char **argv) {
     struct ckpt_layout layout = {.tp = 1, .pp = 1, .dp = 1, .vpp = 1, .writer = 1};
     ckpt_snapshot_init(&snap, &r, &t, &layout);
 
-    ckpt_snapshot_take(&snap, be, p, &opt, &st); /* first touch of the host buffer, as in a run's first save */
+    ckpt_snapshot_take(&snap, &ms, &opt, &st); /* first touch of the host buffer, as in a run's first save */
     double t0 = now_seconds();
-    ckpt_snapshot_take(&snap, be, p, &opt, &st);
+    ckpt_snapshot_take(&snap, &ms, &opt, &st);
     double snap_s = now_seconds() - t0;
     checkpoint_write(&snap, r.checkpoint.dir, 0);
     double write_s = now_seconds() - t0;
@@ -58,7 +60,7 @@ int main(int argc, char **argv) {
     st.step = 2; /* async: the stall is the snapshot; the write overlaps "training" */
     struct async_saver saver = {0};
     t0 = now_seconds();
-    ckpt_snapshot_take(&snap, be, p, &opt, &st);
+    ckpt_snapshot_take(&snap, &ms, &opt, &st);
     checkpoint_prepare(r.checkpoint.dir, st.step);
     async_saver_start(&saver, &snap, r.checkpoint.dir, 0);
     double stall_s = now_seconds() - t0;
@@ -73,6 +75,7 @@ int main(int argc, char **argv) {
     ckpt_snapshot_free(&snap);
     free(host);
     optimizer_free(&opt);
+    master_free(&ms);
     be->free(p);
     param_table_free(&t);
     return 0;

@@ -2,7 +2,12 @@
 # of the same run (rank 0, pipeline stage 0; the end event's peak_mem_mib):
 # within 15% for a plain run, ZeRO-1 over dp 2, pp 2, and full recompute with
 # checkpoints (whose host snapshot is part of the peak), bf16 (its working copy
-# of the weights) and fp8 (also the FP8 GEMMs' widened operands).
+# of the weights) and fp8 (also the FP8 GEMMs' widened operands), and the
+# distributed optimizer in bf16 (fp32 master sharded too) at dp 2 and 4, with
+# and without pp, dense and MoE. Its measured saving against the same run
+# without ZeRO-1 is at least the moments' and the master weights' 12 (1 -
+# 1/dp) bytes per parameter (the master's share, 4 (1 - 1/dp), is what
+# sharding the master added).
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
 "$MTRAIN" data generate --out data --docs 300 >/dev/null || { fail mem_setup "data generate failed"; exit 1; }
@@ -27,6 +32,7 @@ check() {
     OMP_NUM_THREADS=$((np > 1 ? 1 : 2)) run_np "$np" pretrain mem.yaml "${sets[@]}" --set log.dir=$name >"$TMP/out" 2>&1 ||
         { fail "mem_estimate_$name" "run failed: $(tail -2 "$TMP/out")"; return; }
     got=$(grep '"event":"end"' $name/metrics.jsonl | sed 's/.*"peak_mem_mib":\([0-9.]*\).*/\1/')
+    LAST_GOT=$got
     if awk -v e="$est" -v g="$got" -v s=$sanitized \
         'BEGIN {d = e * 1024 / g - 1; if (d < 0 && s) d = 0; if (d < 0) d = -d; exit (g > 0 && d <= 0.15) ? 0 : 1}'; then
         pass "mem_estimate_$name"
@@ -39,6 +45,16 @@ check pp2 2 parallel.pp=2 train.micro_batch=2
 check recompute_full_checkpoints 1 train.recompute=full checkpoint.dir=ck checkpoint.interval=2
 check bf16_working_copy 1 train.precision=bf16
 check fp8 1 train.precision=fp8
+# the distributed optimizer in bf16: master, moments sharded over dp
+check zero_bf16_dp2 2 optimizer.distributed=true train.precision=bf16 train.micro_batch=2
+zero_peak=$LAST_GOT
+check plain_bf16_dp2 2 optimizer.distributed=false train.precision=bf16 train.micro_batch=2
+plain_peak=$LAST_GOT
+n=$(SLURM_NTASKS=2 "$MTRAIN" pretrain mem.yaml --set train.micro_batch=2 --dry-run 2>/dev/null | sed -n 's/^bytes_per_param:.*; \([0-9.e+]*\) local.*/\1/p')
+awk -v z="$zero_peak" -v p="$plain_peak" -v n="$n" 'BEGIN {exit (n > 0 && (p - z) * 1048576 >= 0.85 * 12 * (1 - 1 / 2) * n) ? 0 : 1}' &&
+    pass mem_zero_bf16_saving || fail mem_zero_bf16_saving "peak $zero_peak MiB with ZeRO-1, $plain_peak MiB without, $n parameters"
+check zero_bf16_dp4 4 optimizer.distributed=true train.precision=bf16 train.micro_batch=1
+check zero_bf16_pp2_dp2 4 optimizer.distributed=true train.precision=bf16 parallel.pp=2 train.micro_batch=1
 # Mixtral-shaped: the experts dominate; at ep > 1 their row buffers are sized
 # for model.moe_rows_headroom x the mean rows a rank receives (the worst case,
 # every routed token on one rank, is not allocated)
@@ -54,4 +70,6 @@ check moe_ep2 2 parallel.ep=2
 check moe_ep4_recompute_full 4 parallel.ep=4 train.recompute=full train.micro_batch=2
 check moe_tp2_ep2_selective 4 parallel.tp=2 parallel.ep=2 train.recompute=selective
 check moe_pp2_ep2 4 parallel.pp=2 parallel.ep=2 train.micro_batch=2
+check moe_zero_bf16_dp2_ep2 2 parallel.ep=2 optimizer.distributed=true train.precision=bf16
+check moe_zero_bf16_dp4_ep2 4 parallel.ep=2 optimizer.distributed=true train.precision=bf16 train.micro_batch=2
 exit $FAILED

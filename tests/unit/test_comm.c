@@ -163,9 +163,9 @@ static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
         for (int s = 0; s < 2; s++)
             for (int j = 0; j < cnt[r]; j++) a[s][dsp[r] + j] = (float)(100 * s + 10 * r + j);
         void *da = put(a[0], sizeof a[0]), *db = put(a[1], sizeof a[1]);
-        int t1 = comm_all_gather_v_start(w, da, cnt, dsp);
+        int t1 = comm_all_gather_v_start(w, da, sizeof(float), cnt, dsp);
         for (int i = 0; i < 100; i++) comm_progress(w); /* the first may complete here: its wait still frees it */
-        int t2 = comm_all_gather_v_start(w, db, cnt, dsp);
+        int t2 = comm_all_gather_v_start(w, db, sizeof(float), cnt, dsp);
         comm_wait_ticket(w, t2);
         get(a[0], da, sizeof a[0]), get(a[1], db, sizeof a[1]);
         ok = t1 > 0 && t2 > t1;
@@ -176,6 +176,23 @@ static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
         }
         ok = ok_all(agree, ok);
         if (r == 0) TEST_RESULT(nm("comm_all_gather_v_tickets", sfx), ok, "wrong pieces after comm_wait_ticket");
+    }
+
+    /* the same on 2-byte values (the bf16 working copy), pieces at odd element offsets */
+    if (n <= 8) {
+        uint16_t h[64];
+        int cnt[8], dsp[8], tot = 1;
+        for (int k = 0; k < n; k++) cnt[k] = k == 1 ? 0 : k + 2, dsp[k] = tot, tot += cnt[k];
+        for (int i = 0; i < 64; i++) h[i] = 0xffff;
+        for (int j = 0; j < cnt[r]; j++) h[dsp[r] + j] = (uint16_t)(1000 * r + 7 * j + 1);
+        void *dh = put(h, sizeof h);
+        comm_wait_ticket(w, comm_all_gather_v_start(w, dh, sizeof(uint16_t), cnt, dsp));
+        get(h, dh, sizeof h);
+        ok = h[0] == 0xffff && h[tot] == 0xffff;
+        for (int k = 0; k < n; k++)
+            for (int j = 0; j < cnt[k]; j++) ok &= h[dsp[k] + j] == (uint16_t)(1000 * k + 7 * j + 1);
+        ok = ok_all(agree, ok);
+        if (r == 0) TEST_RESULT(nm("comm_all_gather_v_2byte", sfx), ok, "wrong 2-byte pieces");
     }
 
     /* one exchange group around the ring: two messages to the next rank and
@@ -280,7 +297,7 @@ static void check_large(struct comm *w, struct comm *agree, const char *sfx) {
     for (size_t i = 0; i < per * n; i++) a[i] = i / per == (size_t)r ? (float)(r + i % 9) : -1.0f;
     if (n <= 64) {
         d = put(a, sizeof(float) * per * n);
-        comm_wait_ticket(w, comm_all_gather_v_start(w, d, cnt, dsp));
+        comm_wait_ticket(w, comm_all_gather_v_start(w, d, sizeof(float), cnt, dsp));
         get(a, d, sizeof(float) * per * n);
     }
     ok = 1;
