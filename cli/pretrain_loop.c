@@ -389,6 +389,7 @@ static void choose_comm(struct run *run) {
         return;
     }
     grid_use_nccl(g);
+    watchdog_set_failure_hooks(nccl_poll_async_errors, nccl_abort_all);
     if (g->world_size > 1) run->comm_name = "nccl";
 }
 
@@ -398,7 +399,8 @@ static void setup(struct run *run) {
     run->rank0 = run->grid.world_rank == 0;
     /* a run that cannot be resuming learns at once whether log.dir is its own */
     if (starts_fresh(run)) logdir_claim(run, NULL);
-    watchdog_start(&run->grid, r->train.hang_timeout_s);
+    watchdog_start(&run->grid, r->train.hang_timeout_s, r->train.abort_timeout_s);
+    parallel_abort_on_error(1); /* an error on one rank ends every rank at once, naming it */
     /* GPU ranks: one device per rank on a node */
     int cuda = !strcmp(run->be->name, "cuda");
     if (cuda || run->gpu_comm_on_cpu) {
@@ -448,6 +450,8 @@ static void teardown(struct run *run) {
     trainer_free(&run->tr);
     prefetcher_free(run->train);
     if (run->valid) blend_free(run->valid);
+    watchdog_set_failure_hooks(NULL, NULL); /* the communicators go now */
+    parallel_abort_on_error(0);
     grid_free(&run->grid);
     watchdog_stop();
 }

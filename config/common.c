@@ -17,11 +17,14 @@ void verror_message(const char *fmt, va_list ap) {
     fprintf(stderr, "\n");
 }
 
+void (*die_abort_hook)(int code);
+
 void die_code(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     verror_message(fmt, ap);
     va_end(ap);
+    if (die_abort_hook && gettid() == getpid()) die_abort_hook(code); /* does not return */
     /* From a helper thread (the data prefetcher, the checkpoint writer) the
      * main thread is still computing: exit() would run library destructors
      * (cuBLAS, OpenBLAS) under its feet, so end the process at once. */

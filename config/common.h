@@ -16,6 +16,10 @@ void verror_message(const char *fmt, va_list ap);
 /* Print "mtrain: error: ..." and exit with code. */
 void die_code(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
 #define die(...) die_code(EXIT_RUNTIME, __VA_ARGS__)
+/* Set on multi-rank runs (parallel/grid.c parallel_abort_on_error): after
+ * its message die_code calls it on the main thread to end every rank at
+ * once (MPI_Abort), instead of leaving the others waiting for this one. */
+extern void (*die_abort_hook)(int code);
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Format a message into err[n] for the caller to report; returns -1. */
 int set_error(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -92,6 +92,7 @@ struct train_config {
     int threads;                    /* 0: OMP default */
     char recompute[RECIPE_STR_MAX]; /* none | selective | full: activations recomputed in backward */
     double hang_timeout_s;          /* watchdog: a step or collective longer than this ends the job; 0 = automatic */
+    double abort_timeout_s;         /* a failed rank's abort (NCCL communicators, MPI_Abort) gets this long */
     double device_memory_gib;       /* memory of one device, for the dry run's fit verdict; 0 = unknown */
 };
 

@@ -111,6 +111,7 @@ const struct recipe_key recipe_keys[] = {
     ENUM(train, recompute, "none", "none|selective|full", "activation recompute: none; selective (attention core and SwiGLU products recomputed in backward); full (only each layer's input kept, the layer re-run)"),
     DBL(train, device_memory_gib, "0", 0, INF, 0, "memory of one device in GiB (80 for an H100 80GB); the dry run says whether each rank fits; 0 = unknown"),
     DBL(train, hang_timeout_s, "0", 0, INF, 0, "watchdog: a step or collective waiting longer than this many seconds ends the job (exit 1); 0 = automatic (10 x the slowest of the first steps, at least 300 s)"),
+    DBL(train, abort_timeout_s, "30", 1, INF, 0, "a rank that fails (an error, an NCCL asynchronous error, the hang timeout) names itself and ends the job: it aborts its NCCL communicators and calls MPI_Abort, and exits by itself if that takes longer than this many seconds"),
 
     ENUM(optimizer, type, "adamw", "adamw", "optimizer"),
     DBL(optimizer, lr, "3e-4", 0, INF, GT0, "peak learning rate"),

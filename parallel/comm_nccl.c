@@ -17,11 +17,13 @@
 #include "parallel/comm.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/timeline.h"
+#include "parallel/watchdog.h"
 
 #ifdef MTRAIN_CUDA
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <mpi.h>
+#include <pthread.h>
 
 /* NCCL's ABI, declared here so the build needs no nccl.h (libnccl-dev):
  * these types and values are fixed since NCCL 2.0 */
@@ -50,6 +52,8 @@ static struct {
     ncclResult_t (*group_start)(void);
     ncclResult_t (*group_end)(void);
     ncclResult_t (*get_version)(int *); /* optional: only reported */
+    ncclResult_t (*get_async_error)(ncclComm_t, ncclResult_t *); /* optional (NCCL 2.4): failure polling */
+    ncclResult_t (*abort)(ncclComm_t);                            /* optional (NCCL 2.4): failure release */
 } nc;
 static char load_error[256];
 
@@ -81,6 +85,8 @@ static int load(void) {
         }
     }
     nc.get_version = (ncclResult_t(*)(int *))dlsym(lib, "ncclGetVersion");
+    nc.get_async_error = (ncclResult_t(*)(ncclComm_t, ncclResult_t *))dlsym(lib, "ncclCommGetAsyncError");
+    nc.abort = (ncclResult_t(*)(ncclComm_t))dlsym(lib, "ncclCommAbort");
     nc.lib = lib;
     return 1;
 }
@@ -129,6 +135,56 @@ struct nccl_group {
     int span; /* the call's on the timeline (parallel/timeline.h), marked on the group's stream */
 };
 
+/* Every live communicator, for the watchdog's polling and a failed rank's
+ * abort, which run on the monitor thread: the lock keeps a communicator
+ * from being destroyed under them. */
+#define MAX_GROUPS 16
+static struct {
+    pthread_mutex_t lock;
+    ncclComm_t comm[MAX_GROUPS];
+    const char *name[MAX_GROUPS];
+    int aborted;
+} live = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void track(ncclComm_t comm, const char *name, int add) {
+    CHECK(pthread_mutex_lock(&live.lock) == 0);
+    for (int i = 0; i < MAX_GROUPS; i++)
+        if (add ? !live.comm[i] : live.comm[i] == comm) {
+            live.comm[i] = add ? comm : NULL, live.name[i] = name;
+            add = -1;
+            break;
+        }
+    CHECK(pthread_mutex_unlock(&live.lock) == 0);
+    CHECK(add <= 0); /* a free slot for every group */
+}
+
+/* ncclInProgress (7, NCCL 2.14) is not a failure: a non-blocking call still running */
+int nccl_poll_async_errors(char *why, size_t n) {
+    int failed = 0;
+    if (!nc.get_async_error) return 0;
+    CHECK(pthread_mutex_lock(&live.lock) == 0);
+    for (int i = 0; i < MAX_GROUPS && !failed && !live.aborted; i++) {
+        ncclResult_t async = ncclSuccess;
+        if (!live.comm[i] || nc.get_async_error(live.comm[i], &async) != ncclSuccess) continue;
+        if (async != ncclSuccess && async != 7) {
+            snprintf(why, n, "NCCL reported an asynchronous error on group %s: %s (%d): a peer failed or the "
+                     "network did", live.name[i] ? live.name[i] : "?", nc.error_string(async), async);
+            failed = 1;
+        }
+    }
+    CHECK(pthread_mutex_unlock(&live.lock) == 0);
+    return failed;
+}
+
+void nccl_abort_all(void) {
+    if (!nc.abort || pthread_mutex_trylock(&live.lock) != 0) return; /* the poll holds it: it is ending us */
+    if (!live.aborted)
+        for (int i = 0; i < MAX_GROUPS; i++)
+            if (live.comm[i]) nc.abort(live.comm[i]); /* its result does not matter: the process ends next */
+    live.aborted = 1;
+    CHECK(pthread_mutex_unlock(&live.lock) == 0);
+}
+
 void comm_nccl_init(struct comm *c) {
     if (!load()) die("parallel.comm nccl: %s", load_error);
     ncclUniqueId id;
@@ -138,6 +194,7 @@ void comm_nccl_init(struct comm *c) {
         die("MPI_Bcast of the NCCL id of group %s failed", c->name);
     struct nccl_group *g = xcalloc(1, sizeof *g);
     NCCL_CHECK(nc.init_rank(&g->comm, c->size, id, c->rank));
+    track(g->comm, c->name, 1);
     CUDA_OK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
     CUDA_OK(cudaEventCreateWithFlags(&g->before, cudaEventDisableTiming));
     CUDA_OK(cudaEventCreateWithFlags(&g->after, cudaEventDisableTiming));
@@ -148,6 +205,7 @@ void comm_nccl_free(struct comm *c) {
     struct nccl_group *g = c->nccl;
     if (!g) return;
     CUDA_OK(cudaStreamSynchronize(g->stream));
+    track(g->comm, NULL, 0);
     NCCL_CHECK(nc.destroy(g->comm));
     CUDA_OK(cudaEventDestroy(g->before));
     CUDA_OK(cudaEventDestroy(g->after));
@@ -166,11 +224,13 @@ static struct nccl_group *begin(struct comm *c, size_t bytes, const char *op, in
     CUDA_OK(cudaEventRecord(g->before, 0));
     CUDA_OK(cudaStreamWaitEvent(g->stream, g->before, 0));
     g->span = timeline_begin(op, c->name ? c->name : "?", bytes, start, g->stream);
+    watchdog_enter(op, c->name ? c->name : "?", c->rank, c->size); /* a call blocked in NCCL shows */
     return g;
 }
 
 /* after the call: the compute stream waits for it now, or (started) in nccl_wait */
 static void end(struct nccl_group *g, int start) {
+    watchdog_leave();
     timeline_end(g->span, g->stream);
     CUDA_OK(cudaEventRecord(g->after, g->stream));
     if (!start) CUDA_OK(cudaStreamWaitEvent(0, g->after, 0));
@@ -296,5 +356,7 @@ void nccl_all_gather_v(struct comm *c, void *buf, size_t elem, const int *counts
     CHECK(0);
 }
 void nccl_wait_ticket(struct comm *c, int ticket) { CHECK(0); }
+int nccl_poll_async_errors(char *why, size_t n) { return 0; }
+void nccl_abort_all(void) {}
 void nccl_exchange(struct comm *c, const struct comm_p2p *ops, int n) { CHECK(0); }
 #endif

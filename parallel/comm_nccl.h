@@ -32,6 +32,11 @@ void nccl_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
 /* the compute stream waits for every call started on c */
 void nccl_wait(struct comm *c);
 /* comm_all_gather_v_start (one broadcast per piece, grouped) and its wait */
+/* The watchdog's failure hooks (parallel/watchdog.h): an asynchronous error
+ * on any live communicator (ncclCommGetAsyncError), and ncclCommAbort of
+ * them all. Safe from another thread. */
+int nccl_poll_async_errors(char *why, size_t n);
+void nccl_abort_all(void);
 void nccl_all_gather_v(struct comm *c, void *buf, size_t elem, const int *counts, const int *displs, int ticket);
 void nccl_wait_ticket(struct comm *c, int ticket);
 /* comm_exchange: the group's sends and receives in one NCCL group */

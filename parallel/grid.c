@@ -8,6 +8,7 @@
 #include "kernels/ops.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/grid.h"
+#include "parallel/watchdog.h"
 
 #ifdef __SANITIZE_ADDRESS__
 #include <sanitizer/lsan_interface.h>
@@ -23,6 +24,41 @@ void parallel_init(int *argc, char ***argv) {
     initialized = 1;
 }
 
+static void abort_job(int code) {
+    char who[96], msg[256];
+    watchdog_describe_rank(who, sizeof who);
+    snprintf(msg, sizeof msg, "mtrain: error: %s failed: ending the whole job (MPI_Abort)\n", who);
+    ssize_t w = write(STDERR_FILENO, msg, strlen(msg)); /* the one line that names this rank */
+    (void)w;
+    fflush(NULL);
+    watchdog_aborting(); /* NCCL's communicators first: a peer blocked in one is let go */
+    MPI_Abort(MPI_COMM_WORLD, code);
+    _exit(code);
+}
+
+/* exit() while the hook is set is not the run's end (that unsets it): a
+ * library, or code outside die(), ending this rank mid-run */
+static void exit_unfinished(void) {
+    if (!die_abort_hook) return;
+    char who[96], what[256], msg[512];
+    watchdog_describe_rank(who, sizeof who);
+    watchdog_describe_activity(what, sizeof what);
+    snprintf(msg, sizeof msg, "mtrain: error: %s is exiting at %s before the run ended: ending the whole job "
+             "(MPI_Abort)\n", who, what);
+    ssize_t w = write(STDERR_FILENO, msg, strlen(msg));
+    (void)w;
+    watchdog_aborting();
+    MPI_Abort(MPI_COMM_WORLD, EXIT_RUNTIME);
+}
+
+void parallel_abort_on_error(int on) {
+    static int registered;
+    int size = 1;
+    if (initialized) CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size) == MPI_SUCCESS);
+    die_abort_hook = on && size > 1 ? abort_job : NULL;
+    if (die_abort_hook && !registered) registered = atexit(exit_unfinished) == 0;
+}
+
 void parallel_finalize(void) {
 #ifdef __SANITIZE_ADDRESS__
     /* Check our own leaks now: MPI's transport plugins leak a little in
@@ -30,6 +66,7 @@ void parallel_finalize(void) {
      * neither be avoided nor suppressed by name. It runs only once. */
     if (initialized) __lsan_do_leak_check();
 #endif
+    die_abort_hook = NULL; /* every rank is ending alike: no abort */
     if (initialized) MPI_Finalize();
     initialized = 0;
 }
@@ -171,13 +208,18 @@ void grid_stage_device(struct grid *g, const struct backend *be) {
     g->embed_comm.stage = be;
 }
 
-/* How many other ranks of the world drive this rank's GPU (the same host
- * name and PCI bus id): NCCL refuses two ranks of a communicator on one
- * GPU. Works whether each rank sees every GPU of its node or only its own. */
+/* How many other ranks of the world drive this rank's GPU as NCCL sees it:
+ * the same host identity (NCCL_HOSTID when set, else the host name) and PCI
+ * bus id. NCCL refuses two ranks of a communicator on one GPU unless each
+ * presents itself as its own host (scripts/mpirun.sh --shared-gpu, a test
+ * technique). Works whether each rank sees every GPU of its node or only
+ * its own. */
 int grid_ranks_sharing_gpu(struct grid *g) {
     char id[64] = "", host[256] = "";
+    const char *hostid = getenv("NCCL_HOSTID");
     cuda_device_pci_id(id, sizeof id);
-    if (gethostname(host, sizeof host) != 0) host[0] = 0;
+    if (hostid && *hostid) snprintf(host, sizeof host, "%s", hostid);
+    else if (gethostname(host, sizeof host) != 0) host[0] = 0;
     host[sizeof host - 1] = 0;
     uint64_t key = 1469598103934665603ull; /* FNV-1a of host and bus id, kept to 52 bits: exact in a double */
     for (const char *s = host; *s; s++) key = (key ^ (unsigned char)*s) * 1099511628211ull;

@@ -25,6 +25,11 @@ struct grid {
 /* MPI_Init (a singleton run works without mpirun). Safe to call once. */
 void parallel_init(int *argc, char ***argv);
 void parallel_finalize(void);
+/* From now on (several ranks) an error on this rank (die) names the rank
+ * and ends the whole job at once: its NCCL communicators are aborted and
+ * MPI_Abort ends the others, with train.abort_timeout_s as the backstop
+ * (parallel/watchdog.h). Off again with on = 0 (the run's teardown). */
+void parallel_abort_on_error(int on);
 /* World size and rank after parallel_init. */
 int parallel_world_size(void);
 /* The MPI library's version line ("MPICH Version: 4.0.2 ...") into buf. */

@@ -37,7 +37,11 @@ static atomic_llong timeout_ns;  /* for steps and evals; saves may get more */
 static int automatic;            /* the rest: main thread only, or set before the monitor starts */
 static int timed_steps;
 static double slowest;
-static int world_rank, tp_rank, pp_rank, dp_rank;
+static int world_rank, world_size, tp_rank, pp_rank, dp_rank;
+static int (*failure_poll)(char *why, size_t n);
+static void (*failure_release)(void);
+static atomic_llong aborting_ns;  /* when the main thread began ending the job (0: not) */
+static long long abort_ns;        /* train.abort_timeout_s */
 static pthread_t thread;
 static int running;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -132,16 +136,72 @@ static void describe(char *buf, size_t len, int phase, int step) {
     }
 }
 
-/* One look: end the process if the innermost activity is over its time. */
+void watchdog_set_failure_hooks(int (*poll)(char *why, size_t n), void (*release)(void)) {
+    CHECK(pthread_mutex_lock(&lock) == 0); /* the monitor calls them under the lock */
+    failure_poll = poll, failure_release = release;
+    CHECK(pthread_mutex_unlock(&lock) == 0);
+}
+
+void watchdog_describe_rank(char *buf, size_t n) {
+    snprintf(buf, n, "rank %d of %d (tp %d, pp %d, dp %d)", world_rank, world_size, tp_rank, pp_rank, dp_rank);
+}
+
+void watchdog_aborting(void) {
+    atomic_store(&aborting_ns, now_ns());
+    CHECK(pthread_mutex_lock(&lock) == 0);
+    if (failure_release) failure_release();
+    CHECK(pthread_mutex_unlock(&lock) == 0);
+}
+
+/* write(2), not stdio: the stuck main thread may hold a stream's lock.
+ * _exit, not exit: the other threads are inside MPI and the libraries. */
+static void end_process(const char *msg) {
+    ssize_t w = write(STDERR_FILENO, msg, strlen(msg));
+    (void)w;
+    if (failure_release) failure_release();
+    _exit(EXIT_RUNTIME);
+}
+
+/* what the main thread was in, for a failure line: "step 12 in all_reduce on group dp (rank 1 of 2)" */
+static void doing(char *buf, size_t n, const struct marks *m) {
+    char what[96];
+    describe(what, sizeof what, m->phase, m->step);
+    if (m->op) snprintf(buf, n, "%s, in %s on group %s (rank %d of %d)", what, m->op, m->group, m->rank, m->size);
+    else snprintf(buf, n, "%s", what);
+}
+
+void watchdog_describe_activity(char *buf, size_t n) {
+    struct marks m;
+    if (read_marks(&m)) doing(buf, n, &m);
+    else snprintf(buf, n, "?");
+}
+
+/* One look: end the process if the job cannot go on (a failure the poll
+ * found, an abort that does not end) or the innermost activity is over its
+ * time. Called with the lock held. */
 static void check(void) {
     struct marks m;
     if (!read_marks(&m)) return;
-    long long limit = atomic_load(&timeout_ns), now = now_ns();
+    long long limit = atomic_load(&timeout_ns), now = now_ns(), ab = atomic_load(&aborting_ns);
+    char who[96], where[256], why[512], msg[1024];
+    watchdog_describe_rank(who, sizeof who);
+    if (ab && now - ab > abort_ns) {
+        snprintf(msg, sizeof msg, "mtrain: error: %s: ending the job took over train.abort_timeout_s (%g s): exiting\n",
+                 who, abort_ns / 1e9);
+        end_process(msg);
+    }
+    why[0] = 0;
+    if (!ab && failure_poll && failure_poll(why, sizeof why)) {
+        doing(where, sizeof where, &m);
+        snprintf(msg, sizeof msg, "mtrain: error: %s failed at %s: %s; ending the job (--resume auto continues from the "
+                 "last checkpoint)\n", who, where, why);
+        end_process(msg);
+    }
     int io = m.phase != WATCHDOG_STEP && m.phase != WATCHDOG_EVAL;
     if (automatic && io && limit < seconds_ns(IO_MIN_S)) limit = seconds_ns(IO_MIN_S);
     long long since = m.op ? m.op_ns : m.phase_ns;
     if (now - since <= limit) return;
-    char what[96], msg[1024];
+    char what[96];
     describe(what, sizeof what, m.phase, m.step);
     int n = snprintf(msg, sizeof msg, "mtrain: error: rank %d (tp %d, pp %d, dp %d): %s ", world_rank, tp_rank,
                      pp_rank, dp_rank, what);
@@ -156,11 +216,7 @@ static void check(void) {
                       (now - since) / 1e9, limit / 1e9);
     snprintf(msg + n, sizeof msg - n,
              "; ending the job so it can be restarted (--resume auto continues from the last checkpoint)\n");
-    /* write(2), not stdio: the stuck main thread may hold a stream's lock.
-     * _exit, not exit: the other threads are inside MPI and the libraries. */
-    ssize_t w = write(STDERR_FILENO, msg, strlen(msg));
-    (void)w;
-    _exit(EXIT_RUNTIME);
+    end_process(msg);
 }
 
 static void *monitor(void *arg) {
@@ -177,9 +233,12 @@ static void *monitor(void *arg) {
     return NULL;
 }
 
-void watchdog_start(const struct grid *g, double timeout_s) {
+void watchdog_start(const struct grid *g, double timeout_s, double abort_s) {
     if (running) return;
-    world_rank = g->world_rank, tp_rank = g->tp_rank, pp_rank = g->pp_rank, dp_rank = g->dp_rank;
+    world_rank = g->world_rank, world_size = g->world_size, tp_rank = g->tp_rank, pp_rank = g->pp_rank;
+    dp_rank = g->dp_rank;
+    abort_ns = seconds_ns(abort_s > 0 ? abort_s : 30);
+    atomic_store(&aborting_ns, 0);
     automatic = timeout_s <= 0;
     timed_steps = 0, slowest = 0;
     atomic_store(&timeout_ns, seconds_ns(automatic ? AUTO_MIN_S : timeout_s));

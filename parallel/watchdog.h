@@ -18,6 +18,7 @@
  * automatic mode they get at least 30 minutes; a positive setting applies to
  * everything as is. Marks are harmless without a running watchdog. */
 #pragma once
+#include <stddef.h>
 
 struct grid;
 
@@ -31,8 +32,9 @@ enum watchdog_phase {
 };
 
 /* Start the monitor of this rank (grid: coordinates for the message);
- * timeout_s 0 = automatic. The phase starts as WATCHDOG_SETUP. */
-void watchdog_start(const struct grid *g, double timeout_s);
+ * timeout_s 0 = automatic; abort_s: train.abort_timeout_s. The phase starts
+ * as WATCHDOG_SETUP. */
+void watchdog_start(const struct grid *g, double timeout_s, double abort_s);
 /* Stop and join the monitor (teardown). A no-op if it is not running. */
 void watchdog_stop(void);
 
@@ -46,3 +48,19 @@ double watchdog_step_done(void);
  * and ends. Not nested: one call at a time. */
 void watchdog_enter(const char *op, const char *group, int rank, int size);
 void watchdog_leave(void);
+
+/* Failures the monitor looks for besides hangs, and how a failing rank lets
+ * go: poll (about once a second, on the monitor thread) returns nonzero
+ * with why filled when the job cannot go on (NCCL's asynchronous errors);
+ * release aborts what peers could be blocked on (NCCL communicators). On
+ * either failure the monitor prints one line naming this rank, what it was
+ * doing and why, calls release, and _exits. Either may be NULL. */
+void watchdog_set_failure_hooks(int (*poll)(char *why, size_t n), void (*release)(void));
+/* The main thread is ending the job (parallel/grid.c's abort on an error):
+ * releases what release holds, and if the abort itself has not ended the
+ * process within abort_s the monitor _exits it. */
+void watchdog_aborting(void);
+/* This rank's coordinates for a failure message: "rank R of N (tp T, pp P, dp D)". */
+void watchdog_describe_rank(char *buf, size_t n);
+/* What the main thread is in (main thread only): "step 12, in all_reduce_sum on group dp (rank 1 of 2)". */
+void watchdog_describe_activity(char *buf, size_t n);

@@ -2,8 +2,16 @@
 # Launch `mtrain pretrain` on NP ranks of this machine (or of the hosts named
 # in MPI_ARGS) with MPICH's mpiexec or Open MPI's mpirun.
 #
-#   scripts/mpirun.sh NP RECIPE [mtrain pretrain args...]
+#   scripts/mpirun.sh [--shared-gpu] NP RECIPE [mtrain pretrain args...]
 #   scripts/mpirun.sh 8 recipes/tiny-llama3.yaml --set parallel.tp=2 --set parallel.pp=2 --set train.micro_batch=4
+#
+# --shared-gpu: a test technique, not a way to go fast. NP ranks share one
+# GPU over real NCCL: each rank presents itself as its own host (NCCL_HOSTID
+# rank-R), and NCCL talks over sockets on loopback (NCCL_NET=Socket,
+# NCCL_SOCKET_IFNAME=lo, NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1; a value
+# already set is kept). Every call then takes milliseconds, but the results
+# are NCCL's, so every layout can run over NCCL on a machine with one GPU
+# (scripts/device/nccl_shared_gpu.sh).
 #
 # Environment:
 #   OMP_NUM_THREADS  threads per rank; when unset: cores / ranks on this node
@@ -24,6 +32,11 @@ set -euo pipefail
 usage() {
     sed -n '2,/^set -e/{/^#/s/^# \{0,1\}//p}' "$0"
 }
+shared_gpu=0
+if [ "${1:-}" = --shared-gpu ]; then
+    shared_gpu=1
+    shift
+fi
 if [ $# -lt 2 ] || [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
     usage >&2
     [ "${1:-}" = -h ] || [ "${1:-}" = --help ] && exit 0
@@ -68,5 +81,15 @@ else
 fi
 launcher+=("${extra[@]}")
 
+if [ $shared_gpu = 1 ]; then
+    export NCCL_NET=${NCCL_NET:-Socket} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
+    export NCCL_P2P_DISABLE=${NCCL_P2P_DISABLE:-1} NCCL_SHM_DISABLE=${NCCL_SHM_DISABLE:-1}
+    # the rank from the launcher's environment (MPICH, Open MPI, PMIx, Slurm), as each rank's own host id
+    # shellcheck disable=SC2016
+    rank_host='export NCCL_HOSTID=rank-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-${SLURM_PROCID:-0}}}}; exec "$@"'
+    echo "mpirun.sh: shared GPU (NCCL_HOSTID per rank, NCCL over loopback sockets): OMP_NUM_THREADS=$OMP_NUM_THREADS" \
+        "${launcher[*]} $MTRAIN pretrain $RECIPE $*" >&2
+    exec "${launcher[@]}" bash -c "$rank_host" mtrain-rank "$MTRAIN" pretrain "$RECIPE" "$@"
+fi
 echo "mpirun.sh: OMP_NUM_THREADS=$OMP_NUM_THREADS ${launcher[*]} $MTRAIN pretrain $RECIPE $*" >&2
 exec "${launcher[@]}" "$MTRAIN" pretrain "$RECIPE" "$@"

@@ -13,6 +13,8 @@
 #   bash scripts/device/gpu_checks.sh bench124m # train_gpu.sh on the 124M shape
 #   bash scripts/device/gpu_checks.sh bench8b   # train_gpu.sh on the 8B-shaped stack
 #   bash scripts/device/gpu_checks.sh attention # attention alone, FP8 GEMM rates, comm
+#   bash scripts/device/gpu_checks.sh nccl1gpu  # several ranks over real NCCL on the one GPU
+#                                               # (tests/integration/nccl_shared_gpu.sh) (~4 min)
 #   bash scripts/device/gpu_checks.sh multigpu  # a node with 2+ GPUs: NCCL across them (what one GPU
 #                                               # cannot check; docs/parallelism.md lists it) (~5 min)
 #
@@ -179,6 +181,12 @@ case $phase in
         run train_gpu env SHAPES= RUNS="attention fp8-gemm" bash scripts/bench/train_gpu.sh
         run comm bash scripts/bench/comm.sh
         ;;
+    nccl1gpu)
+        # several ranks sharing the one GPU over real NCCL (scripts/mpirun.sh --shared-gpu): test_comm on 2
+        # and 4 ranks, the layouts against MPI and one rank, a resume, the timeline, a kill -9
+        nvidia-smi -L 2>&1 | tee -a "$log"
+        run nccl_shared_gpu bash tests/integration/nccl_shared_gpu.sh
+        ;;
     multigpu)
         # NCCL across GPUs, one rank each: every comm.h call on 2 and on all GPUs (test_comm), the
         # end-to-end checks (gpu_nccl_layout_tp2_sp: nccl against one GPU; gpu_nccl_overlap_timeline:
@@ -196,7 +204,7 @@ case $phase in
             run overlap bash scripts/bench/overlap.sh || echo "FAIL overlap: exit $?" | tee -a "$log"
         fi
         ;;
-    *) echo "usage: gpu_checks.sh quick|fp8|tests|bench124m|bench8b|attention|multigpu" >&2; exit 2 ;;
+    *) echo "usage: gpu_checks.sh quick|fp8|tests|bench124m|bench8b|attention|nccl1gpu|multigpu" >&2; exit 2 ;;
 esac
 p=$(grep -cE '^\s*PASS' "$log") f=$(grep -cE '^\s*FAIL' "$log") s=$(grep -cE '^\s*SKIP' "$log")
 save

@@ -32,7 +32,7 @@ for doc in docs:
             n += 1
             text = "\n".join(block)
             text = re.sub(r"train\.steps=\d+", "train.steps=2", text)
-            text = re.sub(r"((\bpretrain|\bmpirun\.sh\s+\d+)\s+\S+\.yaml)", r"\1 --set train.steps=2 --set optimizer.warmup_steps=1", text)
+            text = re.sub(r"((\bpretrain|\bmpirun\.sh\s+(?:--shared-gpu\s+)?\d+)\s+\S+\.yaml)", r"\1 --set train.steps=2 --set optimizer.warmup_steps=1", text)
             text = re.sub(r"(\bdata generate\b(?![^\n]*--docs))", r"\1 --docs 50", text)
             name = "%s__%03d__L%d.sh" % (doc.replace("/", "_"), n, start)
             open(os.path.join(out, name), "w").write(text + "\n")

@@ -186,4 +186,33 @@ gpu_run fp8_ampere 2 MOCK_CUDA_CC=80 --set train.device=cuda --set train.precisi
 rc=$?
 [ $rc = 2 ] && [ "$(grep -c 'no FP8 tensor cores' fp8_ampere.out)" = 1 ] && pass nccl_mock_fp8_without_fp8_gpu_exit_2 ||
     fail nccl_mock_fp8_without_fp8_gpu_exit_2 "exit $rc: $(tail -2 fp8_ampere.out)"
+
+# A failed rank ends the whole job at once and names itself (parallel/grid.c, parallel/watchdog.c): rank 1
+# of a dp2 run over NCCL fails in its 9th all-reduce (step 2), as an NCCL call that returns an error (die:
+# the line naming the rank, MPI_Abort), as NCCL's asynchronous error while the call hangs (the watchdog's
+# poll of ncclCommGetAsyncError: one line with the rank, the step, the collective and the group; the
+# communicators aborted), and as an exit inside the call (the exit handler names it). Each ends every rank
+# within the 30 s train.abort_timeout_s (the hang timeout of 300 s is not what ends them); rerun, the job
+# resumes from its checkpoint and ends bitwise where an uninterrupted run does.
+as_gpu_ranks 2 pretrain r.yaml --set parallel.comm=nccl --set log.dir=fail_ref --set checkpoint.dir=ck_fail_ref \
+    --set checkpoint.interval=1 >fail_ref.out 2>&1 || fail nccl_mock_failure_reference "$(tail -2 fail_ref.out)"
+for kind in error async exit; do
+    t0=$(date +%s)
+    MOCK_NCCL_FAIL=1:9:$kind LIMIT=60 as_gpu_ranks 2 pretrain r.yaml --set parallel.comm=nccl --set log.dir=fail_$kind \
+        --set checkpoint.dir=ck_fail_$kind --set checkpoint.interval=1 >fail_$kind.out 2>&1
+    rc=$? took=$(( $(date +%s) - t0 ))
+    case $kind in
+    error) named='rank 1 of 2 \(tp 0, pp 0, dp 1\) failed: ending the whole job \(MPI_Abort\)' ;;
+    async) named='rank 1 of 2 \(tp 0, pp 0, dp 1\) failed at step [0-9]+, in all_reduce_sum(_start)? on group dp \(rank 1 of 2\): NCCL reported an asynchronous error on group dp' ;;
+    exit) named='rank 1 of 2 \(tp 0, pp 0, dp 1\) is exiting at step [0-9]+, in all_reduce_sum(_start)? on group dp \(rank 1 of 2\) before the run ended' ;;
+    esac
+    [ $rc != 0 ] && [ $rc != 124 ] && [ $took -le 30 ] && grep -qE "$named" fail_$kind.out &&
+        pass nccl_mock_failed_rank_${kind}_ends_job_named ||
+        fail nccl_mock_failed_rank_${kind}_ends_job_named "exit $rc after ${took}s: $(grep -v '^step\|^checkpoint' fail_$kind.out | tail -4)"
+    as_gpu_ranks 2 pretrain r.yaml --set parallel.comm=nccl --set log.dir=fail_$kind --set checkpoint.dir=ck_fail_$kind \
+        --set checkpoint.interval=1 >fail_${kind}_resume.out 2>&1 && grep -q "resumed from ck_fail_$kind/step-" fail_${kind}_resume.out &&
+        "$PY" "$COMPARE" ck_fail_ref/step-000000006 ck_fail_$kind/step-000000006 0 >fail_$kind.cmp 2>&1 &&
+        pass nccl_mock_failed_rank_${kind}_resumes_bitwise ||
+        fail nccl_mock_failed_rank_${kind}_resumes_bitwise "$(grep -E 'resumed|error' fail_${kind}_resume.out | head -2) $(cat fail_$kind.cmp 2>/dev/null)"
+done
 exit $FAILED

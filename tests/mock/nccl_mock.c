@@ -12,7 +12,14 @@
  * Communicators: ncclCommInitRank's members meet through files named by
  * the unique id in MOCK_NCCL_DIR (one node): each writes its MPI world
  * rank, reads the others', and MPI_Comm_create_group makes the group, which
- * only its members call (as only they call ncclCommInitRank). */
+ * only its members call (as only they call ncclCommInitRank).
+ *
+ * Failures, for tests/integration/nccl_mock.sh: MOCK_NCCL_FAIL=RANK:CALL:KIND
+ * makes MPI world rank RANK's CALL-th ncclAllReduce (1-based) fail: KIND
+ * error returns ncclSystemError; async blocks in the call with
+ * ncclCommGetAsyncError reporting ncclRemoteError (a peer gone, as NCCL's
+ * proxy thread would see it) until ncclCommAbort; exit ends the process
+ * inside the call (exit(3)). */
 #include <dlfcn.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -32,6 +39,35 @@ struct ncclComm {
     MPI_Comm mpi;
     int rank, size;
 };
+enum { ncclRemoteError = 6 };
+static volatile int async_error, aborted; /* the injected asynchronous failure; set by ncclCommAbort */
+
+ncclResult_t ncclCommGetAsyncError(struct ncclComm *c, ncclResult_t *out) {
+    *out = async_error;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(struct ncclComm *c) {
+    aborted = 1;
+    return ncclSuccess;
+}
+
+/* the injected failure of this call, if it is the one (0: none) */
+static ncclResult_t fault(void) {
+    static int calls;
+    const char *f = getenv("MOCK_NCCL_FAIL");
+    int rank, at, world;
+    char kind[16];
+    if (!f || sscanf(f, "%d:%d:%15s", &rank, &at, kind) != 3) return ncclSuccess;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world);
+    if (world != rank || ++calls != at) return ncclSuccess;
+    if (!strcmp(kind, "exit")) exit(3);
+    if (!strcmp(kind, "async")) {
+        async_error = ncclRemoteError;
+        while (!aborted) usleep(10000);
+    }
+    return ncclSystemError;
+}
 typedef struct ncclComm *ncclComm_t;
 
 const char *ncclGetErrorString(ncclResult_t r) {
@@ -122,6 +158,8 @@ static MPI_Op op(int o) { return o == ncclSum ? MPI_SUM : o == ncclMax ? MPI_MAX
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t n, int t, int o, ncclComm_t c, void *stream) {
     if (!ARGS_OK(t, c) || op(o) == MPI_OP_NULL) return ncclInvalidArgument;
+    ncclResult_t f = fault();
+    if (f != ncclSuccess) return f;
     if (!device(send, n * bytes_of(t)) || !device(recv, n * bytes_of(t))) return ncclInvalidArgument;
     return MPI_OK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)n, type(t), op(o), c->mpi));
 }
