@@ -1,5 +1,6 @@
 #include <mpi.h>
 #include <stdint.h>
+#include <time.h>
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,13 @@ void parallel_init(int *argc, char ***argv) {
     initialized = 1;
 }
 
+/* MPI_Abort's teardown can kill the launcher's output forwarding before it
+ * has read what this rank just wrote: give it a moment first */
+static void let_output_out(void) {
+    struct timespec t = {0, 300 * 1000 * 1000};
+    nanosleep(&t, NULL);
+}
+
 static void abort_job(int code) {
     char who[96], msg[256];
     watchdog_describe_rank(who, sizeof who);
@@ -32,6 +40,7 @@ static void abort_job(int code) {
     (void)w;
     fflush(NULL);
     watchdog_aborting(); /* NCCL's communicators first: a peer blocked in one is let go */
+    let_output_out();
     MPI_Abort(MPI_COMM_WORLD, code);
     _exit(code);
 }
@@ -48,6 +57,7 @@ static void exit_unfinished(void) {
     ssize_t w = write(STDERR_FILENO, msg, strlen(msg));
     (void)w;
     watchdog_aborting();
+    let_output_out();
     MPI_Abort(MPI_COMM_WORLD, EXIT_RUNTIME);
 }
 

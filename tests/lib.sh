@@ -74,6 +74,23 @@ worst_metric() {
     join <(step_metric "$1" "$3" "${4:-loss}") <(step_metric "$2" "$3" "${4:-loss}") 2>/dev/null |
         awk '{d=($2-$3)/$2; if (d<0) d=-d; if (d>=w) {w=d; s=$1}} END{printf "%.3g at step %d", w, s}'
 }
+# comm_layout_recipes DEVICE [DEEPSEEK_EXTRA]: the communication tests' tiny
+# recipes, 6 steps on train.device DEVICE: r.yaml (Llama), moe.yaml (Mixtral: 4
+# experts, top 2), ds.yaml (DeepSeek-V3: MLA, sigmoid routing with the bias, a
+# shared expert; DEEPSEEK_EXTRA appended to its model keys, e.g. ', mtp_depth: 1')
+comm_layout_recipes() {
+    cat >r.yaml <<YAML
+model: {vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64}
+train: {seq_len: 16, micro_batch: 2, global_batch: 8, steps: 6, seed: 7, device: $1, threads: 1}
+optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 2, eps: 1e-4}
+data: {path: data}
+log: {interval: 100}
+YAML
+    sed 's/vocab_size: 264/arch: mixtral, vocab_size: 264/; s/intermediate_size: 64}/intermediate_size: 64, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 48}/' \
+        r.yaml >moe.yaml
+    sed "s/vocab_size: 264, .*intermediate_size: 64}/arch: deepseek_v3, vocab_size: 264, hidden_size: 32, num_layers: 3, num_heads: 4, num_kv_heads: 4, intermediate_size: 64, q_lora_rank: 16, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 8, v_head_dim: 8, first_k_dense: 1, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 24, moe_shared_experts: 1, moe_score_func: sigmoid, moe_n_group: 2, moe_topk_group: 1, moe_aux_loss_coef: 0, moe_bias_update_rate: 1e-3${2:-}}/" \
+        r.yaml >ds.yaml
+}
 # family_recipes PRECISION: the precision tests' tiny recipes, 20 steps at
 # PRECISION with checkpoints every 10 (ck_ref) and logs in ref: r.yaml (Llama),
 # moe.yaml (Mixtral: 4 experts, top 2) and deepseek.yaml (DeepSeek-V3: MLA

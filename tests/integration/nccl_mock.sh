@@ -50,17 +50,7 @@ done
 # the trainer over NCCL, layout by layout, against the same layout over MPI
 cd "$TMP"
 "$MTRAIN" data generate --out data --docs 200 --frame-tokens 4096 >/dev/null || { fail nccl_mock_setup "data generate failed"; exit 1; }
-cat >r.yaml <<'YAML'
-model: {vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64}
-train: {seq_len: 16, micro_batch: 2, global_batch: 8, steps: 6, seed: 7, device: cpu, threads: 1}
-optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 2, eps: 1e-4}
-data: {path: data}
-log: {interval: 100}
-YAML
-sed 's/vocab_size: 264/arch: mixtral, vocab_size: 264/; s/intermediate_size: 64}/intermediate_size: 64, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 48}/' \
-    r.yaml >moe.yaml
-sed 's/vocab_size: 264, .*intermediate_size: 64}/arch: deepseek_v3, vocab_size: 264, hidden_size: 32, num_layers: 3, num_heads: 4, num_kv_heads: 4, intermediate_size: 64, q_lora_rank: 16, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 8, v_head_dim: 8, first_k_dense: 1, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 24, moe_shared_experts: 1, moe_score_func: sigmoid, moe_n_group: 2, moe_topk_group: 1, moe_aux_loss_coef: 0, moe_bias_update_rate: 1e-3}/' \
-    r.yaml >ds.yaml
+comm_layout_recipes cpu
 export OMP_NUM_THREADS=1
 layouts=(
     "dp2 r.yaml 2"
