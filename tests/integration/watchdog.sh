@@ -1,6 +1,7 @@
 # The hang watchdog: a SIGSTOPped rank of a 4-rank job makes the others end
 # the job (exit non-zero, one line naming the collective they wait in) within
-# the timeout; the rerun resumes and matches an uninterrupted run; a normal
+# the timeout; the rerun resumes and matches an uninterrupted run; a rank
+# killed with kill -9 ends the job within 30 s and the rerun resumes bitwise; a normal
 # run with a short timeout is not stopped; the automatic timeout is reported.
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
@@ -9,7 +10,7 @@ HANG=wd_hang_$$ # unique in the command lines, to find this job's processes
 # never leave a stopped rank behind
 cleanup() {
     local pids
-    pids=$(pgrep -f -- "$HANG" 2>/dev/null)
+    pids=$(pgrep -f -- "$HANG|wd_kill_$$" 2>/dev/null)
     [ -n "$pids" ] && { kill -CONT $pids; kill -9 $pids; } 2>/dev/null
     rm -rf "$TMP"
 }
@@ -70,6 +71,40 @@ if [ $rc = 0 ] && grep -q "resumed from ck_$HANG/step-" "$TMP/out" &&
     "$PY" "$COMPARE" ck_ref/step-000000040 ck_$HANG/step-000000040 1e-5 >"$TMP/cmp" 2>&1; then
     pass wd_sigstop_resumes
 else fail wd_sigstop_resumes "exit $rc: $(grep -E 'resumed|error' "$TMP/out" | head -2) $(cat "$TMP/cmp" 2>/dev/null)"; fi
+
+# kill -9 of world rank 1 once step 10 is logged: the launcher ends the other three within 30 s (a killed
+# rank cannot name itself: the launcher names its process), and the rerun resumes and ends where the
+# uninterrupted run did, bitwise
+KILLED=wd_kill_$$
+run_np 4 pretrain r.yaml "${TP2PP2[@]}" --set checkpoint.dir=ck_$KILLED --set log.dir=$KILLED >"$TMP/killed" 2>&1 &
+job=$!
+victim=
+for _ in $(seq 600); do
+    if grep -q '"step":1[0-9],' $KILLED/metrics.jsonl 2>/dev/null; then
+        for p in $(pgrep -f -- "$KILLED"); do
+            tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'PMI_RANK=1' && victim=$p
+        done
+        break
+    fi
+    kill -0 $job 2>/dev/null || break
+    sleep 0.05
+done
+if [ -z "$victim" ]; then
+    fail wd_kill9_setup "no rank 1 process found at step 10: $(tail -3 "$TMP/killed")"
+    wait $job
+else
+    t0=$(date +%s)
+    kill -9 "$victim"
+    wait $job
+    rc=$? took=$(( $(date +%s) - t0 )) left=$(pgrep -f -- "$KILLED" | wc -l)
+    [ $rc != 0 ] && [ $took -le 30 ] && [ "$left" = 0 ] && pass wd_kill9_ends_job ||
+        fail wd_kill9_ends_job "exit $rc ${took}s after the kill, $left processes left: $(tail -3 "$TMP/killed")"
+    run_np 4 pretrain r.yaml "${TP2PP2[@]}" --set checkpoint.dir=ck_$KILLED --set log.dir=$KILLED >"$TMP/out" 2>&1
+    rc=$?
+    [ $rc = 0 ] && grep -q "resumed from ck_$KILLED/step-" "$TMP/out" &&
+        "$PY" "$COMPARE" ck_ref/step-000000040 ck_$KILLED/step-000000040 0 >"$TMP/cmp" 2>&1 && pass wd_kill9_resumes_bitwise ||
+        fail wd_kill9_resumes_bitwise "exit $rc: $(grep -E 'resumed|error' "$TMP/out" | head -2) $(cat "$TMP/cmp" 2>/dev/null)"
+fi
 
 # automatic timeout (0): 300 s until five steps, then reported (tiny steps: the floor)
 "$MTRAIN" pretrain r.yaml --set train.hang_timeout_s=0 --set log.dir=auto --set checkpoint.dir= \
