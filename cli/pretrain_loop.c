@@ -388,7 +388,7 @@ static void choose_comm(struct run *run) {
             warn("%d GPU ranks communicate over MPI through host memory (correct, not fast): %s", g->world_size, why);
         return;
     }
-    grid_use_nccl(g);
+    grid_use_nccl(g, r->model.num_experts > 0, model_head_uses_embed(&r->model));
     watchdog_set_failure_hooks(nccl_poll_async_errors, nccl_abort_all);
     if (g->world_size > 1) run->comm_name = "nccl";
 }

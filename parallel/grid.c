@@ -243,10 +243,11 @@ int grid_ranks_sharing_gpu(struct grid *g) {
     return shared;
 }
 
-void grid_use_nccl(struct grid *g) {
+void grid_use_nccl(struct grid *g, int with_edp, int with_embed) {
     struct comm *cs[] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
+    int used[] = {1, 1, 1, 1, with_edp, with_embed};
     for (int i = 0; i < 6; i++)
-        if (cs[i]->size > 1) comm_nccl_init(cs[i]);
+        if (cs[i]->size > 1 && used[i]) comm_nccl_init(cs[i]);
 }
 
 void grid_free(struct grid *g) {

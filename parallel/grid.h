@@ -42,10 +42,13 @@ void grid_free(struct grid *g);
 /* The model's groups (tp, dp, pp) carry device memory of backend be: their
  * calls stage it through host buffers (see struct comm). world stays host. */
 void grid_stage_device(struct grid *g, const struct backend *be);
-/* GPU ranks: the groups that carry device tensors (tp, dp, pp, ep, edp,
- * embed) get NCCL communicators, each of size > 1 (collective over the
- * world; the GPU must be chosen). */
-void grid_use_nccl(struct grid *g);
+/* GPU ranks: the groups that carry device tensors (tp, dp, pp, ep, and edp
+ * and embed where the model uses them: routed experts, a head or MTP that
+ * reads the embedding) get NCCL communicators, each of size > 1 (collective
+ * over the world; the GPU must be chosen). A communicator holds GPU memory
+ * and takes time to set up, so an unused group gets none (a call on it
+ * would go over MPI). */
+void grid_use_nccl(struct grid *g, int with_edp, int with_embed);
 /* How many other ranks drive this rank's GPU (the same host and PCI bus id;
  * collective over the world): NCCL needs a GPU per rank. Whether each rank
  * sees every GPU of its node or only its own. */

@@ -365,7 +365,7 @@ static int check_nccl(struct grid *g) {
  * each group of more than one rank gets its own communicator; a sum over
  * it equals MPI's over the same group. */
 static void check_nccl_grid(struct grid *g) {
-    grid_use_nccl(g);
+    grid_use_nccl(g, 1, 1);
     struct comm *cs[] = {&g->tp_comm, &g->dp_comm};
     int ok = 1, groups = 0;
     for (int i = 0; i < 2; i++) {
