@@ -29,6 +29,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q 
 elif [ -f "$MOCK/libnccl.so.2" ] && [ -f "$MOCK/libcudart_mock.so" ]; then
     DEVICE=cpu # the stand-ins: every rank's buffers in the mock's device memory, one device for all
     export MOCK_NCCL_DIR=$TMP LD_LIBRARY_PATH=$MOCK${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # sanitized builds: the preloaded mock comes before the sanitizer's runtime
+    export ASAN_OPTIONS=verify_asan_link_order=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}
     GPU_ENV=(MTRAIN_TEST_GPU_COMM_ON_CPU=1 MOCK_CUDA_DEVICES=1 LD_PRELOAD=$MOCK/libcudart_mock.so)
 else
     skip nccl_shared_gpu "no GPU and no CUDA stand-ins in this build (CUDA=0)"
