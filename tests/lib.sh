@@ -74,6 +74,24 @@ worst_metric() {
     join <(step_metric "$1" "$3" "${4:-loss}") <(step_metric "$2" "$3" "${4:-loss}") 2>/dev/null |
         awk '{d=($2-$3)/$2; if (d<0) d=-d; if (d>=w) {w=d; s=$1}} END{printf "%.3g at step %d", w, s}'
 }
+# rank_process PATTERN RANK METRICS STEP_RE JOB: once METRICS logs a line
+# matching STEP_RE (grep -E), the pid of world rank RANK's mtrain among the
+# processes whose command line holds PATTERN (empty if JOB ended first or
+# after a minute)
+rank_process() {
+    local pattern=$1 rank=$2 metrics=$3 step=$4 job=$5 p
+    for _ in $(seq 1200); do
+        if grep -qE "$step" "$metrics" 2>/dev/null; then
+            for p in $(pgrep -f -- "$pattern"); do
+                tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "PMI_RANK=$rank" &&
+                    [ "$(cat /proc/$p/comm 2>/dev/null)" = mtrain ] && { echo "$p"; return; }
+            done
+            return
+        fi
+        kill -0 "$job" 2>/dev/null || return
+        sleep 0.05
+    done
+}
 # comm_layout_recipes DEVICE [DEEPSEEK_EXTRA]: the communication tests' tiny
 # recipes, 6 steps on train.device DEVICE: r.yaml (Llama), moe.yaml (Mixtral: 4
 # experts, top 2), ds.yaml (DeepSeek-V3: MLA, sigmoid routing with the bias, a

@@ -120,18 +120,7 @@ sed 's/steps: 6/steps: 100000/' r.yaml >long.yaml
 shared 4 long.yaml --set parallel.tp=2 --set parallel.pp=2 --set parallel.comm=nccl --set log.dir=killed_$$ \
     >killed.out 2>&1 &
 job=$!
-victim=
-for _ in $(seq 600); do
-    if grep -q '"step":3,' killed_$$/metrics.jsonl 2>/dev/null; then
-        for p in $(pgrep -f -- "log.dir=killed_$$"); do
-            tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'PMI_RANK=2' &&
-                [ "$(cat /proc/$p/comm 2>/dev/null)" = mtrain ] && victim=$p
-        done
-        break
-    fi
-    kill -0 $job 2>/dev/null || break
-    sleep 0.1
-done
+victim=$(rank_process "log.dir=killed_$$" 2 killed_$$/metrics.jsonl '"step":3,' $job)
 if [ -z "$victim" ]; then
     fail nccl_shared_kill9_setup "no rank 2 found running: $(tail -3 killed.out)"
     kill $job 2>/dev/null

@@ -35,17 +35,7 @@ else fail wd_normal_run_completes "exit $rc: $(tail -3 "$TMP/out")"; fi
 # SIGSTOP world rank 2 once step 10 is logged: the other ranks end the job
 run_np 4 pretrain r.yaml "${TP2PP2[@]}" --set checkpoint.dir=ck_$HANG --set log.dir=$HANG >"$TMP/hang" 2>&1 &
 job=$!
-victim=
-for _ in $(seq 600); do
-    if grep -q '"step":1[0-9],' $HANG/metrics.jsonl 2>/dev/null; then
-        for p in $(pgrep -f -- "$HANG"); do # the ranks are the processes with PMI_RANK
-            tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'PMI_RANK=2' && victim=$p
-        done
-        break
-    fi
-    kill -0 $job 2>/dev/null || break
-    sleep 0.05
-done
+victim=$(rank_process "$HANG" 2 $HANG/metrics.jsonl '"step":1[0-9],' $job)
 if [ -z "$victim" ]; then
     fail wd_sigstop_setup "no rank 2 process found at step 10: $(tail -3 "$TMP/hang")"
     wait $job
@@ -78,17 +68,7 @@ else fail wd_sigstop_resumes "exit $rc: $(grep -E 'resumed|error' "$TMP/out" | h
 KILLED=wd_kill_$$
 run_np 4 pretrain r.yaml "${TP2PP2[@]}" --set checkpoint.dir=ck_$KILLED --set log.dir=$KILLED >"$TMP/killed" 2>&1 &
 job=$!
-victim=
-for _ in $(seq 600); do
-    if grep -q '"step":1[0-9],' $KILLED/metrics.jsonl 2>/dev/null; then
-        for p in $(pgrep -f -- "$KILLED"); do
-            tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'PMI_RANK=1' && victim=$p
-        done
-        break
-    fi
-    kill -0 $job 2>/dev/null || break
-    sleep 0.05
-done
+victim=$(rank_process "$KILLED" 1 $KILLED/metrics.jsonl '"step":1[0-9],' $job)
 if [ -z "$victim" ]; then
     fail wd_kill9_setup "no rank 1 process found at step 10: $(tail -3 "$TMP/killed")"
     wait $job
