@@ -149,6 +149,8 @@ void master_to_host(struct master *ms, float *host) {
 
 void master_gather_gains(struct master *ms, int k) {
     struct master_shard *s = &ms->shard[k];
-    if (ms->full || !s->dp || gains_before(ms, s->base + s->total) == gains_before(ms, s->base)) return;
+    int any = 0;
+    for (int r = 0; !ms->full && s->dp && r < s->dp->size; r++) any |= s->gain_counts[r] > 0;
+    if (!any) return; /* no norm or state tensor in the group (the routed experts) */
     comm_wait_ticket(s->dp, comm_all_gather_v_start(s->dp, ms->gains, sizeof(float), s->gain_counts, s->gain_displs));
 }

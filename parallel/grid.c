@@ -25,24 +25,26 @@ void parallel_init(int *argc, char ***argv) {
     initialized = 1;
 }
 
-/* MPI_Abort's teardown can kill the launcher's output forwarding before it
- * has read what this rank just wrote: give it a moment first */
-static void let_output_out(void) {
+/* The one line that names this rank, then every rank ends: NCCL's
+ * communicators first (a peer blocked in one is let go), then MPI_Abort,
+ * whose teardown can kill the launcher's output forwarding before it has
+ * read the line: it gets a moment first. */
+static void end_job(const char *msg, int code) {
+    ssize_t w = write(STDERR_FILENO, msg, strlen(msg));
+    (void)w;
+    fflush(NULL);
+    watchdog_aborting();
     struct timespec t = {0, 300 * 1000 * 1000};
     nanosleep(&t, NULL);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    _exit(code);
 }
 
 static void abort_job(int code) {
     char who[96], msg[256];
     watchdog_describe_rank(who, sizeof who);
     snprintf(msg, sizeof msg, "mtrain: error: %s failed: ending the whole job (MPI_Abort)\n", who);
-    ssize_t w = write(STDERR_FILENO, msg, strlen(msg)); /* the one line that names this rank */
-    (void)w;
-    fflush(NULL);
-    watchdog_aborting(); /* NCCL's communicators first: a peer blocked in one is let go */
-    let_output_out();
-    MPI_Abort(MPI_COMM_WORLD, code);
-    _exit(code);
+    end_job(msg, code);
 }
 
 /* exit() while the hook is set is not the run's end (that unsets it): a
@@ -54,11 +56,7 @@ static void exit_unfinished(void) {
     watchdog_describe_activity(what, sizeof what);
     snprintf(msg, sizeof msg, "mtrain: error: %s is exiting at %s before the run ended: ending the whole job "
              "(MPI_Abort)\n", who, what);
-    ssize_t w = write(STDERR_FILENO, msg, strlen(msg));
-    (void)w;
-    watchdog_aborting();
-    let_output_out();
-    MPI_Abort(MPI_COMM_WORLD, EXIT_RUNTIME);
+    end_job(msg, EXIT_RUNTIME);
 }
 
 void parallel_abort_on_error(int on) {
