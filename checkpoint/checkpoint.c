@@ -266,16 +266,16 @@ static const float *snapshot_source(void *ctx, int sec, const struct param_info 
     return s->host + (size_t)sec * s->table->total + p->offset;
 }
 
-/* write_shard for the tensors this writer stores: all of t, or only its
- * routed experts when L->expert_only; never a stage copy (the last stage's
- * embedding: the first stage stores it, and a load reads it by name). */
+/* write_shard for the tensors this writer stores: all of t, only its
+ * routed experts (L->expert_only) or all but them (L->no_experts); never a
+ * stage copy (the last stage's embedding: the first stage stores it, and a
+ * load reads it by name). */
 static int write_own_shard(const char *tmp, const struct param_table *t, const struct ckpt_layout *L, int step,
                            shard_source get, void *ctx, int crash, char *err, size_t errlen) {
     struct param_table own = *t;
-    if (L->expert_only) {
-        int first = param_table_first_expert(t);
-        own.items = t->items + first, own.count = t->count - first;
-    }
+    int first = param_table_first_expert(t);
+    if (L->expert_only) own.items = t->items + first, own.count = t->count - first;
+    if (L->no_experts) own.count = first;
     struct param_info *kept = xcalloc(own.count ? own.count : 1, sizeof *kept);
     int n = 0;
     for (int i = 0; i < own.count; i++)
@@ -358,7 +358,7 @@ static void write_manifest(const struct ckpt_snapshot *s, const char *path, json
     const struct ckpt_layout *L = &s->layout;
     char *recipe = recipe_text(s->recipe);
     json_t *m = json_pack("{s:s, s:i, s:s, s:i, s:I, s:i, s:i, s:f, s:i, s:{s:f, s:f, s:i}, "
-                          "s:{s:i, s:i, s:i, s:i, s:i, s:i, s:i}, s:o, s:o, s:s}",
+                          "s:{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}, s:o, s:o, s:s}",
                           "format", "mtrain-checkpoint", "version", CHECKPOINT_FORMAT_VERSION,
                           MANIFEST_SUM_KEY, "", "step", st->step,
                           "consumed_samples", (json_int_t)st->consumed_samples, "optimizer_step", st->opt_step,
@@ -366,6 +366,7 @@ static void write_manifest(const struct ckpt_snapshot *s, const char *path, json
                           "monitor", "ema_loss", st->ema_loss, "ema_grad_norm", st->ema_grad_norm, "seen", st->ema_seen,
                           "layout", "tp", L->tp, "pp", L->pp, "vpp", L->vpp, "dp", L->dp,
                           "ep", s->recipe->parallel.ep > 0 ? s->recipe->parallel.ep : 1, "cp", 1,
+                          "etp", s->recipe->parallel.etp > 0 ? s->recipe->parallel.etp : 1,
                           "world_size", L->tp * L->pp * L->dp, "files", files, "tensors", tensors, "recipe", recipe);
     CHECK(m);
     if (s->fp8) CHECK(json_object_set(m, "fp8_amax_history", s->fp8) == 0);
@@ -754,23 +755,25 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
     char tmp[4200];
     tmp_step_dir(tmp, sizeof tmp, dst_dir, s.state.step);
     struct convert_ctx ctx = {.rd = rd, .err = err, .errlen = errlen};
-    /* the writers of `mtrain pretrain`: DP rank e (its expert-DP rank 0) of
-     * every (tp, pp) shard, e = 0 with everything, e > 0 with its experts */
+    /* the writers of `mtrain pretrain` (parallel/grid.h, cli/pretrain_ckpt.c):
+     * of the tp x dp ranks q of each stage, DP rank 0 writes its dense
+     * tensors, expert-DP rank 0 (ep_rank = q % ep, etp 1) its experts */
     for (int p = 0; p < pp; p++)
-        for (int e = 0; e < ep; e++)
-            for (int t = 0; t < tp; t++) {
-                struct model_part part;
-                struct param_table table;
-                model_part_for(&part, &r.model, &r.parallel, t, p, e);
-                param_table_build(&table, &r.model, &part);
-                struct ckpt_layout L = {.world_rank = t + tp * (e + dp * p), .tp = tp, .tp_rank = t, .pp = pp,
-                                        .pp_rank = p, .dp = dp, .vpp = vpp, .writer = 1, .expert_only = e > 0};
-                ctx.tp_rank = t;
-                char why[8192];
-                if (write_own_shard(tmp, &table, &L, s.state.step, convert_source, &ctx, 0, why, sizeof why) != 0)
-                    die("%s", why);
-                param_table_free(&table);
-            }
+        for (int q = 0; q < tp * dp; q++) {
+            int t = q % tp, dense = q / tp == 0, experts = q / ep == 0 && r.model.num_experts > 0;
+            if (!dense && !experts) continue;
+            struct model_part part;
+            struct param_table table;
+            model_part_for(&part, &r.model, &r.parallel, t, p, q % ep);
+            param_table_build(&table, &r.model, &part);
+            struct ckpt_layout L = {.world_rank = q + tp * dp * p, .tp = tp, .tp_rank = t, .pp = pp, .pp_rank = p,
+                                    .dp = dp, .vpp = vpp, .writer = 1, .expert_only = !dense, .no_experts = !experts};
+            ctx.tp_rank = t;
+            char why[8192];
+            if (write_own_shard(tmp, &table, &L, s.state.step, convert_source, &ctx, 0, why, sizeof why) != 0)
+                die("%s", why);
+            param_table_free(&table);
+        }
     checkpoint_commit(&s, dst_dir);
     json_decref(s.fp8);
     free(ctx.buf);

@@ -33,7 +33,9 @@ struct train_state {
 struct ckpt_layout {
     int world_rank, tp, tp_rank, pp, pp_rank, dp, vpp;
     int writer;                 /* this rank writes its shard (DP rank 0, or expert-DP rank 0 for its experts) */
-    int expert_only;            /* ... only its routed experts (an EP rank > 0: its dense tensors are DP rank 0's) */
+    int expert_only;            /* ... only its routed experts (DP rank > 0: its dense tensors are DP rank 0's) */
+    int no_experts;             /* ... not its routed experts (expert-DP rank > 0: another rank of its edp group
+                                 * writes them, parallel/grid.h) */
 };
 
 /* A host copy of one rank's state, taken at a step boundary, that a writer

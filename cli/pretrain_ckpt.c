@@ -78,13 +78,15 @@ static void check_dirs(struct run *run, int writer) {
 }
 
 /* Where this rank sits for checkpoints: DP rank 0 of each (tp, pp) shard
- * writes it, and for a MoE model expert-DP rank 0 writes its experts. */
+ * writes its dense tensors, and for a MoE model expert-DP rank 0 its
+ * experts (each set once: parallel/grid.h). */
 static struct ckpt_layout layout_of(const struct run *run) {
     const struct grid *g = &run->grid;
+    int experts = g->edp_rank == 0 && run->r->model.num_experts > 0;
     return (struct ckpt_layout){.world_rank = g->world_rank, .tp = g->tp, .tp_rank = g->tp_rank, .pp = g->pp,
                                 .pp_rank = g->pp_rank, .dp = g->dp, .vpp = run->tr.model.part.nchunks,
-                                .writer = g->dp_rank == 0 || (g->edp_rank == 0 && run->r->model.num_experts > 0),
-                                .expert_only = g->dp_rank != 0};
+                                .writer = g->dp_rank == 0 || experts, .expert_only = g->dp_rank != 0,
+                                .no_experts = !experts};
 }
 
 void ckpt_setup(struct run *run) {

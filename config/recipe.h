@@ -63,6 +63,7 @@ struct model_config {
 
 struct parallel_config {
     int tp, pp, ep, cp, vpp;
+    int etp;                        /* expert tensor parallel size (parallel/grid.h); 1 = experts whole */
     int sequence_parallel;          /* bool */
     int first_stage_layers;         /* layers of pipeline stage 0; 0 = an even split */
     int last_stage_layers;          /* layers of the last stage; 0 = an even split */

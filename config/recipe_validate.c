@@ -143,9 +143,9 @@ static int check_sizes(const struct recipe *r) {
     const struct parallel_config *p = &r->parallel;
     const struct model_config *m = &r->model;
     const struct train_config *t = &r->train;
-    static const char *const keys[] = {"parallel.tp", "parallel.pp", "parallel.cp", "parallel.ep"};
-    const int vals[] = {p->tp, p->pp, p->cp, p->ep};
-    for (int i = 0; i < 4; i++)
+    static const char *const keys[] = {"parallel.tp", "parallel.pp", "parallel.cp", "parallel.ep", "parallel.etp"};
+    const int vals[] = {p->tp, p->pp, p->cp, p->ep, p->etp};
+    for (int i = 0; i < 5; i++)
         if (vals[i] > MAX_PARALLEL)
             return verr(r, keys[i], "%d ranks is more than the supported %d", vals[i], MAX_PARALLEL);
     if (p->vpp > MAX_VPP)
@@ -222,6 +222,15 @@ static int check_parallel(const struct recipe *r, int world_size) {
         return verr(r, "parallel.sequence_parallel", "sequence parallel needs micro_batch * seq_len (%ld) divisible "
                     "by tp %d", (long)r->train.micro_batch * r->train.seq_len, p->tp);
     if (p->cp > 1) return verr(r, "parallel.cp", "context parallelism (cp %d) is not implemented yet", p->cp);
+    if (p->etp > 1 && m->num_experts == 0)
+        return verr(r, "parallel.etp", "etp %d needs a mixture-of-experts model (model.num_experts > 0)", p->etp);
+    int expert_width = m->moe_intermediate_size ? m->moe_intermediate_size : m->intermediate_size;
+    if (p->etp > 1 && expert_width % p->etp)
+        return verr(r, "parallel.etp", "etp %d does not divide the experts' width %d (model.moe_intermediate_size)",
+                    p->etp, expert_width);
+    if (p->etp > 1)
+        return verr(r, "parallel.etp", "expert tensor parallelism (etp %d) is not implemented yet: set etp 1 "
+                    "(experts whole on each rank, split over ep ranks that may be tensor-parallel peers)", p->etp);
     if (p->ep > 1 && m->num_experts == 0)
         return verr(r, "parallel.ep", "ep %d needs a mixture-of-experts model (model.num_experts > 0)", p->ep);
     if (p->ep > 1 && m->num_experts % p->ep)
@@ -240,10 +249,13 @@ static int check_parallel(const struct recipe *r, int world_size) {
     if (world_size > 0 && world_size % model_par)
         return verr(r, "parallel.tp", "world size %d is not divisible by tp*pp*cp = %d*%d*%d = %lld", world_size,
                     p->tp, p->pp, p->cp, model_par);
-    /* expert parallelism is carved out of the data-parallel ranks */
-    if (world_size > 0 && (world_size / model_par) % p->ep)
-        return verr(r, "parallel.ep", "ep %d does not divide the data-parallel size %lld (world %d / tp*pp*cp %lld)",
-                    p->ep, world_size / model_par, world_size, model_par);
+    /* the experts' grid (etp x ep x edp) is drawn from the tp x cp x dp ranks of a pipeline stage */
+    long long stage_ranks = world_size > 0 ? world_size / p->pp : 0, expert_par = (long long)p->etp * p->ep;
+    if (world_size > 0 && stage_ranks % expert_par)
+        return verr(r, p->etp > 1 ? "parallel.etp" : "parallel.ep",
+                    "etp*ep = %d*%d = %lld does not divide the ranks of a pipeline stage, tp*cp*dp = %lld (world %d / "
+                    "pp %d): the experts' groups are drawn from them", p->etp, p->ep, expert_par, stage_ranks,
+                    world_size, p->pp);
     return 0;
 }
 

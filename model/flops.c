@@ -135,16 +135,19 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     e.local_params = t.total;
     e.grads = t.total * sizeof(float);
     if (strcmp(r->train.precision, "fp32")) e.weights = t.total * 2; /* the bf16 working copy */
-    /* ZeRO-1 shards the dense tensors' moments over dp, the experts' over dp / ep; with a working copy
-     * the fp32 master too, but for the norm gains and state every rank keeps whole (model/master.h) */
+    /* ZeRO-1 shards the dense tensors' moments over dp, the experts' over edp = tp*cp*dp / (etp*ep)
+     * (parallel/grid.h); with a working copy the fp32 master too, but for the norm gains and state every
+     * rank keeps whole (model/master.h) */
     int fe = param_table_first_expert(&t);
     size_t experts = fe < t.count ? (t.total - t.items[fe].offset) * sizeof(float) : 0, gains = 0;
-    int zero = r->optimizer.distributed && dp > 1, edp = dp / (r->parallel.ep > 0 ? r->parallel.ep : 1);
+    const struct parallel_config *par = &r->parallel;
+    int edp = par->tp * par->cp * dp / ((par->ep > 0 ? par->ep : 1) * (par->etp > 0 ? par->etp : 1));
+    int zero = r->optimizer.distributed && (dp > 1 || (experts && edp > 1));
     int edp_div = zero && edp > 1 ? edp : 1;
     for (int i = 0; i < t.count; i++)
         if (master_packed(&t.items[i])) gains += t.items[i].numel * sizeof(float);
     e.params = zero && e.weights ? (e.grads - experts) / dp + experts / edp_div + gains : e.grads;
-    e.optimizer = 2 * (e.grads - experts) / (zero ? dp : 1) + 2 * experts / edp_div;
+    e.optimizer = 2 * (e.grads - experts) / (zero && dp > 1 ? dp : 1) + 2 * experts / edp_div;
     /* ZeRO-1 reduces and gathers in place in the gradient and parameter buffers: no scratch */
     e.buffers += param_table_shared_block_floats(&t) * sizeof(float); /* kv-block scratch */
     param_table_free(&t);

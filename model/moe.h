@@ -5,12 +5,14 @@
  * add gradients to the router; an optional capacity factor drops overflow
  * tokens in token order.
  *
- * Under tensor parallelism the router and experts are replicated and each TP
- * rank routes its 1/tp share of the micro batch's tokens (rows [r*n, (r+1)*n)
- * of the gathered norm output), so their gradients are partial over TP
- * (param_info.tp_partial). Under expert parallelism each EP rank owns E/ep
- * experts; tokens go to their experts' ranks with a variable all-to-all and
- * come back the same way. */
+ * Under tensor parallelism the router is replicated and each TP rank routes
+ * its 1/tp share of the micro batch's tokens (rows [r*n, (r+1)*n) of the
+ * gathered norm output), so its gradient is partial over TP
+ * (param_info.tp_partial). Each EP rank owns E/ep experts (the EP group is
+ * drawn from the tp x cp x dp ranks, parallel/grid.h: TP peers may own
+ * different experts); tokens go to their experts' ranks with a variable
+ * all-to-all and come back the same way. The ranks holding the same experts
+ * (edp) saw different tokens: their gradients are summed over edp. */
 #pragma once
 #include "model/transformer.h"
 

@@ -60,8 +60,8 @@ void optimizer_free(struct optimizer *o) {
 }
 
 /* Sum, over the TP ranks holding the same block, the gradients that each saw
- * only part of: norm weights under sequence parallelism and MoE routers and
- * experts (this rank's tokens), and kv-head blocks shared by tp/kv ranks
+ * only part of: norm weights under sequence parallelism and MoE routers
+ * (this rank's tokens), and kv-head blocks shared by tp/kv ranks
  * (this rank's query heads). A shared block is summed through a zero-padded
  * all-reduce over the whole TP group. */
 static void reduce_shared_over_tp(struct optimizer *o, float *grads, int first, int last) {
@@ -69,6 +69,7 @@ static void reduce_shared_over_tp(struct optimizer *o, float *grads, int first, 
     for (int i = first; i <= last; i++) {
         const struct param_info *p = &t->items[i];
         float *g = grads + p->offset;
+        if (p->expert) continue; /* a routed expert's replicas are its edp group (parallel/grid.h) */
         if (p->shard == SHARD_REPLICATED) {
             if (o->sequence_parallel || p->tp_partial) comm_all_reduce_sum(o->tp, g, p->numel);
         } else if (p->parts < t->tp) {
@@ -163,7 +164,7 @@ static double group_sum_squares(struct optimizer *o, struct opt_group *gr, const
     for (int i = gr->first; i < gr->first + gr->count; i++) {
         const struct param_info *p = &t->items[i];
         if (p->stage_copy) continue; /* the first stage counts the embedding */
-        if (p->shard == SHARD_REPLICATED && t->tp_rank != 0) continue; /* the same on every TP rank */
+        if (p->shard == SHARD_REPLICATED && !p->expert && t->tp_rank != 0) continue; /* the same on every TP rank */
         if (p->shard != SHARD_REPLICATED && t->tp_rank % (t->tp / p->parts)) continue; /* a shared block: once */
         size_t off, n;
         if (!intersect(p, gr->shard_begin, gr->shard_len, &off, &n)) continue;

@@ -211,8 +211,7 @@ static void add_experts(struct builder *b, const struct model_part *part, int l)
                      ds ? deepseek[k] : mixtral[k]);
             struct param_info *p = layer_add(b, l, suffix, k == 1 ? C : FM, k == 1 ? FM : C, SHARD_REPLICATED,
                                              PARAM_MATRIX, k == 1 ? b->out_std : b->std, 1);
-            p->expert = 1;
-            p->tp_partial = b->tp > 1;
+            p->expert = 1; /* its replicas are the edp group: no TP reduction of its own */
         }
 }
 

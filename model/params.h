@@ -35,9 +35,10 @@ struct param_info {
     enum param_kind kind;
     float init_std;
     int expert;             /* a routed expert's weight: whole on the EP rank that owns the expert, its gradient
-                             * reduced over the expert-data-parallel group (model/moe.h) */
+                             * reduced over the expert-data-parallel group, which holds its every replica
+                             * (parallel/grid.h, model/moe.h) */
     int tp_partial;         /* replicated over TP, but each TP rank's gradient covers only its share of the
-                             * tokens (MoE router and experts): summed over TP before the update */
+                             * tokens (MoE router, MLA's replicated projections): summed over TP before the update */
     int stage_copy;         /* a copy of a tensor that pipeline stage 0 owns (the embedding on the last stage,
                              * for tied embeddings and MTP): its gradient is summed with the owner's over the
                              * embedding group, so both update identically; not counted in the grad norm and

@@ -47,8 +47,10 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     int slots = schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp);
     struct model_part part;
     model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank, g->ep_rank);
-    /* ZeRO-1 with a working copy: each rank keeps the fp32 master of its shard only */
-    int shard_master = r->optimizer.distributed && g->dp > 1 && be->precision != PRECISION_FP32;
+    /* ZeRO-1 with a working copy: each rank keeps the fp32 master of its shard only (of either group: the
+     * dense tensors over dp, the routed experts over edp) */
+    int zero = r->optimizer.distributed && (g->dp > 1 || (r->model.num_experts > 0 && g->edp > 1));
+    int shard_master = zero && be->precision != PRECISION_FP32;
     transformer_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots,
                        recompute_mode(r->train.recompute), shard_master);
     tr->model.ep_comm = &g->ep_comm;

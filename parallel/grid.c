@@ -191,12 +191,16 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
     make_comm(&g->tp_comm, "tp", ((pp * g->dp) + dp) * g->cp + cp, tp);
     make_comm(&g->dp_comm, "dp", ((pp * g->cp) + cp) * g->tp + tp, dp);
     make_comm(&g->pp_comm, "pp", ((dp * g->cp) + cp) * g->tp + tp, pp);
-    CHECK(g->dp % g->ep == 0);
-    g->edp = g->dp / g->ep;
-    g->ep_rank = dp % g->ep, g->edp_rank = dp / g->ep;
-    int outer = (pp * g->cp + cp) * g->tp + tp; /* the coordinates both expert groups share */
-    make_comm(&g->ep_comm, "ep", outer * g->edp + g->edp_rank, g->ep_rank);
-    make_comm(&g->edp_comm, "edp", outer * g->ep + g->ep_rank, g->edp_rank);
+    /* The experts' own grid over the same ranks of a pipeline stage (as
+     * Megatron's expert layout): the tp x cp x dp ranks numbered in rank order
+     * are etp fastest, then ep, then edp. */
+    g->etp = p->etp > 0 ? p->etp : 1;
+    int plane = g->tp * g->cp * g->dp, q = (dp * g->cp + cp) * g->tp + tp;
+    CHECK(plane % (g->etp * g->ep) == 0);
+    g->edp = plane / (g->etp * g->ep);
+    g->etp_rank = q % g->etp, g->ep_rank = q / g->etp % g->ep, g->edp_rank = q / (g->etp * g->ep);
+    make_comm(&g->ep_comm, "ep", (pp * g->edp + g->edp_rank) * g->etp + g->etp_rank, g->ep_rank);
+    make_comm(&g->edp_comm, "edp", (pp * g->ep + g->ep_rank) * g->etp + g->etp_rank, g->edp_rank);
     /* the ends of each pipeline pair up; a middle stage gets a group of its own */
     int end = g->pp > 1 && (pp == 0 || pp == g->pp - 1);
     int position = (dp * g->cp + cp) * g->tp + tp;
@@ -205,7 +209,7 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
 
 void grid_single(struct grid *g) {
     memset(g, 0, sizeof *g);
-    g->world_size = g->local_size = g->tp = g->cp = g->ep = g->dp = g->pp = g->vpp = g->edp = 1;
+    g->world_size = g->local_size = g->tp = g->cp = g->ep = g->etp = g->dp = g->pp = g->vpp = g->edp = 1;
     struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
     const char *names[] = {"world", "tp", "dp", "pp", "ep", "edp", "embed"};
     for (int i = 0; i < 7; i++) cs[i]->size = 1, cs[i]->name = names[i];

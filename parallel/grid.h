@@ -9,11 +9,15 @@ struct grid {
     int world_rank, world_size, local_rank, local_size; /* local: ranks on this node */
     int tp, cp, ep, dp, pp, vpp;
     int tp_rank, cp_rank, ep_rank, dp_rank, pp_rank;
-    /* Expert parallelism is carved out of data parallelism: dp_rank =
-     * ep_rank + ep * edp_rank. ep_comm joins the ep consecutive DP ranks that
-     * split the experts (all-to-all dispatch); edp_comm the dp/ep ranks that
-     * hold the same experts (their gradients' reduction). */
-    int edp, edp_rank;
+    /* The routed experts have a grid of their own over the tp x cp x dp ranks
+     * of a pipeline stage, as Megatron's: numbered q = tp_rank + tp * (cp_rank
+     * + cp * dp_rank), q = etp_rank + etp * (ep_rank + ep * edp_rank). With
+     * etp 1 (the only size implemented) experts are split over ep ranks that
+     * may be tensor-parallel peers, never replicated over TP for its own sake.
+     * ep_comm joins the ep ranks that split the experts (all-to-all dispatch);
+     * edp_comm the edp = tp*cp*dp / (etp*ep) ranks that hold the same experts
+     * (their gradients' reduction). */
+    int etp, etp_rank, edp, edp_rank;
     struct comm world, tp_comm, dp_comm, pp_comm, ep_comm, edp_comm;
     /* The embedding group: the first and the last pipeline stage of each
      * (tp, cp, dp) position, which both hold the embedding when the head

@@ -72,4 +72,16 @@ check moe_tp2_ep2_selective 4 parallel.tp=2 parallel.ep=2 train.recompute=select
 check moe_pp2_ep2 4 parallel.pp=2 parallel.ep=2 train.micro_batch=2
 check moe_zero_bf16_dp2_ep2 2 parallel.ep=2 optimizer.distributed=true train.precision=bf16
 check moe_zero_bf16_dp4_ep2 4 parallel.ep=2 optimizer.distributed=true train.precision=bf16 train.micro_batch=2
+# etp 1 (parallel/grid.h): at tp 2 the experts are split over the TP peers (ep 2 on 2 ranks) instead of
+# replicated; with ep 1 their TP replicas are the edp group, where ZeRO-1 shards them
+check moe_tp2_ep1 2 parallel.tp=2
+replicated_peak=$LAST_GOT
+check moe_tp2_ep2_etp1 2 parallel.tp=2 parallel.ep=2
+split_peak=$LAST_GOT
+check moe_tp2_zero_bf16_edp2 2 parallel.tp=2 optimizer.distributed=true train.precision=bf16
+# the split saves half the experts' 16 bytes per parameter (fp32 weights, gradients, two moments):
+# 4 layers x 8 experts x 3 x 384 x 1024 parameters
+awk -v r="$replicated_peak" -v s="$split_peak" -v n=$((4 * 8 * 3 * 384 * 1024)) \
+    'BEGIN {exit (r - s) * 1048576 >= 0.85 * 16 * n / 2 ? 0 : 1}' && pass mem_etp1_experts_split_saving ||
+    fail mem_etp1_experts_split_saving "peak $replicated_peak MiB with the experts replicated over tp 2, $split_peak MiB split"
 exit $FAILED

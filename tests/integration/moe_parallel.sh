@@ -1,8 +1,9 @@
 # Mixture of experts on CPU under mpiexec (oversubscribed): expert parallelism
-# alone and with tp, pp, dp, sequence parallel and ZeRO-1 trains the same model
-# as one rank; capacity drops are the same; checkpoints move across EP layouts
-# directly and through `mtrain convert --ep`; the all-to-all payload equals
-# its analytic count.
+# alone and with tp (etp 1: the EP group drawn from tp x dp), pp, dp, sequence
+# parallel and ZeRO-1 trains the same model as one rank; capacity drops are the
+# same; checkpoints move across EP and TP layouts directly and through `mtrain
+# convert --ep`, each expert stored once; the all-to-all payload equals its
+# analytic count.
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
 export OMP_NUM_THREADS=1
@@ -32,6 +33,12 @@ layouts=(
     # expert buffers sized for the mean rows only: the busier ranks' grow (model/moe.c reserve_rows)
     "ep4_grown_selective 1 1 4 4 model.moe_rows_headroom=1 train.recompute=selective"
     "ep2_pp2_grown_full 1 2 2 2 model.moe_rows_headroom=1 train.recompute=full"
+    # etp 1 (parallel/grid.h): the EP group drawn from tp x dp, so TP peers own different experts
+    # (tp2_ep2: dp 1, the EP group is the TP group; tp2_ep4: it spans TP and DP), and with ep 1 the
+    # experts' replicas over TP are their edp group (ZeRO-1 shards them there although dp is 1)
+    "tp2_ep2 2 1 1 2" "tp2_ep4 2 1 2 4" "tp2_ep4_sp_zero 2 1 2 4 parallel.sequence_parallel=true optimizer.distributed=true"
+    "tp2_pp2_ep2 2 2 1 2" "tp2_ep1_zero 2 1 1 1 optimizer.distributed=true"
+    "tp2_ep2_full 2 1 1 2 train.recompute=full"
 )
 for spec in "${layouts[@]}"; do
     set -- $spec
@@ -65,17 +72,25 @@ want=$(( 2 * 2 * 2 * (4 * rows * 32 + 4) * 4 )) # ranks * MoE layers * micro bat
 got=$(grep '"event":"comm"' ep2/metrics.jsonl | grep -o '"ep":[0-9]*' | cut -d: -f2 | awk '{s += $1} END {print s}')
 [ "$got" = "$want" ] && pass moe_all_to_all_bytes || fail moe_all_to_all_bytes "ep bytes per step $got, analytic $want"
 
-# checkpoints across EP layouts: save at ep 4, resume at ep 1 and ep 2, directly and through convert --ep
+# checkpoints across EP layouts: save at ep 4 (tp 1, then tp 2), resume at other ep and tp, directly and
+# through convert (target source ranks tp ep)
 "$MTRAIN" pretrain r.yaml --set train.steps=40 --set checkpoint.dir=long --set log.dir=long >/dev/null 2>&1
 run_np 4 pretrain r.yaml --set train.steps=40 --set parallel.ep=4 --set checkpoint.dir=s_ep4 --set log.dir=s_ep4 \
     --stop-after 20 >/dev/null 2>&1 || fail moe_save_ep4 "exit $?"
-for target in direct_ep1 direct_ep2 convert_ep1 convert_ep2; do
-    ep=${target##*_ep}; np=$ep
-    cp -r s_ep4 $target
+run_np 4 pretrain r.yaml --set train.steps=40 --set parallel.tp=2 --set parallel.ep=4 --set checkpoint.dir=s_tp2_ep4 \
+    --set log.dir=s_tp2_ep4 --stop-after 20 >/dev/null 2>&1 || fail moe_save_tp2_ep4 "exit $?"
+for spec in "direct_ep1 s_ep4 1 1 1" "direct_ep2 s_ep4 2 1 2" "convert_ep1 s_ep4 1 1 1" "convert_ep2 s_ep4 2 1 2" \
+    "direct_tp2_ep2 s_ep4 2 2 2" "direct_tp2_to_ep2 s_tp2_ep4 2 1 2" "convert_tp2_to_tp2_ep2 s_tp2_ep4 2 2 2" \
+    "direct_tp2_to_ep1 s_tp2_ep4 1 1 1"; do
+    set -- $spec
+    target=$1 src=$2 np=$3 tp=$4 ep=$5
+    cp -r $src $target
     if [ "${target%%_*}" = convert ]; then
-        rm -rf $target && "$MTRAIN" convert s_ep4 $target --dp $np --ep $ep >"$TMP/out" 2>&1 || fail moe_${target}_convert "$(cat "$TMP/out")"
+        rm -rf $target && "$MTRAIN" convert $src $target --tp $tp --dp $((np / tp)) --ep $ep >"$TMP/out" 2>&1 ||
+            fail moe_${target}_convert "$(cat "$TMP/out")"
     fi
-    run_np $np pretrain r.yaml --set train.steps=40 --set parallel.ep=$ep --set checkpoint.dir=$target --set log.dir=$target >"$TMP/out" 2>&1
+    run_np $np pretrain r.yaml --set train.steps=40 --set parallel.tp=$tp --set parallel.ep=$ep --set checkpoint.dir=$target \
+        --set log.dir=$target >"$TMP/out" 2>&1
     if grep -q "resumed from $target/step-000000020" "$TMP/out" &&
         paste <(metric long/metrics.jsonl loss | tail -20) <(metric $target/metrics.jsonl loss | tail -20) |
         awk '{n++; d=$1-$2; if (d<0) d=-d; if (d/$1 > 1e-5) bad=1} END{exit (n == 20 && !bad) ? 0 : 1}'; then
@@ -83,6 +98,17 @@ for target in direct_ep1 direct_ep2 convert_ep1 convert_ep2; do
     else fail moe_resume_$target "$(grep -E 'resumed|error' "$TMP/out" | head -2)"; fi
     "$PY" "$COMPARE" long/step-000000040 $target/step-000000040 1e-5 >"$TMP/cmp" 2>&1 &&
         pass moe_resume_${target}_params || fail moe_resume_${target}_params "$(cat "$TMP/cmp")"
+done
+# each routed expert is stored once, by the expert-DP rank 0 of its EP rank: 4 experts x 3 matrices x 2
+# MoE layers, each with its two moments, at tp 2 x ep 4 (dp 2) and at tp 2 x ep 1 (the experts' replica
+# on TP rank 1, a DP rank 0 that writes its dense tensors, is not stored)
+for ck in s_tp2_ep4/step-000000020 ck_tp2_ep1_zero/step-000000020; do
+    n=$("$PY" -c "
+import json, sys
+names = [t['name'] for t in json.load(open(sys.argv[1]))['tensors'] if 'experts' in t['name']]
+print(len(names), len(set(names)))" $ck/manifest.json 2>&1)
+    [ "$n" = "72 72" ] && pass moe_experts_stored_once_${ck%%/*} ||
+        fail moe_experts_stored_once_${ck%%/*} "expert tensors (entries, distinct names) $n, want 72 72"
 done
 # one MoE layer's blocking copies to the host at ep 2 and 4 (tests/unit/test_moe_plan.c run
 # on N ranks): one, the per-expert counts that size the all-to-all, and none in backward

@@ -158,11 +158,29 @@ parallel:
   ep: 3
 "
 export SLURM_NTASKS=2 # a dry run plans for the launcher's world: dp 2
-bad moe_ep_divides_dp 16 parallel.ep 'does not divide the data-parallel size' "$moe
+bad moe_ep_divides_stage_ranks 16 parallel.ep 'etp\*ep = 1\*4 = 4 does not divide the ranks of a pipeline stage, tp\*cp\*dp = 2' "$moe
 parallel:
   ep: 4
 "
+bad moe_ep_divides_stage_ranks_pp 17 parallel.ep 'does not divide the ranks of a pipeline stage, tp\*cp\*dp = 1' "$moe
+parallel:
+  pp: 2
+  ep: 2
+" --set model.num_layers=2
 unset SLURM_NTASKS
+# expert tensor parallelism: only etp 1 (whole experts) is implemented; a size that cannot divide says so first
+bad moe_etp_not_implemented 16 parallel.etp 'expert tensor parallelism \(etp 2\) is not implemented yet' "$moe
+parallel:
+  etp: 2
+"
+bad moe_etp_divides_width 16 parallel.etp 'etp 3 does not divide the experts. width 128' "$moe
+parallel:
+  etp: 3
+" --set model.intermediate_size=128
+bad moe_etp_dense 14 parallel.etp 'needs a mixture-of-experts model' "$good
+parallel:
+  etp: 2
+"
 bad moe_capacity_negative - model.moe_capacity_factor 'out of range|>= 0' "$moe" --set model.moe_capacity_factor=-1
 # DeepSeek-V3's routing keys with softmax routing: refused by the dry run as by the run (they lived in the model)
 for kv in moe_n_group=2 moe_routed_scaling=2.5 moe_bias_update_rate=1e-3 moe_seq_aux_loss_coef=1e-4; do
