@@ -357,6 +357,7 @@ static void write_manifest(const struct ckpt_snapshot *s, const char *path, json
     const struct train_state *st = &s->state;
     const struct ckpt_layout *L = &s->layout;
     char *recipe = recipe_text(s->recipe);
+    int cp = s->recipe->parallel.cp > 0 ? s->recipe->parallel.cp : 1;
     json_t *m = json_pack("{s:s, s:i, s:s, s:i, s:I, s:i, s:i, s:f, s:i, s:{s:f, s:f, s:i}, "
                           "s:{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i}, s:o, s:o, s:s}",
                           "format", "mtrain-checkpoint", "version", CHECKPOINT_FORMAT_VERSION,
@@ -365,9 +366,9 @@ static void write_manifest(const struct ckpt_snapshot *s, const char *path, json
                           "rewinds", st->rewinds, "lr_scale", st->lr_scale, "lr_scale_until", st->lr_scale_until,
                           "monitor", "ema_loss", st->ema_loss, "ema_grad_norm", st->ema_grad_norm, "seen", st->ema_seen,
                           "layout", "tp", L->tp, "pp", L->pp, "vpp", L->vpp, "dp", L->dp,
-                          "ep", s->recipe->parallel.ep > 0 ? s->recipe->parallel.ep : 1, "cp", 1,
+                          "ep", s->recipe->parallel.ep > 0 ? s->recipe->parallel.ep : 1, "cp", cp,
                           "etp", s->recipe->parallel.etp > 0 ? s->recipe->parallel.etp : 1,
-                          "world_size", L->tp * L->pp * L->dp, "files", files, "tensors", tensors, "recipe", recipe);
+                          "world_size", L->tp * L->pp * L->dp * cp, "files", files, "tensors", tensors, "recipe", recipe);
     CHECK(m);
     if (s->fp8) CHECK(json_object_set(m, "fp8_amax_history", s->fp8) == 0);
     char hex[17];
@@ -718,7 +719,7 @@ int ckpt_reader_load_recipe(const struct ckpt_reader *rd, struct recipe *r, char
     return ok ? 0 : -1;
 }
 
-int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, int pp, int vpp, int dp, int ep,
+int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, int pp, int vpp, int dp, int ep, int cp,
                        char *err, size_t errlen) {
     int rc;
     struct ckpt_reader *rd = ckpt_reader_open(src_step_dir, err, errlen, &rc);
@@ -728,7 +729,7 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
         ckpt_reader_close(rd);
         return -1;
     }
-    r.parallel.tp = tp, r.parallel.pp = pp, r.parallel.vpp = vpp, r.parallel.ep = ep;
+    r.parallel.tp = tp, r.parallel.pp = pp, r.parallel.vpp = vpp, r.parallel.ep = ep, r.parallel.cp = cp;
     /* any layout loads any checkpoint, so the stage split here is the even one */
     r.parallel.first_stage_layers = r.parallel.last_stage_layers = 0;
     /* the layout is checked here, not the data: validate a copy without it
@@ -741,9 +742,9 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
     /* batch sizes are the resumed run's choice (--set train.micro_batch=...) */
     check.train.micro_batch = 1;
     check.train.global_batch = dp;
-    if (recipe_validate(&check, tp * pp * dp) != 0) {
-        snprintf(err, errlen, "layout tp %d pp %d vpp %d dp %d ep %d does not fit this model (see above)", tp, pp, vpp,
-                 dp, ep);
+    if (recipe_validate(&check, tp * pp * dp * cp) != 0) {
+        snprintf(err, errlen, "layout tp %d pp %d vpp %d dp %d ep %d cp %d does not fit this model (see above)", tp, pp,
+                 vpp, dp, ep, cp);
         ckpt_reader_close(rd);
         return -2;
     }
@@ -756,17 +757,17 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
     tmp_step_dir(tmp, sizeof tmp, dst_dir, s.state.step);
     struct convert_ctx ctx = {.rd = rd, .err = err, .errlen = errlen};
     /* the writers of `mtrain pretrain` (parallel/grid.h, cli/pretrain_ckpt.c):
-     * of the tp x dp ranks q of each stage, DP rank 0 writes its dense
-     * tensors, expert-DP rank 0 (ep_rank = q % ep, etp 1) its experts */
+     * of the tp x cp x dp ranks q of each stage, DP and CP rank 0 writes its
+     * dense tensors, expert-DP rank 0 (ep_rank = q % ep, etp 1) its experts */
     for (int p = 0; p < pp; p++)
-        for (int q = 0; q < tp * dp; q++) {
+        for (int q = 0; q < tp * cp * dp; q++) {
             int t = q % tp, dense = q / tp == 0, experts = q / ep == 0 && r.model.num_experts > 0;
             if (!dense && !experts) continue;
             struct model_part part;
             struct param_table table;
             model_part_for(&part, &r.model, &r.parallel, t, p, q % ep);
             param_table_build(&table, &r.model, &part);
-            struct ckpt_layout L = {.world_rank = q + tp * dp * p, .tp = tp, .tp_rank = t, .pp = pp, .pp_rank = p,
+            struct ckpt_layout L = {.world_rank = q + tp * cp * dp * p, .tp = tp, .tp_rank = t, .pp = pp, .pp_rank = p,
                                     .dp = dp, .vpp = vpp, .writer = 1, .expert_only = !dense, .no_experts = !experts};
             ctx.tp_rank = t;
             char why[8192];

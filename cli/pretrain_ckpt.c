@@ -77,16 +77,16 @@ static void check_dirs(struct run *run, int writer) {
     fail_if_any(run, msg);
 }
 
-/* Where this rank sits for checkpoints: DP rank 0 of each (tp, pp) shard
- * writes its dense tensors, and for a MoE model expert-DP rank 0 its
+/* Where this rank sits for checkpoints: DP rank 0 (and CP rank 0) of each
+ * (tp, pp) shard writes its dense tensors, and for a MoE model expert-DP rank 0 its
  * experts (each set once: parallel/grid.h). */
 static struct ckpt_layout layout_of(const struct run *run) {
     const struct grid *g = &run->grid;
     int experts = g->edp_rank == 0 && run->r->model.num_experts > 0;
+    int dense = g->dp_rank == 0 && g->cp_rank == 0; /* cp peers hold the same parameters */
     return (struct ckpt_layout){.world_rank = g->world_rank, .tp = g->tp, .tp_rank = g->tp_rank, .pp = g->pp,
                                 .pp_rank = g->pp_rank, .dp = g->dp, .vpp = run->tr.model.part.nchunks,
-                                .writer = g->dp_rank == 0 || experts, .expert_only = g->dp_rank != 0,
-                                .no_experts = !experts};
+                                .writer = dense || experts, .expert_only = !dense, .no_experts = !experts};
 }
 
 void ckpt_setup(struct run *run) {

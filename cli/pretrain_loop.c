@@ -251,16 +251,17 @@ static void rewind_to_checkpoint(struct run *run, int bad_step, enum rewind_reas
 }
 
 /* Communication payload per step of every rank and group (tp, dp, pp, ep,
- * edp, embed) and the data-parallel gradient bytes reduced in buckets during
- * backward (dp_overlapped), as one event: rank r's numbers are at
- * [7r .. 7r+6]. Eval and checkpoint traffic is included, so benchmarks run
+ * edp, embed, cp) and the data-parallel gradient bytes reduced in buckets
+ * during backward (dp_overlapped), as one event: rank r's numbers are at
+ * [8r .. 8r+7]. Eval and checkpoint traffic is included, so benchmarks run
  * without them. */
 static void log_comm(struct run *run, int steps) {
     struct grid *g = &run->grid;
     int n = g->world_size;
-    enum { NG = 6, NV = NG + 1 };
+    enum { NG = 7, NV = NG + 1 };
     double *v = xcalloc(NV * n, sizeof *v), per = steps > 0 ? steps : 1;
-    struct comm *groups[NG] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
+    struct comm *groups[NG] = {&g->tp_comm,  &g->dp_comm,    &g->pp_comm, &g->ep_comm,
+                               &g->edp_comm, &g->embed_comm, &g->cp_comm};
     for (int k = 0; k < NG; k++) v[NV * g->world_rank + k] = (double)groups[k]->bytes / per;
     v[NV * g->world_rank + NG] = (double)g->dp_comm.overlapped / per;
     comm_all_reduce_sum_f64(&g->world, v, NV * n);
@@ -271,9 +272,9 @@ static void log_comm(struct run *run, int steps) {
         for (int r = 0; r < n; r++)
             fprintf(run->metrics,
                     "%s{\"rank\":%d,\"tp\":%.0f,\"dp\":%.0f,\"pp\":%.0f,\"ep\":%.0f,\"edp\":%.0f,\"embed\":%.0f,"
-                    "\"dp_overlapped\":%.0f}",
+                    "\"cp\":%.0f,\"dp_overlapped\":%.0f}",
                     r ? "," : "", r, v[NV * r], v[NV * r + 1], v[NV * r + 2], v[NV * r + 3], v[NV * r + 4],
-                    v[NV * r + 5], v[NV * r + 6]);
+                    v[NV * r + 5], v[NV * r + 6], v[NV * r + 7]);
         fprintf(run->metrics, "]}\n");
         metrics_flush(run);
     }
@@ -551,10 +552,10 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     if (run.rank0) {
         const struct grid *g = &run.grid;
         struct dataset *ds = prefetcher_dataset(run.train);
-        printf("mtrain %s | %s | %s %lld params | device %s %s | threads %d | ranks %d (tp %d pp %d dp %d ep %d; %s) | "
+        printf("mtrain %s | %s | %s %lld params | device %s %s | threads %d | ranks %d (tp %d pp %d dp %d ep %d cp %d; %s) | "
                "data %s: %lld tokens, %lld docs\n",
                MTRAIN_VERSION, r->source, r->model.arch, (long long)model_param_count(&r->model), run.be->name, precision,
-               omp_get_max_threads(), g->world_size, g->tp, g->pp, g->dp, g->ep, run.comm_name, dataset_dir(ds),
+               omp_get_max_threads(), g->world_size, g->tp, g->pp, g->dp, g->ep, g->cp, run.comm_name, dataset_dir(ds),
                (long long)dataset_num_tokens(ds),
                (long long)dataset_num_docs(ds));
         if (on_cpu)

@@ -218,10 +218,21 @@ static int check_parallel(const struct recipe *r, int world_size) {
                                                                                  : m->intermediate_size)) % p->tp)
         return verr(r, "parallel.tp", "tp %d does not divide the shared experts' width (moe_shared_experts x "
                     "moe_intermediate_size)", p->tp);
-    if (p->sequence_parallel && ((long)r->train.micro_batch * r->train.seq_len) % p->tp)
-        return verr(r, "parallel.sequence_parallel", "sequence parallel needs micro_batch * seq_len (%ld) divisible "
-                    "by tp %d", (long)r->train.micro_batch * r->train.seq_len, p->tp);
-    if (p->cp > 1) return verr(r, "parallel.cp", "context parallelism (cp %d) is not implemented yet", p->cp);
+    /* context parallelism splits each sequence into 2*cp chunks for load balance: a rank holds 2 of them */
+    if (p->cp > 1 && r->train.seq_len % (2ll * p->cp))
+        return verr(r, "parallel.cp", "2*cp = %lld does not divide train.seq_len %d: each rank holds chunks cp_rank "
+                    "and 2*cp-1-cp_rank of every sequence%s", 2ll * p->cp, r->train.seq_len,
+                    other(r, "train.seq_len", o, sizeof o));
+    if (p->cp > 1 && m->num_experts > 0)
+        return verr(r, "parallel.cp", "context parallelism (cp %d) with mixture-of-experts layers is not implemented "
+                    "yet (dense models: llama, or model.num_experts 0)", p->cp);
+    if (p->cp > 1 && m->mtp_depth > 0)
+        return verr(r, "parallel.cp", "context parallelism (cp %d) with multi-token prediction (model.mtp_depth %d) is "
+                    "not implemented yet", p->cp, m->mtp_depth);
+    long rank_tokens = (long)r->train.micro_batch * (r->train.seq_len / p->cp); /* a micro batch's tokens on a rank */
+    if (p->sequence_parallel && rank_tokens % p->tp)
+        return verr(r, "parallel.sequence_parallel", "sequence parallel needs micro_batch * seq_len%s (%ld) divisible "
+                    "by tp %d", p->cp > 1 ? " / cp" : "", rank_tokens, p->tp);
     if (p->etp > 1 && m->num_experts == 0)
         return verr(r, "parallel.etp", "etp %d needs a mixture-of-experts model (model.num_experts > 0)", p->etp);
     int expert_width = m->moe_intermediate_size ? m->moe_intermediate_size : m->intermediate_size;
@@ -240,10 +251,6 @@ static int check_parallel(const struct recipe *r, int world_size) {
     if (m->num_experts > 0 && p->tp > 1 && ((long)r->train.micro_batch * r->train.seq_len) % p->tp)
         return verr(r, "parallel.tp", "MoE layers split the micro batch's tokens over TP: micro_batch * seq_len (%ld) "
                     "must be divisible by tp %d", (long)r->train.micro_batch * r->train.seq_len, p->tp);
-    /* context parallel splits each sequence into 2*cp chunks for load balance */
-    if (p->cp > 1 && r->train.seq_len % (2ll * p->cp))
-        return verr(r, "parallel.cp", "2*cp = %lld does not divide train.seq_len %d%s", 2ll * p->cp, r->train.seq_len,
-                    other(r, "train.seq_len", o, sizeof o));
     /* last: the layout itself may be fine and the job merely launched on the wrong number of ranks */
     long long model_par = (long long)p->tp * p->pp * p->cp;  /* each <= MAX_PARALLEL: no overflow */
     if (world_size > 0 && world_size % model_par)

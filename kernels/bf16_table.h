@@ -168,6 +168,25 @@ static void ref_attention_backward(float *dq, float *dk, float *dv, const float 
     bf16_narrow(dv, gv, nv);
 }
 
+/* context parallelism's block ops on the fp32 table's (o, lse, dq, dk, dv are fp32 already) */
+static void attention_block_forward(float *o, float *lse, const float *q, const float *k, const float *v, int B, int c,
+                                    int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1, int first) {
+    size_t rows = (size_t)B * 2 * c;
+    CHECK(BF16_INNER.attention_block_forward);
+    BF16_INNER.attention_block_forward(o, lse, wide(0, q, rows * H * D), wide(1, k, rows * KVH * D),
+                                       wide(2, v, rows * KVH * Dv), B, c, H, KVH, D, Dv, q0, q1, k0, k1, first);
+}
+
+static void attention_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                     const float *lse, const float *q, const float *k, const float *v, int B, int c,
+                                     int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1) {
+    size_t rows = (size_t)B * 2 * c;
+    CHECK(BF16_INNER.attention_block_backward);
+    BF16_INNER.attention_block_backward(dq, dk, dv, wide(0, dout, rows * H * Dv), wide(1, out, rows * H * Dv), lse,
+                                        wide(2, q, rows * H * D), wide(3, k, rows * KVH * D),
+                                        wide(4, v, rows * KVH * Dv), B, c, H, KVH, D, Dv, q0, q1, k0, k1);
+}
+
 static void attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,
                              int D, int Dv) {
     size_t nq = (size_t)n * H * D, no = (size_t)n * H * Dv, nk = (size_t)Tk * KVH * D, nv = (size_t)Tk * KVH * Dv;
@@ -347,6 +366,8 @@ static void scale(float *x, float s, size_t n) {
     .attention_forward = BF16_ATTENTION_FORWARD, \
     .attention_state_floats = attention_state_floats, \
     .attention_backward = BF16_ATTENTION_BACKWARD, \
+    .attention_block_forward = attention_block_forward, \
+    .attention_block_backward = attention_block_backward, \
     .attention_decode = attention_decode, \
     .copy_cols = bf16_copy_cols, \
     .swiglu_forward = swiglu_forward, \

@@ -117,6 +117,24 @@ struct backend {
                                const float *att, const float *q, const float *k, const float *v, int B, int T,
                                int H, int KVH, int D, int Dv);
 
+    /* Context parallelism (model/cp_attention.c): causal attention of a
+     * block of queries against a block of keys and values of the same
+     * sequences, each block [B, 2c, ...] holding two chunks of c positions
+     * (chunks q0, q1 of the queries, k0, k1 of the keys: position = chunk * c
+     * + offset); a key chunk later than the query chunk is masked whole, the
+     * same chunk causally. q, k, v are stored activations; o [B,2c,H,Dv] and
+     * lse [B,H,2c] are fp32 running results that each call merges its block
+     * into by log-sum-exp (first = 1 starts them: rows no key reached have lse
+     * -inf and o 0). Scores scaled by 1/sqrt(D). NULL where a backend lacks
+     * them (CUDA for now). */
+    void (*attention_block_forward)(float *o, float *lse, const float *q, const float *k, const float *v, int B, int c,
+                                    int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1, int first);
+    /* The block's gradients from the final out (stored) and lse: dq [B,2c,H,D]
+     * of the queries and dk, dv of the keys and values, fp32, accumulated (+=). */
+    void (*attention_block_backward)(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                     const float *lse, const float *q, const float *k, const float *v, int B, int c,
+                                     int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1);
+
     /* Incremental decoding against a KV cache: n queries q[n,H,D] at the
      * last n positions Tk-n .. Tk-1 of one sequence attend causally to the
      * cached keys k[Tk,KVH,D] and values v[Tk,KVH,Dv] (rows [0, Tk), the

@@ -111,7 +111,8 @@ struct memory_estimate model_memory_estimate(const struct recipe *r, int dp, con
 static size_t bf16_scratch_bytes(const struct recipe *r, const struct backend *be) {
     if (be->precision == PRECISION_FP32) return 0;
     const struct model_config *mc = &r->model;
-    size_t tp = r->parallel.tp > 0 ? (size_t)r->parallel.tp : 1, N = (size_t)r->train.micro_batch * r->train.seq_len;
+    size_t tp = r->parallel.tp > 0 ? (size_t)r->parallel.tp : 1;
+    size_t N = (size_t)r->train.micro_batch * r->train.seq_len / (r->parallel.cp > 0 ? r->parallel.cp : 1);
     size_t C = mc->hidden_size, V = mc->vocab_size / tp, F = mc->intermediate_size / tp;
     if (mc->num_experts > 0 && (size_t)mc->experts_per_token * model_moe_ffn_size(mc) > F)
         F = (size_t)mc->experts_per_token * model_moe_ffn_size(mc);
@@ -142,12 +143,13 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     size_t experts = fe < t.count ? (t.total - t.items[fe].offset) * sizeof(float) : 0, gains = 0;
     const struct parallel_config *par = &r->parallel;
     int edp = par->tp * par->cp * dp / ((par->ep > 0 ? par->ep : 1) * (par->etp > 0 ? par->etp : 1));
-    int zero = r->optimizer.distributed && (dp > 1 || (experts && edp > 1));
+    int dpcp = dp * par->cp; /* the dense tensors' gradient group: dp and its cp peers */
+    int zero = r->optimizer.distributed && (dpcp > 1 || (experts && edp > 1));
     int edp_div = zero && edp > 1 ? edp : 1;
     for (int i = 0; i < t.count; i++)
         if (master_packed(&t.items[i])) gains += t.items[i].numel * sizeof(float);
-    e.params = zero && e.weights ? (e.grads - experts) / dp + experts / edp_div + gains : e.grads;
-    e.optimizer = 2 * (e.grads - experts) / (zero && dp > 1 ? dp : 1) + 2 * experts / edp_div;
+    e.params = zero && e.weights ? (e.grads - experts) / dpcp + experts / edp_div + gains : e.grads;
+    e.optimizer = 2 * (e.grads - experts) / (zero && dpcp > 1 ? dpcp : 1) + 2 * experts / edp_div;
     /* ZeRO-1 reduces and gathers in place in the gradient and parameter buffers: no scratch */
     e.buffers += param_table_shared_block_floats(&t) * sizeof(float); /* kv-block scratch */
     param_table_free(&t);
@@ -162,11 +164,20 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
         free(s);
     }
     e.in_flight = slots;
+    /* a rank holds seq_len / cp tokens of each sequence (model/cp_attention.h) */
+    int T = r->train.seq_len / par->cp;
     e.activations = transformer_arena_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
-                                      r->train.seq_len, slots, recompute_mode(r->train.recompute));
+                                      T, slots, recompute_mode(r->train.recompute));
+    if (par->cp > 1) { /* the ring's scratch: two K,V blocks stored, their fp32 gradients, fp32 output and dq */
+        size_t N = (size_t)r->train.micro_batch * T, tp = par->tp;
+        size_t heads = (size_t)r->model.num_heads / tp, kv = model_is_mla(&r->model) ? heads : (size_t)r->model.num_kv_heads;
+        if (!model_is_mla(&r->model)) kv = kv >= tp ? kv / tp : 1;
+        size_t D = model_head_dim(&r->model), Dv = model_v_head_dim(&r->model);
+        e.buffers += N * kv * (D + Dv) * (2 * be->act_bytes + 2 * sizeof(float)) + N * heads * (D + Dv) * sizeof(float);
+    }
     /* pipeline: a send buffer per item of an exchange unit (reused once sent), one receive buffer */
     int sp_tp = r->parallel.sequence_parallel ? r->parallel.tp : 1;
-    size_t act = (size_t)r->train.micro_batch * r->train.seq_len / sp_tp * r->model.hidden_size * be->act_bytes;
+    size_t act = (size_t)r->train.micro_batch * T / sp_tp * r->model.hidden_size * be->act_bytes;
     if (pp > 1) e.buffers += act * (SCHED_UNIT_MAX + 1);
     e.buffers += bf16_scratch_bytes(r, be);
     /* host: the global batch, two prefetched shares, and the checkpoint snapshot (params + moments) */

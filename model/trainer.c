@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "config/common.h"
+#include "model/cp_attention.h"
 #include "model/trainer.h"
 #include "parallel/timeline.h"
 
@@ -37,7 +38,8 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     memset(tr, 0, sizeof *tr);
     tr->recipe = r;
     tr->grid = g;
-    int B = r->train.micro_batch, T = r->train.seq_len, vpp = g->pp > 1 ? g->vpp : 1;
+    /* under context parallelism each rank holds T = seq_len / cp tokens of every sequence (model/cp_attention.h) */
+    int B = r->train.micro_batch, T = r->train.seq_len / g->cp, vpp = g->pp > 1 ? g->vpp : 1;
     tr->micro_batches = r->train.global_batch / (B * g->dp);
     int m = tr->micro_batches;
     tr->schedule = xmalloc(sizeof *tr->schedule * 2 * m * vpp);
@@ -49,11 +51,15 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank, g->ep_rank);
     /* ZeRO-1 with a working copy: each rank keeps the fp32 master of its shard only (of either group: the
      * dense tensors over dp, the routed experts over edp) */
-    int zero = r->optimizer.distributed && (g->dp > 1 || (r->model.num_experts > 0 && g->edp > 1));
+    int zero = r->optimizer.distributed && (g->dp_comm.size > 1 || (r->model.num_experts > 0 && g->edp > 1));
     int shard_master = zero && be->precision != PRECISION_FP32;
     transformer_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots,
                        recompute_mode(r->train.recompute), shard_master);
     tr->model.ep_comm = &g->ep_comm;
+    if (g->cp > 1 && !be->attention_block_forward)
+        die_code(EXIT_USAGE, "parallel.cp %d: context parallelism runs on the CPU backend only so far (train.device: cpu)",
+                 g->cp);
+    transformer_set_cp(&tr->model, g->cp, g->cp_rank, &g->cp_comm, r->train.seq_len);
     const char *sc = r->train.fp8_scaling;
     struct fp8_recipe fp8 = {.scaling = !strcmp(sc, "block")     ? FP8_SCALING_BLOCK
                                         : !strcmp(sc, "delayed") ? FP8_SCALING_DELAYED
@@ -128,14 +134,19 @@ void trainer_free(struct trainer *tr) {
     free(tr->targets);
 }
 
-/* Micro batch mb of samples -> slot: inputs are the first T tokens, targets
- * the same shifted by one. */
+/* Micro batch mb of samples -> slot: inputs are the first seq_len tokens,
+ * targets the same shifted by one; under context parallelism this rank's
+ * two chunks of them (model/cp_attention.h). */
 static void stage_micro_batch(struct trainer *tr, const int32_t *samples, int mb, int slot) {
-    int T = tr->recipe->train.seq_len, B = tr->recipe->train.micro_batch;
+    const struct transformer *m = &tr->model;
+    int S = tr->recipe->train.seq_len, B = tr->recipe->train.micro_batch, T = m->T, c = T / 2;
     for (int b = 0; b < B; b++) {
-        const int32_t *s = samples + (size_t)(mb * B + b) * (T + 1);
-        memcpy(tr->inputs + (size_t)b * T, s, sizeof(int32_t) * T);
-        memcpy(tr->targets + (size_t)b * T, s + 1, sizeof(int32_t) * T);
+        const int32_t *s = samples + (size_t)(mb * B + b) * (S + 1);
+        for (int half = 0; half < (m->cp > 1 ? 2 : 1); half++) { /* a run of positions each */
+            int t0 = m->cp > 1 ? half * c : 0, n = m->cp > 1 ? c : T, p = cp_position(m->cp_rank, m->cp, c, t0);
+            memcpy(tr->inputs + (size_t)b * T + t0, s + p, sizeof(int32_t) * n);
+            memcpy(tr->targets + (size_t)b * T + t0, s + p + 1, sizeof(int32_t) * n);
+        }
     }
     transformer_stage(&tr->model, slot, tr->inputs, tr->targets);
 }

@@ -6,6 +6,7 @@
 #include "model/transformer.h"
 #include "model/linear.h"
 #include "model/mla.h"
+#include "model/cp_attention.h"
 #include "model/moe.h"
 
 /* ---- arena layout: one pass computes sizes, a second carves ---- */
@@ -221,6 +222,7 @@ static void set_dims(struct transformer *m, const struct model_config *cfg, cons
     if (m->mla) m->KV = m->H, m->QR = cfg->q_lora_rank, m->KR = cfg->kv_lora_rank, m->DN = cfg->qk_nope_head_dim;
     m->q_scale = rope_softmax_scale(cfg);
     m->tp = part->tp;
+    m->cp = 1; /* transformer_set_cp */
     m->sp = sp && part->tp > 1;
     m->Ns = m->sp ? m->N / m->tp : m->N;
     m->Hl = m->H / m->tp, m->KVl = m->KV >= m->tp ? m->KV / m->tp : 1, m->Fl = m->F / m->tp, m->Vl = m->V / m->tp;
@@ -456,8 +458,29 @@ void transformer_free(struct transformer *m) {
     if (m->moe_metrics) m->be->free(m->moe_metrics);
     free(m->mtp), free(m->dmtp), free(m->mtp_loss), free(m->mtp_host);
     moe_host_free(m);
+    cp_attention_free(m);
     if (m->fp8_hist) fp8_history_free(m->fp8_hist), free(m->fp8_hist);
     param_table_free(&m->table);
+}
+
+void transformer_set_cp(struct transformer *m, int cp, int cp_rank, struct comm *comm, int seq_len) {
+    CHECK(seq_len == m->T * cp && m->T % 2 == 0);
+    m->cp = cp, m->cp_rank = cp_rank, m->cp_comm = comm;
+    if (cp == 1) return;
+    CHECK(m->be->attention_block_forward && m->be->attention_block_backward);
+    /* the rotary tables of this rank's positions */
+    size_t half = (size_t)m->Dr / 2, n = (size_t)seq_len * half;
+    float *all = xmalloc(sizeof(float) * n * 2), *mine = xmalloc(sizeof(float) * (size_t)m->T * half * 2);
+    rope_tables(all, all + n, &m->cfg, seq_len);
+    for (int t = 0; t < m->T; t++) {
+        int p = cp_position(cp_rank, cp, m->T / 2, t);
+        memcpy(mine + t * half, all + p * half, sizeof(float) * half);
+        memcpy(mine + ((size_t)m->T + t) * half, all + n + p * half, sizeof(float) * half);
+    }
+    m->be->from_host(m->rope_cos, mine, sizeof(float) * m->T * half);
+    m->be->from_host(m->rope_sin, mine + (size_t)m->T * half, sizeof(float) * m->T * half);
+    free(all);
+    free(mine);
 }
 
 void transformer_set_moe_sequences(struct transformer *m, int sequences) {
@@ -626,6 +649,12 @@ static void swiglu_block_forward(struct transformer *m, struct layer_acts *a, co
     row_parallel_residual(m, out, a->xmid, a->h, w->wdown, F);
 }
 
+/* attention of the layer's q, k, v: on this rank's tokens, or over the context-parallel ring */
+static void attention_forward(struct transformer *m, struct layer_acts *a) {
+    if (m->cp > 1) cp_attention_forward(m, a->attn_out, a->att, a->q, a->k, a->v);
+    else m->be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D, m->Dv);
+}
+
 static void block_forward(struct transformer *m, struct act_slot *s, int l, float *out) {
     const struct backend *be = m->be;
     fp8_block(m, l);
@@ -644,7 +673,7 @@ static void block_forward(struct transformer *m, struct act_slot *s, int l, floa
         be->rope(a->q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 0);
         be->rope(a->k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 0);
     }
-    be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D, m->Dv);
+    attention_forward(m, a);
     row_parallel_residual(m, a->xmid, a->x, a->attn_out, w->wo, m->Hl * m->Dv);
     norm_for_linear(m, a->ln2, a->rstd2, a->xmid, w->ln2_w);
     if (!w->moe) {
@@ -809,11 +838,13 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     }
     be->rmsnorm_backward(m->d_resid, dw->ln2_w, d_ln, a->xmid, w->ln2_w, a->rstd2, Ns, C, 1);
     /* attention branch */
-    if (selective)
-        be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D, m->Dv);
+    if (selective) attention_forward(m, a);
     linear_backward(m, m->d_attn, dw->wo, grad_full_rows(m), a->attn_out, w->wo, N, OD, C, 0);
-    be->attention_backward(m->d_q, m->d_k, m->d_v, m->d_attn, a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T,
-                           m->Hl, m->KVl, m->D, m->Dv);
+    if (m->cp > 1)
+        cp_attention_backward(m, m->d_q, m->d_k, m->d_v, m->d_attn, a->attn_out, a->att, a->q, a->k, a->v);
+    else
+        be->attention_backward(m->d_q, m->d_k, m->d_v, m->d_attn, a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T,
+                               m->Hl, m->KVl, m->D, m->Dv);
     if (m->mla) {
         mla_backward(m, a, l);
     } else {

@@ -115,6 +115,11 @@ struct transformer {
     int mla, QR, KR, DN;         /* MLA (model/mla.h): q and kv latent ranks, the nope part of D */
     float q_scale;               /* queries x this before attention: YaRN's softmax-scale correction (1 = none) */
     int tp, sp, Hl, KVl, Fl, Vl, vstart; /* tensor-parallel local sizes */
+    /* context parallelism (model/cp_attention.h): this rank holds chunks cp_rank and 2cp-1-cp_rank of every
+     * sequence, T of them; attention runs as a ring over cp_comm (cp 1: none) */
+    int cp, cp_rank;
+    struct comm *cp_comm;
+    void *cp_scratch;
     /* mixture of experts: E experts, top K, expert FFN FM; El local of ep;
      * each TP rank routes tokens [moe_r0, moe_r0 + moe_n) of the micro batch */
     int E, K, FM, El, ep, moe_n, moe_r0, moe_R, n_moe_layers;
@@ -218,6 +223,10 @@ void transformer_create(struct transformer *m, const struct backend *be, const s
 void transformer_create_forward_only(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                                      int B, int T);
 void transformer_free(struct transformer *m);
+/* Context parallelism: m (created with the local T = seq_len / cp) holds
+ * chunks cp_rank and 2cp-1-cp_rank of each sequence of seq_len tokens; its
+ * attention runs over the ring comm (model/cp_attention.h). */
+void transformer_set_cp(struct transformer *m, int cp, int cp_rank, struct comm *comm, int seq_len);
 void transformer_init_params(struct transformer *m, uint64_t seed);
 /* Refresh the working copy of the weights from the fp32 master (nothing at
  * fp32, when the optimizer's AdamW wrote it: weights_fresh, or when the

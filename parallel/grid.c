@@ -189,7 +189,10 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
     int tp = g->tp_rank, cp = g->cp_rank, dp = g->dp_rank, pp = g->pp_rank;
     make_comm(&g->world, "world", 0, g->world_rank);
     make_comm(&g->tp_comm, "tp", ((pp * g->dp) + dp) * g->cp + cp, tp);
-    make_comm(&g->dp_comm, "dp", ((pp * g->cp) + cp) * g->tp + tp, dp);
+    /* the gradients' group: the data-parallel ranks and their context-parallel peers, which hold the same
+     * parameters and saw other tokens (Megatron's data-parallel group with context parallelism) */
+    make_comm(&g->dp_comm, "dp", pp * g->tp + tp, dp * g->cp + cp);
+    make_comm(&g->cp_comm, "cp", (pp * g->dp + dp) * g->tp + tp, cp);
     make_comm(&g->pp_comm, "pp", ((dp * g->cp) + cp) * g->tp + tp, pp);
     /* The experts' own grid over the same ranks of a pipeline stage (as
      * Megatron's expert layout): the tp x cp x dp ranks numbered in rank order
@@ -210,14 +213,15 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
 void grid_single(struct grid *g) {
     memset(g, 0, sizeof *g);
     g->world_size = g->local_size = g->tp = g->cp = g->ep = g->etp = g->dp = g->pp = g->vpp = g->edp = 1;
-    struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
-    const char *names[] = {"world", "tp", "dp", "pp", "ep", "edp", "embed"};
-    for (int i = 0; i < 7; i++) cs[i]->size = 1, cs[i]->name = names[i];
+    struct comm *cs[] = {&g->world,   &g->tp_comm,  &g->dp_comm,    &g->pp_comm,
+                         &g->ep_comm, &g->edp_comm, &g->embed_comm, &g->cp_comm};
+    const char *names[] = {"world", "tp", "dp", "pp", "ep", "edp", "embed", "cp"};
+    for (int i = 0; i < 8; i++) cs[i]->size = 1, cs[i]->name = names[i];
 }
 
 void grid_stage_device(struct grid *g, const struct backend *be) {
     g->tp_comm.stage = g->dp_comm.stage = g->pp_comm.stage = g->ep_comm.stage = g->edp_comm.stage = be;
-    g->embed_comm.stage = be;
+    g->embed_comm.stage = g->cp_comm.stage = be;
 }
 
 /* How many other ranks of the world drive this rank's GPU as NCCL sees it:
@@ -246,15 +250,16 @@ int grid_ranks_sharing_gpu(struct grid *g) {
 }
 
 void grid_use_nccl(struct grid *g, int with_edp, int with_embed) {
-    struct comm *cs[] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
-    int used[] = {1, 1, 1, 1, with_edp, with_embed};
-    for (int i = 0; i < 6; i++)
+    struct comm *cs[] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm, &g->cp_comm};
+    int used[] = {1, 1, 1, 1, with_edp, with_embed, 1};
+    for (int i = 0; i < 7; i++)
         if (cs[i]->size > 1 && used[i]) comm_nccl_init(cs[i]);
 }
 
 void grid_free(struct grid *g) {
-    struct comm *cs[] = {&g->world, &g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm};
-    for (int i = 0; i < 7; i++) {
+    struct comm *cs[] = {&g->world,   &g->tp_comm,  &g->dp_comm,    &g->pp_comm,
+                         &g->ep_comm, &g->edp_comm, &g->embed_comm, &g->cp_comm};
+    for (int i = 0; i < 8; i++) {
         comm_nccl_free(cs[i]);
         comm_free_staging(cs[i]);
         if (!cs[i]->handle) continue;

@@ -18,7 +18,11 @@ struct grid {
      * edp_comm the edp = tp*cp*dp / (etp*ep) ranks that hold the same experts
      * (their gradients' reduction). */
     int etp, etp_rank, edp, edp_rank;
-    struct comm world, tp_comm, dp_comm, pp_comm, ep_comm, edp_comm;
+    /* dp_comm sums the gradients: the dp ranks and, under context
+     * parallelism, their cp peers (dp x cp ranks; ZeRO-1 shards over it).
+     * cp_comm: the ranks holding the other chunks of the same sequences
+     * (the attention ring, model/cp_attention.h). */
+    struct comm world, tp_comm, dp_comm, pp_comm, ep_comm, edp_comm, cp_comm;
     /* The embedding group: the first and the last pipeline stage of each
      * (tp, cp, dp) position, which both hold the embedding when the head
      * uses it (tied embeddings, MTP); their gradients are summed over it.

@@ -5,6 +5,7 @@
  * 2-byte buffers) runs in CI, and the GPU's bf16 ops are compared with it. */
 #include <string.h>
 
+#include "config/common.h"
 #include "kernels/bf16.h"
 #include "kernels/fp8.h"
 #include "kernels/cpu/cpu.h"

@@ -23,6 +23,11 @@ void cpu_attention_forward(float *out, float *att, const float *q, const float *
                            int H, int KVH, int D, int Dv);
 void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *att,
                             const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv);
+void cpu_attention_block_forward(float *o, float *lse, const float *q, const float *k, const float *v, int B, int c,
+                                 int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1, int first);
+void cpu_attention_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                  const float *lse, const float *q, const float *k, const float *v, int B, int c,
+                                  int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1);
 void cpu_attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,
                           int D, int Dv);
 void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);

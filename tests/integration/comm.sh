@@ -27,7 +27,7 @@ rc=$?
     pass comm_nccl_on_cpu_two_ranks_one_message || fail comm_nccl_on_cpu_two_ranks_one_message "exit $rc: $(cat "$TMP/out")"
 # auto on CPU ranks is MPI, and says so
 OMP_NUM_THREADS=1 timeout 120 mpiexec -n 2 "$MTRAIN" pretrain r.yaml --set log.dir=auto >"$TMP/out" 2>&1 &&
-    grep -q '"comm":"mpi"' auto/metrics.jsonl && grep -q 'ep 1; mpi)' "$TMP/out" && pass comm_auto_on_cpu_is_mpi ||
+    grep -q '"comm":"mpi"' auto/metrics.jsonl && grep -q 'cp 1; mpi)' "$TMP/out" && pass comm_auto_on_cpu_is_mpi ||
     fail comm_auto_on_cpu_is_mpi "$(tail -2 "$TMP/out")"
 # a run whose gradient all-reduce goes to MPI in pieces (of 1000 floats) trains as the same run in one piece
 # (two ranks: a sum of two is the same in any order)

@@ -1,0 +1,96 @@
+# Context parallelism on CPU under mpiexec (oversubscribed): cp 2, 3 and 4,
+# alone and with tp 2 (with and without sequence parallel), pp 2 (1F1B and
+# interleaved), dp 2 and ZeRO-1, and every recompute mode, train the same
+# model as one rank: every step's loss and the final parameters within 1e-5
+# (fp32; bf16 within 1e-3 of one bf16 rank). Sequences of 24 tokens cut into
+# chunks of 6, 4 and 3 positions, so chunk boundaries fall inside every
+# block and the causal diagonal of each chunk is crossed. The ring's bytes
+# per step equal their analytic count; checkpoints resume across cp layouts
+# (bitwise at the same cp, within 1e-5 at another, directly and through
+# `mtrain convert --cp`).
+source "$(dirname "$0")/../lib.sh"
+cd "$TMP"
+export OMP_NUM_THREADS=1
+"$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail cp_setup "data generate failed"; exit 1; }
+cat >r.yaml <<'YAML'
+model: {vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64}
+train: {seq_len: 24, micro_batch: 2, global_batch: 8, steps: 20, seed: 7}
+optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 3, eps: 1e-4}
+data: {path: data}
+checkpoint: {dir: ck_ref, interval: 20}
+log: {dir: ref, interval: 100}
+YAML
+"$MTRAIN" pretrain r.yaml >/dev/null 2>&1 || fail cp_reference_run "exit $?"
+"$MTRAIN" pretrain r.yaml --set train.precision=bf16 --set log.dir=ref_bf16 --set checkpoint.dir=ck_ref_bf16 \
+    >/dev/null 2>&1 || fail cp_reference_bf16_run "exit $?"
+
+# name ranks cp extra-args...
+layouts=(
+    "cp2 2 2" "cp3 3 3" "cp4 4 4"
+    "cp2_tp2 4 2 parallel.tp=2" "cp2_tp2_sp 4 2 parallel.tp=2 parallel.sequence_parallel=true"
+    "cp2_pp2 4 2 parallel.pp=2" "cp2_pp2_vpp2 4 2 parallel.pp=2 parallel.vpp=2"
+    "cp2_dp2_zero 4 2 optimizer.distributed=true" "cp4_zero 4 4 optimizer.distributed=true"
+    "cp2_full 2 2 train.recompute=full" "cp2_selective 2 2 train.recompute=selective"
+)
+for spec in "${layouts[@]}"; do
+    set -- $spec
+    name=$1 np=$2 cp=$3; shift 3
+    layout_run cp_$name $np r.yaml $name parallel.cp=$cp "$@" || continue
+    close_metrics ref/metrics.jsonl $name/metrics.jsonl 1 20 && pass "cp_${name}_losses" ||
+        fail "cp_${name}_losses" "$(worst_metric ref/metrics.jsonl $name/metrics.jsonl 1)"
+    params_close cp_$name ck_ref/step-000000020 ck_$name/step-000000020
+done
+layout_run cp_cp2_bf16 2 r.yaml cp2_bf16 parallel.cp=2 train.precision=bf16 &&
+    { close_metrics ref_bf16/metrics.jsonl cp2_bf16/metrics.jsonl 1 20 loss 1e-3 && pass cp_cp2_bf16_losses ||
+        fail cp_cp2_bf16_losses "$(worst_metric ref_bf16/metrics.jsonl cp2_bf16/metrics.jsonl 1)"; }
+
+# The ring's payload per step on each rank (the "cp" group of the comm event):
+# per attention layer and micro batch, forward (cp-1) and backward (cp-1) hops
+# of the rank's keys and values, and backward cp hops of their fp32 gradients
+# (model/cp_attention.h): 4 layers, 4 micro batches, kv = micro_batch x
+# seq_len/cp x kv_heads x (head_dim + head_dim) floats.
+for spec in "cp2 2" "cp4 4"; do
+    set -- $spec
+    name=$1 cp=$2
+    kv=$(( 2 * 24 / cp * 2 * (8 + 8) ))
+    want=$(( 4 * 4 * (2 * (cp - 1) + cp) * kv * 4 ))
+    got=$(grep '"event":"comm"' $name/metrics.jsonl | grep -o '"cp":[0-9]*' | cut -d: -f2 | sort -u | tr '\n' ' ')
+    [ "$got" = "$want " ] && pass cp_${name}_ring_bytes || fail cp_${name}_ring_bytes "cp bytes per step per rank: $got, analytic $want"
+done
+
+# checkpoints: save at cp 2 at step 10, resume at cp 2 (bitwise), cp 1 and cp 4 (directly and through convert)
+run_np 2 pretrain r.yaml --set parallel.cp=2 --set checkpoint.interval=10 --set checkpoint.dir=s_cp2 --set log.dir=s_cp2 \
+    --stop-after 10 >/dev/null 2>&1 || fail cp_save_cp2 "exit $?"
+for spec in "same_cp2 2 2" "direct_cp1 1 1" "direct_cp4 4 4" "convert_cp4 4 4"; do
+    set -- $spec
+    target=$1 np=$2 cp=$3
+    cp -r s_cp2 $target
+    if [ "${target%%_*}" = convert ]; then
+        rm -rf $target && "$MTRAIN" convert s_cp2 $target --cp $cp >"$TMP/out" 2>&1 || fail cp_${target}_convert "$(cat "$TMP/out")"
+    fi
+    run_np $np pretrain r.yaml --set parallel.cp=$cp --set checkpoint.dir=$target --set log.dir=$target >"$TMP/out" 2>&1
+    if ! grep -q "resumed from $target/step-000000010" "$TMP/out"; then
+        fail cp_resume_$target "$(grep -E 'resumed|error' "$TMP/out" | head -2)"
+        continue
+    fi
+    if [ $target = same_cp2 ]; then # bitwise: the same losses as the uninterrupted cp 2 run
+        [ "$(step_metric cp2/metrics.jsonl 11)" = "$(step_metric $target/metrics.jsonl 11)" ] && pass cp_resume_$target ||
+            fail cp_resume_$target "$(paste <(step_metric cp2/metrics.jsonl 11) <(step_metric $target/metrics.jsonl 11) | head -3)"
+        "$PY" "$COMPARE" ck_cp2/step-000000020 $target/step-000000020 0 >"$TMP/cmp" 2>&1 &&
+            pass cp_resume_${target}_params_bitwise || fail cp_resume_${target}_params_bitwise "$(cat "$TMP/cmp")"
+        continue
+    fi
+    close_metrics ref/metrics.jsonl $target/metrics.jsonl 11 10 && pass cp_resume_$target ||
+        fail cp_resume_$target "$(worst_metric ref/metrics.jsonl $target/metrics.jsonl 11)"
+    params_close cp_resume_$target ck_ref/step-000000020 $target/step-000000020
+done
+grep -q '"cp": 2' s_cp2/step-000000010/manifest.json && pass cp_manifest_layout ||
+    fail cp_manifest_layout "$(grep -A9 '"layout"' s_cp2/step-000000010/manifest.json | tr -d ' \n')"
+
+# the memory estimate knows cp: the activations of seq_len / cp tokens
+est() { SLURM_NTASKS=$1 "$MTRAIN" pretrain r.yaml --set parallel.cp=$2 --set train.seq_len=4096 --set model.hidden_size=256 \
+    --dry-run 2>/dev/null | sed -n 's/^memory_per_rank:.*activations \([0-9.]*\),.*/\1/p'; }
+a1=$(est 1 1) a4=$(est 4 4)
+awk -v a="$a1" -v b="$a4" 'BEGIN {exit (a > 0 && b > 0 && b < a / 3.5) ? 0 : 1}' && pass cp_estimate_activations ||
+    fail cp_estimate_activations "activations GiB at cp 1: $a1, at cp 4: $a4 (want below a quarter and a bit)"
+exit $FAILED
