@@ -223,12 +223,10 @@ static int check_parallel(const struct recipe *r, int world_size) {
         return verr(r, "parallel.cp", "2*cp = %lld does not divide train.seq_len %d: each rank holds chunks cp_rank "
                     "and 2*cp-1-cp_rank of every sequence%s", 2ll * p->cp, r->train.seq_len,
                     other(r, "train.seq_len", o, sizeof o));
-    if (p->cp > 1 && m->num_experts > 0)
-        return verr(r, "parallel.cp", "context parallelism (cp %d) with mixture-of-experts layers is not implemented "
-                    "yet (dense models: llama, or model.num_experts 0)", p->cp);
-    if (p->cp > 1 && m->mtp_depth > 0)
-        return verr(r, "parallel.cp", "context parallelism (cp %d) with multi-token prediction (model.mtp_depth %d) is "
-                    "not implemented yet", p->cp, m->mtp_depth);
+    if (p->cp > 1 && m->num_experts > 0 && m->moe_capacity_factor > 0)
+        return verr(r, "parallel.cp", "context parallelism (cp %d) with an expert capacity (model.moe_capacity_factor "
+                    "%g) is not implemented yet: the capacity keeps a sequence's first selections, and cp splits the "
+                    "sequence over ranks (set moe_capacity_factor 0, dropless)", p->cp, m->moe_capacity_factor);
     long rank_tokens = (long)r->train.micro_batch * (r->train.seq_len / p->cp); /* a micro batch's tokens on a rank */
     if (p->sequence_parallel && rank_tokens % p->tp)
         return verr(r, "parallel.sequence_parallel", "sequence parallel needs micro_batch * seq_len%s (%ld) divisible "
@@ -248,9 +246,9 @@ static int check_parallel(const struct recipe *r, int world_size) {
         return verr(r, "parallel.ep", "ep %d does not divide model.num_experts %d%s", p->ep, m->num_experts,
                     other(r, "model.num_experts", o, sizeof o));
     /* MoE layers under TP route 1/tp of the micro batch's tokens on each rank */
-    if (m->num_experts > 0 && p->tp > 1 && ((long)r->train.micro_batch * r->train.seq_len) % p->tp)
-        return verr(r, "parallel.tp", "MoE layers split the micro batch's tokens over TP: micro_batch * seq_len (%ld) "
-                    "must be divisible by tp %d", (long)r->train.micro_batch * r->train.seq_len, p->tp);
+    if (m->num_experts > 0 && p->tp > 1 && rank_tokens % p->tp)
+        return verr(r, "parallel.tp", "MoE layers split the micro batch's tokens over TP: micro_batch * seq_len%s "
+                    "(%ld) must be divisible by tp %d", p->cp > 1 ? " / cp" : "", rank_tokens, p->tp);
     /* last: the layout itself may be fine and the job merely launched on the wrong number of ranks */
     long long model_par = (long long)p->tp * p->pp * p->cp;  /* each <= MAX_PARALLEL: no overflow */
     if (world_size > 0 && world_size % model_par)

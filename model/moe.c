@@ -129,10 +129,15 @@ static void route_decisions(struct transformer *m, struct layer_acts *a, int l) 
     float *all = m->moe_tp_counts, *mine = tp > 1 ? all + (size_t)tp * BE : all; /* [tp, B, E], then [B, E] */
     be->moe_route_counts(mine, a->topi, n, k, E, T, r0, B);
     if (tp > 1) comm_all_gather(m->tp_comm, mine, all, BE);
+    /* context parallelism: a sequence's selections on every cp rank (its other chunks); the ops normalise by
+     * this rank's T = seq_len / cp, so the balance coefficients (~ counts / T^2) and the z-loss (~ 1 / T)
+     * are scaled to the whole sequence's (the capacity is refused with cp) */
+    int cp = m->cp;
+    if (cp > 1) comm_all_reduce_sum(m->cp_comm, all, (size_t)tp * BE);
     double *metrics = m->moe_collect ? m->moe_metrics + (size_t)l * (E + 3) : NULL;
     be->moe_route_balance(a->aux_coef, metrics, all, a->probs, a->lse, n, E, k, T, r0, B, tp, tpr, m->sigmoid,
-                          m->moe_aux_scale, capacity(m));
-    a->plan.z_scale = m->moe_z_scale / T;
+                          m->moe_aux_scale / (float)(cp * cp), capacity(m));
+    a->plan.z_scale = m->moe_z_scale / ((float)T * cp);
     be->moe_dispatch(a->pos, a->send_rows, m->moe_counts, a->topi, all, n, k, E, T, r0, B, tpr, capacity(m));
 }
 

@@ -112,6 +112,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     }
     tr->inputs = xmalloc(sizeof(int32_t) * B * T);
     tr->targets = xmalloc(sizeof(int32_t) * B * T);
+    if (g->cp > 1) tr->seq_targets = xmalloc(sizeof(int32_t) * B * r->train.seq_len);
 }
 
 void trainer_free(struct trainer *tr) {
@@ -132,6 +133,7 @@ void trainer_free(struct trainer *tr) {
     free(tr->moe_load);
     free(tr->inputs);
     free(tr->targets);
+    free(tr->seq_targets);
 }
 
 /* Micro batch mb of samples -> slot: inputs are the first seq_len tokens,
@@ -142,13 +144,14 @@ static void stage_micro_batch(struct trainer *tr, const int32_t *samples, int mb
     int S = tr->recipe->train.seq_len, B = tr->recipe->train.micro_batch, T = m->T, c = T / 2;
     for (int b = 0; b < B; b++) {
         const int32_t *s = samples + (size_t)(mb * B + b) * (S + 1);
+        if (m->cp > 1) memcpy(tr->seq_targets + (size_t)b * S, s + 1, sizeof(int32_t) * S);
         for (int half = 0; half < (m->cp > 1 ? 2 : 1); half++) { /* a run of positions each */
             int t0 = m->cp > 1 ? half * c : 0, n = m->cp > 1 ? c : T, p = cp_position(m->cp_rank, m->cp, c, t0);
             memcpy(tr->inputs + (size_t)b * T + t0, s + p, sizeof(int32_t) * n);
             memcpy(tr->targets + (size_t)b * T + t0, s + p + 1, sizeof(int32_t) * n);
         }
     }
-    transformer_stage(&tr->model, slot, tr->inputs, tr->targets);
+    transformer_stage(&tr->model, slot, tr->inputs, tr->targets, m->cp > 1 ? tr->seq_targets : NULL);
 }
 
 /* ---- pipeline plumbing: virtual stage vs = chunk * pp + pp_rank ---- */

@@ -29,6 +29,7 @@ struct trainer {
                                   * after the exchange that sends them (model/trainer.c run_schedule) */
     float *recv_grad;            /* [Ns*C] */
     int32_t *inputs, *targets;   /* host staging for one micro batch */
+    int32_t *seq_targets;        /* context parallelism: the whole sequences' targets (the MTP modules' shifts) */
     const struct param_info *embed_shared; /* the embedding (or its copy) when the first and last stage both
                                            * hold it (grid embed_comm): NULL elsewhere */
     int *gather_ticket;          /* overlapped ZeRO-1 gather: global layer -> its pending gather's ticket (0: none) */

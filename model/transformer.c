@@ -506,10 +506,14 @@ void transformer_fetch_moe_stats(struct transformer *m) {
     double *v = xmalloc(sizeof(double) * n);
     m->be->to_host(v, m->moe_metrics, sizeof(double) * n);
     m->moe_aux_sum = m->moe_z_sum = m->moe_dropped = 0;
+    /* under context parallelism each rank counted its sequences' whole selections (summed over cp) and its
+     * balance and z terms over its T = seq_len / cp tokens normalised by T (model/moe.c route_decisions):
+     * what the cp ranks add up is cp, cp^2 and cp times the true sums */
+    double cp = m->cp;
     for (int l = 0; l < m->NL; l++) {
         const double *s = v + (size_t)l * per;
-        memcpy(m->moe_load + (size_t)l * m->E, s, sizeof(double) * m->E);
-        m->moe_aux_sum += s[m->E], m->moe_z_sum += s[m->E + 1], m->moe_dropped += s[m->E + 2];
+        for (int e = 0; e < m->E; e++) m->moe_load[(size_t)l * m->E + e] = s[e] / cp;
+        m->moe_aux_sum += s[m->E] / (cp * cp), m->moe_z_sum += s[m->E + 1] / cp, m->moe_dropped += s[m->E + 2];
     }
     free(v);
 }
@@ -526,17 +530,26 @@ void transformer_sync_weights(struct transformer *m) {
         m->be->to_storage(m->weights, m->params, m->table.total);
 }
 
-void transformer_stage(struct transformer *m, int slot, const int32_t *tokens, const int32_t *targets) {
+void transformer_stage(struct transformer *m, int slot, const int32_t *tokens, const int32_t *targets,
+                       const int32_t *seq_targets) {
     m->be->from_host(m->slots[slot].tokens, tokens, sizeof(int32_t) * m->N);
     m->be->from_host(m->slots[slot].targets, targets, sizeof(int32_t) * m->N);
-    /* MTP depth d at position i embeds token i+d (= targets[i+d-1]) and predicts token i+d+1 (= targets[i+d]) */
+    /* MTP depth d at position p embeds token p+d (= targets[p+d-1]) and predicts token p+d+1 (= targets[p+d]),
+     * positions of the whole sequence of S tokens (this rank's chunks under context parallelism) */
+    int S = m->T * m->cp, c = m->T / 2;
+    if (!seq_targets) {
+        CHECK(m->cp == 1);
+        seq_targets = targets;
+    }
     for (int d = 1; d <= m->mtp_depth; d++) {
         int32_t *tok = m->mtp_host, *tgt = m->mtp_host + m->N;
         for (int b = 0; b < m->B; b++)
             for (int i = 0; i < m->T; i++) {
                 size_t r = (size_t)b * m->T;
-                tok[r + i] = i + d - 1 < m->T ? targets[r + i + d - 1] : 0;
-                tgt[r + i] = i + d < m->T ? targets[r + i + d] : -1;
+                const int32_t *seq = seq_targets + (size_t)b * S;
+                int p = m->cp > 1 ? cp_position(m->cp_rank, m->cp, c, i) : i;
+                tok[r + i] = p + d - 1 < S ? seq[p + d - 1] : 0;
+                tgt[r + i] = p + d < S ? seq[p + d] : -1;
             }
         m->be->from_host(m->slots[slot].mtp[d - 1].tokens, tok, sizeof(int32_t) * m->N);
         m->be->from_host(m->slots[slot].mtp[d - 1].targets, tgt, sizeof(int32_t) * m->N);
@@ -737,7 +750,7 @@ static double head_forward(struct transformer *m, const struct head_io *h, float
  * depth's mean token loss (T-d-1 predicted tokens per sequence). */
 static float mtp_dscale(struct transformer *m, int d, float dscale) {
     if (dscale == 0.0f) return 0.0f;
-    return (float)(m->cfg.mtp_loss_weight / m->mtp_depth / ((double)m->sequences * (m->T - d - 1)));
+    return (float)(m->cfg.mtp_loss_weight / m->mtp_depth / ((double)m->sequences * (m->T * m->cp - d - 1)));
 }
 
 /* The MTP modules after the main head: depth d combines the previous depth's
@@ -922,7 +935,7 @@ void transformer_backward_chunk(struct transformer *m, int slot, int chunk, cons
 double transformer_step(struct transformer *m, const int32_t *tokens, const int32_t *targets, float dscale) {
     CHECK(m->part.nchunks == 1 && m->part.has_embed && m->part.has_head);
     transformer_sync_weights(m);
-    transformer_stage(m, 0, tokens, targets);
+    transformer_stage(m, 0, tokens, targets, NULL);
     double loss = transformer_forward_chunk(m, 0, 0, NULL, dscale);
     if (dscale != 0.0f) transformer_backward_chunk(m, 0, 0, NULL);
     return loss;

@@ -258,8 +258,12 @@ void transformer_fetch_moe_stats(struct transformer *m);
 size_t transformer_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
                          int sequence_parallel, int B, int T, int nslots, enum recompute rc);
 
-/* Copy a micro batch (host, B*T each) into a slot. */
-void transformer_stage(struct transformer *m, int slot, const int32_t *tokens, const int32_t *targets);
+/* Copy a micro batch (host, B*T each) into a slot. seq_targets: the whole
+ * sequences' targets [B, T*cp] under context parallelism (the MTP modules'
+ * shifted tokens cross chunk boundaries), NULL when the local tokens are
+ * the whole sequences (targets). */
+void transformer_stage(struct transformer *m, int slot, const int32_t *tokens, const int32_t *targets,
+                       const int32_t *seq_targets);
 /* Where a chunk without the embedding expects its input activation [Ns, C]. */
 float *transformer_chunk_input(struct transformer *m, int slot, int chunk);
 /* Forward one pipeline chunk. A chunk with the head returns the summed token

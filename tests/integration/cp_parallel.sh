@@ -2,7 +2,9 @@
 # alone and with tp 2 (with and without sequence parallel), pp 2 (1F1B and
 # interleaved), dp 2 and ZeRO-1, and every recompute mode, train the same
 # model as one rank: every step's loss and the final parameters within 1e-5
-# (fp32; bf16 within 1e-3 of one bf16 rank). Sequences of 24 tokens cut into
+# (fp32; bf16 within 1e-3 of one bf16 rank); Mixtral and DeepSeek-V3 (MLA,
+# MTP) too, with ep drawn from the cp ranks: losses, balance and z losses,
+# MTP loss and tokens per expert as one rank's. Sequences of 24 tokens cut into
 # chunks of 6, 4 and 3 positions, so chunk boundaries fall inside every
 # block and the causal diagonal of each chunk is crossed. The ring's bytes
 # per step equal their analytic count; checkpoints resume across cp layouts
@@ -40,6 +42,36 @@ for spec in "${layouts[@]}"; do
         fail "cp_${name}_losses" "$(worst_metric ref/metrics.jsonl $name/metrics.jsonl 1)"
     params_close cp_$name ck_ref/step-000000020 ck_$name/step-000000020
 done
+# Mixtral (dropless; a sequence's selections are summed over its cp ranks for the balance loss) and
+# DeepSeek-V3 (MLA with YaRN, sigmoid routing with the bias, sequence-wise balance, a shared expert, MTP,
+# whose shifted tokens cross chunk boundaries); the EP group is drawn from the cp ranks too
+sed 's/^model: .*/model: {arch: mixtral, vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 48, moe_layer_freq: 2, moe_z_loss_coef: 0.001}/; s/seq_len: 24/seq_len: 16/' r.yaml >moe.yaml
+sed 's/^model: .*/model: {arch: deepseek_v3, vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 4, intermediate_size: 64, q_lora_rank: 16, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 4, v_head_dim: 8, rope_scaling_type: yarn, rope_scaling_factor: 4, rope_original_max_pos: 8, first_k_dense: 2, num_experts: 8, experts_per_token: 2, moe_intermediate_size: 16, moe_shared_experts: 1, moe_score_func: sigmoid, moe_n_group: 4, moe_topk_group: 2, moe_routed_scaling: 2.5, moe_bias_update_rate: 1e-3, moe_seq_aux_loss_coef: 1e-3, moe_aux_loss_coef: 0, mtp_depth: 1, mtp_loss_weight: 0.3}/; s/seq_len: 24/seq_len: 16/' r.yaml >ds.yaml
+for fam in moe ds; do
+    "$MTRAIN" pretrain $fam.yaml --set log.dir=${fam}_ref --set checkpoint.dir=ck_${fam}_ref >/dev/null 2>&1 ||
+        fail cp_${fam}_reference_run "exit $?"
+done
+family_layouts=(
+    "moe moe_cp2 2 2" "moe moe_cp2_ep2 2 2 parallel.ep=2" "moe moe_cp2_tp2_ep4_zero 4 2 parallel.tp=2 parallel.ep=4 optimizer.distributed=true"
+    "ds ds_cp2 2 2" "ds ds_cp2_ep2_sp 4 2 parallel.tp=2 parallel.sequence_parallel=true parallel.ep=2"
+    "ds ds_cp2_pp2 4 2 parallel.pp=2" "ds ds_cp4_full 4 4 train.recompute=full"
+)
+for spec in "${family_layouts[@]}"; do
+    set -- $spec
+    fam=$1 name=$2 np=$3 cp=$4; shift 4
+    layout_run cp_$name $np $fam.yaml $name parallel.cp=$cp "$@" || continue
+    ok=1
+    for key in loss aux_loss z_loss mtp_loss; do
+        close_metrics ${fam}_ref/metrics.jsonl $name/metrics.jsonl 1 20 $key ||
+            { ok=0; fail "cp_${name}_losses" "$key: $(worst_metric ${fam}_ref/metrics.jsonl $name/metrics.jsonl 1 $key)"; }
+    done
+    [ $ok = 1 ] && pass "cp_${name}_losses"
+    loads=$(grep -o '"expert_load":.*\]\]' ${fam}_ref/metrics.jsonl)
+    [ -n "$loads" ] && [ "$loads" = "$(grep -o '"expert_load":.*\]\]' $name/metrics.jsonl)" ] &&
+        pass "cp_${name}_expert_load" || fail "cp_${name}_expert_load" "the tokens per expert differ from one rank's"
+    params_close cp_$name ck_${fam}_ref/step-000000020 ck_$name/step-000000020
+done
+
 layout_run cp_cp2_bf16 2 r.yaml cp2_bf16 parallel.cp=2 train.precision=bf16 &&
     { close_metrics ref_bf16/metrics.jsonl cp2_bf16/metrics.jsonl 1 20 loss 1e-3 && pass cp_cp2_bf16_losses ||
         fail cp_cp2_bf16_losses "$(worst_metric ref_bf16/metrics.jsonl cp2_bf16/metrics.jsonl 1)"; }
