@@ -168,6 +168,15 @@ parallel:
   ep: 2
 " --set model.num_layers=2
 unset SLURM_NTASKS
+# context parallelism: 2*cp chunks per sequence; no expert capacity; as the dry run, so the run itself
+bad cp_divides_seq_len - parallel.cp '2\*cp = 6 does not divide train.seq_len 32' "$good" --set parallel.cp=3
+DRY= bad cp_divides_seq_len_run - parallel.cp '2\*cp = 6 does not divide train.seq_len 32' "$good" --set parallel.cp=3
+bad cp_capacity - parallel.cp 'with an expert capacity .* is not implemented yet' "$moe" --set parallel.cp=2 \
+    --set model.moe_capacity_factor=1.25
+# sequence parallelism splits a rank's seq_len / cp tokens
+bad cp_sequence_parallel - parallel.sequence_parallel 'micro_batch \* seq_len / cp \(24\) divisible by tp 5' "$good" \
+    --set parallel.cp=2 --set parallel.tp=5 --set model.num_heads=5 --set model.num_kv_heads=5 --set model.hidden_size=80 \
+    --set parallel.sequence_parallel=true --set train.seq_len=24 --set model.vocab_size=260 --set model.intermediate_size=160
 # expert tensor parallelism: only etp 1 (whole experts) is implemented; a size that cannot divide says so first
 bad moe_etp_not_implemented 16 parallel.etp 'expert tensor parallelism \(etp 2\) is not implemented yet' "$moe
 parallel:
