@@ -125,4 +125,9 @@ est() { SLURM_NTASKS=$1 "$MTRAIN" pretrain r.yaml --set parallel.cp=$2 --set tra
 a1=$(est 1 1) a4=$(est 4 4)
 awk -v a="$a1" -v b="$a4" 'BEGIN {exit (a > 0 && b > 0 && b < a / 3.5) ? 0 : 1}' && pass cp_estimate_activations ||
     fail cp_estimate_activations "activations GiB at cp 1: $a1, at cp 4: $a4 (want below a quarter and a bit)"
+# the long-context recipe fits 80 GiB at the GPU count its header states, in bf16 and fp8; without cp it does not
+recipe_fits cp_llama3_8b_128k_fits "$TEST_ROOT/recipes/llama3-8b-128k.yaml"
+SLURM_NTASKS=64 "$MTRAIN" pretrain "$TEST_ROOT/recipes/llama3-8b-128k.yaml" --set data.path=/tmp --set parallel.cp=1 \
+    --set train.precision=bf16 --dry-run 2>&1 | grep -q '^verdict: *does not fit' && pass cp_llama3_8b_128k_needs_cp ||
+    fail cp_llama3_8b_128k_needs_cp "the 128K recipe fits without context parallelism: the test proves nothing"
 exit $FAILED
