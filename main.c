@@ -12,6 +12,7 @@ static const struct command commands[] = {
     {"convert", cmd_convert, "reshard a checkpoint, show its manifest, export to Hugging Face"},
     {"generate", cmd_generate, "continue a prompt with a trained model (greedy or sampled, KV cache)"},
     {"eval", cmd_eval, "loss and perplexity over a dataset split, or per-token losses of given ids"},
+    {"plan", cmd_plan, "choose a parallel layout for N GPUs: memory and step time of every layout, ranked"},
     {"env", cmd_env, "what this build and each rank see: CUDA, BLAS, MPI, NCCL, GPU binding"},
     {"version", cmd_version, "print the version"},
     {"help", cmd_help, "show help for mtrain or a subcommand"},

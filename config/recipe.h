@@ -194,6 +194,9 @@ int recipe_validate(const struct recipe *r, int world_size);
  * model.init_from): a dry run plans away from the data. */
 int recipe_validate_plan(const struct recipe *r, int world_size);
 
+/* quiet = 1: the checks above print nothing (mtrain plan tries many layouts); 0 again after. */
+void recipe_validate_quiet(int quiet);
+
 /* Print the resolved recipe as YAML (used by --dry-run and checkpoints). */
 void recipe_print(const struct recipe *r, FILE *out);
 

@@ -14,7 +14,11 @@
  * --set or the recipe file (for a default). */
 static int verr(const struct recipe *r, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+static int quiet;
+void recipe_validate_quiet(int on) { quiet = on; }
+
 static int verr(const struct recipe *r, const char *key, const char *fmt, ...) {
+    if (quiet) return -1;
     char where[RECIPE_PATH_MAX + 32];
     recipe_where(r, recipe_key_index(key), where, sizeof where);
     va_list ap;
