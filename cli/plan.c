@@ -46,10 +46,15 @@ static int find_system(const char *gpu, char *path, size_t n) {
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len > 0) {
         exe[len] = 0;
-        char *slash = strrchr(exe, '/');
-        if (slash) *slash = 0;
-        snprintf(path, n, "%.3000s/recipes/systems/%s.yaml", exe, gpu);
-        if (stat(path, &st) == 0) return 0;
+        /* beside the executable, or at the root of the tree whose build/KIND/ holds it */
+        for (int up = 0; up < 3; up++) {
+            char *slash = strrchr(exe, '/');
+            if (!slash) break;
+            *slash = 0;
+            if (up == 1) continue;
+            snprintf(path, n, "%.3000s/recipes/systems/%s.yaml", exe, gpu);
+            if (stat(path, &st) == 0) return 0;
+        }
     }
     return -1;
 }

@@ -5,6 +5,7 @@
 #include "config/common.h"
 #include "kernels/ops.h"
 #include "model/flops.h"
+#include "model/master.h"
 #include "model/params.h"
 #include "model/plan.h"
 #include "model/transformer.h"
@@ -172,7 +173,9 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
     param_table_build(&t, &r->model, &part);
     double local = (double)t.total;
     int fe = param_table_first_expert(&t);
-    double experts = fe < t.count ? (double)(t.total - t.items[fe].offset) : 0, dense = local - experts;
+    double experts = fe < t.count ? (double)(t.total - t.items[fe].offset) : 0, dense = local - experts, gains = 0;
+    for (int i = 0; i < fe; i++)
+        if (master_packed(&t.items[i])) gains += (double)t.items[i].numel;
     param_table_free(&t);
     int dpcp = c.dp * c.cp, zero = r->optimizer.distributed && dpcp > 1;
     long span = (long)c.tp * c.cp * c.dp;
@@ -190,7 +193,8 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
     out->tflops = model_flops_per_token(&r->model, r->train.seq_len) * out->tokens_per_s / 1e12;
     out->mfu = out->tflops / s->tflops_bf16;
     /* bytes per rank per step as the comm accounting counts them (each call's payload) */
-    out->bytes[PLAN_DP] = dpcp > 1 ? dense * 4 + (zero ? dense * c.ab : 0) : 0;
+    /* ZeRO-1 with a working copy (a sharded master) also all-gathers the norm gains it keeps whole (model/master.h) */
+    out->bytes[PLAN_DP] = dpcp > 1 ? dense * 4 + (zero ? dense * c.ab + (c.ab < 4 ? gains * 4 : 0) : 0) : 0;
     if (c.pp > 1) { /* stage 0 sends every chunk's forward and every chunk's backward but virtual stage 0's */
         double a = (c.sp ? c.N / c.tp : c.N) * r->model.hidden_size * c.ab;
         out->bytes[PLAN_PP] = a * m * (2 * c.vpp - 1);
