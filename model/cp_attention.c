@@ -3,6 +3,7 @@
 
 #include "config/common.h"
 #include "model/cp_attention.h"
+#include "parallel/timeline.h"
 
 struct cp_scratch {
     float *kv[2];   /* a block's keys then values, stored: the one in hand and the one arriving */
@@ -70,8 +71,10 @@ void cp_attention_forward(struct transformer *m, float *out, float *lse, const f
         float *kv = s->kv[step % 2];
         int src = (r - step + cp) % cp;
         if (step + 1 < cp) pass_on(m, kv, s->kv[(step + 1) % 2], act_size(m, nk + nv));
+        int span = timeline_compute_begin("attention_block", -1, -1); /* the ring's balance, on the timeline */
         be->attention_block_forward(s->o, lse, q, kv, block_v(m, kv), m->B, c, m->Hl, m->KVl, m->D, m->Dv, r,
                                     2 * cp - 1 - r, src, 2 * cp - 1 - src, step == 0);
+        timeline_end(span, NULL);
     }
     be->to_storage(out, s->o, (size_t)m->N * m->Hl * m->Dv);
 }
@@ -88,10 +91,11 @@ void cp_attention_backward(struct transformer *m, float *dq, float *dk, float *d
     be->zero(s->dq, sizeof(float) * nq);
     int at = 0;
     for (int step = 0; step < cp; step++, at ^= 1) {
-        int src = (r - step + cp) % cp;
+        int src = (r - step + cp) % cp, span = timeline_compute_begin("attention_block", -1, -1);
         be->attention_block_backward(s->dq, s->dkv[at], grad_v(m, s->dkv[at]), dout, out, lse, q, s->kv[at],
                                      block_v(m, s->kv[at]), m->B, c, m->Hl, m->KVl, m->D, m->Dv, r, 2 * cp - 1 - r,
                                      src, 2 * cp - 1 - src);
+        timeline_end(span, NULL);
         /* the block and its gradient so far go on to the next rank; the last hop brings each home */
         if (step + 1 < cp) pass_on(m, s->kv[at], s->kv[at ^ 1], act_size(m, nk + nv));
         pass_on(m, s->dkv[at], s->dkv[at ^ 1], sizeof(float) * (nk + nv));
