@@ -32,7 +32,7 @@ static double mem_s(const struct ctx *c, double bytes) { return bytes / c->membw
 
 /* bandwidth (B/s) and latency (s) of a group whose ranks span `span` consecutive ranks */
 static void link(const struct ctx *c, long span, double *bw, double *lat) {
-    int intra = span <= c->s->per_node;
+    int intra = span <= c->s->per_node || !strcmp(c->s->name, "cpu"); /* CPU ranks: one machine */
     *bw = (intra ? c->s->intra_gbps : c->s->inter_gbps) * 1e9;
     *lat = (intra ? c->s->intra_lat_us : c->s->inter_lat_us) * 1e-6;
 }
@@ -148,6 +148,8 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
     c.peak = 1e12 * (be->precision == PRECISION_FP32 ? s->tflops_fp32 : be->precision == PRECISION_FP8 ? s->tflops_fp8
                                                                                                       : s->tflops_bf16);
     c.membw = s->mem_gbps * 1e9 * s->mem_eff;
+    /* CPU ranks on one machine beyond the ones it was calibrated with (its cores) share them */
+    if (!strcmp(s->name, "cpu") && world > s->per_node) c.peak *= (double)s->per_node / world, c.membw *= (double)s->per_node / world;
     c.B = r->train.micro_batch, c.S = r->train.seq_len, c.Tl = c.S / c.cp, c.N = c.B * c.Tl;
     int m = r->train.global_batch / (r->train.micro_batch * c.dp);
     /* the busiest stage sets the pace; its memory is the estimate's */

@@ -47,7 +47,7 @@ for spec in "${layouts[@]}"; do
         awk '$1 >= 3 {s += $2; n++} END {printf "%.2f", s / n}')
     err=$(awk -v p="$pred" -v m="$meas" 'BEGIN {printf "%.3f", (p - m) / m}')
     printf '%-10s %12.2f %12.2f %7.1f%%\n' $name "$pred" "$meas" "$(awk -v e=$err 'BEGIN {print 100 * e}')"
-    worst=$(awk -v w=$worst -v e=$err 'BEGIN {e = e < 0 ? -e : e; print e > w ? e : w}')
+    worst=$(awk -v w=$worst -v e=$err 'BEGIN {e = e < 0 ? -e : e; print (e > w ? e : w)}')
     json="$json{\"layout\":\"$name\",\"predicted_ms\":$pred,\"measured_ms\":$meas},"
     if [ -z "$best_pred" ] || awk -v a="$pred" -v b="${best_pred#* }" 'BEGIN {exit !(a < b)}'; then best_pred="$name $pred"; fi
     if [ -z "$best_meas" ] || awk -v a="$meas" -v b="${best_meas#* }" 'BEGIN {exit !(a < b)}'; then best_meas="$name $meas"; fi

@@ -7,7 +7,7 @@
 # MTP loss and tokens per expert as one rank's. Sequences of 24 tokens cut into
 # chunks of 6, 4 and 3 positions, so chunk boundaries fall inside every
 # block and the causal diagonal of each chunk is crossed. The ring's bytes
-# per step equal their analytic count; checkpoints resume across cp layouts
+# per step equal their analytic count; the ranks' attention time balances; checkpoints resume across cp layouts
 # (bitwise at the same cp, within 1e-5 at another, directly and through
 # `mtrain convert --cp`).
 source "$(dirname "$0")/../lib.sh"
@@ -88,6 +88,25 @@ for spec in "cp2 2" "cp4 4"; do
     got=$(grep '"event":"comm"' $name/metrics.jsonl | grep -o '"cp":[0-9]*' | cut -d: -f2 | sort -u | tr '\n' ' ')
     [ "$got" = "$want " ] && pass cp_${name}_ring_bytes || fail cp_${name}_ring_bytes "cp bytes per step per rank: $got, analytic $want"
 done
+
+# the balance: each rank's attention work, the ring's block ops on the timeline of a traced step (a
+# sequence of 1024 tokens, chunks of 256), within 5% across the two ranks (the best of three runs: the
+# machine's other work shows in wall time; contiguous halves would give one rank three times the other's)
+sed 's/hidden_size: 32, num_layers: 4/hidden_size: 64, num_layers: 2/; s/seq_len: 24, micro_batch: 2, global_batch: 8, steps: 20/seq_len: 1024, micro_batch: 1, global_batch: 2, steps: 4/' r.yaml >bal.yaml
+ratios=""
+for try in 1 2 3; do
+    MTRAIN_TIMELINE=3 run_np 2 pretrain bal.yaml --set parallel.cp=2 --set log.dir=bal$try --set checkpoint.interval=0 \
+        >/dev/null 2>&1 || { fail cp_attention_balance "run failed"; break; }
+    r=$("$PY" -c "
+import glob, json, sys
+t = [sum(e['dur'] for e in json.load(open(f))['traceEvents'] if e.get('name') == 'attention_block')
+     for f in sorted(glob.glob(sys.argv[1] + '/timeline-rank-*.json'))]
+print('%.4f' % (max(t) / min(t)) if len(t) == 2 and min(t) > 0 else 'none')" bal$try 2>&1)
+    ratios="$ratios $r"
+    awk -v r="$r" 'BEGIN {exit (r + 0 > 0 && r <= 1.05) ? 0 : 1}' && break
+done
+awk -v r="$r" 'BEGIN {exit (r + 0 > 0 && r <= 1.05) ? 0 : 1}' && pass cp_attention_balance ||
+    fail cp_attention_balance "attention time max/min over the ranks:$ratios (want <= 1.05)"
 
 # checkpoints: save at cp 2 at step 10, resume at cp 2 (bitwise), cp 1 (directly) and cp 4 (through convert)
 run_np 2 pretrain r.yaml --set parallel.cp=2 --set checkpoint.interval=10 --set checkpoint.dir=s_cp2 --set log.dir=s_cp2 \
