@@ -141,7 +141,7 @@ static int emit(const struct recipe *base, const struct candidate *c, int gpus, 
     static struct recipe r;
     r = *base;
     apply(&r, c);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    if (mkdir_p(dir) != 0) {
         fprintf(stderr, "mtrain: error: plan --emit %s: %s\n", dir, strerror(errno));
         return 1;
     }

@@ -93,9 +93,9 @@ done
 # sequence of 1024 tokens, chunks of 256), within 5% across the two ranks (the best of three runs: the
 # machine's other work shows in wall time; contiguous halves would give one rank three times the other's)
 sed 's/hidden_size: 32, num_layers: 4/hidden_size: 64, num_layers: 2/; s/seq_len: 24, micro_batch: 2, global_batch: 8, steps: 20/seq_len: 1024, micro_batch: 1, global_batch: 2, steps: 4/' r.yaml >bal.yaml
-ratios=""
+ratios="" r=none
 for try in 1 2 3; do
-    MTRAIN_TIMELINE=3 run_np 2 pretrain bal.yaml --set parallel.cp=2 --set log.dir=bal$try --set checkpoint.interval=0 \
+    MTRAIN_TIMELINE=3 run_np 2 pretrain bal.yaml --set parallel.cp=2 --set log.dir=bal$try --set checkpoint.dir=ck_bal$try \
         >/dev/null 2>&1 || { fail cp_attention_balance "run failed"; break; }
     r=$("$PY" -c "
 import glob, json, sys
