@@ -17,13 +17,14 @@
 #include "model/flops.h"
 #include "model/plan.h"
 #include "parallel/comm.h"
+#include "parallel/comm_nccl.h"
 #include "parallel/grid.h"
 
 static const char usage[] =
     "usage: mtrain plan RECIPE --gpus N [--gpu h100|h200|a100|b200|FILE] [--gpus-per-node K] [--top K]\n"
     "                   [--emit DIR] [--set key=value]...\n"
     "       mtrain plan RECIPE --gpus N --layout tp,pp,vpp,cp,ep,micro_batch,recompute [--gpu ...]\n"
-    "       mpiexec -n R mtrain plan --calibrate FILE\n"
+    "       mpiexec -n R mtrain plan --calibrate FILE [--device cpu|cuda] [--base SYSTEM]\n"
     "\n"
     "Enumerates the layouts of RECIPE's model on N accelerators (tp, pp, vpp, cp, ep, the micro\n"
     "batch and the recompute mode; the global batch fixed; ZeRO-1 as the recipe says), drops those\n"
@@ -34,7 +35,9 @@ static const char usage[] =
     "system (recipes/systems/NAME.yaml) or a system file (default h100). --layout predicts one\n"
     "layout. --emit DIR writes DIR/recipe.yaml (the recipe with the best layout) and DIR/submit.sh\n"
     "(its sbatch line). --calibrate times this machine's GEMMs, attention, memory bandwidth and,\n"
-    "with R >= 2 ranks, MPI collectives between them, and writes a system file of R ranks per node.\n";
+    "with R >= 2 ranks, collectives between them (MPI; NCCL with --device cuda), and writes a system\n"
+    "file of R ranks per node; on GPUs --base SYSTEM gives the datasheet peaks, memory and network\n"
+    "the measured efficiencies are relative to.\n";
 
 /* --gpu NAME: a file, or recipes/systems/NAME.yaml beside the working directory or the executable */
 static int find_system(const char *gpu, char *path, size_t n) {
@@ -179,7 +182,7 @@ static int emit(const struct recipe *base, const struct candidate *c, int gpus, 
     return 0;
 }
 
-/* ---- calibration of this machine's CPU ranks ---- */
+/* ---- calibration: this machine's ranks (CPU, or one GPU each) ---- */
 
 static double now(void) {
     struct timespec t;
@@ -187,123 +190,171 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-/* seconds per call of fn, the best of a few repeats */
-#define TIME_BEST(expr, reps, out)                 \
-    do {                                           \
-        double best_ = 1e30;                       \
-        for (int rep_ = 0; rep_ < (reps); rep_++) { \
-            double t0_ = now();                    \
-            expr;                                  \
-            double dt_ = now() - t0_;              \
-            if (dt_ < best_) best_ = dt_;          \
-        }                                          \
-        (out) = best_;                             \
+/* the calls issued on backend be have finished (a copy to the host waits for the device) */
+static void finish(const struct backend *be, const float *probe) {
+    float x;
+    be->to_host(&x, probe, sizeof x);
+}
+
+/* seconds of one call of expr, the best of reps after one warm-up */
+#define TIME_BEST(be, probe, expr, reps, out)        \
+    do {                                             \
+        double best_ = 1e30;                         \
+        for (int rep_ = 0; rep_ <= (reps); rep_++) { \
+            finish(be, probe);                       \
+            double t0_ = now();                      \
+            expr;                                    \
+            finish(be, probe);                       \
+            double dt_ = now() - t0_;                \
+            if (rep_ && dt_ < best_) best_ = dt_;    \
+        }                                            \
+        (out) = best_;                               \
     } while (0)
 
-static int calibrate(const char *path) {
+/* Measure into s: GEMMs (the efficiency curve against the peak of the
+ * precision the run computes in: the base's datasheet peak on a GPU, the
+ * largest rate measured on a CPU), causal attention, memory bandwidth and,
+ * with several ranks, all-reduces between them. */
+static int calibrate(const char *path, const char *base_path, const char *device) {
+    int world = parallel_world_size(), rank = parallel_world_rank();
+    int gpu = !strcmp(device, "cuda") || (!strcmp(device, "auto") && cuda_backend_available());
+    if (gpu && !cuda_backend_available()) {
+        if (rank == 0) fprintf(stderr, "mtrain: error: plan --calibrate --device cuda: no CUDA device\n");
+        return 2;
+    }
+    struct system_spec s = {.per_node = world, .mem_eff = 1.0}, base;
+    char err[4400];
+    if (base_path) {
+        if (system_load(&base, base_path, err, sizeof err) != 0) {
+            if (rank == 0) fprintf(stderr, "mtrain: error: %s\n", err);
+            return 2;
+        }
+        s = base;
+        s.mem_eff = 1.0;
+    } else if (gpu) {
+        if (rank == 0)
+            fprintf(stderr, "mtrain: error: plan --calibrate on a GPU needs --base SYSTEM (its datasheet peaks, memory "
+                    "and links, e.g. recipes/systems/h100.yaml): the curves are measured against its peak\n");
+        return 2;
+    } else {
+        snprintf(s.name, sizeof s.name, "cpu");
+    }
     struct grid g;
     grid_single(&g);
-    int world = parallel_world_size(), rank = parallel_world_rank();
-    if (world > 1) {
-        struct parallel_config one = {.tp = 1, .pp = 1, .cp = 1, .ep = 1, .etp = 1, .vpp = 1};
-        grid_create(&g, &one);
-    }
-    const struct backend *be = backend_get("cpu", "fp32"), *b16 = backend_get("cpu", "bf16");
-    struct system_spec s = {.per_node = world, .mem_eff = 1.0};
-    snprintf(s.name, sizeof s.name, "cpu");
-    /* GEMMs: out[n, m] = x[n, k] w[m, k]^T at growing sizes; every rank at once, as a run loads the machine */
-    static const int sizes[] = {32, 64, 128, 256, 512, 1024};
+    struct parallel_config one = {.tp = 1, .pp = 1, .cp = 1, .ep = 1, .etp = 1, .vpp = 1};
+    if (world > 1) grid_create(&g, &one);
+    if (gpu) cuda_use_device(g.local_rank);
+    const struct backend *be = backend_table(gpu, "fp32"), *lo = backend_table(gpu, "bf16");
+    /* GEMMs out[n, n] = x w^T: fp32 on the CPU (its peak is the largest rate), bf16 on a GPU */
+    const struct backend *gb = gpu ? lo : be;
+    static const int cpu_sizes[] = {32, 64, 128, 256, 512, 1024}, gpu_sizes[] = {512, 1024, 2048, 4096, 8192, 16384};
+    const int *sizes = gpu ? gpu_sizes : cpu_sizes;
     double rate[6], best = 0, bf16_rate = 0;
     for (int i = 0; i < 6; i++) {
-        int n = sizes[i];
-        float *x = be->alloc(sizeof(float) * n * n), *w = be->alloc(sizeof(float) * n * n), *o = be->alloc(sizeof(float) * n * n);
-        int reps = n <= 128 ? 50 : n <= 512 ? 8 : 3;
+        size_t n = (size_t)sizes[i];
+        float *x = gb->alloc(gb->act_bytes * n * n), *w = gb->alloc(gb->act_bytes * n * n), *o = gb->alloc(gb->act_bytes * n * n);
+        gb->zero(x, gb->act_bytes * n * n), gb->zero(w, gb->act_bytes * n * n);
+        int reps = n <= 128 ? 50 : n <= 1024 ? 8 : 3;
         double t;
-        TIME_BEST(be->matmul_forward(o, x, w, n, n, n, 0), reps, t);
+        TIME_BEST(gb, o, gb->matmul_forward(o, x, w, (int)n, (int)n, (int)n, 0), reps, t);
         rate[i] = 2.0 * n * n * n / t;
         if (rate[i] > best) best = rate[i];
-        if (n == 512) {
-            TIME_BEST(b16->matmul_forward(o, x, w, n, n, n, 0), 3, t);
+        if (!gpu && n == 512) {
+            TIME_BEST(lo, o, lo->matmul_forward(o, x, w, (int)n, (int)n, (int)n, 0), 3, t);
             bf16_rate = 2.0 * n * n * n / t;
         }
-        be->free(x), be->free(w), be->free(o);
+        gb->free(x), gb->free(w), gb->free(o);
     }
-    s.tflops_fp32 = best / 1e12;
-    s.tflops_bf16 = s.tflops_fp8 = bf16_rate / 1e12;
+    double peak = gpu ? s.tflops_bf16 * 1e12 : best;
+    if (!gpu) s.tflops_fp32 = best / 1e12, s.tflops_bf16 = s.tflops_fp8 = bf16_rate / 1e12;
     s.gemm.n = 6;
-    for (int i = 0; i < 6; i++) s.gemm.size[i] = 2.0 * sizes[i] * sizes[i] * sizes[i], s.gemm.eff[i] = rate[i] / best;
-    /* causal attention, B 1, 4 heads of 32: flops per call 2 x (D + Dv) x H x T^2 / 2 */
-    static const int tlen[] = {64, 256, 1024};
+    for (int i = 0; i < 6; i++)
+        s.gemm.size[i] = 2.0 * sizes[i] * sizes[i] * sizes[i], s.gemm.eff[i] = fmin(1.0, rate[i] / peak);
+    /* causal attention forward, batch 1: flops 2 x (D + Dv) x H x T^2 / 2 */
+    static const int cpu_t[] = {64, 256, 1024}, gpu_t[] = {1024, 4096, 8192};
+    int H = gpu ? 32 : 4, D = gpu ? 128 : 32;
     s.attention.n = 3;
     for (int i = 0; i < 3; i++) {
-        int T = tlen[i], H = 4, D = 32;
-        float *q = be->alloc(sizeof(float) * T * H * D), *k = be->alloc(sizeof(float) * T * H * D);
-        float *v = be->alloc(sizeof(float) * T * H * D), *o = be->alloc(sizeof(float) * T * H * D);
-        float *att = be->alloc(sizeof(float) * be->attention_state_floats(1, H, T));
+        size_t T = (size_t)(gpu ? gpu_t[i] : cpu_t[i]), nq = T * H * D;
+        float *q = gb->alloc(gb->act_bytes * nq), *k = gb->alloc(gb->act_bytes * nq), *v = gb->alloc(gb->act_bytes * nq);
+        float *o = gb->alloc(gb->act_bytes * nq), *att = gb->alloc(sizeof(float) * gb->attention_state_floats(1, H, (int)T));
+        gb->zero(q, gb->act_bytes * nq), gb->zero(k, gb->act_bytes * nq), gb->zero(v, gb->act_bytes * nq);
         double t, flops = 2.0 * (2 * D) * H * (double)T * T / 2;
-        TIME_BEST(be->attention_forward(o, att, q, k, v, 1, T, H, H, D, D), T <= 256 ? 10 : 3, t);
-        s.attention.size[i] = flops, s.attention.eff[i] = fmin(1.0, flops / t / best);
-        be->free(q), be->free(k), be->free(v), be->free(o), be->free(att);
+        TIME_BEST(gb, o, gb->attention_forward(o, att, q, k, v, 1, (int)T, H, H, D, D), i < 2 ? 10 : 3, t);
+        s.attention.size[i] = flops, s.attention.eff[i] = fmin(1.0, flops / t / peak);
+        gb->free(q), gb->free(k), gb->free(v), gb->free(o), gb->free(att);
     }
-    /* memory bandwidth: out += x over 64 MiB arrays (three streams) */
+    /* memory bandwidth: a += b over 64 MiB arrays (three streams) */
     size_t nb = (size_t)16 << 20;
     float *a = be->alloc(sizeof(float) * nb), *b = be->alloc(sizeof(float) * nb);
+    be->zero(a, sizeof(float) * nb), be->zero(b, sizeof(float) * nb);
     double t;
-    TIME_BEST(be->add(a, b, nb), 5, t);
+    TIME_BEST(be, a, be->add(a, b, nb), 5, t);
     s.mem_gbps = 3.0 * sizeof(float) * nb / t / 1e9;
     be->free(a), be->free(b);
-    /* the machine's memory over its ranks */
-    FILE *mi = fopen("/proc/meminfo", "r");
-    long kb = 0;
-    if (mi) {
-        if (fscanf(mi, "MemTotal: %ld kB", &kb) != 1) kb = 0;
-        fclose(mi);
+    if (!gpu) { /* the machine's memory over its ranks */
+        FILE *mi = fopen("/proc/meminfo", "r");
+        long kb = 0;
+        if (mi) {
+            if (fscanf(mi, "MemTotal: %ld kB", &kb) != 1) kb = 0;
+            fclose(mi);
+        }
+        s.mem_gib = kb / 1048576.0 / (world > 0 ? world : 1);
     }
-    s.mem_gib = kb / 1048576.0 / (world > 0 ? world : 1);
-    /* MPI between the ranks: all-reduces of 4 KiB and 16 MiB fit bytes / bw + 2 (n-1) lat */
-    s.intra_gbps = s.inter_gbps = 1000, s.intra_lat_us = s.inter_lat_us = 0;
+    if (!base_path) s.intra_gbps = s.inter_gbps = 1000, s.intra_lat_us = s.inter_lat_us = 0;
+    /* between the ranks: all-reduces of 4 KiB and 16 MiB (MPI on CPUs, NCCL between GPUs) fit
+     * bytes / bandwidth + 2 (n-1) latency; on one node these are the links inside it */
     if (world > 1) {
+        struct comm *c = &g.dp_comm; /* the whole world as a model group */
+        if (gpu) grid_stage_device(&g, be), comm_nccl_init(c);
         size_t small = 1024, large = (size_t)4 << 20;
-        float *buf = xcalloc(large, sizeof(float));
+        float *buf = gpu ? be->alloc(sizeof(float) * large) : xcalloc(large, sizeof(float));
+        if (gpu) be->zero(buf, sizeof(float) * large);
         double ts = 1e30, tl = 1e30;
-        for (int rep = 0; rep < 50; rep++) { /* each call after a barrier, the slowest rank's time counts */
+        for (int rep = 0; rep < 50; rep++) { /* each call after a barrier; the ranks' mean */
             size_t n = rep < 40 ? small : large;
             comm_barrier(&g.world);
             double t0 = now();
-            comm_all_reduce_sum(&g.world, buf, n);
+            comm_all_reduce_sum(c, buf, n);
+            if (gpu) finish(be, buf);
             double dt = now() - t0;
-            comm_all_reduce_sum_f64(&g.world, &dt, 1); /* the mean over ranks */
+            comm_all_reduce_sum_f64(&g.world, &dt, 1);
             dt /= world;
             if (n == small && dt < ts) ts = dt;
             if (n == large && dt < tl) tl = dt;
         }
-        free(buf);
+        if (gpu) be->free(buf);
+        else free(buf);
         double f = 2.0 * (world - 1) / world;
         double per_byte = (tl - ts) / (f * (large - small) * sizeof(float));
-        s.intra_gbps = s.inter_gbps = 1 / per_byte / 1e9;
-        s.intra_lat_us = s.inter_lat_us = fmax(0, ts - f * small * sizeof(float) * per_byte) / (2.0 * (world - 1)) * 1e6;
+        s.intra_gbps = 1 / per_byte / 1e9;
+        s.intra_lat_us = fmax(0, ts - f * small * sizeof(float) * per_byte) / (2.0 * (world - 1)) * 1e6;
+        if (!base_path) s.inter_gbps = s.intra_gbps, s.inter_lat_us = s.intra_lat_us;
     }
     int rc = 0;
     if (rank == 0) {
-        char comment[512], date[32];
+        char comment[1024], date[32];
         time_t tt = time(NULL);
         strftime(date, sizeof date, "%Y-%m-%d", gmtime(&tt));
         snprintf(comment, sizeof comment,
-                 "# This machine's CPU ranks, measured by `mtrain plan --calibrate` on %s: %d rank(s) at once,\n"
-                 "# %d OpenMP thread(s) each; GEMMs of the fp32 CPU backend (bf16: its widening table), its causal\n"
-                 "# attention, an elementwise add's bandwidth, MPI all-reduces between the ranks.\n",
-                 date, world, omp_get_max_threads());
+                 "# Measured by `mtrain plan --calibrate` on %s: %d rank(s) at once, %s; GEMMs of the %s backend%s,\n"
+                 "# its causal attention, an elementwise add's bandwidth%s.%s%s\n",
+                 date, world, gpu ? "one GPU each" : "CPU", gpu ? "CUDA bf16" : "fp32 CPU",
+                 gpu ? " (efficiency of the base's bf16 peak)" : " (bf16: its widening table)",
+                 world > 1 ? (gpu ? ", NCCL all-reduces between the ranks" : ", MPI all-reduces between the ranks") : "",
+                 base_path ? " Peaks, memory size and network from " : "", base_path ? base_path : "");
         rc = system_write(&s, path, comment);
         if (rc) fprintf(stderr, "mtrain: error: plan --calibrate: cannot write %s\n", path);
-        else printf("wrote %s: %.3f TFLOP/s fp32 GEMM peak, %.1f GB/s memory, MPI %.2f GB/s + %.1f us per step\n",
-                    path, s.tflops_fp32, s.mem_gbps, s.intra_gbps, s.intra_lat_us);
+        else printf("wrote %s: GEMM peak %.3f TFLOP/s measured, memory %.1f GB/s, links %.2f GB/s + %.1f us per step\n",
+                    path, best / 1e12, s.mem_gbps, s.intra_gbps, s.intra_lat_us);
     }
     if (world > 1) grid_free(&g);
     return rc ? 1 : 0;
 }
 
 int cmd_plan(int argc, char **argv) {
-    const char *recipe_path = NULL, *gpu = "h100", *emit_dir = NULL, *layout = NULL, *calib = NULL;
+    const char *recipe_path = NULL, *gpu = "h100", *emit_dir = NULL, *layout = NULL, *calib = NULL, *base = NULL;
+    const char *device = "cpu";
     int gpus = 0, per_node = 0, top = 10;
     static struct recipe r;
     char *sets[64];
@@ -328,6 +379,10 @@ int cmd_plan(int argc, char **argv) {
             layout = argv[++i];
         } else if (!strcmp(a, "--calibrate") && more) {
             calib = argv[++i];
+        } else if (!strcmp(a, "--base") && more) {
+            base = argv[++i];
+        } else if (!strcmp(a, "--device") && more) {
+            device = argv[++i];
         } else if (!strcmp(a, "--set") && more && nsets < 64) {
             sets[nsets++] = argv[++i];
         } else if (a[0] != '-' && !recipe_path) {
@@ -339,7 +394,7 @@ int cmd_plan(int argc, char **argv) {
     }
     if (calib) {
         parallel_init(&argc, &argv);
-        int rc = calibrate(calib);
+        int rc = calibrate(calib, base, device);
         parallel_finalize();
         return rc;
     }

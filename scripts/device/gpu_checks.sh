@@ -13,6 +13,8 @@
 #   bash scripts/device/gpu_checks.sh bench124m # train_gpu.sh on the 124M shape
 #   bash scripts/device/gpu_checks.sh bench8b   # train_gpu.sh on the 8B-shaped stack
 #   bash scripts/device/gpu_checks.sh attention # attention alone, FP8 GEMM rates, comm
+#   bash scripts/device/gpu_checks.sh plan      # mtrain plan: calibrate this GPU, predict the 8B-shaped
+#                                               # step against mtrain's measured one (~2 min)
 #   bash scripts/device/gpu_checks.sh nccl1gpu  # several ranks over real NCCL on the one GPU
 #                                               # (tests/integration/nccl_shared_gpu.sh) (~4 min)
 #   bash scripts/device/gpu_checks.sh multigpu  # a node with 2+ GPUs: NCCL across them (what one GPU
@@ -181,6 +183,19 @@ case $phase in
         run train_gpu env SHAPES= RUNS="attention fp8-gemm" bash scripts/bench/train_gpu.sh
         run comm bash scripts/bench/comm.sh
         ;;
+    plan)
+        # mtrain plan on the GPU (issue 32): calibrate this GPU against its datasheet system, then predict the
+        # 8B-shaped stack's step and measure it (scripts/bench/plan_gpu.sh: within 10%), and predict the
+        # full 8B on 8 GPUs in bf16 and FP8 (~2 min)
+        nvidia-smi -L 2>&1 | tee -a "$log"
+        sys=h100
+        nvidia-smi -L 2>/dev/null | grep -q H200 && sys=h200
+        mkdir -p build/bench
+        run plan_calibrate ./mtrain plan --calibrate build/bench/plan-$sys-calibrated.yaml --device cuda \
+            --base recipes/systems/$sys.yaml
+        run plan_gpu bash scripts/bench/plan_gpu.sh build/bench/plan-$sys-calibrated.yaml
+        [ -n "$OUT" ] && cp build/bench/plan-$sys-calibrated.yaml "$OUT/" 2>/dev/null
+        ;;
     nccl1gpu)
         # several ranks sharing the one GPU over real NCCL (scripts/mpirun.sh --shared-gpu): test_comm on 2
         # and 4 ranks, the layouts against MPI and one rank, a resume, the timeline, a kill -9
@@ -204,7 +219,7 @@ case $phase in
             run overlap bash scripts/bench/overlap.sh || echo "FAIL overlap: exit $?" | tee -a "$log"
         fi
         ;;
-    *) echo "usage: gpu_checks.sh quick|fp8|tests|bench124m|bench8b|attention|nccl1gpu|multigpu" >&2; exit 2 ;;
+    *) echo "usage: gpu_checks.sh quick|fp8|tests|bench124m|bench8b|attention|plan|nccl1gpu|multigpu" >&2; exit 2 ;;
 esac
 p=$(grep -cE '^\s*PASS' "$log") f=$(grep -cE '^\s*FAIL' "$log") s=$(grep -cE '^\s*SKIP' "$log")
 save

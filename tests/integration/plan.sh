@@ -92,6 +92,12 @@ for g in h100 h200 a100 b200; do
         grep -q "x $g " "$TMP/out" && pass plan_system_$g || fail plan_system_$g "$(head -c 300 "$TMP/out")"
 done
 
+# --calibrate on 2 CPU ranks writes a system file the planner loads
+mpiexec -n 2 "$MTRAIN" plan --calibrate cal.yaml >"$TMP/out" 2>&1 &&
+    "$MTRAIN" plan p.yaml --gpus 2 --gpu cal.yaml --layout 1,1,1,1,1,2,none | grep -q '^predicted_step_ms: [0-9]' &&
+    grep -q '^per_node: 2' cal.yaml && pass plan_calibrate_cpu || fail plan_calibrate_cpu "$(head -c 400 "$TMP/out")"
+expect_exit plan_calibrate_gpu_needs_base 2 "$MTRAIN" plan --calibrate x.yaml --device cuda
+
 # bad input: exit 2, one message naming what is wrong
 expect_exit plan_unknown_gpu 2 "$MTRAIN" plan p.yaml --gpus 2 --gpu nosuch
 expect_output plan_unknown_gpu_says "neither a file nor a shipped system"
