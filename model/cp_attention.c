@@ -52,11 +52,15 @@ void cp_attention_free(struct transformer *m) {
 static float *block_v(const struct transformer *m, float *kv) { return act_at(m, kv, (size_t)m->N * m->KVl * m->D); }
 static float *grad_v(const struct transformer *m, float *dkv) { return dkv + (size_t)m->N * m->KVl * m->D; }
 
-/* send `bytes` of `out` to the next rank of the ring and receive as many into `in` from the previous one */
-static void pass_on(struct transformer *m, void *out, void *in, size_t bytes) {
+/* send `bytes` of `out` to the next rank of the ring and receive as many into `in` from the previous one;
+ * begun only (a ticket for comm_wait_ticket), so the block in hand is computed meanwhile */
+static int pass_on_start(struct transformer *m, void *out, void *in, size_t bytes) {
     int cp = m->cp, r = m->cp_rank;
     struct comm_p2p ops[2] = {{in, bytes, (r + cp - 1) % cp, 1}, {out, bytes, (r + 1) % cp, 0}};
-    comm_exchange(m->cp_comm, ops, 2);
+    return comm_exchange_start(m->cp_comm, ops, 2);
+}
+static void pass_on(struct transformer *m, void *out, void *in, size_t bytes) {
+    comm_wait_ticket(m->cp_comm, pass_on_start(m, out, in, bytes));
 }
 
 void cp_attention_forward(struct transformer *m, float *out, float *lse, const float *q, const float *k,
@@ -70,11 +74,13 @@ void cp_attention_forward(struct transformer *m, float *out, float *lse, const f
     for (int step = 0; step < cp; step++) { /* the block of rank r - step is in hand */
         float *kv = s->kv[step % 2];
         int src = (r - step + cp) % cp;
-        if (step + 1 < cp) pass_on(m, kv, s->kv[(step + 1) % 2], act_size(m, nk + nv));
+        /* the next block arrives while this one is computed */
+        int ticket = step + 1 < cp ? pass_on_start(m, kv, s->kv[(step + 1) % 2], act_size(m, nk + nv)) : 0;
         int span = timeline_compute_begin("attention_block", -1, -1); /* the ring's balance, on the timeline */
         be->attention_block_forward(s->o, lse, q, kv, block_v(m, kv), m->B, c, m->Hl, m->KVl, m->D, m->Dv, r,
                                     2 * cp - 1 - r, src, 2 * cp - 1 - src, step == 0);
         timeline_end(span, NULL);
+        comm_wait_ticket(m->cp_comm, ticket);
     }
     be->to_storage(out, s->o, (size_t)m->N * m->Hl * m->Dv);
 }
@@ -91,13 +97,15 @@ void cp_attention_backward(struct transformer *m, float *dq, float *dk, float *d
     be->zero(s->dq, sizeof(float) * nq);
     int at = 0;
     for (int step = 0; step < cp; step++, at ^= 1) {
+        /* the block goes on to the next rank while its gradient here is computed; then the gradient so far
+         * follows it (the last hop brings each block's home) */
+        int ticket = step + 1 < cp ? pass_on_start(m, s->kv[at], s->kv[at ^ 1], act_size(m, nk + nv)) : 0;
         int src = (r - step + cp) % cp, span = timeline_compute_begin("attention_block", -1, -1);
         be->attention_block_backward(s->dq, s->dkv[at], grad_v(m, s->dkv[at]), dout, out, lse, q, s->kv[at],
                                      block_v(m, s->kv[at]), m->B, c, m->Hl, m->KVl, m->D, m->Dv, r, 2 * cp - 1 - r,
                                      src, 2 * cp - 1 - src);
         timeline_end(span, NULL);
-        /* the block and its gradient so far go on to the next rank; the last hop brings each home */
-        if (step + 1 < cp) pass_on(m, s->kv[at], s->kv[at ^ 1], act_size(m, nk + nv));
+        comm_wait_ticket(m->cp_comm, ticket);
         pass_on(m, s->dkv[at], s->dkv[at ^ 1], sizeof(float) * (nk + nv));
     }
     /* after cp hops the gradient of this rank's own block is in hand */

@@ -11,6 +11,11 @@
  * the gradients of the keys and values travelling with their block, and
  * one last hop home.
  *
+ * Each hop of keys and values is begun before the block in hand is computed
+ * and waited for after it (comm_exchange_start: overlapped over MPI on host
+ * memory; NCCL and staged device memory exchange at once); the gradients'
+ * hop follows the block's computation.
+ *
  * Bytes each rank sends per attention layer and micro batch: forward
  * (cp-1) x K,V of its tokens in storage precision; backward (cp-1) x K,V
  * plus cp x their fp32 gradients. Memory: two K,V blocks in storage, the

@@ -59,6 +59,12 @@ struct comm_p2p {
 };
 #define COMM_EXCHANGE_MAX 8 /* transfers in one group */
 void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n);
+/* The same transfers begun without waiting for them, so that computation
+ * can run meanwhile (the buffers are not touched until comm_wait_ticket of
+ * the returned ticket): over MPI on host memory. Where that cannot be (NCCL,
+ * or device memory staged through the host) the exchange runs to its end
+ * here and 0 is returned (nothing to wait for). */
+int comm_exchange_start(struct comm *c, const struct comm_p2p *ops, int n);
 /* in and out: size blocks of n floats each */
 void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n);
 /* Variable-size all-to-all: in holds send_counts[r] floats for each rank r in

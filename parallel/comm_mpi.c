@@ -344,7 +344,32 @@ int comm_all_gather_v_start(struct comm *c, void *buf, size_t elem, const int *c
     return ticket;
 }
 
+int comm_exchange_start(struct comm *c, const struct comm_p2p *ops, int n) {
+    if (c->nccl || c->stage || !n) {
+        comm_exchange(c, ops, n);
+        return 0;
+    }
+    CHECK(n <= COMM_EXCHANGE_MAX);
+    int ticket = ++c->tickets;
+    size_t sent = 0;
+    for (int i = 0; i < n; i++) sent += ops[i].recv ? 0 : ops[i].bytes;
+    c->bytes += sent, c->calls++;
+    enter(c, "exchange_start");
+    int s = span(c, "exchange_start", sent, 1);
+    for (int i = 0; i < n; i++) { /* each request ends the shared span when waited for: the last one's end stays */
+        const struct comm_p2p *o = &ops[i];
+        CHECK(o->bytes <= INT32_MAX);
+        MPI_Request r;
+        if (o->recv) MPI_CHECK(MPI_Irecv(o->buf, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &r));
+        else MPI_CHECK(MPI_Issend(o->buf, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &r));
+        track_ticket(c, r, NULL, ticket, s);
+    }
+    watchdog_leave();
+    return ticket;
+}
+
 void comm_wait_ticket(struct comm *c, int ticket) {
+    if (!ticket) return; /* nothing was left to wait for (comm_exchange_start) */
     if (c->nccl) {
         nccl_wait_ticket(c, ticket);
         return;

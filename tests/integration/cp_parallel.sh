@@ -107,6 +107,19 @@ print('%.4f' % (max(t) / min(t)) if len(t) == 2 and min(t) > 0 else 'none')" bal
 done
 awk -v r="$r" 'BEGIN {exit (r + 0 > 0 && r <= 1.05) ? 0 : 1}' && pass cp_attention_balance ||
     fail cp_attention_balance "attention time max/min over the ranks:$ratios (want <= 1.05)"
+# the overlap: on every rank each block of the forward ring is computed while the next block's transfer is
+# in flight (begun before it, waited for after it: model/cp_attention.c)
+n=$("$PY" -c "
+import glob, json, sys
+ok = 0
+for f in sorted(glob.glob(sys.argv[1] + '/timeline-rank-*.json')):
+    ev = json.load(open(f))['traceEvents']
+    begin = {e['id']: e['ts'] for e in ev if e.get('name') == 'exchange_start' and e['ph'] == 'b'}
+    ring = [(begin[e['id']], e['ts']) for e in ev if e.get('name') == 'exchange_start' and e['ph'] == 'e' and e['id'] in begin]
+    blocks = [(e['ts'], e['ts'] + e['dur']) for e in ev if e.get('name') == 'attention_block' and e['ph'] == 'X']
+    ok += len(ring) > 0 and any(a <= c and d <= b for a, b in ring for c, d in blocks)
+print(ok)" bal1 2>&1)
+[ "$n" = 2 ] && pass cp_ring_overlaps_blocks || fail cp_ring_overlaps_blocks "ranks whose ring transfers span a block: $n of 2"
 
 # checkpoints: save at cp 2 at step 10, resume at cp 2 (bitwise), cp 1 (directly) and cp 4 (through convert)
 run_np 2 pretrain r.yaml --set parallel.cp=2 --set checkpoint.interval=10 --set checkpoint.dir=s_cp2 --set log.dir=s_cp2 \
