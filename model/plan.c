@@ -201,6 +201,20 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
         double a = (c.sp ? c.N / c.tp : c.N) * r->model.hidden_size * c.ab;
         out->bytes[PLAN_PP] = a * m * (2 * c.vpp - 1);
     }
+    if (c.tp > 1) { /* as model/transformer.c calls them on stage 0, for dense GQA layers (MoE and MLA add more) */
+        const struct model_config *mc = &r->model;
+        double layers = 0, C = mc->hidden_size, N = c.N, ab = c.ab;
+        for (int ch = 0; ch < part.nchunks; ch++) layers += part.layer_end[ch] - part.layer_begin[ch];
+        int head = part.has_head, full = recompute_mode(r->train.recompute) == RECOMPUTE_FULL;
+        /* per micro batch: each layer's two row-parallel outputs (forward, again under full recompute) and
+         * two column-parallel input gradients; the embedding's output; the head's input gradient */
+        double k = (4 + 2 * full) * layers + 1 + head;
+        if (c.sp) /* each an all-gather and a reduce-scatter of the whole rows; the norms' gains once a step */
+            out->bytes[PLAN_TP] = 2 * m * k * N * C * ab + 4 * C * (2 * layers + head);
+        else
+            out->bytes[PLAN_TP] = m * k * N * C * ab;
+        if (head) out->bytes[PLAN_TP] += 3.0 * m * N * 4; /* vocab-parallel cross-entropy: max, sum, target logit */
+    }
     if (c.cp > 1) {
         const struct model_config *mc = &r->model;
         double D = model_head_dim(mc), Dv = model_v_head_dim(mc);

@@ -37,7 +37,7 @@ struct plan_cost {
     double mem_gib;            /* the busiest stage's estimate */
     int fits;
     double bytes[PLAN_GROUPS]; /* per rank of pipeline stage 0 per step, as the comm event counts them (dp, pp,
-                                * cp; tp and ep are not predicted) */
+                                * cp; tp for dense GQA layers; ep not predicted) */
 };
 
 /* The step of recipe r (its layout, micro batch, recompute, precision) on

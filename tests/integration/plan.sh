@@ -1,5 +1,6 @@
 # mtrain plan (cli/plan.c, model/plan.c): the parts of its model against
-# what mtrain itself does. The bytes each group moves per step (data
+# what mtrain itself does. The bytes each group moves per step (tensor
+# parallel with and without sequence parallel and under full recompute, data
 # parallel with and without ZeRO-1, pipeline 1F1B and interleaved, the
 # context-parallel ring under every recompute mode) equal a real run's comm
 # accounting on CPU ranks; the predicted memory is the dry run's estimate;
@@ -37,7 +38,8 @@ total() { grep '"event":"comm"' "$1/metrics.jsonl" |
 for spec in "dp2 1,1,1,1,1,2,none" "dp2_zero 1,1,1,1,1,2,none optimizer.distributed=true" \
     "dp2_zero_bf16 1,1,1,1,1,2,none optimizer.distributed=true train.precision=bf16" \
     "pp2 1,2,1,1,1,2,none" "pp2_vpp2 1,2,2,1,1,2,none" "cp2 1,1,1,2,1,2,none" "cp2_full 1,1,1,2,1,2,full" \
-    "cp2_selective 1,1,1,2,1,1,selective"; do
+    "cp2_selective 1,1,1,2,1,1,selective" "tp2 2,1,1,1,1,2,none" \
+    "tp2_sp 2,1,1,1,1,2,none parallel.sequence_parallel=true" "tp2_full 2,1,1,1,1,2,full"; do
     set -- $spec
     name=$1 lay=$2
     shift 2
@@ -52,13 +54,13 @@ for spec in "dp2 1,1,1,1,1,2,none" "dp2_zero 1,1,1,1,1,2,none optimizer.distribu
     done
     [ $ok = 1 ] || continue
     predicted=$("$MTRAIN" plan p.yaml --gpus 2 --gpu cpu.yaml --layout "$lay" "${sets[@]:12}" |
-        sed -n 's/^predicted_bytes_per_step: tp [0-9]* dp \([0-9]*\) pp \([0-9]*\) ep [0-9]* cp \([0-9]*\).*/\1 \2 \3/p')
+        sed -n 's/^predicted_bytes_per_step: tp \([0-9]*\) dp \([0-9]*\) pp \([0-9]*\) ep [0-9]* cp \([0-9]*\).*/\1 \2 \3 \4/p')
     measured=""
-    for g in dp pp cp; do
+    for g in tp dp pp cp; do
         measured="$measured $(( ($(total ${name}_8 $g) - $(total ${name}_4 $g)) / 4 ))"
     done
     [ -n "$predicted" ] && [ "$predicted" = "${measured# }" ] && pass plan_bytes_$name ||
-        fail plan_bytes_$name "dp pp cp bytes per step: predicted '$predicted', measured '${measured# }'"
+        fail plan_bytes_$name "tp dp pp cp bytes per step: predicted '$predicted', measured '${measured# }'"
 done
 
 # the predicted memory is the dry run's estimate (the busiest stage)
