@@ -186,6 +186,15 @@ bad moe_etp_divides_width 16 parallel.etp 'etp 3 does not divide the experts. wi
 parallel:
   etp: 3
 " --set model.intermediate_size=128
+# the same refusals in a training run (not only the dry run)
+DRY= bad moe_etp_not_implemented_run 16 parallel.etp 'expert tensor parallelism \(etp 2\) is not implemented yet' "$moe
+parallel:
+  etp: 2
+"
+DRY= bad moe_etp_divides_width_run 16 parallel.etp 'etp 3 does not divide the experts. width 128' "$moe
+parallel:
+  etp: 3
+" --set model.intermediate_size=128
 bad moe_etp_dense 14 parallel.etp 'needs a mixture-of-experts model' "$good
 parallel:
   etp: 2
