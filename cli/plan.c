@@ -420,16 +420,23 @@ int cmd_plan(int argc, char **argv) {
     if (per_node) s.per_node = per_node;
     printf("mtrain plan: %s on %d x %s (%s, %d per node), global batch %d x %d tokens, %s\n", recipe_path, gpus,
            s.name, path, s.per_node, r.train.global_batch, r.train.seq_len, r.train.precision);
-    if (layout) { /* one layout: tp,pp,vpp,cp,ep,micro_batch,recompute */
-        struct candidate c = {.par = r.parallel};
-        char mode[16];
-        if (sscanf(layout, "%d,%d,%d,%d,%d,%d,%15s", &c.par.tp, &c.par.pp, &c.par.vpp, &c.par.cp, &c.par.ep,
-                   &c.micro_batch, mode) != 7) {
+    if (layout) { /* one layout: tp,pp,vpp,cp,ep,micro_batch,recompute, each set with the recipe key's checks */
+        static const char *const keys[] = {"parallel.tp", "parallel.pp", "parallel.vpp", "parallel.cp", "parallel.ep",
+                                           "train.micro_batch", "train.recompute"};
+        char copy[256], *save = NULL, *tok;
+        snprintf(copy, sizeof copy, "%s", layout);
+        int k = 0;
+        for (tok = strtok_r(copy, ",", &save); tok && k < 7; tok = strtok_r(NULL, ",", &save), k++) {
+            char set[320];
+            snprintf(set, sizeof set, "%s=%s", keys[k], tok);
+            if (recipe_set(&r, set) != 0) return 2;
+        }
+        if (k != 7 || tok) {
             fprintf(stderr, "mtrain: error: plan --layout %s: expected tp,pp,vpp,cp,ep,micro_batch,recompute\n", layout);
             return 2;
         }
-        snprintf(c.recompute, sizeof c.recompute, "%s", mode);
-        apply(&r, &c);
+        struct candidate c = {.par = r.parallel, .micro_batch = r.train.micro_batch};
+        snprintf(c.recompute, sizeof c.recompute, "%.15s", r.train.recompute);
         if (recipe_validate_plan(&r, gpus) != 0) return 2;
         plan_predict(&r, gpus, &s, estimate_backend(&r, &s), &c.cost);
         print_header();

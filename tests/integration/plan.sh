@@ -108,4 +108,8 @@ expect_exit plan_bad_system 2 "$MTRAIN" plan p.yaml --gpus 2 --gpu bad.yaml
 expect_output plan_bad_system_says "bad.yaml:2: tflops_bf16: expected a number"
 expect_exit plan_no_gpus 2 "$MTRAIN" plan p.yaml
 expect_exit plan_bad_layout 2 "$MTRAIN" plan p.yaml --gpus 2 --gpu cpu.yaml --layout 3,1,1,1,1,2,none
+expect_exit plan_layout_zero 2 "$MTRAIN" plan p.yaml --gpus 2 --gpu cpu.yaml --layout 1,1,1,1,0,2,none
+expect_output plan_layout_zero_says "parallel.ep=0: key 'parallel.ep': value 0 out of range"
+expect_exit plan_layout_short 2 "$MTRAIN" plan p.yaml --gpus 2 --gpu cpu.yaml --layout 1,1,1,1,1,2
+expect_output plan_layout_short_says "expected tp,pp,vpp,cp,ep,micro_batch,recompute"
 exit $FAILED
