@@ -197,14 +197,15 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
     /* bytes per rank per step as the comm accounting counts them (each call's payload) */
     /* ZeRO-1 with a working copy (a sharded master) also all-gathers the norm gains it keeps whole (model/master.h) */
     out->bytes[PLAN_DP] = dpcp > 1 ? dense * 4 + (zero ? dense * c.ab + (c.ab < 4 ? gains * 4 : 0) : 0) : 0;
+    double layers = 0; /* stage 0's main layers, all its chunks */
+    for (int ch = 0; ch < part.nchunks; ch++) layers += part.layer_end[ch] - part.layer_begin[ch];
     if (c.pp > 1) { /* stage 0 sends every chunk's forward and every chunk's backward but virtual stage 0's */
         double a = (c.sp ? c.N / c.tp : c.N) * r->model.hidden_size * c.ab;
         out->bytes[PLAN_PP] = a * m * (2 * c.vpp - 1);
     }
     if (c.tp > 1) { /* as model/transformer.c calls them on stage 0, for dense GQA layers (MoE and MLA add more) */
         const struct model_config *mc = &r->model;
-        double layers = 0, C = mc->hidden_size, N = c.N, ab = c.ab;
-        for (int ch = 0; ch < part.nchunks; ch++) layers += part.layer_end[ch] - part.layer_begin[ch];
+        double C = mc->hidden_size, N = c.N, ab = c.ab;
         int head = part.has_head, full = recompute_mode(r->train.recompute) == RECOMPUTE_FULL;
         /* per micro batch: each layer's two row-parallel outputs (forward, again under full recompute) and
          * two column-parallel input gradients; the embedding's output; the head's input gradient */
@@ -219,11 +220,9 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
         const struct model_config *mc = &r->model;
         double D = model_head_dim(mc), Dv = model_v_head_dim(mc);
         double KVl = model_is_mla(mc) ? mc->num_heads / c.tp : mc->num_kv_heads >= c.tp ? mc->num_kv_heads / c.tp : 1;
-        double kv = c.N * KVl * (D + Dv), layers = 0;
-        for (int ch = 0; ch < part.nchunks; ch++) layers += part.layer_end[ch] - part.layer_begin[ch];
-        layers += model_mtp_depth(mc) * (c.pp == 1);
+        double kv = c.N * KVl * (D + Dv), ring_layers = layers + model_mtp_depth(mc) * (c.pp == 1);
         enum recompute rc = recompute_mode(r->train.recompute);
         double fwd = rc == RECOMPUTE_NONE ? 1 : 2;
-        out->bytes[PLAN_CP] = m * layers * ((fwd + 1) * (c.cp - 1) * kv * c.ab + c.cp * kv * 4);
+        out->bytes[PLAN_CP] = m * ring_layers * ((fwd + 1) * (c.cp - 1) * kv * c.ab + c.cp * kv * 4);
     }
 }
