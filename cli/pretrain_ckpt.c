@@ -178,10 +178,15 @@ void finish_save(struct run *run, int block) {
     run->commit_pending = 0;
     fail_if_any(run, failed ? run->saver.err : "");
     comm_barrier(&run->grid.world); /* every shard file is on disk */
-    if (run->rank0) checkpoint_commit(&run->snap, run->r->checkpoint.dir);
+    if (run->rank0) {
+        checkpoint_commit(&run->snap, run->r->checkpoint.dir);
+        /* logged at once, before waiting for the other ranks: a rank that dies
+         * now must not leave a committed checkpoint the metrics do not record
+         * (the rerun's log.dir claim resumes only from a recorded one) */
+        event(run, "{\"event\":\"checkpoint_committed\",\"step\":%d,\"write_ms\":%.2f,\"commit_wait_ms\":%.2f}",
+              run->snap.state.step, run->saver.write_seconds * 1e3, (now_seconds() - t0) * 1e3);
+    }
     comm_barrier(&run->grid.world); /* ... and committed before anyone reads `latest` */
-    event(run, "{\"event\":\"checkpoint_committed\",\"step\":%d,\"write_ms\":%.2f,\"commit_wait_ms\":%.2f}",
-          run->snap.state.step, run->saver.write_seconds * 1e3, (now_seconds() - t0) * 1e3);
 }
 
 void save_checkpoint(struct run *run) {
