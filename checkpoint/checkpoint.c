@@ -529,8 +529,14 @@ static int assemble(struct open_files *o, json_t *tensors, const struct param_in
         json_t *n = json_object_get(e, "name");
         if (!json_is_string(n) || strcmp(json_string_value(n), name)) continue;
         json_t *shape = json_object_get(e, "shape"), *sh = json_object_get(e, "shard");
-        int ok = json_is_array(shape) && (int)json_array_size(shape) == p->ndim && json_is_string(sh) &&
-                 !strcmp(json_string_value(sh), shard_names[p->shard]);
+        /* the stored rule: the target's, or either whole (a routed expert is whole at etp 1, split over etp
+         * ranks by rows or columns otherwise) */
+        int rule = -1;
+        for (int k = 0; json_is_string(sh) && k < (int)(sizeof shard_names / sizeof *shard_names); k++)
+            if (!strcmp(json_string_value(sh), shard_names[k])) rule = k;
+        int ok = json_is_array(shape) && (int)json_array_size(shape) == p->ndim &&
+                 (rule == (int)p->shard || (p->expert && (rule == SHARD_REPLICATED || p->shard == SHARD_REPLICATED) &&
+                                            rule >= 0));
         for (int d = 0; ok && d < p->ndim; d++) ok = json_integer_value(json_array_get(shape, d)) == p->shape[d];
         if (!ok) {
             free(buf);
@@ -541,7 +547,7 @@ static int assemble(struct open_files *o, json_t *tensors, const struct param_in
         json_t *jp = json_object_get(e, "parts"), *jq = json_object_get(e, "part");
         int src_parts = (int)(jp ? json_integer_value(jp) : ival(e, "tp"));
         int src_part = (int)(jq ? json_integer_value(jq) : ival(e, "tp_rank"));
-        if (p->shard == SHARD_REPLICATED) src_parts = 1, src_part = 0;
+        if (rule == SHARD_REPLICATED) src_parts = 1, src_part = 0;
         if (src_parts < 1 || src_parts > 4096 || src_part < 0 || src_part >= src_parts) {
             free(buf);
             return load_fail(err, errlen, -1, "%s: tensor %s: bad parts/part in the manifest", o->dir, name);
@@ -549,8 +555,8 @@ static int assemble(struct open_files *o, json_t *tensors, const struct param_in
         if (seen[src_part]) continue; /* every sharer stored a copy: one is enough */
         /* rows/cols this stored shard covers */
         int64_t sr0 = 0, sr1 = rows, sc0 = 0, sc1 = cols;
-        if (p->shard == SHARD_TP_ROWS) sr0 = src_part * (rows / src_parts), sr1 = sr0 + rows / src_parts;
-        if (p->shard == SHARD_TP_COLS) sc0 = src_part * (cols / src_parts), sc1 = sc0 + cols / src_parts;
+        if (rule == SHARD_TP_ROWS) sr0 = src_part * (rows / src_parts), sr1 = sr0 + rows / src_parts;
+        if (rule == SHARD_TP_COLS) sc0 = src_part * (cols / src_parts), sc1 = sc0 + cols / src_parts;
         int64_t ir0 = sr0 > r0 ? sr0 : r0, ir1 = sr1 < r0 + lr ? sr1 : r0 + lr;
         int64_t ic0 = sc0 > c0 ? sc0 : c0, ic1 = sc1 < c0 + lc ? sc1 : c0 + lc;
         if (ir0 >= ir1 || ic0 >= ic1) continue;
@@ -719,8 +725,8 @@ int ckpt_reader_load_recipe(const struct ckpt_reader *rd, struct recipe *r, char
     return ok ? 0 : -1;
 }
 
-int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, int pp, int vpp, int dp, int ep, int cp,
-                       char *err, size_t errlen) {
+int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, int pp, int vpp, int dp, int ep, int etp,
+                       int cp, char *err, size_t errlen) {
     int rc;
     struct ckpt_reader *rd = ckpt_reader_open(src_step_dir, err, errlen, &rc);
     if (!rd) return rc;
@@ -729,7 +735,8 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
         ckpt_reader_close(rd);
         return -1;
     }
-    r.parallel.tp = tp, r.parallel.pp = pp, r.parallel.vpp = vpp, r.parallel.ep = ep, r.parallel.cp = cp;
+    r.parallel.tp = tp, r.parallel.pp = pp, r.parallel.vpp = vpp, r.parallel.ep = ep, r.parallel.etp = etp;
+    r.parallel.cp = cp;
     /* any layout loads any checkpoint, so the stage split here is the even one */
     r.parallel.first_stage_layers = r.parallel.last_stage_layers = 0;
     /* the layout is checked here, not the data: validate a copy without it
@@ -743,8 +750,8 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
     check.train.micro_batch = 1;
     check.train.global_batch = dp;
     if (recipe_validate(&check, tp * pp * dp * cp) != 0) {
-        snprintf(err, errlen, "layout tp %d pp %d vpp %d dp %d ep %d cp %d does not fit this model (see above)", tp, pp,
-                 vpp, dp, ep, cp);
+        snprintf(err, errlen, "layout tp %d pp %d vpp %d dp %d ep %d etp %d cp %d does not fit this model (see above)",
+                 tp, pp, vpp, dp, ep, etp, cp);
         ckpt_reader_close(rd);
         return -2;
     }
@@ -758,14 +765,15 @@ int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, in
     struct convert_ctx ctx = {.rd = rd, .err = err, .errlen = errlen};
     /* the writers of `mtrain pretrain` (parallel/grid.h, cli/pretrain_ckpt.c):
      * of the tp x cp x dp ranks q of each stage, DP and CP rank 0 writes its
-     * dense tensors, expert-DP rank 0 (ep_rank = q % ep, etp 1) its experts */
+     * dense tensors, expert-DP rank 0 (q = etp_rank + etp * ep_rank) its
+     * experts (slice etp_rank of those of ep_rank) */
     for (int p = 0; p < pp; p++)
         for (int q = 0; q < tp * cp * dp; q++) {
-            int t = q % tp, dense = q / tp == 0, experts = q / ep == 0 && r.model.num_experts > 0;
+            int t = q % tp, dense = q / tp == 0, experts = q / (etp * ep) == 0 && r.model.num_experts > 0;
             if (!dense && !experts) continue;
             struct model_part part;
             struct param_table table;
-            model_part_for(&part, &r.model, &r.parallel, t, p, q % ep);
+            model_part_for(&part, &r.model, &r.parallel, t, p, q / etp % ep, q % etp);
             param_table_build(&table, &r.model, &part);
             struct ckpt_layout L = {.world_rank = q + tp * cp * dp * p, .tp = tp, .tp_rank = t, .pp = pp, .pp_rank = p,
                                     .dp = dp, .vpp = vpp, .writer = 1, .expert_only = !dense, .no_experts = !experts};

@@ -118,8 +118,8 @@ void ckpt_reader_close(struct ckpt_reader *rd);
 /* Rewrite a committed step directory for another layout, streaming tensor by
  * tensor (memory near the largest tensor). Returns 0, -1 (damaged source),
  * -2 (layout does not fit the model; err says why). */
-int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, int pp, int vpp, int dp, int ep, int cp,
-                       char *err, size_t errlen);
+int checkpoint_convert(const char *src_step_dir, const char *dst_dir, int tp, int pp, int vpp, int dp, int ep, int etp,
+                       int cp, char *err, size_t errlen);
 
 /* Committed step numbers under dir, newest first; returns the count (<= max). */
 int checkpoint_list(const char *dir, int *steps, int max);

@@ -19,13 +19,14 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-"usage: mtrain convert SRC DST --tp N --pp N [--vpp N] [--dp N] [--ep N] [--cp N] [--force]\n"
+"usage: mtrain convert SRC DST --tp N --pp N [--vpp N] [--dp N] [--ep N] [--etp N] [--cp N] [--force]\n"
             "       mtrain convert --info SRC\n"
             "       mtrain convert SRC --hf OUT_DIR [--tokenizer SPEC]\n\n"
             "SRC is a checkpoint directory (its `latest` step is used) or one step directory;\n"
             "with --hf it may also be a run's LOG_DIR (its final weights, model.safetensors).\n"
             "  reshard   write SRC's step for the layout tp x pp (x vpp chunks) with dp data-parallel\n"
-            "            ranks (ep of them splitting a MoE model's experts) and cp context-parallel ranks\n"
+            "            ranks (ep of them splitting a MoE model's experts, etp each expert's width)\n"
+            "            and cp context-parallel ranks\n"
             "            (the files do not depend on cp; it is checked against the sequence length) into checkpoint directory\n"
             "            DST, tensor by tensor (memory near the\n"
             "            largest tensor); `mtrain pretrain` with that layout resumes from DST.\n"
@@ -95,15 +96,19 @@ static int info(const char *step_dir) {
     size_t i;
     json_t *e;
     json_array_foreach(tensors, i, e) {
+        /* each tensor once, whole: block 0 of it (a routed expert's slice 0 is stored once, by whichever
+         * TP rank holds it; any other tensor's by TP rank 0) */
         const char *name = json_string_value(json_object_get(e, "name"));
-        if (!name || !strncmp(name, "optimizer.", 10) || json_integer_value(json_object_get(e, "tp_rank")) != 0) continue;
+        if (!name || !strncmp(name, "optimizer.", 10)) continue;
+        json_t *jpart = json_object_get(e, "part");
+        long long part = json_integer_value(jpart ? jpart : json_object_get(e, "tp_rank"));
+        int expert = strstr(name, ".experts.") != NULL;
+        if (part != 0 || (!expert && json_integer_value(json_object_get(e, "tp_rank")) != 0)) continue;
         long long n = 1;
         size_t d;
         json_t *x;
-        json_array_foreach(json_object_get(e, "local_shape"), d, x) n *= json_integer_value(x);
-        const char *shard = json_string_value(json_object_get(e, "shard"));
-        if (!shard) die("%s: tensor %s has no shard in its manifest entry", step_dir, name);
-        params += n * (!strcmp(shard, "replicated") ? 1 : json_integer_value(json_object_get(e, "tp")));
+        json_array_foreach(json_object_get(e, "shape"), d, x) n *= json_integer_value(x);
+        params += n;
     }
     printf("checkpoint:        %s\n", step_dir);
     printf("format:            %s v%lld\n", json_string_value(json_object_get(m, "format")),
@@ -111,11 +116,12 @@ static int info(const char *step_dir) {
     printf("step:              %lld\n", (long long)json_integer_value(json_object_get(m, "step")));
     printf("consumed_samples:  %lld\n", (long long)json_integer_value(json_object_get(m, "consumed_samples")));
     printf("rewinds:           %lld\n", (long long)json_integer_value(json_object_get(m, "rewinds")));
-    json_t *lcp = json_object_get(L, "cp");
-    printf("layout:            tp %lld, pp %lld, vpp %lld, dp %lld, ep %lld, cp %lld (%lld ranks)\n",
+    json_t *lcp = json_object_get(L, "cp"), *letp = json_object_get(L, "etp");
+    printf("layout:            tp %lld, pp %lld, vpp %lld, dp %lld, ep %lld, etp %lld, cp %lld (%lld ranks)\n",
            (long long)json_integer_value(json_object_get(L, "tp")), (long long)json_integer_value(json_object_get(L, "pp")),
            (long long)json_integer_value(json_object_get(L, "vpp")), (long long)json_integer_value(json_object_get(L, "dp")),
-           (long long)json_integer_value(json_object_get(L, "ep")), lcp ? (long long)json_integer_value(lcp) : 1,
+           (long long)json_integer_value(json_object_get(L, "ep")), letp ? (long long)json_integer_value(letp) : 1,
+           lcp ? (long long)json_integer_value(lcp) : 1,
            (long long)json_integer_value(json_object_get(L, "world_size")));
     printf("files:             %zu\n", json_array_size(json_object_get(m, "files")));
     printf("tensor shards:     %zu (parameters, exp_avg, exp_avg_sq)\n", json_array_size(tensors));
@@ -265,11 +271,12 @@ static int export_final_weights(const char *src, const char *out, const struct t
 int cmd_convert(int argc, char **argv) {
     const char *src = NULL, *dst = NULL, *hf = NULL;
     struct tokenizer_choice tc = {0};
-    int tp = 1, pp = 1, vpp = 1, dp = 1, ep = 1, cp = 1, show = 0, force = 0;
+    int tp = 1, pp = 1, vpp = 1, dp = 1, ep = 1, etp = 1, cp = 1, show = 0, force = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int *num = !strcmp(a, "--tp") ? &tp : !strcmp(a, "--pp") ? &pp : !strcmp(a, "--vpp") ? &vpp
-                   : !strcmp(a, "--dp") ? &dp : !strcmp(a, "--ep") ? &ep : !strcmp(a, "--cp") ? &cp : NULL;
+                   : !strcmp(a, "--dp") ? &dp : !strcmp(a, "--ep") ? &ep : !strcmp(a, "--etp") ? &etp
+                   : !strcmp(a, "--cp") ? &cp : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -325,10 +332,10 @@ int cmd_convert(int argc, char **argv) {
         int bad = check_layout(step_dir, tp, pp, vpp, ep);
         if (!bad) bad = check_destination(step_dir, dst, force);
         if (bad) return bad;
-        rc = checkpoint_convert(step_dir, dst, tp, pp, vpp, dp, ep, cp, err, sizeof err);
+        rc = checkpoint_convert(step_dir, dst, tp, pp, vpp, dp, ep, etp, cp, err, sizeof err);
         if (rc == 0)
-            printf("wrote %s (tp %d, pp %d, vpp %d, dp %d, ep %d, cp %d) from %s\n", dst, tp, pp, vpp, dp, ep, cp,
-                   step_dir);
+            printf("wrote %s (tp %d, pp %d, vpp %d, dp %d, ep %d, etp %d, cp %d) from %s\n", dst, tp, pp, vpp, dp, ep,
+                   etp, cp, step_dir);
     }
     if (rc != 0) fprintf(stderr, "mtrain: error: %s\n", err);
     return rc == 0 ? 0 : rc == -2 ? 2 : 1;

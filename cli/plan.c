@@ -109,7 +109,8 @@ static int enumerate(const struct recipe *base, int gpus, const struct system_sp
     static const char *const modes[] = {"none", "selective", "full"};
     *considered = 0;
     recipe_validate_quiet(1);
-    /* context parallelism runs on the CPU backend only so far (model/cp_attention.h) */
+    /* context parallelism on GPUs runs a first, untiled block kernel (kernels/cuda/attention_block.cuh) whose
+     * speed the system files do not model yet: planned on the CPU system only */
     int max_cp = strcmp(s->name, "cpu") ? 1 : 32;
     for (int tp = 1; tp <= s->per_node && tp <= gpus; tp *= 2)
         for (int cp = 1; cp <= max_cp && tp * cp <= gpus; cp *= 2)

@@ -251,30 +251,29 @@ static void rewind_to_checkpoint(struct run *run, int bad_step, enum rewind_reas
 }
 
 /* Communication payload per step of every rank and group (tp, dp, pp, ep,
- * edp, embed, cp) and the data-parallel gradient bytes reduced in buckets
- * during backward (dp_overlapped), as one event: rank r's numbers are at
- * [8r .. 8r+7]. Eval and checkpoint traffic is included, so benchmarks run
+ * edp, embed, cp, etp: grid_comms' order) and the data-parallel gradient
+ * bytes reduced in buckets during backward (dp_overlapped), as one event:
+ * rank r's numbers are at [NV r .. NV r + NG]. Eval and checkpoint traffic is included, so benchmarks run
  * without them. */
 static void log_comm(struct run *run, int steps) {
     struct grid *g = &run->grid;
     int n = g->world_size;
-    enum { NG = 7, NV = NG + 1 };
+    enum { NG = GRID_COMMS - 1, NV = NG + 1 }; /* the groups but world, then dp_overlapped */
     double *v = xcalloc(NV * n, sizeof *v), per = steps > 0 ? steps : 1;
-    struct comm *groups[NG] = {&g->tp_comm,  &g->dp_comm,    &g->pp_comm, &g->ep_comm,
-                               &g->edp_comm, &g->embed_comm, &g->cp_comm};
-    for (int k = 0; k < NG; k++) v[NV * g->world_rank + k] = (double)groups[k]->bytes / per;
+    struct comm *cs[GRID_COMMS];
+    grid_comms(g, cs);
+    for (int k = 0; k < NG; k++) v[NV * g->world_rank + k] = (double)cs[k + 1]->bytes / per;
     v[NV * g->world_rank + NG] = (double)g->dp_comm.overlapped / per;
     comm_all_reduce_sum_f64(&g->world, v, NV * n);
     if (run->rank0 && run->metrics) {
         /* "step": the run's last, so a resume from an earlier step drops this run's event with its steps */
         fprintf(run->metrics, "{\"event\":\"comm\",\"step\":%d,\"steps\":%d,\"bytes_per_step\":[", run->st.step,
                 steps);
-        for (int r = 0; r < n; r++)
-            fprintf(run->metrics,
-                    "%s{\"rank\":%d,\"tp\":%.0f,\"dp\":%.0f,\"pp\":%.0f,\"ep\":%.0f,\"edp\":%.0f,\"embed\":%.0f,"
-                    "\"cp\":%.0f,\"dp_overlapped\":%.0f}",
-                    r ? "," : "", r, v[NV * r], v[NV * r + 1], v[NV * r + 2], v[NV * r + 3], v[NV * r + 4],
-                    v[NV * r + 5], v[NV * r + 6], v[NV * r + 7]);
+        for (int r = 0; r < n; r++) {
+            fprintf(run->metrics, "%s{\"rank\":%d", r ? "," : "", r);
+            for (int k = 0; k < NG; k++) fprintf(run->metrics, ",\"%s\":%.0f", cs[k + 1]->name, v[NV * r + k]);
+            fprintf(run->metrics, ",\"dp_overlapped\":%.0f}", v[NV * r + NG]);
+        }
         fprintf(run->metrics, "]}\n");
         metrics_flush(run);
     }

@@ -80,7 +80,7 @@ const struct recipe_key recipe_keys[] = {
     POS(parallel, tp, "1", "tensor parallel size"),
     POS(parallel, pp, "1", "pipeline parallel size"),
     POS(parallel, ep, "1", "expert parallel size (MoE models only): each MoE layer's experts are split over ep ranks drawn from the tp x cp x dp ranks of a pipeline stage (etp fastest, then ep), so ep must divide tp*cp*dp / etp"),
-    POS(parallel, etp, "1", "expert tensor parallel size, as Megatron's: 1 = each routed expert whole on its EP rank, not replicated over TP (larger sizes are not implemented yet)"),
+    POS(parallel, etp, "1", "expert tensor parallel size, as Megatron's: 1 = each routed expert whole on its EP rank, not replicated over TP; etp > 1 splits each expert's FFN width over etp ranks (drawn with ep from the tp x cp x dp ranks of a pipeline stage, etp fastest), which gather each other's tokens before the experts and sum the partial outputs after"),
     POS(parallel, cp, "1", "context parallel size: each sequence is cut into 2*cp chunks, cp rank r holds chunks r and 2*cp-1-r, and attention passes keys and values around the cp ranks (a ring); dense models on the CPU backend so far"),
     POS(parallel, vpp, "1", "virtual pipeline stages per rank (interleaved 1F1B)"),
     BOOL(parallel, sequence_parallel, "false", "shard norm/dropout activations over TP ranks"),

@@ -241,9 +241,6 @@ static int check_parallel(const struct recipe *r, int world_size) {
     if (p->etp > 1 && expert_width % p->etp)
         return verr(r, "parallel.etp", "etp %d does not divide the experts' width %d (model.moe_intermediate_size)",
                     p->etp, expert_width);
-    if (p->etp > 1)
-        return verr(r, "parallel.etp", "expert tensor parallelism (etp %d) is not implemented yet: set etp 1 "
-                    "(experts whole on each rank, split over ep ranks that may be tensor-parallel peers)", p->etp);
     if (p->ep > 1 && m->num_experts == 0)
         return verr(r, "parallel.ep", "ep %d needs a mixture-of-experts model (model.num_experts > 0)", p->ep);
     if (p->ep > 1 && m->num_experts % p->ep)

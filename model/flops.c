@@ -131,7 +131,7 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     struct memory_estimate e = {0};
     struct param_table t;
     struct model_part part;
-    model_part_for(&part, &r->model, &r->parallel, 0, pp_rank, 0);
+    model_part_for(&part, &r->model, &r->parallel, 0, pp_rank, 0, 0);
     param_table_build(&t, &r->model, &part);
     e.local_params = t.total;
     e.grads = t.total * sizeof(float);

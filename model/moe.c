@@ -91,17 +91,22 @@ static void reserve_scratch(struct transformer *m, int rows) {
     if (rows <= m->moe_scratch_rows) return;
     int cap = grown_rows(m, rows);
     size_t C = m->C, FM = m->FM, ab = m->be->act_bytes, R = (size_t)cap;
+    size_t f32 = m->moe_f32 ? R * C * sizeof(float) + 64 : 0;
     if (m->moe_scratch_mem) m->be->free(m->moe_scratch_mem);
-    char *at = m->moe_scratch_mem = m->be->alloc(2 * (R * C * ab + 64) + 3 * (R * FM * ab + 64));
+    char *at = m->moe_scratch_mem = m->be->alloc(2 * (R * C * ab + 64) + 3 * (R * FM * ab + 64) + f32);
     m->moe_ra = take(m, &at, R * C, ab), m->moe_rb = take(m, &at, R * C, ab);
     m->d_eg = take(m, &at, R * FM, ab), m->d_eu = take(m, &at, R * FM, ab), m->d_eh = take(m, &at, R * FM, ab);
+    if (f32) m->moe_f32 = take(m, &at, R * C, sizeof(float));
     m->moe_scratch_rows = cap;
 }
+
+/* moe_counts' floats: sent and received per expert, then the etp peers' received */
+static size_t counts_len(const struct transformer *m) { return (size_t)(2 + (m->etp > 1 ? m->etp : 0)) * m->E; }
 
 static struct moe_host *host(struct transformer *m) {
     if (m->moe_host) return m->moe_host;
     struct moe_host *h = xcalloc(1, sizeof *h);
-    h->counts = xmalloc(sizeof(float) * 2 * m->E);
+    h->counts = xmalloc(sizeof(float) * counts_len(m));
     m->moe_host = h;
     return h;
 }
@@ -141,15 +146,21 @@ static void route_decisions(struct transformer *m, struct layer_acts *a, int l) 
     be->moe_dispatch(a->pos, a->send_rows, m->moe_counts, a->topi, all, n, k, E, T, r0, B, tpr, capacity(m));
 }
 
-/* ep > 1: exchange the per-expert counts over EP, copy them to the host
- * once (the all-to-all's sizes) and order the received rows by expert. */
+/* ep > 1 or etp > 1: exchange the per-expert counts over EP, gather the
+ * etp peers' (what each received), copy them to the host once (the sizes
+ * of the all-to-all and of the gather) and order the gathered rows by
+ * expert. The etp peers' received rows are gathered peer after peer, each
+ * source-major: etp*ep sources of El experts for moe_expert_order. */
 static void plan_exchange(struct transformer *m, struct layer_acts *a) {
-    int E = m->E, El = m->El, ep = m->ep, C = m->C;
+    int E = m->E, El = m->El, ep = m->ep, etp = m->etp, C = m->C;
     struct moe_plan *p = &a->plan;
     struct moe_host *h = host(m);
-    comm_all_to_all(m->ep_comm, m->moe_counts, m->moe_counts + E, El);
-    m->be->to_host(h->counts, m->moe_counts, sizeof(float) * 2 * E); /* the layer's one copy to the host */
-    const float *cnt = h->counts, *in = h->counts + E;
+    float *sent = m->moe_counts, *recv = sent + E, *peers = recv + E;
+    if (ep > 1) comm_all_to_all(m->ep_comm, sent, recv, El);
+    else m->be->copy(recv, sent, sizeof(float) * E);
+    if (etp > 1) comm_all_gather(m->etp_comm, recv, peers, E);
+    m->be->to_host(h->counts, m->moe_counts, sizeof(float) * counts_len(m)); /* the layer's one copy to the host */
+    const float *cnt = h->counts, *in = h->counts + E, *all = etp > 1 ? h->counts + 2 * E : in;
     p->nsend = p->nrecv = 0;
     for (int r = 0; r < ep; r++) {
         p->send_counts[r] = p->recv_counts[r] = 0;
@@ -159,17 +170,23 @@ static void plan_exchange(struct transformer *m, struct layer_acts *a) {
         }
         p->nsend += p->send_counts[r] / C, p->nrecv += p->recv_counts[r] / C;
     }
-    CHECK(p->nrecv <= m->moe_R);
-    reserve_rows(m, a, p->nrecv);
-    reserve_scratch(m, p->nrecv);
+    p->rows = 0;
+    for (int j = 0; j < etp; j++) {
+        p->etp_displ[j] = p->rows, p->etp_rows[j] = 0;
+        for (int e = 0; e < E; e++) p->etp_rows[j] += (int)all[(size_t)j * E + e];
+        p->rows += p->etp_rows[j];
+    }
+    CHECK(p->rows <= m->moe_R);
+    reserve_rows(m, a, p->rows);
+    reserve_scratch(m, p->rows);
     p->host_off[0] = 0;
     for (int e = 0; e < El; e++) {
         p->host_off[e + 1] = p->host_off[e];
-        for (int s = 0; s < ep; s++) p->host_off[e + 1] += (int)in[s * El + e];
+        for (int s = 0; s < etp * ep; s++) p->host_off[e + 1] += (int)all[s * El + e];
     }
     p->host_off_valid = 1;
-    p->rows = p->nrecv;
-    m->be->moe_expert_order(a->recv_order, a->recv_inverse, a->expert_off, m->moe_counts + E, ep, El, p->nrecv);
+    m->be->moe_expert_order(a->recv_order, a->recv_inverse, a->expert_off, etp > 1 ? peers : recv, etp * ep, El,
+                            p->rows);
 }
 
 /* The first expert-major row of each local expert, [El+1], readable by the
@@ -227,8 +244,12 @@ static void experts_backward(struct transformer *m, struct layer_acts *a, int l,
     }
 }
 
-/* rows source-major (as sent) <-> the EP group; counts are per peer */
+/* rows source-major (as sent) <-> the EP group; counts are per peer (ep 1: a copy) */
 static void exchange(struct transformer *m, const float *in, const int *send, float *out, const int *recv) {
+    if (m->ep == 1) {
+        m->be->copy(out, in, act_size(m, (size_t)send[0]));
+        return;
+    }
     if (m->be->act_bytes == sizeof(float)) {
         comm_all_to_all_v(m->ep_comm, in, send, out, recv);
         return;
@@ -239,6 +260,37 @@ static void exchange(struct transformer *m, const float *in, const int *send, fl
         counts[r] = (int)act_floats(m, (size_t)send[r]), counts[m->ep + r] = (int)act_floats(m, (size_t)recv[r]);
     comm_all_to_all_v(m->ep_comm, in, counts, out, counts + m->ep);
     free(counts);
+}
+
+/* this rank's own received rows within the etp peers' gathered rows */
+static float *own_rows(const struct transformer *m, const struct moe_plan *p, float *rows) {
+    return act_at(m, rows, (size_t)p->etp_displ[m->etp > 1 ? m->etp_comm->rank : 0] * m->C);
+}
+
+/* etp > 1: every etp peer's received rows on every peer (each placed its own at own_rows) */
+static void etp_gather(struct transformer *m, const struct moe_plan *p, float *rows) {
+    if (m->etp == 1) return;
+    int etp = m->etp, C = m->C, *counts = xmalloc(sizeof(int) * 2 * etp), *displs = counts + etp;
+    for (int j = 0; j < etp; j++) counts[j] = p->etp_rows[j] * C, displs[j] = p->etp_displ[j] * C;
+    comm_wait_ticket(m->etp_comm, comm_all_gather_v_start(m->etp_comm, rows, m->be->act_bytes, counts, displs));
+    free(counts);
+}
+
+/* etp > 1: the peers' partial rows (each expert slice's share of the output
+ * or input gradient) summed into each peer's own rows (own_rows): a reduce
+ * onto each peer of its part, in fp32 */
+static void etp_reduce(struct transformer *m, const struct moe_plan *p, float *rows) {
+    if (m->etp == 1) return;
+    size_t n = (size_t)p->rows * m->C;
+    float *f = m->moe_f32 ? m->moe_f32 : rows;
+    if (m->moe_f32) m->be->from_storage(f, rows, n);
+    for (int j = 0; j < m->etp; j++)
+        comm_reduce_sum_start(m->etp_comm, f + (size_t)p->etp_displ[j] * m->C, (size_t)p->etp_rows[j] * m->C, j);
+    comm_wait_all(m->etp_comm);
+    if (m->moe_f32) {
+        size_t own = (size_t)p->etp_displ[m->etp_comm->rank] * m->C;
+        m->be->to_storage(act_at(m, rows, own), f + own, (size_t)p->etp_rows[m->etp_comm->rank] * m->C);
+    }
 }
 
 void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float *x, float *out) {
@@ -254,7 +306,7 @@ void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float
         be->moe_route_forward(a->probs, a->lse, a->topi, a->topw, a->logits, n, E, k);
     route_decisions(m, a, l);
     p->host_off_valid = 0;
-    if (m->ep == 1) {
+    if (m->ep == 1 && m->etp == 1) {
         /* the kept rows come first in send order, which is expert-major, and fit R (moe_expert_rows) */
         p->rows = n * k < m->moe_R ? n * k : m->moe_R;
         be->gather_rows(a->xe, x, a->send_rows, p->rows, C);
@@ -262,13 +314,17 @@ void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float
         experts_forward(m, a, l, a->y);
     } else {
         plan_exchange(m, a);
-        /* tokens to their experts' ranks, then expert-major; the outputs back in the order they were sent */
+        /* tokens to their experts' ranks (and every etp peer's to each), then expert-major; the outputs (summed
+         * over the etp slices) back in the order they were sent */
+        float *own = own_rows(m, p, m->moe_ra);
         be->gather_rows(m->moe_send, x, a->send_rows, p->nsend, C);
-        exchange(m, m->moe_send, p->send_counts, m->moe_ra, p->recv_counts);
-        be->gather_rows(a->xe, m->moe_ra, a->recv_order, p->nrecv, C);
+        exchange(m, m->moe_send, p->send_counts, own, p->recv_counts);
+        etp_gather(m, p, m->moe_ra);
+        be->gather_rows(a->xe, m->moe_ra, a->recv_order, p->rows, C);
         experts_forward(m, a, l, m->moe_rb);
-        be->gather_rows(m->moe_ra, m->moe_rb, a->recv_inverse, p->nrecv, C);
-        exchange(m, m->moe_ra, p->recv_counts, a->y, p->send_counts);
+        be->gather_rows(m->moe_ra, m->moe_rb, a->recv_inverse, p->rows, C);
+        etp_reduce(m, p, m->moe_ra);
+        exchange(m, own, p->recv_counts, a->y, p->send_counts);
     }
     be->moe_combine(out, a->y, a->pos, a->topw, n, k, C, 0);
 }
@@ -281,16 +337,18 @@ void moe_backward(struct transformer *m, struct layer_acts *a, int l, const floa
     int n = m->moe_n, k = m->K, E = m->E, C = m->C;
     /* d(gate-weighted sum): rows for the experts, gradients of the gate weights */
     be->moe_combine_backward(m->moe_send, m->d_topw, d_out, a->y, a->pos, a->topw, n, k, C);
-    if (m->ep == 1) { /* the input gradients' rows go where y was (read for the last time above): n*k rows */
+    if (m->ep == 1 && m->etp == 1) { /* the input gradients' rows go where y was (read for the last time above) */
         experts_backward(m, a, l, m->moe_send, a->y);
         be->moe_combine(d_x, a->y, a->pos, NULL, n, k, C, 0); /* summed per token */
     } else {
-        exchange(m, m->moe_send, p->send_counts, m->moe_ra, p->recv_counts);
-        be->gather_rows(m->moe_rb, m->moe_ra, a->recv_order, p->nrecv, C);
+        exchange(m, m->moe_send, p->send_counts, own_rows(m, p, m->moe_ra), p->recv_counts);
+        etp_gather(m, p, m->moe_ra);
+        be->gather_rows(m->moe_rb, m->moe_ra, a->recv_order, p->rows, C);
         experts_backward(m, a, l, m->moe_rb, m->moe_ra);
-        /* input gradients back to the source ranks, then summed per token */
-        be->gather_rows(m->moe_rb, m->moe_ra, a->recv_inverse, p->nrecv, C);
-        exchange(m, m->moe_rb, p->recv_counts, m->moe_send, p->send_counts);
+        /* input gradients (summed over the etp slices) back to the source ranks, then summed per token */
+        be->gather_rows(m->moe_rb, m->moe_ra, a->recv_inverse, p->rows, C);
+        etp_reduce(m, p, m->moe_rb);
+        exchange(m, own_rows(m, p, m->moe_rb), p->recv_counts, m->moe_send, p->send_counts);
         be->moe_combine(d_x, m->moe_send, a->pos, NULL, n, k, C, 0);
     }
     /* the router: gate weights, load-balancing and z-loss gradients */

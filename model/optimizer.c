@@ -164,8 +164,10 @@ static double group_sum_squares(struct optimizer *o, struct opt_group *gr, const
     for (int i = gr->first; i < gr->first + gr->count; i++) {
         const struct param_info *p = &t->items[i];
         if (p->stage_copy) continue; /* the first stage counts the embedding */
-        if (p->shard == SHARD_REPLICATED && !p->expert && t->tp_rank != 0) continue; /* the same on every TP rank */
-        if (p->shard != SHARD_REPLICATED && t->tp_rank % (t->tp / p->parts)) continue; /* a shared block: once */
+        /* a routed expert's slice is counted by each holder (the edp replicas above: once); a dense tensor
+         * replicated over TP once, a block shared by TP ranks once */
+        if (!p->expert && p->shard == SHARD_REPLICATED && t->tp_rank != 0) continue;
+        if (!p->expert && p->shard != SHARD_REPLICATED && t->tp_rank % (t->tp / p->parts)) continue;
         size_t off, n;
         if (!intersect(p, gr->shard_begin, gr->shard_len, &off, &n)) continue;
         if (run_len && off == run_off + run_len) {

@@ -70,11 +70,11 @@ int model_rope_dim(const struct model_config *m) {
 
 void model_part_full(struct model_part *p, const struct model_config *m) {
     struct parallel_config one = {.tp = 1, .pp = 1, .vpp = 1, .cp = 1, .ep = 1};
-    model_part_for(p, m, &one, 0, 0, 0);
+    model_part_for(p, m, &one, 0, 0, 0, 0);
 }
 
 void model_part_for(struct model_part *p, const struct model_config *m, const struct parallel_config *par,
-                    int tp_rank, int pp_rank, int ep_rank) {
+                    int tp_rank, int pp_rank, int ep_rank, int etp_rank) {
     int tp = par->tp, pp = par->pp, vpp = pp > 1 ? par->vpp : 1, L = m->num_layers;
     int first = pp > 1 ? par->first_stage_layers : 0, last = pp > 1 ? par->last_stage_layers : 0;
     memset(p, 0, sizeof *p);
@@ -101,6 +101,7 @@ void model_part_for(struct model_part *p, const struct model_config *m, const st
     p->has_head = pp_rank == pp - 1;
     p->embed_copy = p->has_head && !p->has_embed && model_head_uses_embed(m);
     p->ep = par->ep > 0 ? par->ep : 1, p->ep_rank = ep_rank;
+    p->etp = par->etp > 0 ? par->etp : 1, p->etp_rank = etp_rank;
     int per = m->num_experts / p->ep;
     p->expert_begin = ep_rank * per, p->expert_end = (ep_rank + 1) * per;
 }
@@ -198,20 +199,24 @@ static void add_mtp(struct builder *b, int d) {
 }
 
 /* The routed experts of MoE layer l (Mixtral names w1 gate, w2 down, w3 up;
- * DeepSeek gate_proj, down_proj, up_proj), whole on the EP rank that owns them. */
+ * DeepSeek gate_proj, down_proj, up_proj) on the EP rank that owns them:
+ * whole at etp 1, else slice etp_rank of their FFN width (gate and up by
+ * rows, down by columns, as a tensor-parallel SwiGLU). */
 static void add_experts(struct builder *b, const struct model_part *part, int l) {
     static const char *const mixtral[3] = {"w1", "w2", "w3"}, *const deepseek[3] = {"gate_proj", "down_proj", "up_proj"};
     const struct model_config *m = b->m;
-    int C = m->hidden_size, FM = model_moe_ffn_size(m), ds = model_is_mla(m);
+    int C = m->hidden_size, FM = model_moe_ffn_size(m), ds = model_is_mla(m), etp = part->etp;
     char suffix[96];
     if (!model_layer_is_moe(m, l)) return;
     for (int e = part->expert_begin; e < part->expert_end; e++)
         for (int k = 0; k < 3; k++) {
             snprintf(suffix, sizeof suffix, ds ? "mlp.experts.%d.%s.weight" : "block_sparse_moe.experts.%d.%s.weight", e,
                      ds ? deepseek[k] : mixtral[k]);
-            struct param_info *p = layer_add(b, l, suffix, k == 1 ? C : FM, k == 1 ? FM : C, SHARD_REPLICATED,
-                                             PARAM_MATRIX, k == 1 ? b->out_std : b->std, 1);
+            enum shard_rule rule = etp == 1 ? SHARD_REPLICATED : k == 1 ? SHARD_TP_COLS : SHARD_TP_ROWS;
+            struct param_info *p = layer_add(b, l, suffix, k == 1 ? C : FM, k == 1 ? FM : C, rule, PARAM_MATRIX,
+                                             k == 1 ? b->out_std : b->std, etp);
             p->expert = 1; /* its replicas are the edp group: no TP reduction of its own */
+            p->part = etp == 1 ? 0 : part->etp_rank;
         }
 }
 

@@ -66,6 +66,7 @@ struct model_part {
     int has_embed, has_head;    /* chunk 0 has the embedding / chunk nchunks-1 the head */
     int embed_copy;             /* the last of pp > 1 stages also holds the embedding (model_head_uses_embed) */
     int ep, ep_rank;            /* expert parallelism: this rank owns experts [expert_begin, expert_end) */
+    int etp, etp_rank;          /* ... and slice etp_rank of etp of each one's FFN width (parallel/grid.h) */
     int expert_begin, expert_end;
 };
 
@@ -96,10 +97,11 @@ int model_head_uses_embed(const struct model_config *m);
 /* The whole model on one rank. */
 void model_part_full(struct model_part *p, const struct model_config *m);
 /* The part of pipeline rank pp_rank, tensor-parallel rank tp_rank,
- * expert-parallel rank ep_rank in layout par (tp, pp, vpp, ep and the
- * optional uneven first/last stage sizes). */
+ * expert-parallel rank ep_rank and expert-tensor-parallel rank etp_rank in
+ * layout par (tp, pp, vpp, ep, etp and the optional uneven first/last stage
+ * sizes). */
 void model_part_for(struct model_part *p, const struct model_config *m, const struct parallel_config *par,
-                    int tp_rank, int pp_rank, int ep_rank);
+                    int tp_rank, int pp_rank, int ep_rank, int etp_rank);
 /* Build the table of the tensors `part` holds (names and global shapes are
  * those of the whole model; local shapes are the TP shard). */
 void param_table_build(struct param_table *t, const struct model_config *m, const struct model_part *part);

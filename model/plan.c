@@ -110,7 +110,7 @@ static struct cost layer_cost(const struct ctx *c, int moe) {
 static struct cost stage_cost(const struct ctx *c, int p) {
     const struct model_config *m = &c->r->model;
     struct model_part part;
-    model_part_for(&part, m, &c->r->parallel, 0, p, 0);
+    model_part_for(&part, m, &c->r->parallel, 0, p, 0, 0);
     struct cost dense = layer_cost(c, 0), moe = m->num_experts ? layer_cost(c, 1) : dense, t = {0};
     for (int ch = 0; ch < part.nchunks; ch++)
         for (int l = part.layer_begin[ch]; l < part.layer_end[ch]; l++) {
@@ -171,7 +171,7 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
      * overlapped with the last micro batch's backward (and the gather with the next forward) when on */
     struct param_table t;
     struct model_part part;
-    model_part_for(&part, &r->model, par, 0, 0, 0);
+    model_part_for(&part, &r->model, par, 0, 0, 0, 0);
     param_table_build(&t, &r->model, &part);
     double local = (double)t.total;
     int fe = param_table_first_expert(&t);

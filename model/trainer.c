@@ -48,17 +48,17 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     tr->eval_len = schedule_build_forward(tr->eval_schedule, vpp, m);
     int slots = schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp);
     struct model_part part;
-    model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank, g->ep_rank);
+    model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank, g->ep_rank, g->etp_rank);
     /* ZeRO-1 with a working copy: each rank keeps the fp32 master of its shard only (of either group: the
      * dense tensors over dp, the routed experts over edp) */
     int zero = r->optimizer.distributed && (g->dp_comm.size > 1 || (r->model.num_experts > 0 && g->edp > 1));
     int shard_master = zero && be->precision != PRECISION_FP32;
     transformer_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots,
                        recompute_mode(r->train.recompute), shard_master);
-    tr->model.ep_comm = &g->ep_comm;
+    tr->model.ep_comm = &g->ep_comm, tr->model.etp_comm = &g->etp_comm;
     if (g->cp > 1 && !be->attention_block_forward)
-        die_code(EXIT_USAGE, "parallel.cp %d: context parallelism runs on the CPU backend only so far (train.device: cpu)",
-                 g->cp);
+        die_code(EXIT_USAGE, "parallel.cp %d: the %s backend has no context-parallel attention (kernels/ops.h "
+                 "attention_block_forward)", g->cp, be->name);
     transformer_set_cp(&tr->model, g->cp, g->cp_rank, &g->cp_comm, r->train.seq_len);
     const char *sc = r->train.fp8_scaling;
     struct fp8_recipe fp8 = {.scaling = !strcmp(sc, "block")     ? FP8_SCALING_BLOCK

@@ -196,7 +196,8 @@ static void layout_arena(struct transformer *m, struct carver *c) {
         m->d_eh = carve_act(c, R * FM);
         m->d_topw = carve(c, n * k);
         m->d_logits = carve_act(c, n * E);
-        m->moe_counts = carve(c, 2 * E);
+        m->moe_counts = carve(c, (2 + (m->etp > 1 ? m->etp : 0)) * E);
+        if (m->etp > 1 && m->be->act_bytes != sizeof(float)) m->moe_f32 = carve(c, R * C);
         m->moe_tp_counts = carve(c, (size_t)(m->tp + (m->tp > 1)) * m->B * E);
     }
     if (m->mtp_depth) {
@@ -235,12 +236,14 @@ static void set_dims(struct transformer *m, const struct model_config *cfg, cons
         m->n_moe_layers += model_layer_is_moe(cfg, l) && is_local_layer(part, m->L, l);
     }
     if (cfg->num_experts > 0) {
-        m->E = cfg->num_experts, m->K = cfg->experts_per_token, m->FM = model_moe_ffn_size(cfg);
+        m->E = cfg->num_experts, m->K = cfg->experts_per_token, m->etp = part->etp;
+        m->FM = model_moe_ffn_size(cfg) / m->etp;
         m->ep = part->ep, m->El = m->E / m->ep;
         m->moe_n = m->N / m->tp, m->moe_r0 = part->tp_rank * m->moe_n;
-        m->moe_R = moe_expert_rows(cfg, m->moe_n, m->T, m->ep);
-        m->moe_R0 = moe_initial_rows(cfg, m->moe_n, m->T, m->ep);
-        m->Fs = cfg->moe_shared_experts * m->FM / m->tp;
+        /* the etp peers' rows are gathered: each expert slice sees etp ranks' received rows */
+        m->moe_R = moe_expert_rows(cfg, m->moe_n, m->T, m->ep) * m->etp;
+        m->moe_R0 = moe_initial_rows(cfg, m->moe_n, m->T, m->ep) * m->etp;
+        m->Fs = cfg->moe_shared_experts * model_moe_ffn_size(cfg) / m->tp;
         m->sigmoid = !strcmp(cfg->moe_score_func, "sigmoid");
     }
 }
@@ -357,8 +360,9 @@ static void bind_layers(struct transformer *m, float *buf, struct layer_weights 
 
 /* Host-side dispatch plan arrays: counts per EP peer and local expert. */
 static void alloc_plan(struct transformer *m, struct moe_plan *p) {
-    p->send_counts = xcalloc(2 * m->ep, sizeof(int));
+    p->send_counts = xcalloc(2 * m->ep + 2 * m->etp, sizeof(int));
     p->recv_counts = p->send_counts + m->ep;
+    p->etp_rows = p->recv_counts + m->ep, p->etp_displ = p->etp_rows + m->etp;
     p->host_off = xcalloc(m->El + 1, sizeof(int32_t));
 }
 

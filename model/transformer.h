@@ -32,8 +32,9 @@ struct layer_weights {
 /* Host-side dispatch plan of one MoE layer for one micro batch (the
  * decisions themselves live on the device, model/moe.c). */
 struct moe_plan {
-    int nsend, nrecv;            /* ep > 1: rows sent to / received from the EP group */
-    int *send_counts, *recv_counts; /* [ep] floats per peer (ep > 1) */
+    int nsend, nrecv;            /* ep > 1 or etp > 1: rows sent to / received from the EP group */
+    int *send_counts, *recv_counts; /* [ep] floats per peer (ep > 1 or etp > 1) */
+    int *etp_rows, *etp_displ;   /* [etp] rows each etp peer received, and where they start in the gathered rows */
     int rows;                    /* rows of the expert-major buffers in use (ep 1: a bound on them) */
     int32_t *host_off;           /* [El+1] the experts' first rows, when host_off_valid (model/moe.c) */
     int host_off_valid;
@@ -120,13 +121,15 @@ struct transformer {
     int cp, cp_rank;
     struct comm *cp_comm;
     void *cp_scratch;
-    /* mixture of experts: E experts, top K, expert FFN FM; El local of ep;
+    /* mixture of experts: E experts, top K, expert FFN FM (this rank's slice of etp); El local of ep;
      * each TP rank routes tokens [moe_r0, moe_r0 + moe_n) of the micro batch */
-    int E, K, FM, El, ep, moe_n, moe_r0, moe_R, n_moe_layers;
-    int moe_R0;                  /* rows of the expert buffers at first: moe_R at ep 1, else moe_initial_rows */
+    int E, K, FM, El, ep, etp, moe_n, moe_r0, moe_R, n_moe_layers;
+    int moe_R0;                  /* rows of the expert buffers at first: moe_R at ep 1, else moe_initial_rows
+                                  * (both x etp: the etp peers' rows are gathered) */
     int Fs;                      /* shared experts' SwiGLU width on this TP rank (0: none) */
     int sigmoid;                 /* DeepSeek-V3 sigmoid routing (kernels/ops.h moe_route_sigmoid_*) */
     struct comm *ep_comm;        /* expert-parallel group (NULL or size 1: none) */
+    struct comm *etp_comm;       /* expert-tensor-parallel group (etp 1: none) */
     float moe_aux_scale, moe_z_scale; /* loss coefficients / (sequences per step * MoE layers) */
     int moe_collect;             /* forward of a training step: accumulate the statistics below */
     double *moe_metrics;         /* backend memory [L][E+3]: this step's statistics (kernels/ops.h moe_route_balance) */
@@ -163,7 +166,9 @@ struct transformer {
     int moe_grew;                /* expert buffers grew past moe_R0 (said once) */
     void *moe_scratch_mem;       /* its own allocation once grown (model/moe.c) */
     float *d_topw, *d_logits;    /* [n*k], [n*E] */
-    float *moe_counts;           /* [2E] kept rows per expert: sent, received */
+    float *moe_counts;           /* [2E] kept rows per expert: sent, received; then [etp, E] the etp peers'
+                                  * received (etp > 1) */
+    float *moe_f32;              /* [R, C] fp32: the etp peers' partial rows summed (etp > 1, 2-byte storage) */
     float *moe_tp_counts;        /* [tp,B,E] selections per sequence and expert of each TP rank (then this rank's) */
     void *moe_host;              /* host scratch for the plan (model/moe.c) */
     float *d_attn, *d_q, *d_k, *d_v, *d_gate, *d_up, *d_h;

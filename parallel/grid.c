@@ -204,24 +204,31 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
     g->etp_rank = q % g->etp, g->ep_rank = q / g->etp % g->ep, g->edp_rank = q / (g->etp * g->ep);
     make_comm(&g->ep_comm, "ep", (pp * g->edp + g->edp_rank) * g->etp + g->etp_rank, g->ep_rank);
     make_comm(&g->edp_comm, "edp", (pp * g->ep + g->ep_rank) * g->etp + g->etp_rank, g->edp_rank);
+    make_comm(&g->etp_comm, "etp", (pp * g->edp + g->edp_rank) * g->ep + g->ep_rank, g->etp_rank);
     /* the ends of each pipeline pair up; a middle stage gets a group of its own */
     int end = g->pp > 1 && (pp == 0 || pp == g->pp - 1);
     int position = (dp * g->cp + cp) * g->tp + tp;
     make_comm(&g->embed_comm, "embed", end ? position : g->world_size + g->world_rank, pp);
 }
 
+int grid_comms(struct grid *g, struct comm **out) {
+    struct comm *cs[GRID_COMMS] = {&g->world,    &g->tp_comm,    &g->dp_comm, &g->pp_comm, &g->ep_comm,
+                                   &g->edp_comm, &g->embed_comm, &g->cp_comm, &g->etp_comm};
+    memcpy(out, cs, sizeof cs);
+    return GRID_COMMS;
+}
+
 void grid_single(struct grid *g) {
     memset(g, 0, sizeof *g);
     g->world_size = g->local_size = g->tp = g->cp = g->ep = g->etp = g->dp = g->pp = g->vpp = g->edp = 1;
-    struct comm *cs[] = {&g->world,   &g->tp_comm,  &g->dp_comm,    &g->pp_comm,
-                         &g->ep_comm, &g->edp_comm, &g->embed_comm, &g->cp_comm};
-    const char *names[] = {"world", "tp", "dp", "pp", "ep", "edp", "embed", "cp"};
-    for (int i = 0; i < 8; i++) cs[i]->size = 1, cs[i]->name = names[i];
+    struct comm *cs[GRID_COMMS];
+    const char *names[GRID_COMMS] = {"world", "tp", "dp", "pp", "ep", "edp", "embed", "cp", "etp"};
+    for (int i = 0, n = grid_comms(g, cs); i < n; i++) cs[i]->size = 1, cs[i]->name = names[i];
 }
 
 void grid_stage_device(struct grid *g, const struct backend *be) {
-    g->tp_comm.stage = g->dp_comm.stage = g->pp_comm.stage = g->ep_comm.stage = g->edp_comm.stage = be;
-    g->embed_comm.stage = g->cp_comm.stage = be;
+    struct comm *cs[GRID_COMMS];
+    for (int i = 1, n = grid_comms(g, cs); i < n; i++) cs[i]->stage = be; /* all but world */
 }
 
 /* How many other ranks of the world drive this rank's GPU as NCCL sees it:
@@ -249,17 +256,20 @@ int grid_ranks_sharing_gpu(struct grid *g) {
     return shared;
 }
 
-void grid_use_nccl(struct grid *g, int with_edp, int with_embed) {
-    struct comm *cs[] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->ep_comm, &g->edp_comm, &g->embed_comm, &g->cp_comm};
-    int used[] = {1, 1, 1, 1, with_edp, with_embed, 1};
-    for (int i = 0; i < 7; i++)
-        if (cs[i]->size > 1 && used[i]) comm_nccl_init(cs[i]);
+void grid_use_nccl(struct grid *g, int with_experts, int with_embed) {
+    struct comm *cs[GRID_COMMS];
+    int n = grid_comms(g, cs);
+    for (int i = 1; i < n; i++) { /* all but world */
+        int used = cs[i] == &g->edp_comm || cs[i] == &g->etp_comm ? with_experts
+                   : cs[i] == &g->embed_comm                      ? with_embed
+                                                                   : 1;
+        if (cs[i]->size > 1 && used) comm_nccl_init(cs[i]);
+    }
 }
 
 void grid_free(struct grid *g) {
-    struct comm *cs[] = {&g->world,   &g->tp_comm,  &g->dp_comm,    &g->pp_comm,
-                         &g->ep_comm, &g->edp_comm, &g->embed_comm, &g->cp_comm};
-    for (int i = 0; i < 8; i++) {
+    struct comm *cs[GRID_COMMS];
+    for (int i = 0, n = grid_comms(g, cs); i < n; i++) {
         comm_nccl_free(cs[i]);
         comm_free_staging(cs[i]);
         if (!cs[i]->handle) continue;

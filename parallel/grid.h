@@ -12,23 +12,31 @@ struct grid {
     /* The routed experts have a grid of their own over the tp x cp x dp ranks
      * of a pipeline stage, as Megatron's: numbered q = tp_rank + tp * (cp_rank
      * + cp * dp_rank), q = etp_rank + etp * (ep_rank + ep * edp_rank). With
-     * etp 1 (the only size implemented) experts are split over ep ranks that
-     * may be tensor-parallel peers, never replicated over TP for its own sake.
+     * etp 1 experts are whole, split over ep ranks that may be
+     * tensor-parallel peers, never replicated over TP for its own sake; with
+     * etp > 1 each expert's FFN width is split over etp ranks as well.
      * ep_comm joins the ep ranks that split the experts (all-to-all dispatch);
-     * edp_comm the edp = tp*cp*dp / (etp*ep) ranks that hold the same experts
-     * (their gradients' reduction). */
+     * etp_comm the etp ranks that split the same experts' width (rows
+     * gathered before the experts, partial outputs summed after);
+     * edp_comm the edp = tp*cp*dp / (etp*ep) ranks that hold the same expert
+     * slices (their gradients' reduction). */
     int etp, etp_rank, edp, edp_rank;
     /* dp_comm sums the gradients: the dp ranks and, under context
      * parallelism, their cp peers (dp x cp ranks; ZeRO-1 shards over it).
      * cp_comm: the ranks holding the other chunks of the same sequences
      * (the attention ring, model/cp_attention.h). */
-    struct comm world, tp_comm, dp_comm, pp_comm, ep_comm, edp_comm, cp_comm;
+    struct comm world, tp_comm, dp_comm, pp_comm, ep_comm, edp_comm, cp_comm, etp_comm;
     /* The embedding group: the first and the last pipeline stage of each
      * (tp, cp, dp) position, which both hold the embedding when the head
      * uses it (tied embeddings, MTP); their gradients are summed over it.
      * Size 1 (no calls) on middle stages and without pipeline parallelism. */
     struct comm embed_comm;
 };
+
+/* The grid's communicators, world first, in one fixed order (every rank
+ * walks them alike); returns how many (at most GRID_COMMS). */
+#define GRID_COMMS 9
+int grid_comms(struct grid *g, struct comm **out);
 
 /* MPI_Init (a singleton run works without mpirun). Safe to call once. */
 void parallel_init(int *argc, char ***argv);
@@ -50,13 +58,13 @@ void grid_free(struct grid *g);
 /* The model's groups (tp, dp, pp) carry device memory of backend be: their
  * calls stage it through host buffers (see struct comm). world stays host. */
 void grid_stage_device(struct grid *g, const struct backend *be);
-/* GPU ranks: the groups that carry device tensors (tp, dp, pp, ep, and edp
- * and embed where the model uses them: routed experts, a head or MTP that
+/* GPU ranks: the groups that carry device tensors (tp, dp, pp, ep, cp, and
+ * edp, etp and embed where the model uses them: routed experts, a head or MTP that
  * reads the embedding) get NCCL communicators, each of size > 1 (collective
  * over the world; the GPU must be chosen). A communicator holds GPU memory
  * and takes time to set up, so an unused group gets none (a call on it
  * would go over MPI). */
-void grid_use_nccl(struct grid *g, int with_edp, int with_embed);
+void grid_use_nccl(struct grid *g, int with_experts, int with_embed);
 /* How many other ranks drive this rank's GPU (the same host and PCI bus id;
  * collective over the world): NCCL needs a GPU per rank. Whether each rank
  * sees every GPU of its node or only its own. */

@@ -70,6 +70,11 @@ void cuda_copy_cols(float *dst, int ldd, const float *src, int lds, int rows, in
 void cuda_attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
                             int H, int KVH, int D, int Dv);
 size_t cuda_attention_state_floats(int B, int H, int T);
+void cuda_attention_block_forward(float *o, float *lse, const float *q, const float *k, const float *v, int B, int c,
+                                  int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1, int first);
+void cuda_attention_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                   const float *lse, const float *q, const float *k, const float *v, int B, int c,
+                                   int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1);
 void cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *att,
                              const float *q, const float *k, const float *v, int B, int T, int H, int KVH, int D, int Dv);
 void cuda_attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,

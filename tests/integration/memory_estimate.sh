@@ -84,4 +84,10 @@ check moe_tp2_zero_bf16_edp2 2 parallel.tp=2 optimizer.distributed=true train.pr
 awk -v r="$replicated_peak" -v s="$split_peak" -v n=$((4 * 8 * 3 * 384 * 1024)) \
     'BEGIN {exit (r - s) * 1048576 >= 0.85 * 16 * n / 2 ? 0 : 1}' && pass mem_etp1_experts_split_saving ||
     fail mem_etp1_experts_split_saving "peak $replicated_peak MiB with the experts replicated over tp 2, $split_peak MiB split"
+# etp 2: each expert's width split over the TP pair (the gathered rows are twice one rank's, half as wide);
+# it too saves half the experts' 16 bytes per parameter against their replicas
+check moe_tp2_etp2 2 parallel.tp=2 parallel.etp=2
+awk -v r="$replicated_peak" -v s="$LAST_GOT" -v n=$((4 * 8 * 3 * 384 * 1024)) \
+    'BEGIN {exit (r - s) * 1048576 >= 0.85 * 16 * n / 2 ? 0 : 1}' && pass mem_etp2_experts_split_saving ||
+    fail mem_etp2_experts_split_saving "peak $replicated_peak MiB with the experts replicated over tp 2, $LAST_GOT MiB at etp 2"
 exit $FAILED

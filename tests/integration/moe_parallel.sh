@@ -1,5 +1,6 @@
 # Mixture of experts on CPU under mpiexec (oversubscribed): expert parallelism
-# alone and with tp (etp 1: the EP group drawn from tp x dp), pp, dp, sequence
+# alone and with tp (the EP group drawn from tp x dp), expert tensor
+# parallelism (etp 2: each expert's width split), pp, dp, sequence
 # parallel and ZeRO-1 trains the same model as one rank; capacity drops are the
 # same; checkpoints move across EP and TP layouts directly and through `mtrain
 # convert --ep`, each expert stored once; the all-to-all payload equals its
@@ -39,6 +40,12 @@ layouts=(
     "tp2_ep2 2 1 1 2" "tp2_ep4 2 1 2 4" "tp2_ep4_sp_zero 2 1 2 4 parallel.sequence_parallel=true optimizer.distributed=true"
     "tp2_pp2_ep2 2 2 1 2" "tp2_ep1_zero 2 1 1 1 optimizer.distributed=true"
     "tp2_ep2_full 2 1 1 2 train.recompute=full"
+    # etp 2: each expert's FFN width split over 2 ranks, which gather each other's rows before the
+    # experts and sum the partial outputs after (model/moe.c): the TP pair (ep 1), TP pair x ep 2 with
+    # full recompute and grown buffers, the DP pair under ZeRO-1 (dp 2, tp 1), and with pp 2 and SP
+    "tp2_etp2 2 1 1 1 parallel.etp=2" "tp2_etp2_ep2_full_grown 2 1 2 2 parallel.etp=2 train.recompute=full model.moe_rows_headroom=1"
+    "dp2_etp2_zero 1 1 2 1 parallel.etp=2 optimizer.distributed=true"
+    "tp2_pp2_etp2_sp 2 2 1 1 parallel.etp=2 parallel.sequence_parallel=true"
 )
 for spec in "${layouts[@]}"; do
     set -- $spec
@@ -79,18 +86,23 @@ run_np 4 pretrain r.yaml --set train.steps=40 --set parallel.ep=4 --set checkpoi
     --stop-after 20 >/dev/null 2>&1 || fail moe_save_ep4 "exit $?"
 run_np 4 pretrain r.yaml --set train.steps=40 --set parallel.tp=2 --set parallel.ep=4 --set checkpoint.dir=s_tp2_ep4 \
     --set log.dir=s_tp2_ep4 --stop-after 20 >/dev/null 2>&1 || fail moe_save_tp2_ep4 "exit $?"
+run_np 4 pretrain r.yaml --set train.steps=40 --set parallel.tp=2 --set parallel.ep=2 --set parallel.etp=2 \
+    --set checkpoint.dir=s_tp2_etp2_ep2 --set log.dir=s_tp2_etp2_ep2 --stop-after 20 >/dev/null 2>&1 ||
+    fail moe_save_tp2_etp2_ep2 "exit $?"
+# target source ranks tp ep [etp]
 for spec in "direct_ep1 s_ep4 1 1 1" "direct_ep2 s_ep4 2 1 2" "convert_ep1 s_ep4 1 1 1" "convert_ep2 s_ep4 2 1 2" \
     "direct_tp2_ep2 s_ep4 2 2 2" "direct_tp2_to_ep2 s_tp2_ep4 2 1 2" "convert_tp2_to_tp2_ep2 s_tp2_ep4 2 2 2" \
-    "direct_tp2_to_ep1 s_tp2_ep4 1 1 1"; do
+    "direct_tp2_to_ep1 s_tp2_ep4 1 1 1" "direct_etp2_to_ep4 s_tp2_etp2_ep2 4 1 4" \
+    "convert_etp2_to_dp2_etp2 s_tp2_etp2_ep2 2 1 1 2" "direct_ep4_to_tp2_etp2 s_ep4 2 2 1 2"; do
     set -- $spec
-    target=$1 src=$2 np=$3 tp=$4 ep=$5
+    target=$1 src=$2 np=$3 tp=$4 ep=$5 etp=${6:-1}
     cp -r $src $target
     if [ "${target%%_*}" = convert ]; then
-        rm -rf $target && "$MTRAIN" convert $src $target --tp $tp --dp $((np / tp)) --ep $ep >"$TMP/out" 2>&1 ||
+        rm -rf $target && "$MTRAIN" convert $src $target --tp $tp --dp $((np / tp)) --ep $ep --etp $etp >"$TMP/out" 2>&1 ||
             fail moe_${target}_convert "$(cat "$TMP/out")"
     fi
-    run_np $np pretrain r.yaml --set train.steps=40 --set parallel.tp=$tp --set parallel.ep=$ep --set checkpoint.dir=$target \
-        --set log.dir=$target >"$TMP/out" 2>&1
+    run_np $np pretrain r.yaml --set train.steps=40 --set parallel.tp=$tp --set parallel.ep=$ep --set parallel.etp=$etp \
+        --set checkpoint.dir=$target --set log.dir=$target >"$TMP/out" 2>&1
     if grep -q "resumed from $target/step-000000020" "$TMP/out" &&
         paste <(metric long/metrics.jsonl loss | tail -20) <(metric $target/metrics.jsonl loss | tail -20) |
         awk '{n++; d=$1-$2; if (d<0) d=-d; if (d/$1 > 1e-5) bad=1} END{exit (n == 20 && !bad) ? 0 : 1}'; then
@@ -110,6 +122,20 @@ print(len(names), len(set(names)))" $ck/manifest.json 2>&1)
     [ "$n" = "72 72" ] && pass moe_experts_stored_once_${ck%%/*} ||
         fail moe_experts_stored_once_${ck%%/*} "expert tensors (entries, distinct names) $n, want 72 72"
 done
+# at etp 2 each expert tensor is stored as two slices, each once: 144 entries of 72 names, 144 (name, part)
+n=$("$PY" -c "
+import json, sys
+ts = [t for t in json.load(open(sys.argv[1]))['tensors'] if 'experts' in t['name']]
+print(len(ts), len({t['name'] for t in ts}), len({(t['name'], t['part']) for t in ts}), {t['parts'] for t in ts})" \
+    s_tp2_etp2_ep2/step-000000020/manifest.json 2>&1)
+[ "$n" = "144 72 144 {2}" ] && pass moe_experts_etp2_slices_stored_once ||
+    fail moe_experts_etp2_slices_stored_once "expert tensors (entries, names, slices, parts) $n, want 144 72 144 {2}"
+"$MTRAIN" convert --info s_tp2_etp2_ep2 >"$TMP/out" 2>&1
+long_params=$("$MTRAIN" convert --info long | sed -n 's/^parameters: *//p')
+grep -qE "layout: +tp 2, pp 1, vpp 1, dp 2, ep 2, etp 2, cp 1 \(4 ranks\)" "$TMP/out" &&
+    [ "$(sed -n 's/^parameters: *//p' "$TMP/out")" = "$long_params" ] && pass moe_convert_info_etp2 ||
+    fail moe_convert_info_etp2 "$(grep -E '^(layout|parameters)' "$TMP/out") (one rank's: $long_params)"
+
 # one MoE layer's blocking copies to the host at ep 2 and 4 (tests/unit/test_moe_plan.c run
 # on N ranks): one, the per-expert counts that size the all-to-all, and none in backward
 for np in 2 4; do

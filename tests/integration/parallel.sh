@@ -79,7 +79,7 @@ for target in direct_111 direct_124 convert_111 convert_124; do
         pass par_resume_${target}_params || fail par_resume_${target}_params "$(cat "$TMP/cmp")"
 done
 expect_exit par_convert_info 0 "$MTRAIN" convert --info s222
-expect_output par_convert_info_layout 'layout: +tp 2, pp 2, vpp 1, dp 2, ep 1, cp 1 \(8 ranks\)'
+expect_output par_convert_info_layout 'layout: +tp 2, pp 2, vpp 1, dp 2, ep 1, etp 1, cp 1 \(8 ranks\)'
 expect_exit par_convert_bad_layout 2 "$MTRAIN" convert s222 bad --tp 3
 # convert never writes into its source, and into an existing non-empty DST only with --force
 sum_before=$(cat s222/step-000000020/*.safetensors | md5sum)

@@ -177,17 +177,17 @@ bad cp_capacity - parallel.cp 'with an expert capacity .* is not implemented yet
 bad cp_sequence_parallel - parallel.sequence_parallel 'micro_batch \* seq_len / cp \(24\) divisible by tp 5' "$good" \
     --set parallel.cp=2 --set parallel.tp=5 --set model.num_heads=5 --set model.num_kv_heads=5 --set model.hidden_size=80 \
     --set parallel.sequence_parallel=true --set train.seq_len=24 --set model.vocab_size=260 --set model.intermediate_size=160
-# expert tensor parallelism: only etp 1 (whole experts) is implemented; a size that cannot divide says so first
-bad moe_etp_not_implemented 16 parallel.etp 'expert tensor parallelism \(etp 2\) is not implemented yet' "$moe
+# expert tensor parallelism: etp divides the experts' width, and etp x ep the ranks of a stage
+SLURM_NTASKS=2 bad moe_etp_ep_divide_stage_ranks 16 parallel.etp 'etp\*ep = 2\*2 = 4 does not divide the ranks of a pipeline stage, tp\*cp\*dp = 2' "$moe
 parallel:
   etp: 2
-"
+" --set parallel.ep=2
 bad moe_etp_divides_width 16 parallel.etp 'etp 3 does not divide the experts. width 128' "$moe
 parallel:
   etp: 3
 " --set model.intermediate_size=128
 # the same refusals in a training run (not only the dry run)
-DRY= bad moe_etp_not_implemented_run 16 parallel.etp 'expert tensor parallelism \(etp 2\) is not implemented yet' "$moe
+DRY= bad moe_etp_divides_stage_ranks_run 16 parallel.etp 'etp\*ep = 2\*1 = 2 does not divide the ranks of a pipeline stage, tp\*cp\*dp = 1' "$moe
 parallel:
   etp: 2
 "

@@ -85,6 +85,20 @@ static inline T __shfl_xor_sync(unsigned mask, T v, int o) {
     return r;
 }
 
+/* the value of lane src of this warp: 32-bit values */
+template <typename T>
+static inline T __shfl_sync(unsigned mask, T v, int src) {
+    static_assert(sizeof(T) == 4, "32-bit shuffles only");
+    (void)mask;
+    int w = emu_warp(), l = emu_lane();
+    memcpy(&emu_slot[w][l], &v, 4);
+    emu_warp_wait();
+    T r;
+    memcpy(&r, &emu_slot[w][src & 31], 4);
+    emu_warp_wait();
+    return r;
+}
+
 static inline unsigned atomicMax(unsigned *p, unsigned v) {
     std::lock_guard<std::mutex> hold(emu_atomic_lock);
     unsigned old = *p;

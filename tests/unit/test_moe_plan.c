@@ -232,12 +232,12 @@ static void copies_case(const struct backend *be, struct grid *g, int capacity, 
         snprintf(mc->moe_score_func, sizeof mc->moe_score_func, "sigmoid");
         mc->moe_n_group = 2, mc->moe_topk_group = 1, mc->moe_routed_scaling = 2.5;
     }
-    struct parallel_config par = {.tp = 1, .pp = 1, .cp = 1, .ep = g->ep, .vpp = 1};
+    struct parallel_config par = {.tp = 1, .pp = 1, .cp = 1, .ep = g->ep, .etp = g->etp, .vpp = 1};
     struct model_part part;
-    model_part_for(&part, mc, &par, 0, 0, g->ep_rank);
+    model_part_for(&part, mc, &par, 0, 0, g->ep_rank, g->etp_rank);
     struct transformer m;
     transformer_create(&m, be, mc, &part, NULL, 0, 2, N / 2, 1, RECOMPUTE_NONE, 0);
-    m.ep_comm = &g->ep_comm;
+    m.ep_comm = &g->ep_comm, m.etp_comm = &g->etp_comm;
     transformer_init_params(&m, 3);
     transformer_sync_weights(&m);
     transformer_set_moe_sequences(&m, 2);
@@ -257,10 +257,11 @@ static void copies_case(const struct backend *be, struct grid *g, int capacity, 
     moe_backward(&m, a, 0, dout, m.d_moe_in);
     long backward = backend_d2h_copies() - before - forward;
     be->to_host(tmp, m.d_moe_in, 4); /* (after the count) */
-    long want = g->ep > 1;
-    char name[96];
-    snprintf(name, sizeof name, "moe_layer_host_copies_%s_%s_ep%d%s", be->name, precision_name(be->precision), g->ep,
-             capacity ? "_capacity" : sigmoid ? "_sigmoid" : "");
+    long want = g->ep > 1 || g->etp > 1; /* the counts, which size the all-to-all and the etp gather */
+    char name[96], etp[16] = "";
+    if (g->etp > 1) snprintf(etp, sizeof etp, "_etp%d", g->etp);
+    snprintf(name, sizeof name, "moe_layer_host_copies_%s_%s_ep%d%s%s", be->name, precision_name(be->precision), g->ep,
+             etp, capacity ? "_capacity" : sigmoid ? "_sigmoid" : "");
     double bad = forward != want || backward != 0;
     comm_all_reduce_sum_f64(&g->world, &bad, 1);
     int all_ok = bad == 0;
@@ -295,6 +296,12 @@ int main(int argc, char **argv) {
         copies_case(tables[i], &g, 0, 1);
     }
     grid_free(&g);
+    if (parallel_world_size() > 1) { /* each expert's width split over 2 ranks (etp), ep the rest */
+        layout.etp = 2, layout.ep = parallel_world_size() / 2;
+        grid_create(&g, &layout);
+        for (int i = 0; i < 2; i++) copies_case(tables[i], &g, 0, 0);
+        grid_free(&g);
+    }
     parallel_finalize();
     TEST_EXIT();
 }
