@@ -198,7 +198,8 @@ case $phase in
         ;;
     nccl1gpu)
         # several ranks sharing the one GPU over real NCCL (scripts/mpirun.sh --shared-gpu): test_comm on 2
-        # and 4 ranks, the layouts against MPI and one rank, a resume, the timeline, a kill -9
+        # and 4 ranks, the layouts (cp 2 with the CUDA block attention and etp 2 among them) against MPI and
+        # one rank, a resume, the timeline, a kill -9
         nvidia-smi -L 2>&1 | tee -a "$log"
         run nccl_shared_gpu bash tests/integration/nccl_shared_gpu.sh
         ;;

@@ -4,7 +4,8 @@
 # mtrain pretrain over NCCL in tp2 + SP, pp2 (1F1B and interleaved), dp2 +
 # ZeRO-1 with overlapped gradient reduction and parameter gathers, Mixtral
 # ep2 and tp2 x ep2, DeepSeek-V3 tp2 x ep2 with MTP, and tp2 x pp2 on 4
-# ranks, in fp32 and (a subset) bf16, each run's losses against the same
+# ranks, context parallelism (cp 2, and DeepSeek-V3 cp 2 with MTP) and
+# Mixtral's experts split over tp 2 (etp 2), in fp32 and (a subset) bf16, each run's losses against the same
 # layout over MPI (fp32 within 1e-6, bf16 within 1e-3 per step) and, fp32,
 # against one rank (1e-5, as the layout tests); a checkpoint written over
 # NCCL resumes bitwise; the timeline over NCCL shows the data-parallel
@@ -64,6 +65,9 @@ layouts=(
     "moe_tp2_ep2 moe.yaml 4 parallel.tp=2 parallel.ep=2"
     "deepseek_tp2_ep2_mtp ds.yaml 4 parallel.tp=2 parallel.ep=2"
     "tp2_pp2 r.yaml 4 parallel.tp=2 parallel.pp=2"
+    # context parallelism (on a GPU: the CUDA block kernels, the ring's hops over NCCL) and expert
+    # tensor parallelism (the etp gather and per-member reduce over NCCL)
+    "cp2 r.yaml 2 parallel.cp=2" "deepseek_cp2_mtp ds.yaml 2 parallel.cp=2" "moe_tp2_etp2 moe.yaml 2 parallel.tp=2 parallel.etp=2"
 )
 for precision in fp32 bf16; do
     for spec in "${layouts[@]}"; do
@@ -71,7 +75,7 @@ for precision in fp32 bf16; do
         name=${1}_$precision recipe=$2 np=$3
         shift 3
         # bf16: the layouts that reduce, gather and exchange differently
-        [ $precision = bf16 ] && case $name in tp2_sp* | dp2_zero* | moe_tp2_ep2* | tp2_pp2*) ;; *) continue ;; esac
+        [ $precision = bf16 ] && case $name in tp2_sp* | dp2_zero* | moe_tp2_ep2* | tp2_pp2* | cp2* | moe_tp2_etp2*) ;; *) continue ;; esac
         sets=(--set train.precision=$precision)
         for kv in "$@"; do sets+=(--set "$kv"); done
         tl=

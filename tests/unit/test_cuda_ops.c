@@ -171,6 +171,54 @@ static void test_attention(int B, int T, int H, int KVH, int D, int Dv, const ch
 
 /* KV-cache attention: the GPU op against the CPU op (n queries at the end of Tk). */
 /* copy_cols: the same block of columns copied, then accumulated, on both backends */
+/* context parallelism's block ops (kernels/cuda/attention_block.cuh): rank r's ring of cp blocks,
+ * merged forward, then each block's backward (dq accumulated, dk dv per block), against the CPU's */
+static void test_attention_block(int cp, int r, int B, int c, int H, int KVH, int D, int Dv, const char *tag) {
+    size_t T = 2 * (size_t)c, nq = B * T * H * D, nk = B * T * KVH * D, nv = B * T * KVH * Dv, no = B * T * H * Dv;
+    size_t nl = (size_t)B * H * T;
+    float *q = frand(nq), *dout = frand(no), *o = calloc(no, sizeof(float)), *lse = calloc(nl, sizeof(float));
+    float *dq = calloc(nq, sizeof(float)), *dk = malloc(sizeof(float) * nk), *dv = malloc(sizeof(float) * nv);
+    float *q_ = dev(q, sizeof(float) * nq), *dout_ = dev(dout, sizeof(float) * no), *o_ = dev(o, sizeof(float) * no);
+    float *lse_ = dev(lse, sizeof(float) * nl), *dq_ = dev(dq, sizeof(float) * nq);
+    float *dk_ = gpu->alloc(sizeof(float) * nk), *dv_ = gpu->alloc(sizeof(float) * nv);
+    float **k = malloc(sizeof(float *) * cp), **v = malloc(sizeof(float *) * cp);
+    for (int s = 0; s < cp; s++) k[s] = frand(nk), v[s] = frand(nv);
+    int q0 = r, q1 = 2 * cp - 1 - r;
+    char name[128];
+    for (int step = 0; step < cp; step++) {
+        int s = (r - step + cp) % cp;
+        float *k_ = dev(k[s], sizeof(float) * nk), *v_ = dev(v[s], sizeof(float) * nv);
+        cpu->attention_block_forward(o, lse, q, k[s], v[s], B, c, H, KVH, D, Dv, q0, q1, s, 2 * cp - 1 - s, step == 0);
+        gpu->attention_block_forward(o_, lse_, q_, k_, v_, B, c, H, KVH, D, Dv, q0, q1, s, 2 * cp - 1 - s, step == 0);
+        gpu->free(k_), gpu->free(v_);
+    }
+    snprintf(name, sizeof name, "cuda_attention_block_forward_%s", tag);
+    compare(name, o_, o, no);
+    snprintf(name, sizeof name, "cuda_attention_block_lse_%s", tag);
+    compare(name, lse_, lse, nl);
+    gpu->from_host(o_, o, sizeof(float) * no), gpu->from_host(lse_, lse, sizeof(float) * nl); /* the same final state */
+    for (int step = 0; step < cp; step++) {
+        int s = (r - step + cp) % cp;
+        float *k_ = dev(k[s], sizeof(float) * nk), *v_ = dev(v[s], sizeof(float) * nv);
+        memset(dk, 0, sizeof(float) * nk), memset(dv, 0, sizeof(float) * nv);
+        gpu->zero(dk_, sizeof(float) * nk), gpu->zero(dv_, sizeof(float) * nv);
+        cpu->attention_block_backward(dq, dk, dv, dout, o, lse, q, k[s], v[s], B, c, H, KVH, D, Dv, q0, q1, s,
+                                      2 * cp - 1 - s);
+        gpu->attention_block_backward(dq_, dk_, dv_, dout_, o_, lse_, q_, k_, v_, B, c, H, KVH, D, Dv, q0, q1, s,
+                                      2 * cp - 1 - s);
+        snprintf(name, sizeof name, "cuda_attention_block_dk_%s_step%d", tag, step);
+        compare_tol(name, dk_, dk, nk, 5e-5);
+        snprintf(name, sizeof name, "cuda_attention_block_dv_%s_step%d", tag, step);
+        compare_tol(name, dv_, dv, nv, 5e-5);
+        gpu->free(k_), gpu->free(v_);
+    }
+    snprintf(name, sizeof name, "cuda_attention_block_dq_%s", tag);
+    compare_tol(name, dq_, dq, nq, 5e-5);
+    for (int s = 0; s < cp; s++) free(k[s]), free(v[s]);
+    free(k), free(v), free(q), free(dout), free(o), free(lse), free(dq), free(dk), free(dv);
+    gpu->free(q_), gpu->free(dout_), gpu->free(o_), gpu->free(lse_), gpu->free(dq_), gpu->free(dk_), gpu->free(dv_);
+}
+
 static void test_copy_cols(int rows, int ld, int cols) {
     size_t n = (size_t)rows * ld;
     float *src = frand(n), *dst = frand(n), *want = malloc(4 * n);
@@ -506,6 +554,8 @@ int main(void) {
     test_attention(1, 130, 4, 4, 128, 128, "mha_d128_t130", 1);
     test_attention(2, 67, 4, 1, 16, 16, "mqa_d16_t67", 1);
     test_attention(2, 67, 4, 4, 24, 16, "mla_value_dim", 0); /* MLA: qk head 192, v head 128, here 24 / 16 */
+    test_attention_block(2, 0, 2, 67, 6, 2, 64, 64, "cp2_rank0_gqa_d64");
+    test_attention_block(4, 2, 1, 40, 4, 4, 192, 128, "cp4_rank2_mla_192_128");
     test_copy_cols(37, 29, 13);
     test_attention_decode(1, 300, 8, 2, 64, 64, "cuda_attention_decode_one_query");
     test_attention_decode(37, 37, 4, 1, 128, 128, "cuda_attention_decode_prefill_d128");
