@@ -180,17 +180,18 @@ static void print_data_note(const struct recipe *r) {
 /* Per stage counts and the bubble; every rank's full list with --verbose. */
 static void print_schedule(const struct recipe *r, int dp, int verbose) {
     int m = r->train.global_batch / (r->train.micro_batch * dp);
+    enum sched_kind kind = schedule_kind(r->parallel.schedule, r->parallel.vpp);
     printf("pipeline schedule (%s, %d micro batches per rank, dp %d):\n",
-           r->parallel.vpp > 1 ? "interleaved 1F1B" : "1F1B", m, dp);
+           kind == SCHED_ZB_H1 ? "ZB-H1, zero bubble" : kind == SCHED_INTERLEAVED ? "interleaved 1F1B" : "1F1B", m, dp);
     if (r->parallel.vpp > 1 && m % r->parallel.pp) {
         printf("  (none: interleaving needs the micro batches per rank, %d, to be a multiple of pp %d)\n", m,
                r->parallel.pp);
         return;
     }
-    schedule_print_summary(stdout, r->parallel.pp, r->parallel.vpp, m);
+    schedule_print_summary(stdout, kind, r->parallel.pp, r->parallel.vpp, m);
     if (verbose) {
-        printf("  every rank's order (F/B<micro batch>.<chunk>):\n");
-        schedule_print(stdout, r->parallel.pp, r->parallel.vpp, m);
+        printf("  every rank's order (F/B/W<micro batch>.<chunk>; W: a backward's weight gradients):\n");
+        schedule_print(stdout, kind, r->parallel.pp, r->parallel.vpp, m);
     } else {
         printf("  (--verbose prints every rank's order)\n");
     }

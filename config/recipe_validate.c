@@ -202,6 +202,17 @@ static int check_parallel(const struct recipe *r, int world_size) {
                     other(r, "model.num_layers", o, sizeof o));
     if (p->vpp > 1 && p->pp == 1)
         return verr(r, "parallel.vpp", "vpp %d needs pipeline parallelism (pp > 1)", p->vpp);
+    /* the schedule's names (parallel/schedule.h schedule_kind) */
+    int auto_ = !strcmp(p->schedule, "auto"), zb = !strcmp(p->schedule, "zb-h1");
+    if (!strcmp(p->schedule, "interleaved") && p->vpp == 1)
+        return verr(r, "parallel.schedule", "the interleaved schedule needs vpp > 1 (virtual stages per rank)");
+    if (!auto_ && strcmp(p->schedule, "interleaved") && p->vpp > 1)
+        return verr(r, "parallel.schedule", "%s runs one model chunk per rank: vpp %d needs the interleaved schedule "
+                    "(or auto)", p->schedule, p->vpp);
+    if (zb && p->pp == 1) return verr(r, "parallel.schedule", "zb-h1 is a pipeline schedule: it needs pp > 1");
+    if (zb && !strcmp(r->train.precision, "fp8"))
+        return verr(r, "parallel.schedule", "zb-h1 with train.precision fp8 is not implemented yet (its deferred "
+                    "weight gradients would need the FP8 GEMMs' operands kept): use bf16, or 1f1b");
     if (!uneven && m->num_layers % ((long long)p->pp * p->vpp))
         return verr(r, "parallel.vpp", "pp*vpp = %lld does not divide model.num_layers %d%s", (long long)p->pp * p->vpp,
                     m->num_layers, other(r, "model.num_layers", o, sizeof o));

@@ -159,8 +159,9 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     if (m < 1) m = 1;
     int slots = 1;
     if (pp > 1 && (vpp == 1 || m % pp == 0)) {
-        struct sched_item *s = xmalloc(sizeof *s * 2 * m * vpp);
-        slots = schedule_max_in_flight(s, schedule_build(s, pp, vpp, pp_rank, m), vpp);
+        struct sched_item *s = xmalloc(sizeof *s * SCHED_ITEMS(m, vpp));
+        enum sched_kind kind = schedule_kind(r->parallel.schedule, vpp);
+        slots = schedule_max_in_flight(s, schedule_build(s, kind, pp, vpp, pp_rank, m), vpp);
         free(s);
     }
     e.in_flight = slots;

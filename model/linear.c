@@ -26,10 +26,17 @@ void linear_forward(struct transformer *m, float *out, const float *x, const flo
     else m->be->matmul_forward(out, x, w, N, K, M, accumulate);
 }
 
+static int defer(struct transformer *m, float *dw, const float *dout, const float *x, const float *w, int N, int K,
+                 int M);
+
 void linear_backward(struct transformer *m, float *dx, float *dw, const float *dout, const float *x, const float *w,
                      int N, int K, int M, int accumulate_dx) {
-    if (m->fp8_now) m->be->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, fp8_recipe_for(m, w));
-    else m->be->matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx);
+    if (m->fp8_now) { /* zb-h1 is refused with fp8 (config/recipe_validate.c) */
+        CHECK(!m->defer_w);
+        m->be->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, fp8_recipe_for(m, w));
+        return;
+    }
+    linear_backward_plain(m, dx, dw, dout, x, w, N, K, M, accumulate_dx);
 }
 
 /* Around linears that read one input one after the other (nothing else in
@@ -43,4 +50,89 @@ void linear_same_input(struct transformer *m, int begin) {
     if (!begin || !m->fp8_reuse || m->fp8_hist) return;
     if (++groups == 0) groups = 1; /* 0 means no group */
     m->fp8_input_group = groups;
+}
+
+/* ---- zb-h1's deferred weight gradients (model/linear.h) ---- */
+
+struct wgrad_op {
+    float *dw;
+    const float *w;
+    const float *x, *dout;      /* where the slot keeps them, or NULL: copied, at x_at / dout_at */
+    size_t x_at, dout_at;       /* bytes into the queue's buffer */
+    int N, K, M, layer;
+};
+
+struct wgrad_queue {
+    struct wgrad_op *ops;
+    int n, cap;
+    char *buf;                  /* backend memory: the copied operands */
+    size_t used, size;
+};
+
+static struct wgrad_queue *queue(struct transformer *m, int slot) {
+    if (!m->wgrad) m->wgrad = xcalloc(m->nslots, sizeof(struct wgrad_queue));
+    return (struct wgrad_queue *)m->wgrad + slot;
+}
+
+/* bytes of n activations at p in q's buffer (grown: the ops hold offsets), or NULL if the slot keeps them */
+static const float *keep(struct transformer *m, struct wgrad_queue *q, const float *p, size_t n, size_t *at) {
+    const struct act_slot *s = &m->slots[m->w_slot];
+    if ((const char *)p >= s->mem_begin && (const char *)p < s->mem_end) return p;
+    size_t bytes = (act_size(m, n) + 63) / 64 * 64;
+    if (q->used + bytes > q->size) {
+        size_t size = (q->used + bytes) + (q->used + bytes) / 4;
+        char *grown = m->be->alloc(size);
+        if (q->used) m->be->copy(grown, q->buf, q->used);
+        if (q->buf) m->be->free(q->buf);
+        q->buf = grown, q->size = size;
+    }
+    m->be->copy(q->buf + q->used, p, act_size(m, n));
+    *at = q->used;
+    q->used += bytes;
+    return NULL;
+}
+
+/* record dw += dout^T x for later; 1 if deferred */
+static int defer(struct transformer *m, float *dw, const float *dout, const float *x, const float *w, int N, int K,
+                 int M) {
+    if (!m->defer_w || !dw) return 0;
+    struct wgrad_queue *q = queue(m, m->w_slot);
+    if (q->n == q->cap) q->ops = xrealloc(q->ops, sizeof *q->ops * (q->cap = q->cap ? 2 * q->cap : 64));
+    struct wgrad_op *op = &q->ops[q->n++];
+    *op = (struct wgrad_op){.dw = dw, .w = w, .N = N, .K = K, .M = M, .layer = m->w_layer};
+    op->x = keep(m, q, x, (size_t)N * K, &op->x_at);
+    op->dout = keep(m, q, dout, (size_t)N * M, &op->dout_at);
+    return 1;
+}
+
+void linear_backward_plain(struct transformer *m, float *dx, float *dw, const float *dout, const float *x,
+                           const float *w, int N, int K, int M, int accumulate_dx) {
+    if (defer(m, dw, dout, x, w, N, K, M)) dw = NULL;
+    if (dx || dw) m->be->matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx);
+}
+
+void wgrad_run(struct transformer *m, int slot) {
+    struct wgrad_queue *q = queue(m, slot);
+    int last = m->last_micro_batch && m->layer_grads_done;
+    for (int i = 0; i < q->n; i++) {
+        const struct wgrad_op *op = &q->ops[i];
+        const float *x = op->x ? op->x : (const float *)(q->buf + op->x_at);
+        const float *dout = op->dout ? op->dout : (const float *)(q->buf + op->dout_at);
+        m->be->matmul_backward(NULL, op->dw, dout, x, op->w, op->N, op->K, op->M, 0);
+        /* a main layer's gradients are whole after its last W (backward met the layers top down) */
+        if (last && op->layer >= 0 && (i + 1 == q->n || q->ops[i + 1].layer != op->layer))
+            m->layer_grads_done(m->layer_grads_ctx, op->layer);
+    }
+    q->n = 0, q->used = 0;
+}
+
+void wgrad_free(struct transformer *m) {
+    if (!m->wgrad) return;
+    for (int i = 0; i < m->nslots; i++) {
+        struct wgrad_queue *q = (struct wgrad_queue *)m->wgrad + i;
+        free(q->ops);
+        if (q->buf) m->be->free(q->buf);
+    }
+    free(m->wgrad);
+    m->wgrad = NULL;
 }

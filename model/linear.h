@@ -14,3 +14,17 @@ void linear_forward(struct transformer *m, float *out, const float *x, const flo
                     int accumulate);
 void linear_backward(struct transformer *m, float *dx, float *dw, const float *dout, const float *x, const float *w,
                      int N, int K, int M, int accumulate_dx);
+/* The table's matmul_backward whatever the block's precision (routers, the
+ * output heads, MTP's projection), deferred like linear_backward's. */
+void linear_backward_plain(struct transformer *m, float *dx, float *dw, const float *dout, const float *x,
+                           const float *w, int N, int K, int M, int accumulate_dx);
+
+/* zb-h1's split backward (parallel/schedule.h): with m->defer_w set, the two
+ * functions above compute only dx and record the weight-gradient GEMM in
+ * slot m->w_slot's queue, with copies of its operands that the slot does
+ * not keep (scratch, or recomputed activations; a device buffer that grows
+ * to the largest micro batch's need). wgrad_run then accumulates them into
+ * the gradients in the order backward met them, so the sums are 1F1B's, and
+ * calls m->layer_grads_done for each main layer when last_micro_batch. */
+void wgrad_run(struct transformer *m, int slot);
+void wgrad_free(struct transformer *m);

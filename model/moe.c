@@ -358,7 +358,8 @@ void moe_backward(struct transformer *m, struct layer_acts *a, int l, const floa
     else
         be->moe_route_backward(m->d_logits, m->d_topw, a->probs, a->lse, a->topi, a->topw, a->aux_coef, p->z_scale, n,
                                E, k, m->T, m->moe_r0);
-    be->matmul_backward(d_x, dw->router, m->d_logits, act_at(m, a->ln2, (size_t)m->moe_r0 * C), w->router, n, C, E, 1);
+    linear_backward_plain(m, d_x, dw->router, m->d_logits, act_at(m, a->ln2, (size_t)m->moe_r0 * C), w->router, n, C, E,
+                          1);
 }
 
 void transformer_update_expert_bias(struct transformer *m, const double *load) {

@@ -50,7 +50,7 @@ static double p2p_s(const struct ctx *c, long span, double bytes) {
 }
 
 /* one layer's forward (compute and the exchanges on its critical path) and backward, per micro batch */
-struct cost { double f, b, recompute; };
+struct cost { double f, b, recompute, w; }; /* w: the weight-gradient GEMMs in b (zb-h1's W) */
 
 static struct cost layer_cost(const struct ctx *c, int moe) {
     const struct model_config *m = &c->r->model;
@@ -100,6 +100,7 @@ static struct cost layer_cost(const struct ctx *c, int moe) {
     double ring_f = (c->cp - 1) * hop, ring_b = (c->cp - 1) * hop + (c->cp > 1 ? c->cp * p2p_s(c, (long)c->tp * c->cp, kv * 4) : 0);
     k.f += g + af + mem_s(c, mb) + tpc + ring_f;
     k.b += 2 * g + abw + mem_s(c, 2 * mb) + tpc + ring_b;
+    k.w = g; /* each GEMM's backward: the input gradient (B) and as much again for the weights' (W) */
     enum recompute rc = recompute_mode(c->r->train.recompute);
     if (rc == RECOMPUTE_FULL) k.recompute = k.f;
     if (rc == RECOMPUTE_SELECTIVE) k.recompute = af + ring_f;
@@ -115,7 +116,7 @@ static struct cost stage_cost(const struct ctx *c, int p) {
     for (int ch = 0; ch < part.nchunks; ch++)
         for (int l = part.layer_begin[ch]; l < part.layer_end[ch]; l++) {
             struct cost k = model_layer_is_moe(m, l) ? moe : dense;
-            t.f += k.f, t.b += k.b + k.recompute;
+            t.f += k.f, t.b += k.b + k.recompute, t.w += k.w;
         }
     double C = m->hidden_size, V = m->vocab_size, N = c->N, ab = c->ab;
     if (part.has_embed) t.f += mem_s(c, N * C * ab), t.b += mem_s(c, 2 * N * C * 4);
@@ -123,10 +124,11 @@ static struct cost stage_cost(const struct ctx *c, int p) {
         double Vl = V / c->tp, head_f = gemm_s(c, 2 * N * C * Vl, 1) + mem_s(c, 3 * N * Vl * 4);
         double head_b = 2 * gemm_s(c, 2 * N * C * Vl, 1) + mem_s(c, 2 * N * Vl * 4);
         for (int d = 0; d <= model_mtp_depth(m); d++) {
-            t.f += head_f, t.b += head_b;
+            t.f += head_f, t.b += head_b, t.w += gemm_s(c, 2 * N * C * Vl, 1);
             if (!d) continue;
             struct cost k = m->num_experts ? moe : dense;
             t.f += k.f + gemm_s(c, 2 * N * 2 * C * C, 1), t.b += k.b + k.recompute + 2 * gemm_s(c, 2 * N * 2 * C * C, 1);
+            t.w += k.w + gemm_s(c, 2 * N * 2 * C * C, 1);
         }
     }
     if (c->pp > 1) { /* the activation to the next stage and the gradient back, per chunk */
@@ -164,7 +166,9 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
     out->fits = out->mem_gib <= s->mem_gib;
     out->forward_s = worst.f, out->backward_s = worst.b;
     double bubble = 0;
-    if (c.pp > 1 && schedule_simulate(c.pp, c.vpp, m, 0, worst.b / worst.f, &bubble) != 0) bubble = 0;
+    enum sched_kind kind = schedule_kind(par->schedule, c.vpp);
+    if (c.pp > 1 && schedule_simulate(kind, c.pp, c.vpp, m, 0, worst.b / worst.f, worst.w / worst.b, &bubble) != 0)
+        bubble = 0;
     out->bubble = bubble;
     double compute = m * (worst.f + worst.b) / (1 - bubble);
     /* data parallel over dp x cp: an all-reduce of the gradients, or ZeRO-1's reduce-scatter and gather;

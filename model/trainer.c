@@ -42,8 +42,9 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     int B = r->train.micro_batch, T = r->train.seq_len / g->cp, vpp = g->pp > 1 ? g->vpp : 1;
     tr->micro_batches = r->train.global_batch / (B * g->dp);
     int m = tr->micro_batches;
-    tr->schedule = xmalloc(sizeof *tr->schedule * 2 * m * vpp);
-    tr->schedule_len = schedule_build(tr->schedule, g->pp, vpp, g->pp_rank, m);
+    tr->schedule = xmalloc(sizeof *tr->schedule * SCHED_ITEMS(m, vpp));
+    enum sched_kind kind = schedule_kind(r->parallel.schedule, vpp);
+    tr->schedule_len = schedule_build(tr->schedule, kind, g->pp, vpp, g->pp_rank, m);
     tr->eval_schedule = xmalloc(sizeof *tr->eval_schedule * m * vpp);
     tr->eval_len = schedule_build_forward(tr->eval_schedule, vpp, m);
     int slots = schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp);
@@ -56,6 +57,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     transformer_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots,
                        recompute_mode(r->train.recompute), shard_master);
     tr->model.ep_comm = &g->ep_comm, tr->model.etp_comm = &g->etp_comm;
+    tr->model.defer_w = kind == SCHED_ZB_H1; /* its backwards leave the weight gradients to its W items */
     if (g->cp > 1 && !be->attention_block_forward)
         die_code(EXIT_USAGE, "parallel.cp %d: the %s backend has no context-parallel attention (kernels/ops.h "
                  "attention_block_forward)", g->cp, be->name);
@@ -193,14 +195,32 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
     struct grid *g = tr->grid;
     int pp = g->pp, vpp = m->part.nchunks;
     size_t act_bytes = act_size(m, (size_t)m->Ns * m->C);
-    int next_slot = 0, free_slots[64], nfree = 0, nops = 0;
-    struct comm_p2p ops[COMM_EXCHANGE_MAX];
+    int next_slot = 0, free_slots[64], nfree = 0, nops = 0, begun = 0;
+    struct comm_p2p ops[COMM_EXCHANGE_MAX] = {{0}};
     double loss = 0;
     for (int i = 0; i < n;) {
+        if (s[i].op == SCHED_WEIGHTS) { /* zb-h1's W: the last results go out meanwhile (completed below) */
+            if (nops) {
+                CHECK(!begun);
+                begun = comm_exchange_start(&g->pp_comm, ops, nops);
+                nops = 0;
+            }
+            int mb = s[i].mb, slot = tr->slot_of[mb], span = timeline_compute_begin("weights", mb, s[i].chunk);
+            m->last_micro_batch = mb == tr->micro_batches - 1;
+            transformer_weight_grads_chunk(m, slot, s[i].chunk);
+            timeline_end(span, NULL);
+            if (s[i].chunk == 0) {
+                CHECK(nfree < 64);
+                free_slots[nfree++] = slot;
+            }
+            i++;
+            continue;
+        }
         int unit = schedule_unit(s, n, i, vpp);
         for (int k = i; k < i + unit; k++)
             add_receive(tr, samples, s[k], eval, ops, &nops, free_slots, &nfree, &next_slot);
         comm_exchange(&g->pp_comm, ops, nops);
+        if (begun) comm_wait_ticket(&g->pp_comm, begun), begun = 0;
         nops = 0;
         for (int k = i; k < i + unit; k++) {
             int mb = s[k].mb, c = s[k].chunk, slot = tr->slot_of[mb];
@@ -221,7 +241,7 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
                     out = send_buf(tr, k - i);
                     m->be->copy(out, m->d_resid, act_bytes);
                 }
-                if (c == 0) {
+                if (c == 0 && !m->defer_w) { /* (split: released by its W) */
                     CHECK(nfree < 64);
                     free_slots[nfree++] = slot;
                 }
@@ -231,6 +251,7 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
         i += unit;
     }
     comm_exchange(&g->pp_comm, ops, nops); /* the last unit's results */
+    if (begun) comm_wait_ticket(&g->pp_comm, begun);
     m->last_micro_batch = 0;
     return loss;
 }

@@ -95,6 +95,7 @@ static void carve_layer(struct transformer *m, struct layer_acts *a, size_t F, i
  * refills by running the layer again. */
 static void layout_slot(struct transformer *m, struct act_slot *s, struct carver *c) {
     size_t N = m->N, Ns = m->Ns, C = m->C;
+    s->mem_begin = c->base ? c->base + c->used : NULL;
     const struct layer_acts *shared = &m->shared_acts;
     for (int l = 0; l < m->NL; l++) {
         if (!is_local_layer(&m->part, m->L, l)) continue;
@@ -126,6 +127,7 @@ static void layout_slot(struct transformer *m, struct act_slot *s, struct carver
         t->ce_max = carve(c, N), t->ce_sum = carve(c, N), t->ce_tgt = carve(c, N);
         t->tokens = (int32_t *)carve(c, N), t->targets = (int32_t *)carve(c, N);
     }
+    s->mem_end = c->base ? c->base + c->used : NULL;
 }
 
 /* The widest SwiGLU of the local layers (dense FFN or shared experts). */
@@ -463,6 +465,7 @@ void transformer_free(struct transformer *m) {
     free(m->mtp), free(m->dmtp), free(m->mtp_loss), free(m->mtp_host);
     moe_host_free(m);
     cp_attention_free(m);
+    wgrad_free(m);
     if (m->fp8_hist) fp8_history_free(m->fp8_hist), free(m->fp8_hist);
     param_table_free(&m->table);
 }
@@ -881,7 +884,7 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
 static void head_backward(struct transformer *m, const struct head_io *h) {
     const struct backend *be = m->be;
     /* logits hold dL/dlogits (written by the cross-entropy) */
-    be->matmul_backward(m->d_ln_full, m->dlm_head, h->logits, h->lnf, m->lm_head, m->N, m->C, m->Vl, 0);
+    linear_backward_plain(m, m->d_ln_full, m->dlm_head, h->logits, h->lnf, m->lm_head, m->N, m->C, m->Vl, 0);
     float *d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
     be->rmsnorm_backward(m->d_resid, h->dnorm_w, d_ln, h->x, h->norm_w, h->rstdf, m->Ns, m->C, 0);
 }
@@ -907,7 +910,8 @@ static void mtp_backward(struct transformer *m, struct act_slot *s) {
         block_backward(m, s, l);
         /* each rank back-propagates the projection of its own residual rows: under sequence parallelism
          * eh_proj's gradient is then partial and summed over TP like the norms' (optimizer.c) */
-        be->matmul_backward(m->d_mtp_cat, dw->eh_proj, m->d_resid, act_at(m, t->cat, own * 2), w->eh_proj, Ns, 2 * C, C, 0);
+        linear_backward_plain(m, m->d_mtp_cat, dw->eh_proj, m->d_resid, act_at(m, t->cat, own * 2), w->eh_proj, Ns,
+                              2 * C, C, 0);
         be->copy_cols(m->d_ln_full, C, m->d_mtp_cat, 2 * C, Ns, C, 0);
         be->rmsnorm_backward(m->d_mtp_rows, dw->enorm, m->d_ln_full, t->emb, w->enorm, t->rstde, Ns, C, 0);
         be->copy_cols(m->d_ln_full, C, act_at(m, m->d_mtp_cat, C), 2 * C, Ns, C, 0);
@@ -920,6 +924,7 @@ static void mtp_backward(struct transformer *m, struct act_slot *s) {
 
 void transformer_backward_chunk(struct transformer *m, int slot, int chunk, const float *d_out) {
     struct act_slot *s = &m->slots[slot];
+    m->w_slot = slot, m->w_layer = -1;
     int l0 = m->part.layer_begin[chunk], l1 = m->part.layer_end[chunk];
     if (m->part.has_head && chunk == m->part.nchunks - 1) {
         if (m->mtp_depth) mtp_backward(m, s);
@@ -930,10 +935,17 @@ void transformer_backward_chunk(struct transformer *m, int slot, int chunk, cons
         m->be->copy(m->d_resid, d_out, act_size(m, (size_t)m->Ns * m->C));
     }
     for (int l = l1 - 1; l >= l0; l--) {
+        m->w_layer = l;
         block_backward(m, s, l);
-        if (m->last_micro_batch && m->layer_grads_done) m->layer_grads_done(m->layer_grads_ctx, l);
+        m->w_layer = -1;
+        if (m->last_micro_batch && m->layer_grads_done && !m->defer_w) m->layer_grads_done(m->layer_grads_ctx, l);
     }
     if (m->part.has_embed && chunk == 0) embed_backward(m, s->tokens);
+}
+
+void transformer_weight_grads_chunk(struct transformer *m, int slot, int chunk) {
+    (void)chunk; /* one chunk per rank under zb-h1 (the queue is the slot's) */
+    wgrad_run(m, slot);
 }
 
 double transformer_step(struct transformer *m, const int32_t *tokens, const int32_t *targets, float dscale) {

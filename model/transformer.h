@@ -92,6 +92,7 @@ enum recompute recompute_mode(const char *name);
 
 /* Activations of one micro batch in flight (pipeline schedules keep several). */
 struct act_slot {
+    char *mem_begin, *mem_end;    /* its part of the arena: what stays until the slot is released */
     struct layer_acts *acts;      /* indexed by global layer; only local layers are set */
     float *x_final, *lnf, *rstdf; /* head: [Ns, C], [N, C], [Ns] */
     float *logits, *losses;       /* [N, Vl], [N] */
@@ -192,6 +193,12 @@ struct transformer {
     void (*layer_params_needed)(void *ctx, int layer);
     void *layer_params_ctx;
     int last_micro_batch;
+    /* zb-h1's split backward (model/linear.h): with defer_w set, backward
+     * computes input gradients only and records each weight-gradient GEMM
+     * (of layer w_layer; -1: outside the main layers) in the slot's queue,
+     * wgrad; transformer_weight_grads_chunk runs them */
+    int defer_w, w_layer, w_slot;
+    void *wgrad;
     /* fp8 tables: the main layers [fp8_begin, fp8_end) run their linear
      * layers' GEMMs in FP8 (transformer_set_fp8); fp8_now: the block being
      * run is one of them */
@@ -279,6 +286,9 @@ double transformer_forward_chunk(struct transformer *m, int slot, int chunk, flo
  * by the chunk with the head). Parameter gradients accumulate into grads;
  * the gradient of the chunk's input is left in m->d_resid. */
 void transformer_backward_chunk(struct transformer *m, int slot, int chunk, const float *d_out);
+/* With m->defer_w: the weight gradients the chunk's backward deferred (zb-h1's W), accumulated into grads
+ * in the order backward met them; layer_grads_done is called here instead (last micro batch). */
+void transformer_weight_grads_chunk(struct transformer *m, int slot, int chunk);
 
 /* Whole model on one rank, slot 0: forward (and backward if dscale != 0).
  * Returns the summed token loss. */

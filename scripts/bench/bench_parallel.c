@@ -22,9 +22,10 @@ int main(int argc, char **argv) {
                 int pp = pps[a], vpp = vpps[v], m = ms[b];
                 if (vpp > 1 && m % pp) continue; /* interleaved needs m % pp == 0 */
                 double bubble = 1.0;
-                int rc = schedule_simulate(pp, vpp, m, 0, backward_cost, &bubble);
-                struct sched_item *s = malloc(sizeof *s * 2 * m * vpp);
-                int n = schedule_build(s, pp, vpp, 0, m);
+                enum sched_kind kind = vpp > 1 ? SCHED_INTERLEAVED : SCHED_1F1B;
+                int rc = schedule_simulate(kind, pp, vpp, m, 0, backward_cost, 0, &bubble);
+                struct sched_item *s = malloc(sizeof *s * SCHED_ITEMS(m, vpp));
+                int n = schedule_build(s, kind, pp, vpp, 0, m);
                 int in_flight = schedule_max_in_flight(s, n, vpp);
                 free(s);
                 printf("%s\n {\"pp\":%d,\"vpp\":%d,\"m\":%d,\"bubble\":%.6f,\"in_flight\":%d,\"ok\":%s}", first ? "" : ",",

@@ -32,6 +32,6 @@ int fuzz_one(const char *path, int seed_index) {
     printf("%lld %zu %g\n", (long long)n, e.total, model_flops_per_token(&r.model, r.train.seq_len));
     int m = r.train.global_batch / r.train.micro_batch;
     if (r.parallel.pp > 1 && !(r.parallel.vpp > 1 && m % r.parallel.pp))
-        schedule_print(stdout, r.parallel.pp, r.parallel.vpp, m);
+        schedule_print(stdout, schedule_kind(r.parallel.schedule, r.parallel.vpp), r.parallel.pp, r.parallel.vpp, m);
     return 0;
 }

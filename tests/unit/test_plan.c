@@ -46,7 +46,8 @@ int main(void) {
         plan_predict(&r, pp * 2, &s, be, &c);
         int m = r.train.global_batch / (r.train.micro_batch * 2);
         double bubble = -1;
-        int rc = schedule_simulate(pp, vpp, m, 0, c.backward_s / c.forward_s, &bubble);
+        int rc = schedule_simulate(vpp > 1 ? SCHED_INTERLEAVED : SCHED_1F1B, pp, vpp, m, 0, c.backward_s / c.forward_s, 0,
+                                   &bubble);
         char name[64];
         snprintf(name, sizeof name, "plan_bubble_pp%d_vpp%d", pp, vpp);
         TEST_RESULT(name, rc == 0 && fabs(bubble - c.bubble) < 1e-12 && c.bubble > 0, "plan %g, schedule %g (rc %d)",
