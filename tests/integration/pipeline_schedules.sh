@@ -1,0 +1,102 @@
+# Pipeline schedules (parallel.schedule) under mpiexec: zb-h1 (zero
+# bubble's ZB-H1: each backward split into the input gradient, B, and the
+# weight gradients, W, run later) trains the same model as one rank for
+# dense Llama, Mixtral and DeepSeek-V3 with MTP at pp 2 and 4, with tp + SP,
+# ZeRO-1's overlapped buckets (reduced after each layer's last W), expert
+# parallelism and each recompute mode: every step's loss and the final
+# parameters within 1e-5; at pp 2 it equals 1f1b bitwise (the same gradient
+# sums in the same order), in fp32 and bf16. Checkpoints move between
+# schedules (1f1b -> zb-h1 bitwise, zb-h1 -> interleaved within 1e-5). Each
+# rank runs its items in the order the dry run prints (the traced step's
+# forward / backward / weights spans), and the dry run's in-flight counts
+# are zb-h1's (pp on every stage). The bubble and memory against 1f1b are
+# measured by scripts/bench/pipeline_schedules.sh (timings: not a test).
+source "$(dirname "$0")/../lib.sh"
+cd "$TMP"
+export OMP_NUM_THREADS=1
+"$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail sched_setup "data generate failed"; exit 1; }
+# micro_batch 1: 8 micro batches per step at dp 1 (4 at dp 2)
+cat >r.yaml <<'YAML'
+model: {vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64}
+train: {seq_len: 16, micro_batch: 1, global_batch: 8, steps: 20, seed: 7}
+optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 3, eps: 1e-4}
+data: {path: data}
+checkpoint: {dir: ck_ref, interval: 20}
+log: {dir: ref, interval: 100}
+YAML
+sed 's/^model: .*/model: {arch: mixtral, vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 48, moe_z_loss_coef: 0.001}/' \
+    r.yaml >moe.yaml
+sed 's/^model: .*/model: {arch: deepseek_v3, vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 4, intermediate_size: 64, q_lora_rank: 16, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 4, v_head_dim: 8, first_k_dense: 2, num_experts: 8, experts_per_token: 2, moe_intermediate_size: 16, moe_shared_experts: 1, moe_score_func: sigmoid, moe_n_group: 4, moe_topk_group: 2, moe_routed_scaling: 2.5, moe_bias_update_rate: 1e-3, moe_seq_aux_loss_coef: 1e-3, moe_aux_loss_coef: 0, mtp_depth: 1, mtp_loss_weight: 0.3}/' \
+    r.yaml >ds.yaml
+for fam in r moe ds; do
+    "$MTRAIN" pretrain $fam.yaml --set log.dir=ref_$fam --set checkpoint.dir=ck_ref_$fam >/dev/null 2>&1 ||
+        fail sched_${fam}_reference_run "exit $?"
+done
+
+# recipe name ranks key=value...: zb-h1 against one rank
+layouts=(
+    "r zb_pp2 2 parallel.pp=2" "r zb_pp4_selective 4 parallel.pp=4 train.recompute=selective"
+    "r zb_pp2_tp2_sp 4 parallel.pp=2 parallel.tp=2 parallel.sequence_parallel=true"
+    "r zb_pp2_dp2_zero_buckets 4 parallel.pp=2 optimizer.distributed=true parallel.grad_bucket_mb=0.001"
+    "moe zb_pp2_ep2 4 parallel.pp=2 parallel.ep=2" "moe zb_pp2_full 2 parallel.pp=2 train.recompute=full"
+    "moe zb_pp4 4 parallel.pp=4"
+    "ds zb_pp2_mtp 2 parallel.pp=2" "ds zb_pp4_mtp 4 parallel.pp=4"
+    "ds zb_pp2_ep2_mtp_selective 4 parallel.pp=2 parallel.ep=2 train.recompute=selective"
+)
+for spec in "${layouts[@]}"; do
+    set -- $spec
+    fam=$1 name=$2 np=$3
+    shift 3
+    layout_run sched_$name $np $fam.yaml $name parallel.schedule=zb-h1 "$@" || continue
+    close_metrics ref_$fam/metrics.jsonl $name/metrics.jsonl 1 20 && pass sched_${name}_losses ||
+        fail sched_${name}_losses "$(worst_metric ref_$fam/metrics.jsonl $name/metrics.jsonl 1)"
+    params_close sched_$name ck_ref_$fam/step-000000020 ck_$name/step-000000020
+done
+
+# zb-h1 runs 1f1b's gradient sums in 1f1b's order: bitwise the same run (fp32 and bf16)
+for precision in fp32 bf16; do
+    for schedule in 1f1b zb-h1; do
+        run_np 2 pretrain r.yaml --set parallel.pp=2 --set parallel.schedule=$schedule --set train.precision=$precision \
+            --set log.dir=${schedule}_$precision --set checkpoint.dir=ck_${schedule}_$precision >"$TMP/out" 2>&1 ||
+            fail sched_${schedule}_${precision}_runs "exit $?: $(tail -2 "$TMP/out")"
+    done
+    [ "$(metric 1f1b_$precision/metrics.jsonl loss)" = "$(metric zb-h1_$precision/metrics.jsonl loss)" ] &&
+        "$PY" "$COMPARE" ck_1f1b_$precision/step-000000020 ck_zb-h1_$precision/step-000000020 0 >"$TMP/cmp" 2>&1 &&
+        pass sched_zb_h1_equals_1f1b_bitwise_$precision ||
+        fail sched_zb_h1_equals_1f1b_bitwise_$precision "$(worst_metric 1f1b_$precision/metrics.jsonl zb-h1_$precision/metrics.jsonl 1) $(cat "$TMP/cmp")"
+done
+
+# checkpoints between schedules: 1f1b saves at step 10, zb-h1 resumes (bitwise the uninterrupted 1f1b run);
+# zb-h1 saves, interleaved (vpp 2) resumes (within 1e-5)
+for spec in "1f1b zb-h1 1 0" "zb-h1 interleaved 2 1e-5"; do
+    set -- $spec
+    from=$1 to=$2 vpp=$3 tol=$4 dir=ck_${1}_to_$2
+    run_np 2 pretrain r.yaml --set parallel.pp=2 --set parallel.schedule=$from --set checkpoint.dir=$dir \
+        --set checkpoint.interval=10 --set log.dir=${from}_to_$to --stop-after 10 >/dev/null 2>&1
+    run_np 2 pretrain r.yaml --set parallel.pp=2 --set parallel.schedule=$to --set parallel.vpp=$vpp \
+        --set checkpoint.dir=$dir --set log.dir=${from}_to_$to >"$TMP/out" 2>&1
+    grep -q "resumed from $dir/step-000000010" "$TMP/out" &&
+        "$PY" "$COMPARE" ck_1f1b_fp32/step-000000020 $dir/step-000000020 $tol >"$TMP/cmp" 2>&1 &&
+        pass sched_resume_${from}_to_$to || fail sched_resume_${from}_to_$to "$(grep -E 'resumed|error' "$TMP/out" | head -2) $(cat "$TMP/cmp")"
+done
+
+# each rank runs the dry run's order: the traced step's compute spans, F/B/W and micro batch, as printed
+SLURM_NTASKS=4 "$MTRAIN" pretrain r.yaml --set parallel.pp=4 --set parallel.schedule=zb-h1 --dry-run --verbose >dry.out 2>&1
+MTRAIN_TIMELINE=3 run_np 4 pretrain r.yaml --set parallel.pp=4 --set parallel.schedule=zb-h1 --set train.steps=3 \
+    --set log.dir=order --set checkpoint.dir=ck_order >"$TMP/out" 2>&1 || fail sched_order_run "exit $?: $(tail -2 "$TMP/out")"
+bad=""
+for r in 0 1 2 3; do
+    want=$(sed -n "s/^pipeline rank $r: //p" dry.out | tr ' ' '\n' | sed 's/\.0$//')
+    got=$("$PY" -c "
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))['traceEvents'] if e.get('cat') == 'compute' and e['name'] in ('forward', 'backward', 'weights')]
+ev.sort(key=lambda e: e['ts'])
+print('\n'.join({'forward': 'F', 'backward': 'B', 'weights': 'W'}[e['name']] + str(e['args']['micro_batch']) for e in ev))" \
+        "$(printf 'order/timeline-rank-%05d.json' $r)" 2>&1)
+    [ -n "$want" ] && [ "$want" = "$got" ] || bad+=" rank $r: $(echo $got | head -c 80) / want $(echo $want | head -c 80)"
+done
+[ -z "$bad" ] && pass sched_zb_h1_timeline_order || fail sched_zb_h1_timeline_order "$bad"
+# the dry run: every stage holds pp micro batches (1f1b: pp - stage), the idle time a third of 1f1b's
+[ "$(grep -c 'up to 4 micro batches in flight' dry.out)" = 4 ] && grep -q 'idle time 0.33x 1f1b' dry.out &&
+    pass sched_zb_h1_dry_run || fail sched_zb_h1_dry_run "$(grep -E 'in flight|idle' dry.out | head -5)"
+exit $FAILED
