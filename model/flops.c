@@ -169,6 +169,11 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     int T = r->train.seq_len / par->cp;
     e.activations = transformer_arena_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
                                       T, slots, recompute_mode(r->train.recompute));
+    /* zb-h1: stage p defers each W p backwards, so the copies of p + 1 micro batches at once */
+    if (pp > 1 && schedule_kind(r->parallel.schedule, vpp) == SCHED_ZB_H1)
+        e.activations += (size_t)(pp_rank < m ? pp_rank + 1 : m) *
+                         transformer_wgrad_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
+                                                 T, recompute_mode(r->train.recompute));
     if (par->cp > 1) { /* the ring's scratch: two K,V blocks stored, their fp32 gradients, fp32 output and dq */
         size_t N = (size_t)r->train.micro_batch * T, tp = par->tp;
         size_t heads = (size_t)r->model.num_heads / tp, kv = model_is_mla(&r->model) ? heads : (size_t)r->model.num_kv_heads;

@@ -58,6 +58,7 @@ struct wgrad_op {
     float *dw;
     const float *w;
     const float *x, *dout;      /* where the slot keeps them, or NULL: copied, at x_at / dout_at */
+    const float *src_x;         /* the x backward handed over (its copy is shared with the next op's if the same) */
     size_t x_at, dout_at;       /* bytes into the queue's buffer */
     int N, K, M, layer;
 };
@@ -100,7 +101,12 @@ static int defer(struct transformer *m, float *dw, const float *dout, const floa
     if (q->n == q->cap) q->ops = xrealloc(q->ops, sizeof *q->ops * (q->cap = q->cap ? 2 * q->cap : 64));
     struct wgrad_op *op = &q->ops[q->n++];
     *op = (struct wgrad_op){.dw = dw, .w = w, .N = N, .K = K, .M = M, .layer = m->w_layer};
-    op->x = keep(m, q, x, (size_t)N * K, &op->x_at);
+    const struct wgrad_op *prev = q->n > 1 ? op - 1 : NULL;
+    if (prev && prev->src_x == x && prev->N == N && prev->K == K && prev->layer == m->w_layer) /* one input, one copy: q k v, gate up */
+        op->x = prev->x, op->x_at = prev->x_at;
+    else
+        op->x = keep(m, q, x, (size_t)N * K, &op->x_at);
+    op->src_x = x;
     op->dout = keep(m, q, dout, (size_t)N * M, &op->dout_at);
     return 1;
 }
@@ -119,6 +125,7 @@ void wgrad_run(struct transformer *m, int slot) {
         const float *x = op->x ? op->x : (const float *)(q->buf + op->x_at);
         const float *dout = op->dout ? op->dout : (const float *)(q->buf + op->dout_at);
         m->be->matmul_backward(NULL, op->dw, dout, x, op->w, op->N, op->K, op->M, 0);
+        if (m->wgrad_progress) m->wgrad_progress(m->wgrad_progress_ctx);
         /* a main layer's gradients are whole after its last W (backward met the layers top down) */
         if (last && op->layer >= 0 && (i + 1 == q->n || q->ops[i + 1].layer != op->layer))
             m->layer_grads_done(m->layer_grads_ctx, op->layer);

@@ -12,6 +12,8 @@
  * Backward visits layers downwards and a layer's tensors sit just before the
  * next one's in the table, so a bucket is one contiguous range. What is left
  * in the bucket at the end is reduced with the rest after backward. */
+static void pipeline_progress(void *ctx) { comm_progress(ctx); }
+
 static void layer_grads_done(void *ctx, int layer) {
     struct trainer *tr = ctx;
     int first = tr->layer_first[layer], last = tr->layer_last[layer];
@@ -58,6 +60,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
                        recompute_mode(r->train.recompute), shard_master);
     tr->model.ep_comm = &g->ep_comm, tr->model.etp_comm = &g->etp_comm;
     tr->model.defer_w = kind == SCHED_ZB_H1; /* its backwards leave the weight gradients to its W items */
+    tr->model.wgrad_progress = pipeline_progress, tr->model.wgrad_progress_ctx = &g->pp_comm;
     if (g->cp > 1 && !be->attention_block_forward)
         die_code(EXIT_USAGE, "parallel.cp %d: the %s backend has no context-parallel attention (kernels/ops.h "
                  "attention_block_forward)", g->cp, be->name);

@@ -271,6 +271,30 @@ size_t transformer_arena_bytes(const struct backend *be, const struct model_conf
     return c.used;
 }
 
+size_t transformer_wgrad_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
+                               int sequence_parallel, int B, int T, enum recompute rc) {
+    struct transformer m = {0};
+    m.be = be;
+    set_dims(&m, cfg, part, sequence_parallel, B, T, 1, rc);
+    size_t N = m.N, C = m.C, QD = (size_t)m.Hl * m.D, KD = (size_t)m.KVl * m.D, VD = (size_t)m.KVl * m.Dv;
+    size_t OD = (size_t)m.Hl * m.Dv, n = m.moe_n, R = m.moe_R0, FM = m.FM, elems = 0;
+    for (int l = 0; l < m.NL; l++) {
+        if (!is_local_layer(&m.part, m.L, l)) continue;
+        int moe = model_layer_is_moe(cfg, l);
+        size_t F = moe ? (size_t)m.Fs : (size_t)m.Fl;
+        /* the output gradients (scratch: always copied) */
+        elems += m.mla ? N * (m.QR + QD + m.KR + (size_t)model_rope_dim(cfg) + (size_t)m.Hl * (m.DN + m.Dv)) : N * (QD + KD + VD);
+        elems += N * C;                                       /* o_proj */
+        if (F) elems += N * (2 * F + C);                      /* SwiGLU */
+        if (moe) elems += n * m.E + R * (2 * FM + C);         /* router, routed experts */
+        if (l >= m.L) elems += (size_t)m.Ns * C;             /* MTP's projection */
+        /* the inputs recomputation overwrites (one copy per input) */
+        if (rc == RECOMPUTE_SELECTIVE) elems += N * OD + N * F + (moe ? R * FM : 0);
+        if (rc == RECOMPUTE_FULL) elems += 2 * N * C + N * OD + N * F + (moe ? R * (C + FM) : 0);
+    }
+    return elems * be->act_bytes;
+}
+
 /* Where the ops read tensor p from when binding buf: matrices from the
  * working copy; norm gains and state always from the fp32 master (a gain
  * near 1 moves by less than bf16's step there, 2^-7, for many updates). */

@@ -199,6 +199,9 @@ struct transformer {
      * wgrad; transformer_weight_grads_chunk runs them */
     int defer_w, w_layer, w_slot;
     void *wgrad;
+    /* called between a W's GEMMs: MPI moves the sends begun before the W only inside MPI calls */
+    void (*wgrad_progress)(void *ctx);
+    void *wgrad_progress_ctx;
     /* fp8 tables: the main layers [fp8_begin, fp8_end) run their linear
      * layers' GEMMs in FP8 (transformer_set_fp8); fp8_now: the block being
      * run is one of them */
@@ -286,6 +289,10 @@ double transformer_forward_chunk(struct transformer *m, int slot, int chunk, flo
  * by the chunk with the head). Parameter gradients accumulate into grads;
  * the gradient of the chunk's input is left in m->d_resid. */
 void transformer_backward_chunk(struct transformer *m, int slot, int chunk, const float *d_out);
+/* The bytes zb-h1's deferred weight gradients copy per micro batch (model/linear.c: the output gradients,
+ * and the inputs recomputation overwrites), for the memory estimate. */
+size_t transformer_wgrad_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
+                               int sequence_parallel, int B, int T, enum recompute rc);
 /* With m->defer_w: the weight gradients the chunk's backward deferred (zb-h1's W), accumulated into grads
  * in the order backward met them; layer_grads_done is called here instead (last micro batch). */
 void transformer_weight_grads_chunk(struct transformer *m, int slot, int chunk);

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Pipeline schedules measured (parallel.schedule, parallel/schedule.h): the
+# same run under 1f1b and zb-h1 with a timeline of one step (MTRAIN_TIMELINE)
+# on PP CPU ranks (default 2, one per core; PP=4 oversubscribes 2 cores),
+# 8 micro batches. Per schedule: the step time, each rank's idle time in the
+# pipeline phase (from the step's start to its last forward, backward or W:
+# the time no F, B or W ran), the mean F, B and W, and the peak memory (the
+# largest rank's). Then the measured idle-time ratio zb-h1 / 1f1b against
+# the formula of the ZB-H1 paper, (F + B - 2W) / (F + B) with B the whole
+# backward, from the measured means (1/3 when F = B_input = W). Prints a
+# table; writes build/bench/pipeline_schedules.json (JSON=...).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build/rel}
+MTRAIN=${MTRAIN:-$BUILD/mtrain}
+PY=${PYTHON:-/usr/bin/python3}
+PP=${PP:-2}
+WORK=${BENCH_DIR:-build/bench/pipeline-work}
+JSON=${JSON:-build/bench/pipeline_schedules.json}
+STEP=3
+mkdir -p "$(dirname "$JSON")"
+rm -rf "$WORK" && mkdir -p "$WORK"
+export OMP_NUM_THREADS=1
+"$MTRAIN" data generate --out "$WORK/data" --docs 400 >/dev/null
+cat >"$WORK/r.yaml" <<YAML
+model: {vocab_size: 2048, hidden_size: 256, num_layers: 8, num_heads: 8, num_kv_heads: 4, intermediate_size: 768}
+train: {seq_len: 256, micro_batch: 1, global_batch: 8, steps: $((STEP + 1)), seed: 7, eval_interval: 0}
+optimizer: {lr: 3e-4}
+data: {path: $WORK/data}
+log: {interval: 1}
+YAML
+for schedule in 1f1b zb-h1; do
+    MTRAIN_TIMELINE=$STEP timeout 600 mpiexec -n "$PP" "$MTRAIN" pretrain "$WORK/r.yaml" --set parallel.pp="$PP" \
+        --set parallel.schedule=$schedule --set log.dir="$WORK/$schedule" >"$WORK/$schedule.out" 2>&1 ||
+        { echo "pipeline_schedules.sh: the $schedule run failed:"; tail -5 "$WORK/$schedule.out"; exit 1; }
+done
+"$PY" - "$WORK" "$PP" "$JSON" <<'EOF'
+import json, sys
+work, pp, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+res = {}
+for sched in ("1f1b", "zb-h1"):
+    idle, spans, step = [], {"forward": [], "backward": [], "weights": []}, 0.0
+    for r in range(pp):
+        d = json.load(open("%s/%s/timeline-rank-%05d.json" % (work, sched, r)))
+        ev = [e for e in d["traceEvents"] if e.get("cat") == "compute" and e["name"] in spans]
+        for e in ev:
+            spans[e["name"]].append(e["dur"] / 1e3)
+        end = max(e["ts"] + e["dur"] for e in ev) / 1e3
+        idle.append(end - sum(e["dur"] for e in ev) / 1e3)
+        step = max(step, d["otherData"]["step_ms"])
+    peak = max(json.loads(l)["peak_mem_mib"] for l in open("%s/%s/metrics.jsonl" % (work, sched)) if '"event":"end"' in l)
+    mean = {k: sum(v) / len(v) if v else 0.0 for k, v in spans.items()}
+    res[sched] = {"step_ms": step, "idle_ms": sum(idle), "idle_ms_per_rank": idle, "forward_ms": mean["forward"],
+                  "backward_ms": mean["backward"], "weights_ms": mean["weights"], "peak_mem_mib": peak}
+F = res["1f1b"]["forward_ms"]
+B = res["1f1b"]["backward_ms"]                      # the whole backward
+W = res["zb-h1"]["weights_ms"]
+predicted = (F + B - 2 * W) / (F + B)
+measured = res["zb-h1"]["idle_ms"] / res["1f1b"]["idle_ms"]
+res.update({"pp": pp, "micro_batches": 8, "idle_ratio_measured": measured, "idle_ratio_formula": predicted,
+            "memory_ratio": res["zb-h1"]["peak_mem_mib"] / res["1f1b"]["peak_mem_mib"]})
+print("schedule  step ms   idle ms (all ranks)   F ms    B ms    W ms   peak MiB")
+for s in ("1f1b", "zb-h1"):
+    x = res[s]
+    print("%-8s %8.1f %12.1f %15.2f %7.2f %7.2f %9.1f" % (s, x["step_ms"], x["idle_ms"], x["forward_ms"],
+                                                          x["backward_ms"], x["weights_ms"], x["peak_mem_mib"]))
+print("zb-h1 idle / 1f1b idle: measured %.2f, formula (F+B-2W)/(F+B) %.2f; peak memory %.3fx 1f1b's"
+      % (measured, predicted, res["memory_ratio"]))
+json.dump(res, open(out, "w"), indent=1)
+EOF
