@@ -11,11 +11,13 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "parallel/schedule.h"
 #include "config/common.h"
 #include "config/system.h"
 #include "kernels/ops.h"
 #include "model/flops.h"
 #include "model/plan.h"
+#include "parallel/schedule.h"
 #include "parallel/comm.h"
 #include "parallel/comm_nccl.h"
 #include "parallel/grid.h"
@@ -83,14 +85,16 @@ static int by_step(const void *a, const void *b) {
 static void print_row(const struct candidate *c, int rank, int gpus) {
     const struct plan_cost *k = &c->cost;
     int dp = gpus / (c->par.tp * c->par.pp * c->par.cp);
-    printf("%4d  %3d %3d %3d %3d %3d %4d %3d  %-9s %10.1f %12.0f %9.1f %6.1f%% %9.1f %7.1f%% %8.1f\n", rank,
-           c->par.tp, c->par.pp, c->par.pp > 1 ? c->par.vpp : 1, c->par.cp, c->par.ep, dp, c->micro_batch, c->recompute,
+    const char *sched = c->par.pp == 1 ? "-" : schedule_name(schedule_kind(c->par.schedule, c->par.vpp));
+    printf("%4d  %3d %3d %3d %-11s %3d %3d %4d %3d  %-9s %10.1f %12.0f %9.1f %6.1f%% %9.1f %7.1f%% %8.1f\n", rank,
+           c->par.tp, c->par.pp, c->par.pp > 1 ? c->par.vpp : 1, sched, c->par.cp, c->par.ep, dp, c->micro_batch,
+           c->recompute,
            k->step_s * 1e3, k->tokens_per_s, k->tflops, 100 * k->mfu, k->mem_gib, 100 * k->bubble, k->comm_s * 1e3);
 }
 
 static void print_header(void) {
-    printf("rank   tp  pp vpp  cp  ep   dp  mb  recompute    step ms  tokens/s/gpu  TFLOP/s    MFU  mem GiB  bubble  "
-           "comm ms\n");
+    printf("rank   tp  pp vpp schedule     cp  ep   dp  mb  recompute    step ms  tokens/s/gpu  TFLOP/s    MFU  mem GiB  "
+           "bubble  comm ms\n");
 }
 
 static const struct backend *estimate_backend(const struct recipe *r, const struct system_spec *s) {
@@ -107,6 +111,7 @@ static int enumerate(const struct recipe *base, int gpus, const struct system_sp
     const struct model_config *m = &base->model;
     int n = 0, cap = 0;
     static const char *const modes[] = {"none", "selective", "full"};
+    static const struct { int vpp; const char *schedule; } orders[] = {{1, "auto"}, {2, "auto"}, {4, "auto"}, {1, "zb-h1"}};
     *considered = 0;
     recipe_validate_quiet(1);
     /* context parallelism on GPUs runs a first, untiled block kernel (kernels/cuda/attention_block.cuh) whose
@@ -117,13 +122,15 @@ static int enumerate(const struct recipe *base, int gpus, const struct system_sp
             for (int pp = 1; pp <= 64 && tp * cp * pp <= gpus; pp++) {
                 if (!divides(gpus, (long)tp * cp * pp) || (pp > 1 && !divides(m->num_layers, pp))) continue;
                 int dp = gpus / (tp * cp * pp);
-                for (int vpp = 1; vpp <= (pp > 1 ? 4 : 1); vpp *= 2)
+                /* the pipeline's orders: vpp 1, 2, 4 under their default schedule, and zb-h1 */
+                for (int o = 0; o < (pp > 1 ? 4 : 1); o++)
                     for (int ep = 1; ep <= (m->num_experts ? m->num_experts : 1); ep *= 2)
                         for (int mb = 1; mb <= 8; mb *= 2)
                             for (int rc = 0; rc < 3; rc++) {
                                 if (!divides(base->train.global_batch, (long)mb * dp)) continue;
                                 struct candidate c = {.par = base->parallel, .micro_batch = mb};
-                                c.par.tp = tp, c.par.cp = cp, c.par.pp = pp, c.par.vpp = vpp, c.par.ep = ep;
+                                c.par.tp = tp, c.par.cp = cp, c.par.pp = pp, c.par.vpp = orders[o].vpp, c.par.ep = ep;
+                                snprintf(c.par.schedule, sizeof c.par.schedule, "%s", orders[o].schedule);
                                 c.par.first_stage_layers = c.par.last_stage_layers = 0;
                                 c.par.sequence_parallel = tp > 1;
                                 snprintf(c.recompute, sizeof c.recompute, "%s", modes[rc]);
