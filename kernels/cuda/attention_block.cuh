@@ -20,17 +20,17 @@
 #define ATTB_COLS (ATTB_MAX_DIM / 32)
 #define ATTB_FULL 0xffffffffu
 
-__device__ inline float attb_max(float v) {
+static __device__ inline float attb_max(float v) {
     for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(ATTB_FULL, v, o));
     return v;
 }
-__device__ inline float attb_sum(float v) {
+static __device__ inline float attb_sum(float v) {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(ATTB_FULL, v, o);
     return v;
 }
 /* lane w's value */
-__device__ inline float attb_from(float v, int w) { return __shfl_sync(ATTB_FULL, v, w); }
-__device__ inline float attb_dot(const float *a, const float *b, int n) {
+static __device__ inline float attb_from(float v, int w) { return __shfl_sync(ATTB_FULL, v, w); }
+static __device__ inline float attb_dot(const float *a, const float *b, int n) {
     float s = 0;
     for (int d = 0; d < n; d++) s += a[d] * b[d];
     return s;
@@ -41,15 +41,15 @@ struct attb_rows {
     const float *p;
     int ld;
 };
-__device__ inline const float *attb_row(attb_rows r, int b, int T, int t, int col) {
+static __device__ inline const float *attb_row(attb_rows r, int b, int T, int t, int col) {
     return r.p + ((size_t)b * T + t) * r.ld + col;
 }
 
 /* the keys of half j a query of chunk qc at offset tq sees: 0 (a later chunk), tq + 1 (the same chunk), c */
-__device__ inline int attb_visible(int qc, int kc, int tq, int c) { return kc > qc ? 0 : kc == qc ? tq + 1 : c; }
+static __device__ inline int attb_visible(int qc, int kc, int tq, int c) { return kc > qc ? 0 : kc == qc ? tq + 1 : c; }
 
 /* forward: warp w = ((b * H) + h) * 2c + t; merges the block into o, lse */
-__global__ void attb_forward_k(float *o, float *lse, const float *q, const float *k, const float *v, int B, int c,
+static __global__ void attb_forward_k(float *o, float *lse, const float *q, const float *k, const float *v, int B, int c,
                                int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1, int first, float scale) {
     int T = 2 * c, lane = threadIdx.x % 32;
     long warp = ((long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -99,7 +99,7 @@ __global__ void attb_forward_k(float *o, float *lse, const float *q, const float
 }
 
 /* delta[b, h, t] = rowsum(dout * out) of each query row (flash attention's backward term) */
-__global__ void attb_delta_k(float *delta, const float *dout, const float *out, int B, int T, int H, int Dv) {
+static __global__ void attb_delta_k(float *delta, const float *dout, const float *out, int B, int T, int H, int Dv) {
     int lane = threadIdx.x % 32;
     long warp = ((long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     if (warp >= (long)B * H * T) return;
@@ -116,7 +116,7 @@ __global__ void attb_delta_k(float *delta, const float *dout, const float *out, 
 struct attb_grad {
     float p, ds;
 };
-__device__ inline attb_grad attb_pds(const float *qr, const float *kr, const float *dor, const float *vr, float L,
+static __device__ inline attb_grad attb_pds(const float *qr, const float *kr, const float *dor, const float *vr, float L,
                                      float delta, int D, int Dv, float scale) {
     attb_grad g;
     float s = scale * attb_dot(qr, kr, D);
@@ -126,7 +126,7 @@ __device__ inline attb_grad attb_pds(const float *qr, const float *kr, const flo
 }
 
 /* dq: warp per query row (b, h, t), accumulated (+=) over the keys of the block it sees */
-__global__ void attb_dq_k(float *dq, const float *dout, const float *lse, const float *delta, const float *q,
+static __global__ void attb_dq_k(float *dq, const float *dout, const float *lse, const float *delta, const float *q,
                           const float *k, const float *v, int B, int c, int H, int KVH, int D, int Dv, int q0, int q1,
                           int k0, int k1, float scale) {
     int T = 2 * c, lane = threadIdx.x % 32;
@@ -161,7 +161,7 @@ __global__ void attb_dq_k(float *dq, const float *dout, const float *lse, const 
 }
 
 /* dk, dv: warp per key row (b, kh, s), accumulated (+=) over the query rows of its heads that see it */
-__global__ void attb_dkv_k(float *dk, float *dv, const float *dout, const float *lse, const float *delta,
+static __global__ void attb_dkv_k(float *dk, float *dv, const float *dout, const float *lse, const float *delta,
                            const float *q, const float *k, const float *v, int B, int c, int H, int KVH, int D, int Dv,
                            int q0, int q1, int k0, int k1, float scale) {
     int T = 2 * c, lane = threadIdx.x % 32, group = H / KVH;
