@@ -14,7 +14,7 @@ cd "$TMP"
 # ~34M parameters: the model, not the process, dominates the peak
 cat >mem.yaml <<'YAML'
 model: {vocab_size: 8192, hidden_size: 512, num_layers: 8, num_heads: 8, num_kv_heads: 4, intermediate_size: 1536}
-train: {seq_len: 256, micro_batch: 4, global_batch: 4, steps: 2}
+train: {seq_len: 256, micro_batch: 4, global_batch: 4, steps: 1}
 data: {path: data}
 log: {interval: 100}
 YAML
@@ -44,7 +44,7 @@ check() {
 check plain 1
 check zero_dp2 2 optimizer.distributed=true train.micro_batch=2
 check pp2 2 parallel.pp=2 train.micro_batch=2
-check recompute_full_checkpoints 1 train.recompute=full checkpoint.dir=ck checkpoint.interval=2
+check recompute_full_checkpoints 1 train.recompute=full checkpoint.dir=ck checkpoint.interval=1
 check bf16_working_copy 1 train.precision=bf16
 check fp8 1 train.precision=fp8
 # the distributed optimizer in bf16: master, moments sharded over dp
@@ -67,7 +67,7 @@ check zb_h1_pp2_selective 2 parallel.pp=2 parallel.schedule=zb-h1 train.micro_ba
 cat >mem.yaml <<'YAML'
 model: {arch: mixtral, vocab_size: 4096, hidden_size: 384, num_layers: 4, num_heads: 6, num_kv_heads: 2,
         intermediate_size: 1024, num_experts: 8, experts_per_token: 2}
-train: {seq_len: 256, micro_batch: 4, global_batch: 8, steps: 2}
+train: {seq_len: 256, micro_batch: 4, global_batch: 8, steps: 1}
 data: {path: data}
 log: {interval: 100}
 YAML
