@@ -15,20 +15,10 @@ source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
 export OMP_NUM_THREADS=1
 "$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail sched_setup "data generate failed"; exit 1; }
-# micro_batch 1: 8 micro batches per step at dp 1 (4 at dp 2)
-cat >r.yaml <<'YAML'
-model: {vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64}
-train: {seq_len: 16, micro_batch: 1, global_batch: 8, steps: 20, seed: 7}
-optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 3, eps: 1e-4}
-data: {path: data}
-checkpoint: {dir: ck_ref, interval: 20}
-log: {dir: ref, interval: 100}
-YAML
-sed 's/^model: .*/model: {arch: mixtral, vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64, num_experts: 4, experts_per_token: 2, moe_intermediate_size: 48, moe_z_loss_coef: 0.001}/' \
-    r.yaml >moe.yaml
-sed 's/^model: .*/model: {arch: deepseek_v3, vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 4, intermediate_size: 64, q_lora_rank: 16, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 4, v_head_dim: 8, first_k_dense: 2, num_experts: 8, experts_per_token: 2, moe_intermediate_size: 16, moe_shared_experts: 1, moe_score_func: sigmoid, moe_n_group: 4, moe_topk_group: 2, moe_routed_scaling: 2.5, moe_bias_update_rate: 1e-3, moe_seq_aux_loss_coef: 1e-3, moe_aux_loss_coef: 0, mtp_depth: 1, mtp_loss_weight: 0.3}/' \
-    r.yaml >ds.yaml
-for fam in r moe ds; do
+# the precision tests' recipes (tests/lib.sh) at micro_batch 1: 8 micro batches per step at dp 1 (4 at dp 2)
+family_recipes fp32
+sed -i 's/micro_batch: 2/micro_batch: 1/' r.yaml moe.yaml deepseek.yaml
+for fam in r moe deepseek; do
     "$MTRAIN" pretrain $fam.yaml --set log.dir=ref_$fam --set checkpoint.dir=ck_ref_$fam >/dev/null 2>&1 ||
         fail sched_${fam}_reference_run "exit $?"
 done
@@ -40,8 +30,8 @@ layouts=(
     "r zb_pp2_dp2_zero_buckets 4 parallel.pp=2 optimizer.distributed=true parallel.grad_bucket_mb=0.001"
     "moe zb_pp2_ep2 4 parallel.pp=2 parallel.ep=2" "moe zb_pp2_full 2 parallel.pp=2 train.recompute=full"
     "moe zb_pp4 4 parallel.pp=4"
-    "ds zb_pp2_mtp 2 parallel.pp=2" "ds zb_pp4_mtp 4 parallel.pp=4"
-    "ds zb_pp2_ep2_mtp_selective 4 parallel.pp=2 parallel.ep=2 train.recompute=selective"
+    "deepseek zb_pp2_mtp 2 parallel.pp=2" "deepseek zb_pp4_mtp 4 parallel.pp=4"
+    "deepseek zb_pp2_ep2_mtp_selective 4 parallel.pp=2 parallel.ep=2 train.recompute=selective"
 )
 for spec in "${layouts[@]}"; do
     set -- $spec

@@ -71,25 +71,10 @@ static inline uint32_t __float_as_uint(float f) {
 using std::max;
 using std::min;
 
-/* the value of lane (lane ^ o) of this warp: 32-bit values */
+/* the value of lane src of this warp (32-bit values), through per-warp slots */
 template <typename T>
-static inline T __shfl_xor_sync(unsigned mask, T v, int o) {
+static inline T emu_shfl(T v, int src) {
     static_assert(sizeof(T) == 4, "32-bit shuffles only");
-    (void)mask;
-    int w = emu_warp(), l = emu_lane();
-    memcpy(&emu_slot[w][l], &v, 4);
-    emu_warp_wait();
-    T r;
-    memcpy(&r, &emu_slot[w][l ^ o], 4);
-    emu_warp_wait();
-    return r;
-}
-
-/* the value of lane src of this warp: 32-bit values */
-template <typename T>
-static inline T __shfl_sync(unsigned mask, T v, int src) {
-    static_assert(sizeof(T) == 4, "32-bit shuffles only");
-    (void)mask;
     int w = emu_warp(), l = emu_lane();
     memcpy(&emu_slot[w][l], &v, 4);
     emu_warp_wait();
@@ -97,6 +82,18 @@ static inline T __shfl_sync(unsigned mask, T v, int src) {
     memcpy(&r, &emu_slot[w][src & 31], 4);
     emu_warp_wait();
     return r;
+}
+/* the value of lane (lane ^ o) */
+template <typename T>
+static inline T __shfl_xor_sync(unsigned mask, T v, int o) {
+    (void)mask;
+    return emu_shfl(v, emu_lane() ^ o);
+}
+/* the value of lane src */
+template <typename T>
+static inline T __shfl_sync(unsigned mask, T v, int src) {
+    (void)mask;
+    return emu_shfl(v, src);
 }
 
 static inline unsigned atomicMax(unsigned *p, unsigned v) {
