@@ -28,8 +28,9 @@ static const char usage[] =
     "       mtrain plan RECIPE --gpus N --layout tp,pp,vpp,cp,ep,micro_batch,recompute [--gpu ...]\n"
     "       mpiexec -n R mtrain plan --calibrate FILE [--device cpu|cuda] [--base SYSTEM]\n"
     "\n"
-    "Enumerates the layouts of RECIPE's model on N accelerators (tp, pp, vpp, cp, ep, the micro\n"
-    "batch and the recompute mode; the global batch fixed; ZeRO-1 as the recipe says), drops those\n"
+    "Enumerates the layouts of RECIPE's model on N accelerators (tp, pp, vpp and the pipeline\n"
+    "schedule, cp, ep, etp, the micro batch and the recompute mode; the global batch fixed; ZeRO-1 as\n"
+    "the recipe says; --layout's schedule and etp come from the recipe or --set), drops those\n"
     "that are invalid or do not fit memory (the dry run's estimate), predicts each one's step time\n"
     "(compute per op at the system's efficiencies, communication per collective, the pipeline\n"
     "schedule simulated with those costs; docs/plan.md) and prints the best K: step time, tokens/s,\n"
@@ -86,15 +87,15 @@ static void print_row(const struct candidate *c, int rank, int gpus) {
     const struct plan_cost *k = &c->cost;
     int dp = gpus / (c->par.tp * c->par.pp * c->par.cp);
     const char *sched = c->par.pp == 1 ? "-" : schedule_name(schedule_kind(c->par.schedule, c->par.vpp));
-    printf("%4d  %3d %3d %3d %-11s %3d %3d %4d %3d  %-9s %10.1f %12.0f %9.1f %6.1f%% %9.1f %7.1f%% %8.1f\n", rank,
-           c->par.tp, c->par.pp, c->par.pp > 1 ? c->par.vpp : 1, sched, c->par.cp, c->par.ep, dp, c->micro_batch,
-           c->recompute,
+    printf("%4d  %3d %3d %3d %-11s %3d %3d %3d %4d %3d  %-9s %10.1f %12.0f %9.1f %6.1f%% %9.1f %7.1f%% %8.1f\n", rank,
+           c->par.tp, c->par.pp, c->par.pp > 1 ? c->par.vpp : 1, sched, c->par.cp, c->par.ep, c->par.etp, dp,
+           c->micro_batch, c->recompute,
            k->step_s * 1e3, k->tokens_per_s, k->tflops, 100 * k->mfu, k->mem_gib, 100 * k->bubble, k->comm_s * 1e3);
 }
 
 static void print_header(void) {
-    printf("rank   tp  pp vpp schedule     cp  ep   dp  mb  recompute    step ms  tokens/s/gpu  TFLOP/s    MFU  mem GiB  "
-           "bubble  comm ms\n");
+    printf("rank   tp  pp vpp schedule     cp  ep etp   dp  mb  recompute    step ms  tokens/s/gpu  TFLOP/s    MFU  "
+           "mem GiB  bubble  comm ms\n");
 }
 
 static const struct backend *estimate_backend(const struct recipe *r, const struct system_spec *s) {
@@ -111,7 +112,10 @@ static int enumerate(const struct recipe *base, int gpus, const struct system_sp
     const struct model_config *m = &base->model;
     int n = 0, cap = 0;
     static const char *const modes[] = {"none", "selective", "full"};
-    static const struct { int vpp; const char *schedule; } orders[] = {{1, "auto"}, {2, "auto"}, {4, "auto"}, {1, "zb-h1"}};
+    static const struct {
+        int vpp;
+        const char *schedule;
+    } orders[] = {{1, "auto"}, {2, "auto"}, {4, "auto"}, {1, "zb-h1"}};
     *considered = 0;
     recipe_validate_quiet(1);
     /* context parallelism on GPUs runs a first, untiled block kernel (kernels/cuda/attention_block.cuh) whose
@@ -125,11 +129,14 @@ static int enumerate(const struct recipe *base, int gpus, const struct system_sp
                 /* the pipeline's orders: vpp 1, 2, 4 under their default schedule, and zb-h1 */
                 for (int o = 0; o < (pp > 1 ? 4 : 1); o++)
                     for (int ep = 1; ep <= (m->num_experts ? m->num_experts : 1); ep *= 2)
+                        /* each expert's width over etp ranks of a node (the recipe checks what divides) */
+                        for (int etp = 1; etp <= (m->num_experts ? s->per_node : 1); etp *= 2)
                         for (int mb = 1; mb <= 8; mb *= 2)
                             for (int rc = 0; rc < 3; rc++) {
                                 if (!divides(base->train.global_batch, (long)mb * dp)) continue;
                                 struct candidate c = {.par = base->parallel, .micro_batch = mb};
                                 c.par.tp = tp, c.par.cp = cp, c.par.pp = pp, c.par.vpp = orders[o].vpp, c.par.ep = ep;
+                                c.par.etp = etp;
                                 snprintf(c.par.schedule, sizeof c.par.schedule, "%s", orders[o].schedule);
                                 c.par.first_stage_layers = c.par.last_stage_layers = 0;
                                 c.par.sequence_parallel = tp > 1;
@@ -163,8 +170,9 @@ static int emit(const struct recipe *base, const struct candidate *c, int gpus, 
         fprintf(stderr, "mtrain: error: plan --emit: cannot write %s: %s\n", path, strerror(errno));
         return 1;
     }
-    fprintf(f, "# written by mtrain plan for %d accelerators: tp %d, pp %d, vpp %d, cp %d, ep %d, micro batch %d, "
-            "recompute %s\n", gpus, c->par.tp, c->par.pp, c->par.vpp, c->par.cp, c->par.ep, c->micro_batch, c->recompute);
+    fprintf(f, "# written by mtrain plan for %d accelerators: tp %d, pp %d, vpp %d, schedule %s, cp %d, ep %d, etp %d, "
+            "micro batch %d, recompute %s\n", gpus, c->par.tp, c->par.pp, c->par.vpp, c->par.schedule, c->par.cp,
+            c->par.ep, c->par.etp, c->micro_batch, c->recompute);
     recipe_print(&r, f);
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {

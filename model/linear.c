@@ -101,8 +101,9 @@ static int defer(struct transformer *m, float *dw, const float *dout, const floa
     if (q->n == q->cap) q->ops = xrealloc(q->ops, sizeof *q->ops * (q->cap = q->cap ? 2 * q->cap : 64));
     struct wgrad_op *op = &q->ops[q->n++];
     *op = (struct wgrad_op){.dw = dw, .w = w, .N = N, .K = K, .M = M, .layer = m->w_layer};
+    /* projections that read one input (q, k, v; gate, up) share one copy of it */
     const struct wgrad_op *prev = q->n > 1 ? op - 1 : NULL;
-    if (prev && prev->src_x == x && prev->N == N && prev->K == K && prev->layer == m->w_layer) /* one input, one copy: q k v, gate up */
+    if (prev && prev->src_x == x && prev->N == N && prev->K == K && prev->layer == m->w_layer)
         op->x = prev->x, op->x_at = prev->x_at;
     else
         op->x = keep(m, q, x, (size_t)N * K, &op->x_at);

@@ -19,7 +19,7 @@ struct ctx {
     int cpu;            /* the CPU backend: attention keeps its probabilities */
     /* the step's shape */
     double B, S, Tl, N; /* micro batch, sequence, tokens of a sequence on a rank, tokens of a micro batch on a rank */
-    int tp, cp, pp, vpp, dp, ep, sp;
+    int tp, cp, pp, vpp, dp, ep, etp, sp;
 };
 
 static double gemm_s(const struct ctx *c, double flops_call, double calls) {
@@ -82,9 +82,13 @@ static struct cost layer_cost(const struct ctx *c, int moe) {
         double Fs = m->moe_shared_experts * FM / tp;
         if (Fs > 0) g += gemm_s(c, 2 * N * C * Fs, 3);
         rows_w = n * kk * FM + N * Fs;
-        /* the token exchange: dispatch and combine, forward and backward */
-        double a2a = coll_s(c, c->ep, c->ep, n * kk * C * ab, 1);
-        k.f += 2 * a2a, k.b += 2 * a2a;
+        /* the token exchange: dispatch and combine, forward and backward (the EP ranks are etp apart) */
+        double a2a = coll_s(c, c->ep, (long)c->ep * c->etp, n * kk * C * ab, 1);
+        /* etp > 1: the received rows gathered over etp, the partial outputs summed back in fp32; the GEMMs
+         * see etp times the rows at 1/etp of the width (the same FLOPs) */
+        double rows = c->etp * n * kk * C;
+        double etpc = coll_s(c, c->etp, c->etp, rows * ab, 1) + coll_s(c, c->etp, c->etp, rows * 4, 1);
+        k.f += 2 * a2a + etpc, k.b += 2 * a2a + etpc;
     }
     /* causal attention of this rank's queries (T/cp of each sequence) over the whole sequence */
     double attn = 2 * (D + Dv) * c->B * Hl * c->S * c->S / (2.0 * c->cp);
@@ -144,6 +148,7 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
     const struct parallel_config *par = &r->parallel;
     struct ctx c = {.r = r, .s = s, .cpu = !strcmp(be->name, "cpu")};
     c.tp = par->tp, c.cp = par->cp, c.pp = par->pp, c.vpp = par->pp > 1 ? par->vpp : 1, c.ep = par->ep;
+    c.etp = par->etp > 0 ? par->etp : 1;
     c.dp = world / (c.tp * c.cp * c.pp);
     c.sp = par->sequence_parallel && c.tp > 1;
     c.ab = be->act_bytes;

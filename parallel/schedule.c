@@ -256,7 +256,8 @@ int schedule_simulate(enum sched_kind kind, int pp, int vpp, int m, int forward_
     }
     for (int i = 0; i < pp; i++) {
         r[i].s = s + i * per;
-        r[i].n = forward_only ? schedule_build_forward(s + i * per, vpp, m) : schedule_build(s + i * per, kind, pp, vpp, i, m);
+        r[i].n = forward_only ? schedule_build_forward(s + i * per, vpp, m)
+                              : schedule_build(s + i * per, kind, pp, vpp, i, m);
         sim_post_group(&c, &r[i], pp, vpp, i);
     }
     double busy = 0;

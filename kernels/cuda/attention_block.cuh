@@ -49,8 +49,9 @@ static __device__ inline const float *attb_row(attb_rows r, int b, int T, int t,
 static __device__ inline int attb_visible(int qc, int kc, int tq, int c) { return kc > qc ? 0 : kc == qc ? tq + 1 : c; }
 
 /* forward: warp w = ((b * H) + h) * 2c + t; merges the block into o, lse */
-static __global__ void attb_forward_k(float *o, float *lse, const float *q, const float *k, const float *v, int B, int c,
-                               int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1, int first, float scale) {
+static __global__ void attb_forward_k(float *o, float *lse, const float *q, const float *k, const float *v, int B,
+                                      int c, int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1, int first,
+                                      float scale) {
     int T = 2 * c, lane = threadIdx.x % 32;
     long warp = ((long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     if (warp >= (long)B * H * T) return; /* whole warps */
@@ -116,8 +117,8 @@ static __global__ void attb_delta_k(float *delta, const float *dout, const float
 struct attb_grad {
     float p, ds;
 };
-static __device__ inline attb_grad attb_pds(const float *qr, const float *kr, const float *dor, const float *vr, float L,
-                                     float delta, int D, int Dv, float scale) {
+static __device__ inline attb_grad attb_pds(const float *qr, const float *kr, const float *dor, const float *vr,
+                                            float L, float delta, int D, int Dv, float scale) {
     attb_grad g;
     float s = scale * attb_dot(qr, kr, D);
     g.p = L == -INFINITY ? 0.0f : expf(s - L);
@@ -181,9 +182,9 @@ static __global__ void attb_dkv_k(float *dk, float *dv, const float *dout, const
                 int t = i * c + t0 + lane;
                 attb_grad g = {0.0f, 0.0f};
                 if (t0 + lane < c) {
-                    size_t row = ((size_t)b * H + h) * T + t;
-                    g = attb_pds(q + ((size_t)b * T + t) * H * D + h * D, kr, dout + ((size_t)b * T + t) * H * Dv + h * Dv,
-                                 vr, lse[row], delta[row], D, Dv, scale);
+                    size_t row = ((size_t)b * H + h) * T + t, tr = (size_t)b * T + t;
+                    g = attb_pds(q + tr * H * D + h * D, kr, dout + tr * H * Dv + h * Dv, vr, lse[row], delta[row], D,
+                                 Dv, scale);
                 }
                 for (int w = 0; w < 32 && t0 + w < c; w++) {
                     float pw = attb_from(g.p, w), dw = attb_from(g.ds, w);

@@ -1,7 +1,7 @@
 # Several ranks over real NCCL on one GPU (scripts/mpirun.sh --shared-gpu:
 # each rank presents itself as its own host through NCCL_HOSTID, NCCL talks
 # over loopback sockets), from one command: test_comm on 2 and 4 ranks;
-# mtrain pretrain over NCCL in tp2 + SP, pp2 (1F1B and interleaved), dp2 +
+# mtrain pretrain over NCCL in tp2 + SP, pp2 (1F1B, interleaved and zb-h1), dp2 +
 # ZeRO-1 with overlapped gradient reduction and parameter gathers, Mixtral
 # ep2 and tp2 x ep2, DeepSeek-V3 tp2 x ep2 with MTP, and tp2 x pp2 on 4
 # ranks, context parallelism (cp 2, and DeepSeek-V3 cp 2 with MTP) and
@@ -59,7 +59,7 @@ done
 layouts=(
     "tp2_sp r.yaml 2 parallel.tp=2 parallel.sequence_parallel=true"
     "pp2 r.yaml 2 parallel.pp=2"
-    "pp2_vpp2 r.yaml 2 parallel.pp=2 parallel.vpp=2"
+    "pp2_vpp2 r.yaml 2 parallel.pp=2 parallel.vpp=2" "pp2_zb_h1 r.yaml 2 parallel.pp=2 parallel.schedule=zb-h1"
     "dp2_zero r.yaml 2 optimizer.distributed=true parallel.grad_bucket_mb=0.02 parallel.overlap_param_gather=true"
     "moe_ep2 moe.yaml 2 parallel.ep=2"
     "moe_tp2_ep2 moe.yaml 4 parallel.tp=2 parallel.ep=2"
