@@ -24,7 +24,7 @@ YAML
 layouts=(
     "tp2 2 1 1" "pp2 1 2 1" "dp2 1 1 2" "tp2_pp2 2 2 1" "tp2_dp2 2 1 2" "pp2_dp2 1 2 2" "tp2_pp2_dp2 2 2 2"
     "dp2_zero 1 1 2 optimizer.distributed=true" "tp2_dp2_zero 2 1 2 optimizer.distributed=true"
-    "pp2_dp2_zero 1 2 2 optimizer.distributed=true" "tp2_pp2_dp2_zero 2 2 2 optimizer.distributed=true"
+    "pp2_dp2_zero 1 2 2 optimizer.distributed=true"
     "pp2_vpp2 1 2 1 parallel.vpp=2" "tp2_sp 2 1 1 parallel.sequence_parallel=true"
     "tp4_kv_heads_replicated 4 1 1"
     "pp2_uneven_1_3 1 2 1 parallel.first_stage_layers=1 parallel.last_stage_layers=3"
