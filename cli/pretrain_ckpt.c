@@ -179,12 +179,15 @@ void finish_save(struct run *run, int block) {
     fail_if_any(run, failed ? run->saver.err : "");
     comm_barrier(&run->grid.world); /* every shard file is on disk */
     if (run->rank0) {
-        checkpoint_commit(&run->snap, run->r->checkpoint.dir);
-        /* logged at once, before waiting for the other ranks: a rank that dies
-         * now must not leave a committed checkpoint the metrics do not record
-         * (the rerun's log.dir claim resumes only from a recorded one) */
+        /* logged (and flushed) before the commit: the job may be torn down at
+         * any moment once a rank has died, and a committed checkpoint the
+         * metrics do not record would make the rerun's log.dir claim, which
+         * resumes only from recorded ones, refuse it. Killed in between, the
+         * event names a step that did not commit; the rerun resumes from an
+         * older one and trims the metrics after it, this line with them. */
         event(run, "{\"event\":\"checkpoint_committed\",\"step\":%d,\"write_ms\":%.2f,\"commit_wait_ms\":%.2f}",
               run->snap.state.step, run->saver.write_seconds * 1e3, (now_seconds() - t0) * 1e3);
+        checkpoint_commit(&run->snap, run->r->checkpoint.dir);
     }
     comm_barrier(&run->grid.world); /* ... and committed before anyone reads `latest` */
 }

@@ -123,10 +123,11 @@ static int decide(struct run *run, const char *from, char *msg, size_t n) {
 void logdir_claim(struct run *run, const char *from) {
     char msg[4 * RECIPE_PATH_MAX + 512] = "";
     float code = run->rank0 ? (float)decide(run, from, msg, sizeof msg) : 0.0f;
-    comm_all_reduce_max(&run->grid.world, &code, 1);
-    if (code == 0) return;
+    /* said before the others learn of it: once a rank exits non-zero the launcher may end the rest at once */
     if (msg[0]) fprintf(stderr, "mtrain: error: %s\n", msg);
     fflush(NULL);
+    comm_all_reduce_max(&run->grid.world, &code, 1);
+    if (code == 0) return;
     parallel_finalize();
     exit((int)code);
 }

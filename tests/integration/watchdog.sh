@@ -60,7 +60,7 @@ rc=$?
 if [ $rc = 0 ] && grep -q "resumed from ck_$HANG/step-" "$TMP/out" &&
     "$PY" "$COMPARE" ck_ref/step-000000040 ck_$HANG/step-000000040 1e-5 >"$TMP/cmp" 2>&1; then
     pass wd_sigstop_resumes
-else fail wd_sigstop_resumes "exit $rc: $(grep -E 'resumed|error' "$TMP/out" | head -2) $(cat "$TMP/cmp" 2>/dev/null)"; fi
+else fail wd_sigstop_resumes "exit $rc: $(grep -E 'resumed|error|warning' "$TMP/out" | head -4) $(cat "$TMP/cmp" 2>/dev/null)"; fi
 
 # kill -9 of world rank 1 once step 10 is logged: the launcher ends the other three within 30 s (a killed
 # rank cannot name itself: the launcher names its process), and the rerun resumes and ends where the
@@ -83,7 +83,7 @@ else
     rc=$?
     [ $rc = 0 ] && grep -q "resumed from ck_$KILLED/step-" "$TMP/out" &&
         "$PY" "$COMPARE" ck_ref/step-000000040 ck_$KILLED/step-000000040 0 >"$TMP/cmp" 2>&1 && pass wd_kill9_resumes_bitwise ||
-        fail wd_kill9_resumes_bitwise "exit $rc: $(grep -E 'resumed|error' "$TMP/out" | head -2) $(cat "$TMP/cmp" 2>/dev/null)"
+        fail wd_kill9_resumes_bitwise "exit $rc: $(grep -E 'resumed|error|warning' "$TMP/out" | head -4) $(cat "$TMP/cmp" 2>/dev/null)"
 fi
 
 # automatic timeout (0): 300 s until five steps, then reported (tiny steps: the floor)
