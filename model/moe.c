@@ -100,13 +100,12 @@ static void reserve_scratch(struct transformer *m, int rows) {
     m->moe_scratch_rows = cap;
 }
 
-/* moe_counts' floats: sent and received per expert, then the etp peers' received */
-static size_t counts_len(const struct transformer *m) { return (size_t)(2 + (m->etp > 1 ? m->etp : 0)) * m->E; }
+size_t moe_counts_len(const struct transformer *m) { return (size_t)(2 + (m->etp > 1 ? m->etp : 0)) * m->E; }
 
 static struct moe_host *host(struct transformer *m) {
     if (m->moe_host) return m->moe_host;
     struct moe_host *h = xcalloc(1, sizeof *h);
-    h->counts = xmalloc(sizeof(float) * counts_len(m));
+    h->counts = xmalloc(sizeof(float) * moe_counts_len(m));
     m->moe_host = h;
     return h;
 }
@@ -159,7 +158,7 @@ static void plan_exchange(struct transformer *m, struct layer_acts *a) {
     if (ep > 1) comm_all_to_all(m->ep_comm, sent, recv, El);
     else m->be->copy(recv, sent, sizeof(float) * E);
     if (etp > 1) comm_all_gather(m->etp_comm, recv, peers, E);
-    m->be->to_host(h->counts, m->moe_counts, sizeof(float) * counts_len(m)); /* the layer's one copy to the host */
+    m->be->to_host(h->counts, m->moe_counts, sizeof(float) * moe_counts_len(m)); /* the layer's one copy to the host */
     const float *cnt = h->counts, *in = h->counts + E, *all = etp > 1 ? h->counts + 2 * E : in;
     p->nsend = p->nrecv = 0;
     for (int r = 0; r < ep; r++) {

@@ -36,3 +36,5 @@ long moe_capacity(const struct model_config *cfg, int seq_len);
  * memory estimate counts this size. */
 int moe_initial_rows(const struct model_config *cfg, int n, int seq_len, int ep);
 void moe_host_free(struct transformer *m);
+/* Floats of m->moe_counts: kept rows per expert sent, then received, then (etp > 1) each etp peer's received. */
+size_t moe_counts_len(const struct transformer *m);

@@ -198,7 +198,7 @@ static void layout_arena(struct transformer *m, struct carver *c) {
         m->d_eh = carve_act(c, R * FM);
         m->d_topw = carve(c, n * k);
         m->d_logits = carve_act(c, n * E);
-        m->moe_counts = carve(c, (2 + (m->etp > 1 ? m->etp : 0)) * E);
+        m->moe_counts = carve(c, moe_counts_len(m));
         if (m->etp > 1 && m->be->act_bytes != sizeof(float)) m->moe_f32 = carve(c, R * C);
         m->moe_tp_counts = carve(c, (size_t)(m->tp + (m->tp > 1)) * m->B * E);
     }
@@ -283,7 +283,8 @@ size_t transformer_wgrad_bytes(const struct backend *be, const struct model_conf
         int moe = model_layer_is_moe(cfg, l);
         size_t F = moe ? (size_t)m.Fs : (size_t)m.Fl;
         /* the output gradients (scratch: always copied) */
-        elems += m.mla ? N * (m.QR + QD + m.KR + (size_t)model_rope_dim(cfg) + (size_t)m.Hl * (m.DN + m.Dv)) : N * (QD + KD + VD);
+        elems += m.mla ? N * (m.QR + QD + m.KR + (size_t)model_rope_dim(cfg) + (size_t)m.Hl * (m.DN + m.Dv))
+                       : N * (QD + KD + VD);
         elems += N * C;                                       /* o_proj */
         if (F) elems += N * (2 * F + C);                      /* SwiGLU */
         if (moe) elems += n * m.E + R * (2 * FM + C);         /* router, routed experts */
