@@ -52,6 +52,18 @@ void cp_attention_free(struct transformer *m) {
 static float *block_v(const struct transformer *m, float *kv) { return act_at(m, kv, (size_t)m->N * m->KVl * m->D); }
 static float *grad_v(const struct transformer *m, float *dkv) { return dkv + (size_t)m->N * m->KVl * m->D; }
 
+/* The floating-point work of rank r's queries against the block of rank src: the ops compute each pair of
+ * chunks (c x c scores) whose key chunk is not later than the query chunk and skip the rest, per sequence
+ * and head; forward two GEMMs (scores, times values), backward five (scores again, the probabilities'
+ * gradient, dv, dq, dk). On the timeline, where the ring's balance across ranks is read. */
+static uint64_t block_flops(const struct transformer *m, int r, int src, int backward) {
+    int qc[2] = {r, 2 * m->cp - 1 - r}, kc[2] = {src, 2 * m->cp - 1 - src}, pairs = 0;
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) pairs += kc[j] <= qc[i];
+    uint64_t c = (uint64_t)m->T / 2, per = backward ? 3 * (uint64_t)m->D + 2 * (uint64_t)m->Dv : (uint64_t)m->D + m->Dv;
+    return (uint64_t)pairs * m->B * m->Hl * 2 * c * c * per;
+}
+
 /* send `bytes` of `out` to the next rank of the ring and receive as many into `in` from the previous one;
  * begun only (a ticket for comm_wait_ticket), so the block in hand is computed meanwhile */
 static int pass_on_start(struct transformer *m, void *out, void *in, size_t bytes) {
@@ -77,6 +89,7 @@ void cp_attention_forward(struct transformer *m, float *out, float *lse, const f
         /* the next block arrives while this one is computed */
         int ticket = step + 1 < cp ? pass_on_start(m, kv, s->kv[(step + 1) % 2], act_size(m, nk + nv)) : 0;
         int span = timeline_compute_begin("attention_block", -1, -1); /* the ring's balance, on the timeline */
+        timeline_work(span, block_flops(m, r, src, 0));
         be->attention_block_forward(s->o, lse, q, kv, block_v(m, kv), m->B, c, m->Hl, m->KVl, m->D, m->Dv, r,
                                     2 * cp - 1 - r, src, 2 * cp - 1 - src, step == 0);
         timeline_end(span, NULL);
@@ -101,6 +114,7 @@ void cp_attention_backward(struct transformer *m, float *dq, float *dk, float *d
          * follows it (the last hop brings each block's home) */
         int ticket = step + 1 < cp ? pass_on_start(m, s->kv[at], s->kv[at ^ 1], act_size(m, nk + nv)) : 0;
         int src = (r - step + cp) % cp, span = timeline_compute_begin("attention_block", -1, -1);
+        timeline_work(span, block_flops(m, r, src, 1));
         be->attention_block_backward(s->dq, s->dkv[at], grad_v(m, s->dkv[at]), dout, out, lse, q, s->kv[at],
                                      block_v(m, s->kv[at]), m->B, c, m->Hl, m->KVl, m->D, m->Dv, r, 2 * cp - 1 - r,
                                      src, 2 * cp - 1 - src);

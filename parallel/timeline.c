@@ -27,7 +27,7 @@ struct mark {
 
 struct span {
     const char *what, *group;
-    uint64_t bytes;
+    uint64_t bytes, flops; /* flops: a compute span's work (0: not said) */
     int started, phase, micro_batch, chunk, ended;
     struct mark begin, end;
 };
@@ -133,7 +133,7 @@ int timeline_begin(const char *what, const char *group, uint64_t bytes, int star
         return 0;
     }
     struct span *s = &tl.spans[tl.n++];
-    *s = (struct span){what, group, bytes, started, tl.phase, -1, -1, 0, {0, NULL}, {0, NULL}};
+    *s = (struct span){what, group, bytes, 0, started, tl.phase, -1, -1, 0, {0, NULL}, {0, NULL}};
     take(&s->begin, stream);
     return tl.n;
 }
@@ -142,6 +142,10 @@ int timeline_compute_begin(const char *what, int micro_batch, int chunk) {
     int id = timeline_begin(what, NULL, 0, 0, NULL);
     if (id) tl.spans[id - 1].micro_batch = micro_batch, tl.spans[id - 1].chunk = chunk;
     return id;
+}
+
+void timeline_work(int id, uint64_t flops) {
+    if (id > 0 && tl.spans && id <= tl.n) tl.spans[id - 1].flops = flops;
 }
 
 /* a second end moves it (a call MPI takes in pieces ends with its last) */
@@ -285,6 +289,8 @@ char *timeline_finish(int rank, struct timeline_summary *sum) {
                     s->phase == TIMELINE_UPDATE ? "update" : "compute", ms[i].unfinished ? ",\"unfinished\":true" : "");
         else if (s->micro_batch >= 0)
             fprintf(f, "\"micro_batch\":%d,\"chunk\":%d", s->micro_batch, s->chunk);
+        else if (s->flops)
+            fprintf(f, "\"flops\":%llu", (unsigned long long)s->flops);
         fprintf(f, "}}");
         if (s->started)
             fprintf(f,

@@ -51,6 +51,10 @@ void timeline_phase(enum timeline_phase phase);
  * none). Returns its id, 0 when nothing is being recorded. */
 int timeline_begin(const char *what, const char *group, uint64_t bytes, int started, void *stream);
 int timeline_compute_begin(const char *what, int micro_batch, int chunk);
+/* A compute span's work in floating-point operations, written with it
+ * ("flops"): what a span did, independent of the machine's speed (the
+ * context-parallel ring's balance is read from it) */
+void timeline_work(int id, uint64_t flops);
 /* The span ends (id 0: nothing; ending it again moves its end) */
 void timeline_end(int id, void *stream);
 
