@@ -214,8 +214,10 @@ static void experts_forward(struct transformer *m, struct layer_acts *a, int l, 
         size_t of = (size_t)o * FM;
         float *xe = act_at(m, a->xe, (size_t)o * C), *eg = act_at(m, a->eg, of), *eu = act_at(m, a->eu, of);
         float *eh = act_at(m, a->eh, of);
+        linear_same_input(m, 1); /* gate and up read xe: in FP8 one cast of it */
         linear_forward(m, eg, xe, ew[0], n, C, FM, 0);
         linear_forward(m, eu, xe, ew[2], n, C, FM, 0);
+        linear_same_input(m, 0);
         m->be->swiglu_forward(eh, eg, eu, (size_t)n * FM);
         linear_forward(m, act_at(m, rows, (size_t)o * C), eh, ew[1], n, FM, C, 0);
     }
@@ -283,8 +285,10 @@ static void etp_reduce(struct transformer *m, const struct moe_plan *p, float *r
     size_t n = (size_t)p->rows * m->C;
     float *f = m->moe_f32 ? m->moe_f32 : rows;
     if (m->moe_f32) m->be->from_storage(f, rows, n);
-    for (int j = 0; j < m->etp; j++)
-        comm_reduce_sum_start(m->etp_comm, f + (size_t)p->etp_displ[j] * m->C, (size_t)p->etp_rows[j] * m->C, j);
+    size_t *lo = xmalloc(sizeof(size_t) * 2 * m->etp), *cnt = lo + m->etp;
+    for (int j = 0; j < m->etp; j++) lo[j] = (size_t)p->etp_displ[j] * m->C, cnt[j] = (size_t)p->etp_rows[j] * m->C;
+    comm_reduce_to_owners_start(m->etp_comm, f, lo, cnt);
+    free(lo);
     comm_wait_all(m->etp_comm);
     if (m->moe_f32) {
         size_t own = (size_t)p->etp_displ[m->etp_comm->rank] * m->C;

@@ -95,12 +95,16 @@ static struct opt_group *group_of(struct optimizer *o, int item) {
 /* ZeRO-1: sum [begin, end) of the flat buffer over the group, each part
  * onto the rank whose shard holds it (together: a reduce-scatter) */
 static void reduce_to_owners_start(struct opt_group *g, float *grads, size_t begin, size_t end) {
-    for (int r = 0; r < g->dp->size; r++) {
-        size_t lo = g->base + g->shard_len * r, hi = lo + g->shard_len;
-        if (lo < begin) lo = begin;
-        if (hi > end) hi = end;
-        if (lo < hi) comm_reduce_sum_start(g->dp, grads + lo, hi - lo, r);
+    int dp = g->dp->size;
+    size_t *lo = xmalloc(sizeof(size_t) * 2 * dp), *n = lo + dp;
+    for (int r = 0; r < dp; r++) {
+        size_t a = g->base + g->shard_len * r, b = a + g->shard_len;
+        if (a < begin) a = begin;
+        if (b > end) b = end;
+        lo[r] = a, n[r] = a < b ? b - a : 0;
     }
+    comm_reduce_to_owners_start(g->dp, grads, lo, n);
+    free(lo);
 }
 
 void optimizer_reduce_bucket_start(struct optimizer *o, float *grads, int first, int last) {

@@ -83,6 +83,14 @@ void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n);
  * each part reduced onto the rank that updates it). Completed by
  * comm_wait_all. */
 void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root);
+/* Non-blocking, in place: each rank r's part of buf, n[r] floats from
+ * element lo[r] (parts do not overlap), summed over the group onto rank r;
+ * the other parts are left as they were. A reduce-scatter whose parts lie
+ * where the caller keeps them (ZeRO-1's shards of a gradient bucket, the
+ * rows of expert tensor parallelism's peers). Over NCCL one group of
+ * reduces (one launch); over MPI a comm_reduce_sum_start per part.
+ * Completed by comm_wait_all. */
+void comm_reduce_to_owners_start(struct comm *c, float *buf, const size_t *lo, const size_t *n);
 void comm_wait_all(struct comm *c);
 /* Move c's started calls along without waiting for them: MPI progresses
  * non-blocking collectives only inside MPI calls, so the trainer calls this

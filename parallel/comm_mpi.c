@@ -401,6 +401,15 @@ void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n) {
     watchdog_leave();
 }
 
+void comm_reduce_to_owners_start(struct comm *c, float *buf, const size_t *lo, const size_t *n) {
+    if (c->nccl) {
+        nccl_reduce_to_owners(c, buf, lo, n);
+        return;
+    }
+    for (int r = 0; r < c->size; r++)
+        if (n[r]) comm_reduce_sum_start(c, buf + lo[r], n[r], r);
+}
+
 void comm_reduce_sum_start(struct comm *c, float *buf, size_t n, int root) {
     if (c->nccl && n) {
         nccl_reduce(c, buf, n, root);

@@ -24,6 +24,8 @@ void comm_nccl_free(struct comm *c);
 /* comm.h's calls over NCCL (c->nccl set; device buffers) */
 void nccl_all_reduce(struct comm *c, float *buf, size_t n, int max, int start);
 void nccl_reduce(struct comm *c, float *buf, size_t n, int root);
+/* comm_reduce_to_owners_start: a reduce per part onto its owner, one NCCL group */
+void nccl_reduce_to_owners(struct comm *c, float *buf, const size_t *lo, const size_t *n);
 void nccl_reduce_scatter(struct comm *c, const float *in, float *out, size_t n);
 void nccl_all_gather(struct comm *c, const float *in, float *out, size_t n);
 void nccl_broadcast(struct comm *c, void *buf, size_t bytes, int root);

@@ -152,6 +152,26 @@ static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
         if (r == 0) TEST_RESULT(nm("comm_reduce_large_onto_last", sfx), ok, "wrong sums");
     }
 
+    /* uneven parts onto their owners (ZeRO-1's shards of a bucket, etp's rows): rank k's part k+2 floats,
+     * rank 1's none, laid out in reverse rank order with a gap; the gap and the others' parts unchanged */
+    if (n <= 8) {
+        float a[64];
+        size_t lo[8], cnt[8], at = 1;
+        for (int k = n - 1; k >= 0; k--) cnt[k] = k == 1 ? 0 : (size_t)k + 2, lo[k] = at, at += cnt[k];
+        for (int i = 0; i < 64; i++) a[i] = (float)(r * 100 + i);
+        void *da = put(a, sizeof a);
+        comm_reduce_to_owners_start(w, da, lo, cnt);
+        comm_wait_all(w);
+        get(a, da, sizeof a);
+        ok = 1;
+        for (int i = 0; i < 64; i++) {
+            int mine = (size_t)i >= lo[r] && (size_t)i < lo[r] + cnt[r];
+            ok &= a[i] == (mine ? 100.0f * n * (n - 1) / 2 + (float)n * i : (float)(r * 100 + i));
+        }
+        ok = ok_all(agree, ok);
+        if (r == 0) TEST_RESULT(nm("comm_reduce_to_owners", sfx), ok, "wrong sums, or a part not its owner's changed");
+    }
+
     /* two in-place gathers of uneven pieces (rank k owns k+1 floats, rank 1 none), started together:
      * waiting for the second ticket completes both */
     if (n <= 8) {
