@@ -142,6 +142,7 @@ static int check_model(const struct recipe *r) {
 #define MAX_TENSORS (1ll << 20)     /* entries of the parameter table */
 #define MAX_MICRO_BATCHES (1 << 16) /* per data-parallel rank and step (pipeline schedules) */
 #define MAX_SCHEDULE (1 << 24)      /* pp x vpp x micro batches: the schedule the dry run prints */
+#define MAX_ZBV (1 << 16)           /* pp x micro batches of zbv, whose order is made for all ranks at once */
 
 static int check_sizes(const struct recipe *r) {
     const struct parallel_config *p = &r->parallel;
@@ -203,16 +204,20 @@ static int check_parallel(const struct recipe *r, int world_size) {
     if (p->vpp > 1 && p->pp == 1)
         return verr(r, "parallel.vpp", "vpp %d needs pipeline parallelism (pp > 1)", p->vpp);
     /* the schedule's names (parallel/schedule.h schedule_kind) */
-    int auto_ = !strcmp(p->schedule, "auto"), zb = !strcmp(p->schedule, "zb-h1");
+    int auto_ = !strcmp(p->schedule, "auto"), zbv = !strcmp(p->schedule, "zbv");
+    int zb = !strcmp(p->schedule, "zb-h1") || zbv;
     if (!strcmp(p->schedule, "interleaved") && p->vpp == 1)
         return verr(r, "parallel.schedule", "the interleaved schedule needs vpp > 1 (virtual stages per rank)");
-    if (!auto_ && strcmp(p->schedule, "interleaved") && p->vpp > 1)
+    if (zbv && p->pp > 1 && p->vpp != 2)
+        return verr(r, "parallel.vpp", "the zbv schedule places two model chunks per rank in a V: it needs vpp 2, not %d",
+                    p->vpp);
+    if (!auto_ && !zbv && strcmp(p->schedule, "interleaved") && p->vpp > 1)
         return verr(r, "parallel.schedule", "%s runs one model chunk per rank: vpp %d needs the interleaved schedule "
                     "(or auto)", p->schedule, p->vpp);
-    if (zb && p->pp == 1) return verr(r, "parallel.schedule", "zb-h1 is a pipeline schedule: it needs pp > 1");
+    if (zb && p->pp == 1) return verr(r, "parallel.schedule", "%s is a pipeline schedule: it needs pp > 1", p->schedule);
     if (zb && !strcmp(r->train.precision, "fp8"))
-        return verr(r, "parallel.schedule", "zb-h1 with train.precision fp8 is not implemented yet (its deferred "
-                    "weight gradients would need the FP8 GEMMs' operands kept): use bf16, or 1f1b");
+        return verr(r, "parallel.schedule", "%s with train.precision fp8 is not implemented yet (its deferred "
+                    "weight gradients would need the FP8 GEMMs' operands kept): use bf16, or 1f1b", p->schedule);
     if (!uneven && m->num_layers % ((long long)p->pp * p->vpp))
         return verr(r, "parallel.vpp", "pp*vpp = %lld does not divide model.num_layers %d%s", (long long)p->pp * p->vpp,
                     m->num_layers, other(r, "model.num_layers", o, sizeof o));
@@ -296,9 +301,14 @@ static int check_train(const struct recipe *r, int world_size) {
                     t->global_batch, t->micro_batch, dp, per_step, other(r, "train.micro_batch", o, sizeof o), fix);
     }
     long long micro_batches = t->global_batch / per_step;
-    if (p->vpp > 1 && world_size > 0 && micro_batches % p->pp)
+    int zbv = p->pp > 1 && !strcmp(p->schedule, "zbv");
+    if (p->vpp > 1 && !zbv && world_size > 0 && micro_batches % p->pp)
         return verr(r, "parallel.vpp", "interleaved 1F1B (vpp %d) needs the micro batches per data-parallel rank (%lld) "
                     "to be a multiple of pp %d", p->vpp, micro_batches, p->pp);
+    /* zbv's order is made for every rank at once (parallel/schedule.c): its size is bounded */
+    if (zbv && (long long)p->pp * micro_batches > MAX_ZBV)
+        return verr(r, "train.global_batch", "the zbv schedule of pp %d x %lld micro batches per data-parallel rank is "
+                    "more than the supported %d (raise train.micro_batch, or use zb-h1)", p->pp, micro_batches, MAX_ZBV);
     /* a pipeline schedule holds 2 entries per micro batch and chunk */
     if (p->pp > 1 && micro_batches > MAX_MICRO_BATCHES)
         return verr(r, "train.global_batch", "global_batch %d makes %lld micro batches per data-parallel rank and step, "

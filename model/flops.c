@@ -157,11 +157,14 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     int pp = r->parallel.pp, vpp = pp > 1 ? r->parallel.vpp : 1;
     int m = r->train.global_batch / (r->train.micro_batch * (dp > 0 ? dp : 1));
     if (m < 1) m = 1;
-    int slots = 1;
-    if (pp > 1 && (vpp == 1 || m % pp == 0)) {
+    int slots = 1, deferred = 0, nsend = SCHED_UNIT_MAX;
+    enum sched_kind kind = schedule_kind(r->parallel.schedule, vpp);
+    if (pp > 1 && (vpp == 1 || m % pp == 0 || kind == SCHED_ZBV)) {
         struct sched_item *s = xmalloc(sizeof *s * SCHED_ITEMS(m, vpp));
-        enum sched_kind kind = schedule_kind(r->parallel.schedule, vpp);
-        slots = schedule_max_in_flight(s, schedule_build(s, kind, pp, vpp, pp_rank, m), vpp);
+        int n = schedule_build(s, kind, pp, vpp, pp_rank, m);
+        slots = schedule_max_in_flight(s, n, vpp);
+        deferred = schedule_max_deferred(s, n);
+        nsend = schedule_send_buffers(kind, pp, vpp, m);
         free(s);
     }
     e.in_flight = slots;
@@ -169,11 +172,12 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     int T = r->train.seq_len / par->cp;
     e.activations = transformer_arena_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
                                       T, slots, recompute_mode(r->train.recompute));
-    /* zb-h1: stage p defers each W p backwards, so the copies of p + 1 micro batches at once */
-    if (pp > 1 && schedule_kind(r->parallel.schedule, vpp) == SCHED_ZB_H1)
-        e.activations += (size_t)(pp_rank < m ? pp_rank + 1 : m) *
-                         transformer_wgrad_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
-                                                 T, recompute_mode(r->train.recompute));
+    /* split schedules: the copies of the deferred W's operands, as many chunks' at once as the schedule leaves
+     * waiting (zb-h1: stage p defers each W p backwards, p + 1 at once); a chunk's share of the stage's */
+    if (deferred)
+        e.activations += (size_t)deferred * transformer_wgrad_bytes(be, &r->model, &part, r->parallel.sequence_parallel,
+                                                                    r->train.micro_batch, T,
+                                                                    recompute_mode(r->train.recompute)) / vpp;
     if (par->cp > 1) { /* the ring's scratch: two K,V blocks stored, their fp32 gradients, fp32 output and dq */
         size_t N = (size_t)r->train.micro_batch * T, tp = par->tp;
         size_t heads = (size_t)r->model.num_heads / tp, kv = model_is_mla(&r->model) ? heads : (size_t)r->model.num_kv_heads;
@@ -181,10 +185,10 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
         size_t D = model_head_dim(&r->model), Dv = model_v_head_dim(&r->model);
         e.buffers += N * kv * (D + Dv) * (2 * be->act_bytes + 2 * sizeof(float)) + N * heads * (D + Dv) * sizeof(float);
     }
-    /* pipeline: a send buffer per item of an exchange unit (reused once sent), one receive buffer */
+    /* pipeline: the send buffers (an exchange unit's items, or zbv's sends in flight), one receive buffer */
     int sp_tp = r->parallel.sequence_parallel ? r->parallel.tp : 1;
     size_t act = (size_t)r->train.micro_batch * T / sp_tp * r->model.hidden_size * be->act_bytes;
-    if (pp > 1) e.buffers += act * (SCHED_UNIT_MAX + 1);
+    if (pp > 1) e.buffers += act * (nsend + 1);
     e.buffers += bf16_scratch_bytes(r, be);
     /* host: the global batch, two prefetched shares, and the checkpoint snapshot (params + moments) */
     size_t sample = (size_t)(r->train.seq_len + 1) * sizeof(int32_t);

@@ -4,6 +4,7 @@
 
 #include "config/common.h"
 #include "model/params.h"
+#include "parallel/schedule.h"
 
 static void add(struct param_table *t, int cap, const char *name, int64_t d0, int64_t d1, enum shard_rule shard,
                 enum param_kind kind, float std, int parts, int tp_rank) {
@@ -77,6 +78,7 @@ void model_part_for(struct model_part *p, const struct model_config *m, const st
                     int tp_rank, int pp_rank, int ep_rank, int etp_rank) {
     int tp = par->tp, pp = par->pp, vpp = pp > 1 ? par->vpp : 1, L = m->num_layers;
     int first = pp > 1 ? par->first_stage_layers : 0, last = pp > 1 ? par->last_stage_layers : 0;
+    enum sched_kind kind = pp > 1 ? schedule_kind(par->schedule, vpp) : SCHED_1F1B;
     memset(p, 0, sizeof *p);
     p->tp = tp, p->tp_rank = tp_rank, p->pp = pp, p->pp_rank = pp_rank, p->nchunks = vpp;
     if (first || last) { /* uneven: stage 0 and/or the last stage get their own counts, the rest split evenly */
@@ -92,13 +94,13 @@ void model_part_for(struct model_part *p, const struct model_config *m, const st
         CHECK(vpp <= MAX_CHUNKS && L % (pp * vpp) == 0);
         int per_stage = L / (pp * vpp);
         for (int c = 0; c < vpp; c++) {
-            int vs = c * pp + pp_rank;
+            int vs = schedule_stage(kind, pp, c, pp_rank); /* zbv: a V */
             p->layer_begin[c] = vs * per_stage;
             p->layer_end[c] = (vs + 1) * per_stage;
         }
     }
     p->has_embed = pp_rank == 0;
-    p->has_head = pp_rank == pp - 1;
+    p->has_head = schedule_stage(kind, pp, vpp - 1, pp_rank) == pp * vpp - 1; /* zbv: rank 0 too */
     p->embed_copy = p->has_head && !p->has_embed && model_head_uses_embed(m);
     p->ep = par->ep > 0 ? par->ep : 1, p->ep_rank = ep_rank;
     p->etp = par->etp > 0 ? par->etp : 1, p->etp_rank = etp_rank;

@@ -45,7 +45,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     tr->micro_batches = r->train.global_batch / (B * g->dp);
     int m = tr->micro_batches;
     tr->schedule = xmalloc(sizeof *tr->schedule * SCHED_ITEMS(m, vpp));
-    enum sched_kind kind = schedule_kind(r->parallel.schedule, vpp);
+    enum sched_kind kind = tr->kind = schedule_kind(r->parallel.schedule, vpp);
     tr->schedule_len = schedule_build(tr->schedule, kind, g->pp, vpp, g->pp_rank, m);
     tr->eval_schedule = xmalloc(sizeof *tr->eval_schedule * m * vpp);
     tr->eval_len = schedule_build_forward(tr->eval_schedule, vpp, m);
@@ -59,7 +59,11 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     transformer_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots,
                        recompute_mode(r->train.recompute), shard_master);
     tr->model.ep_comm = &g->ep_comm, tr->model.etp_comm = &g->etp_comm;
-    tr->model.defer_w = kind == SCHED_ZB_H1; /* its backwards leave the weight gradients to its W items */
+    tr->model.defer_w = schedule_splits(kind); /* its backwards leave the weight gradients to its W items */
+    if (g->pp > 1 && SCHED_BUFFERED(kind) && g->pp_comm.stage)
+        die_code(EXIT_USAGE, "parallel.schedule %s: its pipeline sends must not wait for their receives, which only "
+                 "CPU ranks' MPI gives for now (the %s backend's NCCL or staged sends do wait): use zb-h1 or 1f1b "
+                 "there (docs/parallelism.md)", schedule_name(kind), be->name);
     tr->model.wgrad_progress = pipeline_progress, tr->model.wgrad_progress_ctx = &g->pp_comm;
     if (g->cp > 1 && !be->attention_block_forward)
         die_code(EXIT_USAGE, "parallel.cp %d: the %s backend has no context-parallel attention (kernels/ops.h "
@@ -108,7 +112,9 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     }
     if (g->pp > 1) {
         size_t act = act_size(&tr->model, (size_t)tr->model.Ns * tr->model.C);
-        tr->send = be->alloc(act * SCHED_UNIT_MAX);
+        tr->nsend = schedule_send_buffers(kind, g->pp, vpp, m);
+        tr->send = be->alloc(act * tr->nsend);
+        tr->send_ticket = xcalloc(tr->nsend, sizeof(int));
         tr->recv_grad = be->alloc(act);
     }
     if (g->embed_comm.size > 1 && model_head_uses_embed(&r->model)) {
@@ -127,6 +133,7 @@ void trainer_free(struct trainer *tr) {
     if (tr->send) {
         be->free(tr->send);
         be->free(tr->recv_grad);
+        free(tr->send_ticket);
     }
     optimizer_free(&tr->opt);
     transformer_free(&tr->model);
@@ -159,13 +166,13 @@ static void stage_micro_batch(struct trainer *tr, const int32_t *samples, int mb
     transformer_stage(&tr->model, slot, tr->inputs, tr->targets, m->cp > 1 ? tr->seq_targets : NULL);
 }
 
-/* ---- pipeline plumbing: virtual stage vs = chunk * pp + pp_rank ---- */
+/* ---- pipeline plumbing: virtual stages (schedule_stage) ---- */
 
 /* The send buffer of the item at position pos of its unit: a unit's sends go
  * out with the next exchange, which completes them (over NCCL the compute
  * stream waits for it), so the next unit reuses the buffers. */
 static float *send_buf(struct trainer *tr, int pos) {
-    CHECK(pos < SCHED_UNIT_MAX);
+    CHECK(pos < tr->nsend);
     return act_at(&tr->model, tr->send, (size_t)pos * tr->model.Ns * tr->model.C);
 }
 
@@ -182,18 +189,103 @@ static void add_receive(struct trainer *tr, const int32_t *samples, struct sched
         tr->slot_of[it.mb] = slot;
         stage_micro_batch(tr, samples, it.mb, slot);
     }
-    struct sched_links l = schedule_links(it, g->pp, m->part.nchunks, g->pp_rank);
+    struct sched_links l = schedule_links(it, tr->kind, g->pp, m->part.nchunks, g->pp_rank);
     if (l.recv_from < 0) return;
     void *buf = it.op == SCHED_FORWARD ? transformer_chunk_input(m, tr->slot_of[it.mb], it.chunk) : tr->recv_grad;
     ops[(*nops)++] = (struct comm_p2p){buf, act_size(m, (size_t)m->Ns * m->C), l.recv_from, 1};
 }
 
+/* A W item: the weight gradients of micro batch mb's chunk (split
+ * schedules); its slot is free again after chunk 0's, the last */
+static void run_weights(struct trainer *tr, struct sched_item it, int *free_slots, int *nfree) {
+    struct transformer *m = &tr->model;
+    int slot = tr->slot_of[it.mb], span = timeline_compute_begin("weights", it.mb, it.chunk);
+    m->last_micro_batch = it.mb == tr->micro_batches - 1;
+    transformer_weight_grads_chunk(m, slot, it.chunk);
+    timeline_end(span, NULL);
+    if (it.chunk == 0) {
+        CHECK(*nfree < 64);
+        free_slots[(*nfree)++] = slot;
+    }
+}
+
+/* A forward or backward item, its input in place; a forward's result goes to
+ * out (NULL: the last virtual stage, whose loss is returned), a backward's is
+ * in m->d_resid. Returns this item's share of the loss. */
+static double run_item(struct trainer *tr, struct sched_item it, float *out, float dscale, int eval,
+                       int *free_slots, int *nfree) {
+    struct transformer *m = &tr->model;
+    int mb = it.mb, c = it.chunk, slot = tr->slot_of[mb];
+    if (it.op == SCHED_FORWARD) {
+        int span = timeline_compute_begin("forward", mb, c);
+        double lk = transformer_forward_chunk(m, slot, c, out, dscale);
+        timeline_end(span, NULL);
+        return !out && tr->grid->tp_rank == 0 ? lk : 0; /* the last virtual stage */
+    }
+    m->last_micro_batch = !eval && mb == tr->micro_batches - 1;
+    int span = timeline_compute_begin("backward", mb, c);
+    transformer_backward_chunk(m, slot, c, tr->recv_grad);
+    timeline_end(span, NULL);
+    if (c == 0 && !m->defer_w) { /* (split: released by its W) */
+        CHECK(*nfree < 64);
+        free_slots[(*nfree)++] = slot;
+    }
+    return 0;
+}
+
+/* zbv's order an item at a time: each item's input received (blocking), its
+ * result sent at once from a send buffer of its own, the buffer free again
+ * when the send completes (parallel/schedule.h schedule_send_buffers); a
+ * full set waits for whichever completes first. */
+static int free_send_buffer(struct trainer *tr) {
+    struct comm *pp = &tr->grid->pp_comm;
+    for (;;) {
+        for (int j = 0; j < tr->nsend; j++)
+            if (!tr->send_ticket[j] || comm_ticket_done(pp, tr->send_ticket[j])) {
+                tr->send_ticket[j] = 0;
+                return j;
+            }
+        comm_progress(pp);
+    }
+}
+
+static double run_buffered(struct trainer *tr, const int32_t *samples, const struct sched_item *s, int n,
+                           float dscale, int eval) {
+    struct transformer *m = &tr->model;
+    struct grid *g = tr->grid;
+    size_t act_bytes = act_size(m, (size_t)m->Ns * m->C);
+    int next_slot = 0, free_slots[64], nfree = 0;
+    double loss = 0;
+    for (int i = 0; i < n; i++) {
+        if (s[i].op == SCHED_WEIGHTS) {
+            run_weights(tr, s[i], free_slots, &nfree);
+            continue;
+        }
+        struct comm_p2p ops[1];
+        int nops = 0;
+        add_receive(tr, samples, s[i], eval, ops, &nops, free_slots, &nfree, &next_slot);
+        comm_exchange(&g->pp_comm, ops, nops);
+        struct sched_links l = schedule_links(s[i], tr->kind, g->pp, m->part.nchunks, g->pp_rank);
+        int j = l.send_to >= 0 ? free_send_buffer(tr) : -1;
+        float *out = j >= 0 ? send_buf(tr, j) : NULL;
+        loss += run_item(tr, s[i], s[i].op == SCHED_FORWARD ? out : NULL, dscale, eval, free_slots, &nfree);
+        if (j < 0) continue;
+        if (s[i].op == SCHED_BACKWARD) m->be->copy(out, m->d_resid, act_bytes);
+        struct comm_p2p send = {out, act_bytes, l.send_to, 0};
+        tr->send_ticket[j] = comm_exchange_start(&g->pp_comm, &send, 1);
+    }
+    for (int j = 0; j < tr->nsend; j++) comm_wait_ticket(&g->pp_comm, tr->send_ticket[j]), tr->send_ticket[j] = 0;
+    m->last_micro_batch = 0;
+    return loss;
+}
+
 /* Run a list of forwards/backwards a unit at a time (parallel/schedule.h),
  * each after one exchange with the neighbours: the previous unit's results
- * out, this unit's inputs in. Returns this rank's summed token loss (counted
- * on TP rank 0 of the last stage only). */
+ * out, this unit's inputs in (buffered schedules: run_buffered). Returns this
+ * rank's summed token loss (counted on TP rank 0 of the last stage only). */
 static double run_schedule(struct trainer *tr, const int32_t *samples, const struct sched_item *s, int n,
                            float dscale, int eval) {
+    if (SCHED_BUFFERED(tr->kind) && tr->grid->pp > 1) return run_buffered(tr, samples, s, n, dscale, eval);
     struct transformer *m = &tr->model;
     struct grid *g = tr->grid;
     int pp = g->pp, vpp = m->part.nchunks;
@@ -208,47 +300,21 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
                 begun = comm_exchange_start(&g->pp_comm, ops, nops);
                 nops = 0;
             }
-            int mb = s[i].mb, slot = tr->slot_of[mb], span = timeline_compute_begin("weights", mb, s[i].chunk);
-            m->last_micro_batch = mb == tr->micro_batches - 1;
-            transformer_weight_grads_chunk(m, slot, s[i].chunk);
-            timeline_end(span, NULL);
-            if (s[i].chunk == 0) {
-                CHECK(nfree < 64);
-                free_slots[nfree++] = slot;
-            }
+            run_weights(tr, s[i], free_slots, &nfree);
             i++;
             continue;
         }
-        int unit = schedule_unit(s, n, i, vpp);
+        int unit = schedule_unit(tr->kind, s, n, i);
         for (int k = i; k < i + unit; k++)
             add_receive(tr, samples, s[k], eval, ops, &nops, free_slots, &nfree, &next_slot);
         comm_exchange(&g->pp_comm, ops, nops);
         if (begun) comm_wait_ticket(&g->pp_comm, begun), begun = 0;
         nops = 0;
         for (int k = i; k < i + unit; k++) {
-            int mb = s[k].mb, c = s[k].chunk, slot = tr->slot_of[mb];
-            struct sched_links l = schedule_links(s[k], pp, vpp, g->pp_rank);
-            float *out = NULL;
-            if (s[k].op == SCHED_FORWARD) {
-                out = l.send_to >= 0 ? send_buf(tr, k - i) : NULL;
-                int span = timeline_compute_begin("forward", mb, c);
-                double lk = transformer_forward_chunk(m, slot, c, out, dscale);
-                timeline_end(span, NULL);
-                if (l.send_to < 0 && g->tp_rank == 0) loss += lk; /* the last virtual stage */
-            } else {
-                m->last_micro_batch = !eval && mb == tr->micro_batches - 1;
-                int span = timeline_compute_begin("backward", mb, c);
-                transformer_backward_chunk(m, slot, c, tr->recv_grad);
-                timeline_end(span, NULL);
-                if (l.send_to >= 0) {
-                    out = send_buf(tr, k - i);
-                    m->be->copy(out, m->d_resid, act_bytes);
-                }
-                if (c == 0 && !m->defer_w) { /* (split: released by its W) */
-                    CHECK(nfree < 64);
-                    free_slots[nfree++] = slot;
-                }
-            }
+            struct sched_links l = schedule_links(s[k], tr->kind, pp, vpp, g->pp_rank);
+            float *out = l.send_to >= 0 ? send_buf(tr, k - i) : NULL;
+            loss += run_item(tr, s[k], s[k].op == SCHED_FORWARD ? out : NULL, dscale, eval, free_slots, &nfree);
+            if (out && s[k].op == SCHED_BACKWARD) m->be->copy(out, m->d_resid, act_bytes);
             if (out) ops[nops++] = (struct comm_p2p){out, act_bytes, l.send_to, 0};
         }
         i += unit;

@@ -25,8 +25,11 @@ struct trainer {
     int bucket_first, bucket_last; /* the gradient bucket being filled by backward (table indices; -1: empty) */
     size_t bucket_bytes, bucket_limit; /* its gradient bytes; it starts reducing at the limit (0: every layer) */
     double *moe_load;            /* [MoE layers][E] host: tokens per expert of the last step, all ranks */
-    float *send;                 /* pipeline sends [SCHED_UNIT_MAX][Ns*C]: one per item of a unit, free again
-                                  * after the exchange that sends them (model/trainer.c run_schedule) */
+    enum sched_kind kind;        /* the pipeline schedule */
+    float *send;                 /* pipeline sends [nsend][Ns*C]: one per item of a unit, free again after the
+                                  * exchange that sends them (model/trainer.c run_schedule); buffered
+                                  * schedules (zbv): one per send in flight, each free once its ticket is done */
+    int nsend, *send_ticket;     /* send buffers; buffered: each one's pending send (0: free) */
     float *recv_grad;            /* [Ns*C] */
     int32_t *inputs, *targets;   /* host staging for one micro batch */
     int32_t *seq_targets;        /* context parallelism: the whole sequences' targets (the MTP modules' shifts) */

@@ -106,3 +106,7 @@ void comm_progress(struct comm *c);
  * comm_wait_all completes them all. buf must not be touched in between. */
 int comm_all_gather_v_start(struct comm *c, void *buf, size_t elem, const int *counts, const int *displs);
 void comm_wait_ticket(struct comm *c, int ticket);
+/* Whether the calls of one ticket (comm_exchange_start's) have completed,
+ * without waiting: 1 (and the ticket is done with), else 0. MPI on host
+ * memory only (not staged, not NCCL): the buffered pipeline sends of zbv. */
+int comm_ticket_done(struct comm *c, int ticket);

@@ -379,6 +379,31 @@ void comm_wait_ticket(struct comm *c, int ticket) {
     watchdog_leave();
 }
 
+int comm_ticket_done(struct comm *c, int ticket) {
+    CHECK(!c->nccl && !c->stage);
+    int done = 1;
+    for (int i = 0; i < pending.n; i++) {
+        if (pending.owner[i] != c || pending.ticket[i] != ticket || pending.req[i] == MPI_REQUEST_NULL) continue;
+        int flag = 0;
+        MPI_CHECK(MPI_Test(&pending.req[i], &flag, MPI_STATUS_IGNORE)); /* flag: the request is now null */
+        if (flag) timeline_end(pending.span[i], clock_of(c));
+        else done = 0;
+    }
+    if (!done) return 0;
+    int kept = 0; /* all null: forget them */
+    for (int i = 0; i < pending.n; i++) {
+        if (pending.owner[i] == c && pending.ticket[i] == ticket) {
+            free(pending.staged[i]);
+            continue;
+        }
+        pending.req[kept] = pending.req[i], pending.staged[kept] = pending.staged[i];
+        pending.ticket[kept] = pending.ticket[i], pending.span[kept] = pending.span[i];
+        pending.owner[kept++] = pending.owner[i];
+    }
+    pending.n = kept;
+    return 1;
+}
+
 void comm_all_reduce_sum_start(struct comm *c, float *buf, size_t n) {
     if (c->nccl && n) {
         nccl_all_reduce(c, buf, n, 0, 1);

@@ -1,5 +1,6 @@
 #include "parallel/schedule.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,11 +28,22 @@ int schedule_kind(const char *name, int vpp) {
     if (!strcmp(name, "1f1b")) return SCHED_1F1B;
     if (!strcmp(name, "interleaved")) return SCHED_INTERLEAVED;
     if (!strcmp(name, "zb-h1")) return SCHED_ZB_H1;
+    if (!strcmp(name, "zbv")) return SCHED_ZBV;
     return -1;
 }
 
 const char *schedule_name(enum sched_kind kind) {
-    return kind == SCHED_ZB_H1 ? "zb-h1" : kind == SCHED_INTERLEAVED ? "interleaved" : "1f1b";
+    return kind == SCHED_ZBV ? "zbv" : kind == SCHED_ZB_H1 ? "zb-h1" : kind == SCHED_INTERLEAVED ? "interleaved" : "1f1b";
+}
+
+int schedule_splits(enum sched_kind kind) { return kind == SCHED_ZB_H1 || kind == SCHED_ZBV; }
+
+int schedule_stage(enum sched_kind kind, int pp, int chunk, int rank) {
+    if (kind == SCHED_ZBV) return chunk == 0 ? rank : 2 * pp - 1 - rank;
+    return chunk * pp + rank;
+}
+static int stage_rank(enum sched_kind kind, int pp, int vs) {
+    return kind == SCHED_ZBV ? (vs < pp ? vs : 2 * pp - 1 - vs) : vs % pp;
 }
 
 /* 1F1B's order (interleaved when vpp > 1) */
@@ -64,7 +76,135 @@ static int build_zb_h1(struct sched_item *out, int pp, int rank, int m) {
     return n;
 }
 
+/* ZB-V's order, for every rank at once: a list scheduler over time with F =
+ * B = W = 1. When a rank is free it runs, of the items whose inputs have
+ * arrived, a backward (the older micro batch first: others wait for it),
+ * else a forward (chunk 1's first: it takes no new slot; chunk 0's only
+ * while fewer than pp micro batches are in flight on the rank, a micro
+ * batch holding its slot from its chunk-0 forward to its chunk-0 W), else
+ * the oldest pending W; if none is ready it waits for the next arrival.
+ * Each stage runs its forwards and its backwards in micro-batch order, and
+ * a rank takes the messages from each neighbour (itself at the turn) in the
+ * order they were sent, as the exchanges need (no tags). */
+struct zbv_rank {
+    double clock;
+    int next[2][2];      /* [op F/B][chunk]: next micro batch */
+    int in_flight, nw, w_head, n;
+    struct sched_item *w; /* pending W (FIFO) */
+    struct sched_item *out; /* its order */
+};
+
+/* a message on the channel from rank `from` to `to`: (op, mb) for stage vs */
+struct zbv_msg { int op, mb, vs; };
+
+/* A V links each rank to its neighbours and itself: channel from -> to */
+static int link_of(int pp, int from, int to) {
+    CHECK(to >= from - 1 && to <= from + 1 && to >= 0 && to < pp);
+    return from * 3 + (to - from + 1);
+}
+
+/* every rank's order, made once for the last (pp, m) asked (each rank's
+ * trainer, the estimate's stages and the simulation ask for it again) */
+static struct { int pp, m; struct sched_item *items; } zbv_cache;
+
+static void generate_zbv(int pp, int m, struct sched_item *all) {
+    int S = 2 * pp, total = 3 * m * 2;
+    double *fdone = xmalloc(sizeof(double) * m * S), *bdone = xmalloc(sizeof(double) * m * S);
+    for (int i = 0; i < m * S; i++) fdone[i] = bdone[i] = -1;
+    struct zbv_rank *r = xcalloc(pp, sizeof *r);
+    size_t ch_cap = (size_t)2 * m; /* a link carries one chunk's forwards and another's backwards */
+    struct zbv_msg *ch = xmalloc(sizeof *ch * (size_t)pp * 3 * ch_cap);
+    int *ch_n = xcalloc((size_t)pp * 3, sizeof(int)), *ch_used = xcalloc((size_t)pp * 3, sizeof(int));
+    for (int i = 0; i < pp; i++) r[i].w = xmalloc(sizeof *r[i].w * 2 * m), r[i].out = all + (size_t)i * total;
+    for (int done = 0; done < pp * total;) {
+        /* each rank's best item and when it can start; the rank that can start first runs it */
+        int best_rank = -1;
+        double best_at = 0;
+        struct sched_item best = {0};
+        for (int q = 0; q < pp; q++) {
+            struct zbv_rank *k = &r[q];
+            if (k->n == total) continue;
+            /* candidates: (ready time, priority class, micro batch) */
+            struct sched_item cand = {0};
+            double cand_at = 0;
+            int cand_class = 9, found = 0;
+            for (int op = SCHED_BACKWARD; op >= SCHED_FORWARD; op--)
+                for (int c = 1; c >= 0; c--) {
+                    int mb = k->next[op][c], vs = schedule_stage(SCHED_ZBV, pp, c, q);
+                    if (mb >= m) continue;
+                    if (op == SCHED_FORWARD && c == 0 && k->in_flight >= pp) continue;
+                    int from_vs = op == SCHED_FORWARD ? vs - 1 : vs + 1;
+                    double at = op == SCHED_BACKWARD ? fdone[mb * S + vs] : 0;
+                    if (at < 0) continue; /* its forward has not run */
+                    if (from_vs >= 0 && from_vs < S) {
+                        double dep = op == SCHED_FORWARD ? fdone[mb * S + from_vs] : bdone[mb * S + from_vs];
+                        if (dep < 0) continue;
+                        int from = stage_rank(SCHED_ZBV, pp, from_vs), c_at = link_of(pp, from, q);
+                        struct zbv_msg *head = &ch[c_at * ch_cap + ch_used[c_at]];
+                        if (ch_used[c_at] >= ch_n[c_at] || head->op != op || head->mb != mb || head->vs != vs) continue;
+                        if (dep > at) at = dep;
+                    }
+                    if (at < k->clock) at = k->clock;
+                    /* backwards before forwards, older micro batches first, then chunk 1 */
+                    int cls = op == SCHED_BACKWARD ? 0 : 1;
+                    if (!found || at < cand_at - 1e-9 ||
+                        (fabs(at - cand_at) < 1e-9 && (cls < cand_class || (cls == cand_class && mb < cand.mb)))) {
+                        cand = (struct sched_item){op, mb, c}, cand_at = at, cand_class = cls, found = 1;
+                    }
+                }
+            if (k->w_head < k->nw) { /* a W is always ready (its B ran on this rank): when nothing else is */
+                struct sched_item w = k->w[k->w_head];
+                double at = bdone[w.mb * S + schedule_stage(SCHED_ZBV, pp, w.chunk, q)];
+                if (at < k->clock) at = k->clock;
+                if (!found || at < cand_at - 1e-9) cand = w, cand_at = at, found = 1;
+            }
+            if (!found) continue;
+            if (best_rank < 0 || cand_at < best_at - 1e-9) best_rank = q, best_at = cand_at, best = cand;
+        }
+        CHECK(best_rank >= 0); /* some rank can always go on */
+        struct zbv_rank *k = &r[best_rank];
+        int vs = schedule_stage(SCHED_ZBV, pp, best.chunk, best_rank);
+        double end = best_at + 1;
+        k->out[k->n++] = best, k->clock = end, done++;
+        if (best.op == SCHED_WEIGHTS) {
+            k->w_head++;
+            if (best.chunk == 0) k->in_flight--;
+            continue;
+        }
+        k->next[best.op][best.chunk]++;
+        if (best.op == SCHED_FORWARD && best.chunk == 0) k->in_flight++;
+        int from_vs = best.op == SCHED_FORWARD ? vs - 1 : vs + 1;
+        if (from_vs >= 0 && from_vs < S) ch_used[link_of(pp, stage_rank(SCHED_ZBV, pp, from_vs), best_rank)]++;
+        if (best.op == SCHED_FORWARD) fdone[best.mb * S + vs] = end;
+        else bdone[best.mb * S + vs] = end, k->w[k->nw++] = (struct sched_item){SCHED_WEIGHTS, best.mb, best.chunk};
+        int to_vs = best.op == SCHED_FORWARD ? vs + 1 : vs - 1;
+        if (to_vs >= 0 && to_vs < S) { /* the result goes to the next stage's rank, in this order */
+            int to = stage_rank(SCHED_ZBV, pp, to_vs), c_at = link_of(pp, best_rank, to);
+            CHECK((size_t)ch_n[c_at] < ch_cap);
+            ch[c_at * ch_cap + ch_n[c_at]++] = (struct zbv_msg){best.op, best.mb, to_vs};
+        }
+    }
+    for (int i = 0; i < pp; i++) free(r[i].w);
+    free(r), free(ch), free(ch_n), free(ch_used), free(fdone), free(bdone);
+}
+
+static int build_zbv(struct sched_item *out, int pp, int rank, int m) {
+    int total = 3 * m * 2;
+    if (zbv_cache.pp != pp || zbv_cache.m != m) {
+        free(zbv_cache.items);
+        zbv_cache.items = xmalloc(sizeof *zbv_cache.items * (size_t)pp * total);
+        zbv_cache.pp = pp, zbv_cache.m = m;
+        generate_zbv(pp, m, zbv_cache.items);
+    }
+    memcpy(out, zbv_cache.items + (size_t)rank * total, sizeof *out * total);
+    return total;
+}
+
 int schedule_build(struct sched_item *out, enum sched_kind kind, int pp, int vpp, int rank, int m) {
+    if (kind == SCHED_ZBV) {
+        CHECK(vpp == 2);
+        return build_zbv(out, pp, rank, m);
+    }
     if (kind == SCHED_ZB_H1) {
         CHECK(vpp == 1);
         return build_zb_h1(out, pp, rank, m);
@@ -95,6 +235,16 @@ int schedule_max_in_flight(const struct sched_item *s, int n, int vpp) {
     return most ? most : 1;
 }
 
+int schedule_max_deferred(const struct sched_item *s, int n) {
+    int waiting = 0, most = 0, split = 0;
+    for (int i = 0; i < n; i++) split |= s[i].op == SCHED_WEIGHTS;
+    for (int i = 0; i < n && split; i++) {
+        waiting += s[i].op == SCHED_BACKWARD ? 1 : s[i].op == SCHED_WEIGHTS ? -1 : 0;
+        if (waiting > most) most = waiting;
+    }
+    return most;
+}
+
 void schedule_print(FILE *out, enum sched_kind kind, int pp, int vpp, int m) {
     struct sched_item *s = xmalloc(sizeof *s * SCHED_ITEMS(m, vpp));
     for (int r = 0; r < pp; r++) {
@@ -110,8 +260,13 @@ void schedule_print_summary(FILE *out, enum sched_kind kind, int pp, int vpp, in
     struct sched_item *s = xmalloc(sizeof *s * SCHED_ITEMS(m, vpp));
     int total = m * vpp;
     for (int r = 0; r < pp; r++) {
-        int warmup = warmup_forwards(pp, vpp, r, m);
         int in_flight = schedule_max_in_flight(s, schedule_build(s, kind, pp, vpp, r, m), vpp);
+        if (kind == SCHED_ZBV) {
+            fprintf(out, "  rank %d: virtual stages %d and %d, %d micro batches, each B's W when nothing else is ready; "
+                    "up to %d micro batches in flight\n", r, r, 2 * pp - 1 - r, m, in_flight);
+            continue;
+        }
+        int warmup = warmup_forwards(pp, vpp, r, m);
         char what[64];
         if (vpp > 1) snprintf(what, sizeof what, "%d micro batches x %d chunks", m, vpp);
         else snprintf(what, sizeof what, "%d micro batches", m);
@@ -121,10 +276,10 @@ void schedule_print_summary(FILE *out, enum sched_kind kind, int pp, int vpp, in
     }
     double bubble = 0, plain = 0;
     int rc = schedule_simulate(kind, pp, vpp, m, 0, 2.0, 0.5, &bubble);
-    if (rc == 0 && kind == SCHED_ZB_H1 && schedule_simulate(SCHED_1F1B, pp, 1, m, 0, 2.0, 0.5, &plain) == 0)
-        fprintf(out, "  zb-h1: bubble fraction %.1f%% (simulated: F, B and W cost alike, communication free), "
-                "1f1b's %.1f%%: idle time %.2fx 1f1b's (ideal 1/3)\n", 100 * bubble, 100 * plain,
-                bubble / (1 - bubble) / (plain / (1 - plain)));
+    if (rc == 0 && schedule_splits(kind) && schedule_simulate(SCHED_1F1B, pp, 1, m, 0, 2.0, 0.5, &plain) == 0)
+        fprintf(out, "  %s: bubble fraction %.1f%% (simulated: F, B and W cost alike, communication free), "
+                "1f1b's %.1f%%: idle time %.2fx 1f1b's (ideal %s)\n", schedule_name(kind), 100 * bubble, 100 * plain,
+                bubble / (1 - bubble) / (plain / (1 - plain)), kind == SCHED_ZBV ? "0" : "1/3");
     else if (rc == 0)
         fprintf(out, "  bubble fraction %.1f%% (simulated: a backward costs 2 forwards, communication free; ideal "
                 "(pp-1)/(vpp*m+pp-1) = %.1f%%)\n", 100 * bubble, 100.0 * (pp - 1) / ((double)vpp * m + pp - 1));
@@ -133,22 +288,22 @@ void schedule_print_summary(FILE *out, enum sched_kind kind, int pp, int vpp, in
     free(s);
 }
 
-struct sched_links schedule_links(struct sched_item it, int pp, int vpp, int rank) {
-    int vs = it.chunk * pp + rank, last = pp * vpp - 1;
+struct sched_links schedule_links(struct sched_item it, enum sched_kind kind, int pp, int vpp, int rank) {
+    int vs = schedule_stage(kind, pp, it.chunk, rank), last = pp * vpp - 1;
     struct sched_links l = {-1, -1};
     if (it.op == SCHED_WEIGHTS) return l;
     if (it.op == SCHED_FORWARD) {
-        if (vs > 0) l.recv_from = (vs - 1) % pp;
-        if (vs < last) l.send_to = (vs + 1) % pp;
+        if (vs > 0) l.recv_from = stage_rank(kind, pp, vs - 1);
+        if (vs < last) l.send_to = stage_rank(kind, pp, vs + 1);
     } else {
-        if (vs < last) l.recv_from = (vs + 1) % pp;
-        if (vs > 0) l.send_to = (vs - 1) % pp;
+        if (vs < last) l.recv_from = stage_rank(kind, pp, vs + 1);
+        if (vs > 0) l.send_to = stage_rank(kind, pp, vs - 1);
     }
     return l;
 }
 
-int schedule_unit(const struct sched_item *s, int n, int i, int vpp) {
-    if (vpp == 1 || i + 1 >= n || s[i].op != SCHED_FORWARD || s[i + 1].op != SCHED_BACKWARD) return 1;
+int schedule_unit(enum sched_kind kind, const struct sched_item *s, int n, int i) {
+    if (kind != SCHED_INTERLEAVED || i + 1 >= n || s[i].op != SCHED_FORWARD || s[i + 1].op != SCHED_BACKWARD) return 1;
     /* steady only: when the warm-up takes every forward (m = pp), the last
      * forward and the first backward are not a pair (pairing them deadlocks) */
     int leading = 0;
@@ -189,7 +344,7 @@ static struct xfer sim_post(struct sim_channels *c, struct sim_rank *r, struct x
 /* post rank me's next group: the last unit's sends and the next unit's
  * receives; before a W unit the sends are only begun (the W waits for
  * nothing) and join the group after it */
-static void sim_post_group(struct sim_channels *c, struct sim_rank *r, int pp, int vpp, int me) {
+static void sim_post_group(struct sim_channels *c, struct sim_rank *r, enum sched_kind kind, int pp, int vpp, int me) {
     r->ngroup = 0;
     int w_unit = r->pos < r->n && r->s[r->pos].op == SCHED_WEIGHTS;
     for (int i = 0; i < r->nout; i++) {
@@ -202,11 +357,11 @@ static void sim_post_group(struct sim_channels *c, struct sim_rank *r, int pp, i
         for (int i = 0; i < r->nbegun; i++) r->group[r->ngroup++] = r->begun[i];
         r->nbegun = 0;
     }
-    r->unit = r->pos < r->n ? schedule_unit(r->s, r->n, r->pos, vpp) : 0;
+    r->unit = r->pos < r->n ? schedule_unit(kind, r->s, r->n, r->pos) : 0;
     for (int i = r->pos; i < r->pos + r->unit; i++) {
         struct sched_item it = r->s[i];
-        struct sched_links l = schedule_links(it, pp, vpp, me);
-        int vs = it.chunk * pp + me;
+        struct sched_links l = schedule_links(it, kind, pp, vpp, me);
+        int vs = schedule_stage(kind, pp, it.chunk, me);
         if (l.recv_from >= 0)
             r->group[r->ngroup++] =
                 sim_post(c, r, (struct xfer){0, l.recv_from * pp + me, 0, it.op == SCHED_BACKWARD, it.mb, vs});
@@ -217,8 +372,8 @@ static void sim_post_group(struct sim_channels *c, struct sim_rank *r, int pp, i
 /* rank me's group, if every transfer in it has met its peer's: run the unit
  * after it (its sends wait for the next group). 1 progressed, 0 waiting, -2
  * a receive meets another message. */
-static int sim_advance(struct sim_channels *c, struct sim_rank *r, int pp, int vpp, int me, const double cost[3],
-                       double *busy) {
+static int sim_advance(struct sim_channels *c, struct sim_rank *r, enum sched_kind kind, int pp, int vpp, int me,
+                       const double cost[3], double *busy) {
     double t = r->clock;
     for (int i = 0; i < r->ngroup; i++) {
         struct xfer x = r->group[i];
@@ -232,20 +387,107 @@ static int sim_advance(struct sim_channels *c, struct sim_rank *r, int pp, int v
     r->clock = t;
     for (int i = r->pos; i < r->pos + r->unit; i++) {
         struct sched_item it = r->s[i];
-        struct sched_links l = schedule_links(it, pp, vpp, me);
-        int vs = it.chunk * pp + me, bw = it.op == SCHED_BACKWARD;
+        struct sched_links l = schedule_links(it, kind, pp, vpp, me);
+        int vs = schedule_stage(kind, pp, it.chunk, me), bw = it.op == SCHED_BACKWARD;
         r->clock += cost[it.op], *busy += cost[it.op];
         if (l.send_to >= 0) r->out[r->nout++] = (struct xfer){1, me * pp + l.send_to, 0, bw, it.mb, bw ? vs - 1 : vs + 1};
     }
     r->pos += r->unit;
-    sim_post_group(c, r, pp, vpp, me);
+    sim_post_group(c, r, kind, pp, vpp, me);
     return 1;
+}
+
+/* ---- simulation of buffered sends (zbv) ---- */
+
+/* Every rank runs its items in order; an item that needs a message waits for
+ * it (the next one on its channel must be it), and a result is sent at once
+ * into a send buffer, never waiting for the receiver: the buffer is free
+ * again when the receiver's item begins. *most: the most buffers any rank
+ * has in use at once. */
+struct bmsg { int backward, mb, vs; double sent, taken; };
+
+static int by_time(const void *a, const void *b) { /* (time, +1 sent / -1 taken): at one time, sends first */
+    const double *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : y[1] > x[1] ? 1 : y[1] < x[1] ? -1 : 0;
+}
+
+static int simulate_buffered(enum sched_kind kind, int pp, int vpp, int m, int forward_only, const double cost[3],
+                             double *bubble, int *most) {
+    int per = SCHED_ITEMS(m, vpp), rc = 0;
+    struct sched_item *s = xmalloc(sizeof *s * per * pp);
+    int *n = xcalloc(pp, sizeof(int)), *pos = xcalloc(pp, sizeof(int));
+    double *clock = xcalloc(pp, sizeof(double)), busy = 0;
+    struct bmsg *ch = xmalloc(sizeof *ch * (size_t)pp * 3 * per);
+    int *sent = xcalloc((size_t)pp * 3, sizeof(int)), *taken = xcalloc((size_t)pp * 3, sizeof(int));
+    for (int i = 0; i < pp; i++)
+        n[i] = forward_only ? schedule_build_forward(s + i * per, vpp, m) : schedule_build(s + i * per, kind, pp, vpp, i, m);
+    for (int progressed = 1; progressed && !rc;) {
+        progressed = 0;
+        for (int me = 0; me < pp && !rc; me++)
+            while (pos[me] < n[me]) {
+                struct sched_item it = s[me * per + pos[me]];
+                struct sched_links l = schedule_links(it, kind, pp, vpp, me);
+                int vs = schedule_stage(kind, pp, it.chunk, me), bw = it.op == SCHED_BACKWARD;
+                double t = clock[me];
+                if (l.recv_from >= 0) {
+                    int c = link_of(pp, l.recv_from, me);
+                    if (taken[c] == sent[c]) break; /* not sent yet */
+                    struct bmsg *x = &ch[(size_t)c * per + taken[c]++];
+                    if (x->backward != bw || x->mb != it.mb || x->vs != vs) {
+                        rc = -2;
+                        break;
+                    }
+                    if (x->sent > t) t = x->sent;
+                    x->taken = t;
+                }
+                clock[me] = t + cost[it.op], busy += cost[it.op], pos[me]++, progressed = 1;
+                if (l.send_to >= 0) {
+                    int c = link_of(pp, me, l.send_to);
+                    ch[(size_t)c * per + sent[c]++] = (struct bmsg){bw, it.mb, bw ? vs - 1 : vs + 1, clock[me], -1};
+                }
+            }
+    }
+    double end = 0;
+    for (int i = 0; i < pp; i++) {
+        if (!rc && pos[i] < n[i]) rc = -1;
+        if (clock[i] > end) end = clock[i];
+    }
+    if (bubble) *bubble = rc ? 1.0 : 1.0 - busy / (end * pp);
+    if (most) { /* per sender, a sweep over its sends and takes: the most in use at one time */
+        *most = 0;
+        double *ev = xmalloc(sizeof(double) * 2 * 2 * 3 * per);
+        for (int from = 0; from < pp && !rc; from++) {
+            int ne = 0;
+            for (int c = from * 3; c < from * 3 + 3; c++)
+                for (int i = 0; i < sent[c]; i++) {
+                    struct bmsg *y = &ch[(size_t)c * per + i];
+                    ev[2 * ne] = y->sent, ev[2 * ne++ + 1] = 1;
+                    ev[2 * ne] = y->taken, ev[2 * ne++ + 1] = -1;
+                }
+            qsort(ev, ne, 2 * sizeof(double), by_time);
+            for (int i = 0, live = 0; i < ne; i++)
+                if ((live += (int)ev[2 * i + 1]) > *most) *most = live;
+        }
+        free(ev);
+    }
+    free(s), free(n), free(pos), free(clock), free(ch), free(sent), free(taken);
+    return rc;
+}
+
+int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m) {
+    if (kind != SCHED_ZBV) return SCHED_UNIT_MAX;
+    const double cost[3] = {1, 1, 1};
+    int train = 0, eval = 0;
+    CHECK(simulate_buffered(kind, pp, vpp, m, 0, cost, NULL, &train) == 0);
+    CHECK(simulate_buffered(kind, pp, vpp, m, 1, cost, NULL, &eval) == 0);
+    return (train > eval ? train : eval) + 1;
 }
 
 int schedule_simulate(enum sched_kind kind, int pp, int vpp, int m, int forward_only, double backward_cost,
                       double w_share, double *bubble) {
-    int per = SCHED_ITEMS(m, vpp), split = kind == SCHED_ZB_H1 && !forward_only;
+    int per = SCHED_ITEMS(m, vpp), split = schedule_splits(kind) && !forward_only;
     const double cost[3] = {1.0, split ? backward_cost * (1 - w_share) : backward_cost, backward_cost * w_share};
+    if (kind == SCHED_ZBV) return simulate_buffered(kind, pp, vpp, m, forward_only, cost, bubble, NULL);
     struct sched_item *s = xmalloc(sizeof *s * per * pp);
     struct sim_rank *r = xcalloc(pp, sizeof *r);
     struct sim_channels c = {.cap = per};
@@ -258,7 +500,7 @@ int schedule_simulate(enum sched_kind kind, int pp, int vpp, int m, int forward_
         r[i].s = s + i * per;
         r[i].n = forward_only ? schedule_build_forward(s + i * per, vpp, m)
                               : schedule_build(s + i * per, kind, pp, vpp, i, m);
-        sim_post_group(&c, &r[i], pp, vpp, i);
+        sim_post_group(&c, &r[i], kind, pp, vpp, i);
     }
     double busy = 0;
     int progressed = 1, rc = 0;
@@ -266,7 +508,7 @@ int schedule_simulate(enum sched_kind kind, int pp, int vpp, int m, int forward_
         progressed = 0;
         for (int i = 0; i < pp && !rc; i++)
             while (!r[i].done) {
-                int a = sim_advance(&c, &r[i], pp, vpp, i, cost, &busy);
+                int a = sim_advance(&c, &r[i], kind, pp, vpp, i, cost, &busy);
                 if (a < 0) rc = a;
                 if (a <= 0) break;
                 progressed = 1;

@@ -10,6 +10,13 @@
  *     stages' W fill the cool-down's bubbles while at most pp micro batches
  *     are in flight on any rank (1F1B's on rank 0): a third of 1F1B's idle
  *     time when F, B and W cost alike
+ *   zbv (vpp = 2, which it needs): zero bubble's ZB-V: two chunks per rank placed in a V
+ *     (rank r holds virtual stages r and 2pp-1-r, so rank 0 holds the
+ *     embedding and the head, and the turn at rank pp-1 stays on the
+ *     rank), backwards split into B and W as in zb-h1. The order is made
+ *     by a greedy list scheduler over F = B = W (schedule.c build_zbv):
+ *     backwards first, then forwards while at most pp micro batches are in
+ *     flight (1F1B's most), weight gradients when nothing else is ready
  * Transfers between stages go in groups (comm_exchange), as NCCL needs: a
  * rank runs its list a unit at a time (schedule_unit: one item, or a steady
  * forward+backward pair when interleaved), and before each unit one group
@@ -22,16 +29,22 @@
 #include <stdio.h>
 
 enum sched_op { SCHED_FORWARD = 0, SCHED_BACKWARD = 1, SCHED_WEIGHTS = 2 };
-enum sched_kind { SCHED_1F1B, SCHED_INTERLEAVED, SCHED_ZB_H1 };
+enum sched_kind { SCHED_1F1B, SCHED_INTERLEAVED, SCHED_ZB_H1, SCHED_ZBV };
 /* The kind a recipe's parallel.schedule names ("auto": interleaved when vpp
  * > 1, else 1f1b); -1 for an unknown name. */
 int schedule_kind(const char *name, int vpp);
 const char *schedule_name(enum sched_kind kind);
+/* Whether the kind splits backwards into B and W items */
+int schedule_splits(enum sched_kind kind);
+/* The virtual stage of a rank's chunk: chunk * pp + rank, or in a V (zbv)
+ * rank for chunk 0 and 2pp-1-rank for chunk 1. Stage 0 holds the embedding,
+ * stage pp*chunks-1 the head. */
+int schedule_stage(enum sched_kind kind, int pp, int chunk, int rank);
 
 struct sched_item {
     enum sched_op op;
     int mb;      /* micro batch */
-    int chunk;   /* model chunk on this rank (virtual stage chunk*pp + rank) */
+    int chunk;   /* model chunk on this rank (its virtual stage: schedule_stage) */
 };
 
 /* Fill out (capacity SCHED_ITEMS(m, vpp)) with rank's schedule; returns the count. */
@@ -42,6 +55,8 @@ int schedule_build_forward(struct sched_item *out, int vpp, int m);
 /* Most micro batches whose activations a rank holds at once under its
  * schedule (from the first forward to the last backward, or W when split). */
 int schedule_max_in_flight(const struct sched_item *s, int n, int vpp);
+/* Most chunks whose backward ran and whose W has not (0: not split) */
+int schedule_max_deferred(const struct sched_item *s, int n);
 /* Print every rank's schedule (for --dry-run), e.g. "rank 0: F0.0 F1.0 B0.0 W0.0 ...". */
 void schedule_print(FILE *out, enum sched_kind kind, int pp, int vpp, int m);
 /* Print one line per pipeline stage (warm-up, steady and cool-down counts,
@@ -54,16 +69,29 @@ void schedule_print_summary(FILE *out, enum sched_kind kind, int pp, int vpp, in
  * item before it are begun (comm_exchange_start) before it runs and
  * completed with the next exchange. */
 struct sched_links { int recv_from, send_to; };
-struct sched_links schedule_links(struct sched_item it, int pp, int vpp, int rank);
+struct sched_links schedule_links(struct sched_item it, enum sched_kind kind, int pp, int vpp, int rank);
 /* How many items from s[i] on run between two exchanges (1 or 2). 1F1B
  * exchanges around every item; interleaved, a steady forward and the
  * backward after it share one exchange (one item each deadlocks there;
- * without a steady phase, m = pp, every item is a unit). */
-int schedule_unit(const struct sched_item *s, int n, int i, int vpp);
+ * without a steady phase, m = pp, every item is a unit); the others
+ * (zb-h1, zbv) around every item. */
+int schedule_unit(enum sched_kind kind, const struct sched_item *s, int n, int i);
 #define SCHED_UNIT_MAX 2 /* the most items schedule_unit returns */
 
+/* zbv's sends do not wait for their receives (a V order has traffic both
+ * ways on every link, so grouped exchanges deadlock): each result goes into
+ * a send buffer of its own, begun at once, and the buffer is free again
+ * when the receiver takes it. The buffers a rank needs: one more than the
+ * most in use at once when F, B and W cost alike, which keeps the run from
+ * waiting on a full set of buffers in a way that could close a cycle (the
+ * trainer takes whichever buffer completes first). Other kinds:
+ * SCHED_UNIT_MAX, reused after each exchange. */
+int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m);
+/* Whether a kind's sends are buffered (not grouped with the receives) */
+#define SCHED_BUFFERED(kind) ((kind) == SCHED_ZBV)
+
 /* Run all ranks' schedules (training; forward_only: evaluation's order) with
- * unit-cost forwards and backwards of cost `backward_cost` (zb-h1: B
+ * unit-cost forwards and backwards of cost `backward_cost` (split kinds: B
  * backward_cost * (1 - w_share), W backward_cost * w_share), exchanging as
  * the trainer does (free transfers that wait for their peer). Returns 0 and
  * the bubble fraction (idle / total rank-time) if every rank completes, -1

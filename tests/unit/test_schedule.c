@@ -2,7 +2,7 @@
  * (then, under zb-h1, its weight gradients) exactly once per rank, no
  * deadlock under the send/recv rules, in-flight bound, and the bubble
  * against the analytic (pp-1)/(m+pp-1) (/vpp when interleaved) and, for
- * zb-h1, a third of 1F1B's idle time. Also the LR schedules against their
+ * zb-h1, a third of 1F1B's idle time, for zbv a sixth (pp dividing m). Also the LR schedules against their
  * closed forms. */
 #include <math.h>
 #include <string.h>
@@ -17,20 +17,24 @@ static void check_complete_kind(enum sched_kind kind, int pp, int vpp, int m) {
     char name[96];
     snprintf(name, sizeof name, "schedule_complete_%s_pp%d_vpp%d_m%d", schedule_name(kind), pp, vpp, m);
     struct sched_item s[1024];
-    int ok = 1, split = kind == SCHED_ZB_H1;
+    int ok = 1, split = schedule_splits(kind);
     for (int r = 0; r < pp && ok; r++) {
-        int n = schedule_build(s, kind, pp, vpp, r, m), fseen[64][8] = {{0}}, bseen[64][8] = {{0}}, wseen[64] = {0};
+        int n = schedule_build(s, kind, pp, vpp, r, m), fseen[64][8] = {{0}}, bseen[64][8] = {{0}}, wseen[64][8] = {{0}};
         ok &= n == (2 + split) * m * vpp;
         for (int i = 0; i < n && ok; i++) {
-            if (s[i].op == SCHED_FORWARD) fseen[s[i].mb][s[i].chunk]++;
-            else if (s[i].op == SCHED_BACKWARD) ok &= fseen[s[i].mb][s[i].chunk] == 1, bseen[s[i].mb][s[i].chunk]++;
-            else ok &= split && bseen[s[i].mb][0] == 1, wseen[s[i].mb]++; /* W after its B */
+            int mb = s[i].mb, c = s[i].chunk;
+            if (s[i].op == SCHED_FORWARD) fseen[mb][c]++;
+            else if (s[i].op == SCHED_BACKWARD) ok &= fseen[mb][c] == 1, bseen[mb][c]++;
+            else ok &= split && bseen[mb][c] == 1, wseen[mb][c]++; /* W after its B */
+            /* a micro batch's slot is released at chunk 0's W: every chunk's W comes before it */
+            if (s[i].op == SCHED_WEIGHTS && c == 0)
+                for (int k = 1; k < vpp; k++) ok &= wseen[mb][k] == 1;
         }
         for (int mb = 0; mb < m; mb++)
-            for (int c = 0; c < vpp; c++) ok &= fseen[mb][c] == 1 && bseen[mb][c] == 1 && wseen[mb] == split;
-        /* 1F1B keeps at most pp - rank micro batches in flight; zb-h1 at most pp (1F1B's on rank 0) */
-        if (vpp == 1) ok &= schedule_max_in_flight(s, n, vpp) <= (split ? pp : pp - r);
-        if (split && r == 0) ok &= schedule_max_in_flight(s, n, vpp) == (m < pp ? m : pp);
+            for (int c = 0; c < vpp; c++) ok &= fseen[mb][c] == 1 && bseen[mb][c] == 1 && wseen[mb][c] == split;
+        /* 1F1B keeps at most pp - rank micro batches in flight; zb-h1 and zbv at most pp (1F1B's on rank 0) */
+        if (vpp == 1 || kind == SCHED_ZBV) ok &= schedule_max_in_flight(s, n, vpp) <= (split ? pp : pp - r);
+        if (kind == SCHED_ZB_H1 && r == 0) ok &= schedule_max_in_flight(s, n, vpp) == (m < pp ? m : pp);
     }
     double bubble;
     ok &= schedule_simulate(kind, pp, vpp, m, 0, 2.0, 0.5, &bubble) == 0;
@@ -52,6 +56,25 @@ static void check_zb_bubble(int pp, int m) {
     TEST_RESULT(name, rc == 0 && fabs(ratio - 1.0 / 3) < 1e-9, "idle time %.4f x 1F1B's, want 1/3 (rc %d)", ratio, rc);
 }
 
+/* zbv against 1F1B at equal work per chunk (F = B = W = 1 per chunk, so a
+ * stage's forward costs 2 of them: 1F1B's F = 1, B = 2 halved), buffered
+ * sends: when pp divides the micro batches the idle rank-time is a sixth of
+ * 1F1B's (each rank idles only while the first forwards fill the V and the
+ * last W's drain it); otherwise a last partial group of micro batches runs
+ * the V with fewer, but still less idle than 1F1B. At most pp micro batches
+ * in flight (1F1B's most), and a few send buffers. */
+static void check_zbv_bubble(int pp, int m) {
+    char name[96];
+    snprintf(name, sizeof name, "schedule_zbv_idle_pp%d_m%d", pp, m);
+    double zb, plain, want = m % pp ? 1.0 - 1e-9 : 1.0 / 6 + 1e-9;
+    int rc = schedule_simulate(SCHED_ZBV, pp, 2, m, 0, 2.0, 0.5, &zb) |
+             schedule_simulate(SCHED_1F1B, pp, 1, m, 0, 2.0, 0, &plain);
+    double ratio = zb / (1 - zb) / (plain / (1 - plain));
+    int bufs = schedule_send_buffers(SCHED_ZBV, pp, 2, m);
+    TEST_RESULT(name, rc == 0 && ratio <= want && bufs <= 4, "idle time %.4f x 1F1B's, want <= %.4f (rc %d); %d send "
+                "buffers", ratio, want, rc, bufs);
+}
+
 static void check_bubble(int pp, int vpp, int m) {
     char name[96];
     snprintf(name, sizeof name, "schedule_bubble_pp%d_vpp%d_m%d", pp, vpp, m);
@@ -67,11 +90,11 @@ static void check_bubble(int pp, int vpp, int m) {
 static void check_exchanges(void) {
     int layouts = 0, bad = 0, first[4] = {0};
     for (int pp = 2; pp <= 8; pp++)
-        for (int vpp = 1; vpp <= 5; vpp++) /* 5: zb-h1 (vpp 1) */
+        for (int vpp = 1; vpp <= 6; vpp++) /* 5: zb-h1 (vpp 1), 6: zbv (vpp 2) */
             for (int m = 1; m <= 32; m++) {
-                int v = vpp == 5 ? 1 : vpp;
-                enum sched_kind kind = vpp == 5 ? SCHED_ZB_H1 : kind_of(vpp);
-                if (v > 1 && m % pp) continue;
+                int v = vpp == 5 ? 1 : vpp == 6 ? 2 : vpp;
+                enum sched_kind kind = vpp == 5 ? SCHED_ZB_H1 : vpp == 6 ? SCHED_ZBV : kind_of(vpp);
+                if (kind == SCHED_INTERLEAVED && m % pp) continue;
                 for (int fwd = 0; fwd < 2; fwd++, layouts++)
                     if (schedule_simulate(kind, pp, v, m, fwd, 2.0, 0.5, NULL) != 0 && !bad++)
                         first[0] = pp, first[1] = vpp, first[2] = m, first[3] = fwd;
@@ -87,9 +110,10 @@ static void check_exchanges(void) {
 static void check_units(void) {
     struct sched_item s[64];
     int n = schedule_build(s, SCHED_INTERLEAVED, 2, 2, 0, 4), pairs = 0;
-    for (int i = 0; i < n; i += schedule_unit(s, n, i, 2)) pairs += schedule_unit(s, n, i, 2) == 2;
+    for (int i = 0; i < n; i += schedule_unit(SCHED_INTERLEAVED, s, n, i))
+        pairs += schedule_unit(SCHED_INTERLEAVED, s, n, i) == 2;
     int n1 = schedule_build(s, SCHED_1F1B, 4, 1, 1, 8), singles = 1;
-    for (int i = 0; i < n1; i++) singles &= schedule_unit(s, n1, i, 1) == 1;
+    for (int i = 0; i < n1; i++) singles &= schedule_unit(SCHED_1F1B, s, n1, i) == 1;
     /* rank 0 of pp 2, vpp 2, m 4: warm-up 4 forwards, 4 steady pairs, 4 backwards */
     TEST_RESULT("schedule_units", pairs == 4 && singles, "%d steady pairs (want 4), 1F1B singles %d", pairs, singles);
 }
@@ -123,6 +147,8 @@ int main(void) {
     int zb[][2] = {{2, 1}, {2, 4}, {2, 8}, {4, 4}, {4, 8}, {4, 16}, {8, 8}, {8, 32}, {3, 7}};
     for (int i = 0; i < 9; i++) check_complete_kind(SCHED_ZB_H1, zb[i][0], 1, zb[i][1]);
     for (int i = 2; i < 9; i++) check_zb_bubble(zb[i][0], zb[i][1]);
+    for (int i = 0; i < 9; i++) check_complete_kind(SCHED_ZBV, zb[i][0], 2, zb[i][1]);
+    for (int i = 2; i < 9; i++) check_zbv_bubble(zb[i][0], zb[i][1]);
     check_exchanges();
     check_units();
     check_lr();
