@@ -11,6 +11,10 @@
 # forward / backward / weights spans), and the dry run's in-flight counts
 # are zb-h1's (pp on every stage). The bubble and memory against 1f1b are
 # measured by scripts/bench/pipeline_schedules.sh (timings: not a test).
+# zbv (ZB-V: two chunks per rank in a V, vpp 2, buffered sends) likewise
+# equals one rank for the three families at pp 2 and 4, with tp + SP and tied
+# embeddings (rank 0 holds both ends), ZeRO-1 buckets, expert parallelism and
+# each recompute mode, and checkpoints move between it and 1f1b.
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
 export OMP_NUM_THREADS=1
@@ -43,6 +47,33 @@ for spec in "${layouts[@]}"; do
     params_close sched_$name ck_ref_$fam/step-000000020 ck_$name/step-000000020
 done
 
+# zbv (two chunks per rank in a V, vpp 2) against one rank: pp 2 on the 4-layer recipes, pp 4 on 8 layers
+for fam in r moe deepseek; do
+    "$MTRAIN" pretrain $fam.yaml --set model.num_layers=8 --set log.dir=ref8_$fam --set checkpoint.dir=ck_ref8_$fam \
+        >/dev/null 2>&1 || fail sched_${fam}_reference_8_layers "exit $?"
+done
+"$MTRAIN" pretrain r.yaml --set model.tie_embeddings=true --set log.dir=ref_tied --set checkpoint.dir=ck_ref_tied \
+    >/dev/null 2>&1 || fail sched_tied_reference_run "exit $?"
+# recipe reference name ranks key=value...
+zbv_layouts=(
+    "r ref_r zbv_pp2 2 parallel.pp=2" "r ref8_r zbv_pp4 4 parallel.pp=4 model.num_layers=8"
+    "r ref_tied zbv_pp2_tp2_sp_tied 4 parallel.pp=2 parallel.tp=2 parallel.sequence_parallel=true model.tie_embeddings=true"
+    "r ref_r zbv_pp2_dp2_zero_buckets 4 parallel.pp=2 optimizer.distributed=true parallel.grad_bucket_mb=0.001"
+    "moe ref_moe zbv_pp2_ep2 4 parallel.pp=2 parallel.ep=2" "moe ref_moe zbv_pp2_full 2 parallel.pp=2 train.recompute=full"
+    "moe ref8_moe zbv_pp4_moe 4 parallel.pp=4 model.num_layers=8"
+    "deepseek ref_deepseek zbv_pp2_ep2_mtp_selective 4 parallel.pp=2 parallel.ep=2 train.recompute=selective"
+    "deepseek ref8_deepseek zbv_pp4_mtp 4 parallel.pp=4 model.num_layers=8"
+)
+for spec in "${zbv_layouts[@]}"; do
+    set -- $spec
+    fam=$1 ref=$2 name=$3 np=$4
+    shift 4
+    layout_run sched_$name $np $fam.yaml $name parallel.schedule=zbv parallel.vpp=2 "$@" || continue
+    close_metrics $ref/metrics.jsonl $name/metrics.jsonl 1 20 && pass sched_${name}_losses ||
+        fail sched_${name}_losses "$(worst_metric $ref/metrics.jsonl $name/metrics.jsonl 1)"
+    params_close sched_$name ck_$ref/step-000000020 ck_$name/step-000000020
+done
+
 # zb-h1 runs 1f1b's gradient sums in 1f1b's order: bitwise the same run (fp32 and bf16)
 for precision in fp32 bf16; do
     for schedule in 1f1b zb-h1; do
@@ -58,11 +89,12 @@ done
 
 # checkpoints between schedules: 1f1b saves at step 10, zb-h1 resumes (bitwise the uninterrupted 1f1b run);
 # zb-h1 saves, interleaved (vpp 2) resumes (within 1e-5)
-for spec in "1f1b zb-h1 1 0" "zb-h1 interleaved 2 1e-5"; do
+for spec in "1f1b zb-h1 1 0" "zb-h1 interleaved 2 1e-5" "1f1b zbv 2 1e-5" "zbv 1f1b 1 1e-5"; do
     set -- $spec
-    from=$1 to=$2 vpp=$3 tol=$4 dir=ck_${1}_to_$2
-    run_np 2 pretrain r.yaml --set parallel.pp=2 --set parallel.schedule=$from --set checkpoint.dir=$dir \
-        --set checkpoint.interval=10 --set log.dir=${from}_to_$to --stop-after 10 >/dev/null 2>&1
+    from=$1 to=$2 vpp=$3 tol=$4 dir=ck_${1}_to_$2 from_vpp=1
+    [ $from = zbv ] && from_vpp=2
+    run_np 2 pretrain r.yaml --set parallel.pp=2 --set parallel.schedule=$from --set parallel.vpp=$from_vpp \
+        --set checkpoint.dir=$dir --set checkpoint.interval=10 --set log.dir=${from}_to_$to --stop-after 10 >/dev/null 2>&1
     run_np 2 pretrain r.yaml --set parallel.pp=2 --set parallel.schedule=$to --set parallel.vpp=$vpp \
         --set checkpoint.dir=$dir --set log.dir=${from}_to_$to >"$TMP/out" 2>&1
     grep -q "resumed from $dir/step-000000010" "$TMP/out" &&
