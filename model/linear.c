@@ -126,7 +126,7 @@ void wgrad_run(struct transformer *m, int slot) {
         const float *x = op->x ? op->x : (const float *)(q->buf + op->x_at);
         const float *dout = op->dout ? op->dout : (const float *)(q->buf + op->dout_at);
         m->be->matmul_backward(NULL, op->dw, dout, x, op->w, op->N, op->K, op->M, 0);
-        if (m->wgrad_progress) m->wgrad_progress(m->wgrad_progress_ctx);
+        if (m->pipe_progress) m->pipe_progress(m->pipe_progress_ctx);
         /* a main layer's gradients are whole after its last W (backward met the layers top down) */
         if (last && op->layer >= 0 && (i + 1 == q->n || q->ops[i + 1].layer != op->layer))
             m->layer_grads_done(m->layer_grads_ctx, op->layer);

@@ -64,7 +64,8 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
         die_code(EXIT_USAGE, "parallel.schedule %s: its pipeline sends must not wait for their receives, which only "
                  "CPU ranks' MPI gives for now (the %s backend's NCCL or staged sends do wait): use zb-h1 or 1f1b "
                  "there (docs/parallelism.md)", schedule_name(kind), be->name);
-    tr->model.wgrad_progress = pipeline_progress, tr->model.wgrad_progress_ctx = &g->pp_comm;
+    if (g->pp > 1 && schedule_splits(kind)) /* their sends are under way while items compute */
+        tr->model.pipe_progress = pipeline_progress, tr->model.pipe_progress_ctx = &g->pp_comm;
     if (g->cp > 1 && !be->attention_block_forward)
         die_code(EXIT_USAGE, "parallel.cp %d: the %s backend has no context-parallel attention (kernels/ops.h "
                  "attention_block_forward)", g->cp, be->name);

@@ -821,6 +821,7 @@ double transformer_forward_chunk(struct transformer *m, int slot, int chunk, flo
     m->moe_collect = dscale != 0.0f;
     for (int l = l0; l < l1; l++) {
         if (m->layer_params_needed) m->layer_params_needed(m->layer_params_ctx, l);
+        if (m->pipe_progress) m->pipe_progress(m->pipe_progress_ctx);
         block_forward(m, s, l, l + 1 < l1 ? s->acts[l + 1].x : head ? s->x_final : out);
     }
     if (!head) return 0.0;
@@ -964,6 +965,7 @@ void transformer_backward_chunk(struct transformer *m, int slot, int chunk, cons
         block_backward(m, s, l);
         m->w_layer = -1;
         if (m->last_micro_batch && m->layer_grads_done && !m->defer_w) m->layer_grads_done(m->layer_grads_ctx, l);
+        if (m->pipe_progress) m->pipe_progress(m->pipe_progress_ctx);
     }
     if (m->part.has_embed && chunk == 0) embed_backward(m, s->tokens);
 }

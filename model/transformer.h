@@ -199,9 +199,10 @@ struct transformer {
      * wgrad; transformer_weight_grads_chunk runs them */
     int defer_w, w_layer, w_slot;
     void *wgrad;
-    /* called between a W's GEMMs: MPI moves the sends begun before the W only inside MPI calls */
-    void (*wgrad_progress)(void *ctx);
-    void *wgrad_progress_ctx;
+    /* called between a W's GEMMs and between the layers of a forward or backward: MPI moves the pipeline's
+     * started sends (zb-h1's before a W, zbv's always) only inside MPI calls (NULL: not needed) */
+    void (*pipe_progress)(void *ctx);
+    void *pipe_progress_ctx;
     /* fp8 tables: the main layers [fp8_begin, fp8_end) run their linear
      * layers' GEMMs in FP8 (transformer_set_fp8); fp8_now: the block being
      * run is one of them */

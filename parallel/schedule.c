@@ -278,8 +278,9 @@ void schedule_print_summary(FILE *out, enum sched_kind kind, int pp, int vpp, in
     int rc = schedule_simulate(kind, pp, vpp, m, 0, 2.0, 0.5, &bubble);
     if (rc == 0 && schedule_splits(kind) && schedule_simulate(SCHED_1F1B, pp, 1, m, 0, 2.0, 0.5, &plain) == 0)
         fprintf(out, "  %s: bubble fraction %.1f%% (simulated: F, B and W cost alike, communication free), "
-                "1f1b's %.1f%%: idle time %.2fx 1f1b's (ideal %s)\n", schedule_name(kind), 100 * bubble, 100 * plain,
-                bubble / (1 - bubble) / (plain / (1 - plain)), kind == SCHED_ZBV ? "0" : "1/3");
+                "1f1b's %.1f%%: idle time %.2fx 1f1b's (%s)\n", schedule_name(kind), 100 * bubble, 100 * plain,
+                bubble / (1 - bubble) / (plain / (1 - plain)),
+                kind == SCHED_ZBV ? "1/6 when pp divides the micro batches: the V fills and drains once" : "ideal 1/3");
     else if (rc == 0)
         fprintf(out, "  bubble fraction %.1f%% (simulated: a backward costs 2 forwards, communication free; ideal "
                 "(pp-1)/(vpp*m+pp-1) = %.1f%%)\n", 100 * bubble, 100.0 * (pp - 1) / ((double)vpp * m + pp - 1));

@@ -8,7 +8,8 @@
 # largest rank's). Then the measured idle-time ratio zb-h1 / 1f1b against
 # the formula of the ZB-H1 paper, (F + B - 2W) / (F + B) with B the whole
 # backward, from the measured means (1/3 when F = B_input = W). Prints a
-# table; writes build/bench/pipeline_schedules.json (JSON=...).
+# table; writes build/bench/pipeline_schedules.json (JSON=...). zbv (vpp 2,
+# its F, B and W a chunk's) likewise, against its simulation at equal costs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/rel}
@@ -29,16 +30,18 @@ optimizer: {lr: 3e-4}
 data: {path: $WORK/data}
 log: {interval: 1}
 YAML
-for schedule in 1f1b zb-h1; do
+for schedule in 1f1b zb-h1 zbv; do
+    vpp=1
+    [ $schedule = zbv ] && vpp=2
     MTRAIN_TIMELINE=$STEP timeout 600 mpiexec -n "$PP" "$MTRAIN" pretrain "$WORK/r.yaml" --set parallel.pp="$PP" \
-        --set parallel.schedule=$schedule --set log.dir="$WORK/$schedule" >"$WORK/$schedule.out" 2>&1 ||
+        --set parallel.vpp=$vpp --set parallel.schedule=$schedule --set log.dir="$WORK/$schedule" >"$WORK/$schedule.out" 2>&1 ||
         { echo "pipeline_schedules.sh: the $schedule run failed:"; tail -5 "$WORK/$schedule.out"; exit 1; }
 done
 "$PY" - "$WORK" "$PP" "$JSON" <<'EOF'
 import json, sys
 work, pp, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 res = {}
-for sched in ("1f1b", "zb-h1"):
+for sched in ("1f1b", "zb-h1", "zbv"):
     idle, spans, step = [], {"forward": [], "backward": [], "weights": []}, 0.0
     for r in range(pp):
         d = json.load(open("%s/%s/timeline-rank-%05d.json" % (work, sched, r)))
@@ -57,14 +60,18 @@ B = res["1f1b"]["backward_ms"]                      # the whole backward
 W = res["zb-h1"]["weights_ms"]
 predicted = (F + B - 2 * W) / (F + B)
 measured = res["zb-h1"]["idle_ms"] / res["1f1b"]["idle_ms"]
+zbv = res["zbv"]["idle_ms"] / res["1f1b"]["idle_ms"]
 res.update({"pp": pp, "micro_batches": 8, "idle_ratio_measured": measured, "idle_ratio_formula": predicted,
-            "memory_ratio": res["zb-h1"]["peak_mem_mib"] / res["1f1b"]["peak_mem_mib"]})
+            "memory_ratio": res["zb-h1"]["peak_mem_mib"] / res["1f1b"]["peak_mem_mib"],
+            "zbv_idle_ratio_measured": zbv, "zbv_memory_ratio": res["zbv"]["peak_mem_mib"] / res["1f1b"]["peak_mem_mib"]})
 print("schedule  step ms   idle ms (all ranks)   F ms    B ms    W ms   peak MiB")
-for s in ("1f1b", "zb-h1"):
+for s in ("1f1b", "zb-h1", "zbv"):
     x = res[s]
     print("%-8s %8.1f %12.1f %15.2f %7.2f %7.2f %9.1f" % (s, x["step_ms"], x["idle_ms"], x["forward_ms"],
                                                           x["backward_ms"], x["weights_ms"], x["peak_mem_mib"]))
 print("zb-h1 idle / 1f1b idle: measured %.2f, formula (F+B-2W)/(F+B) %.2f; peak memory %.3fx 1f1b's"
       % (measured, predicted, res["memory_ratio"]))
+print("zbv idle / 1f1b idle: measured %.2f (simulated at F = B = W per chunk: 1/6); peak memory %.3fx 1f1b's "
+      "(zbv's F, B and W are a chunk's: half a stage)" % (zbv, res["zbv_memory_ratio"]))
 json.dump(res, open(out, "w"), indent=1)
 EOF

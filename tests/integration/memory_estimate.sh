@@ -61,6 +61,9 @@ check zero_bf16_pp2_dp2 4 optimizer.distributed=true train.precision=bf16 parall
 # batches' deferred weight-gradient operands (the last stage is the busiest)
 check zb_h1_pp2 2 parallel.pp=2 parallel.schedule=zb-h1 train.micro_batch=1
 check zb_h1_pp2_selective 2 parallel.pp=2 parallel.schedule=zb-h1 train.micro_batch=1 train.recompute=selective
+# zbv (pp 2, vpp 2): every rank holds up to pp micro batches (both chunks), the copies of the W's its order
+# leaves waiting, and its send buffers
+check zbv_pp2 2 parallel.pp=2 parallel.vpp=2 parallel.schedule=zbv train.micro_batch=1
 # Mixtral-shaped: the experts dominate; at ep > 1 their row buffers are sized
 # for model.moe_rows_headroom x the mean rows a rank receives (the worst case,
 # every routed token on one rank, is not allocated)
