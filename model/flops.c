@@ -163,8 +163,9 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
         struct sched_item *s = xmalloc(sizeof *s * SCHED_ITEMS(m, vpp));
         int n = schedule_build(s, kind, pp, vpp, pp_rank, m);
         slots = schedule_max_in_flight(s, n, vpp);
+        if (kind == SCHED_ZBV) slots = pp < m ? pp : m; /* its cap (model/trainer.c) */
         deferred = schedule_max_deferred(s, n);
-        nsend = schedule_send_buffers(kind, pp, vpp, m);
+        nsend = schedule_send_buffers(kind, pp, vpp, m, NULL);
         free(s);
     }
     e.in_flight = slots;

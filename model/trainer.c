@@ -1,5 +1,6 @@
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "config/common.h"
 #include "model/cp_attention.h"
@@ -50,6 +51,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     tr->eval_schedule = xmalloc(sizeof *tr->eval_schedule * m * vpp);
     tr->eval_len = schedule_build_forward(tr->eval_schedule, vpp, m);
     int slots = schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp);
+    if (kind == SCHED_ZBV && g->pp > 1) slots = g->pp < m ? g->pp : m; /* its cap, whatever costs its order is made for */
     struct model_part part;
     model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank, g->ep_rank, g->etp_rank);
     /* ZeRO-1 with a working copy: each rank keeps the fp32 master of its shard only (of either group: the
@@ -113,7 +115,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     }
     if (g->pp > 1) {
         size_t act = act_size(&tr->model, (size_t)tr->model.Ns * tr->model.C);
-        tr->nsend = schedule_send_buffers(kind, g->pp, vpp, m);
+        tr->nsend = schedule_send_buffers(kind, g->pp, vpp, m, NULL);
         tr->send = be->alloc(act * tr->nsend);
         tr->send_ticket = xcalloc(tr->nsend, sizeof(int));
         tr->recv_grad = be->alloc(act);
@@ -250,6 +252,44 @@ static int free_send_buffer(struct trainer *tr) {
     }
 }
 
+static double now_s(void) {
+    struct timespec t;
+    CHECK(clock_gettime(CLOCK_MONOTONIC, &t) == 0);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+/* a training item's time on the host clock (zbv runs on CPU ranks only), until the order is made for them */
+static void time_item(struct trainer *tr, enum sched_op op, double t0, int eval) {
+    if (eval || tr->item_time[0][1] < 0) return;
+    tr->item_time[op][0] += now_s() - t0, tr->item_time[op][1] += 1;
+}
+
+/* After the first training step: zbv's order made again for the mean F, B and W times measured on every
+ * rank (all ranks agree on them, so every pipeline runs one order: the data-parallel buckets start in
+ * the same order everywhere). Each chunk's items keep micro-batch order, so no number changes. */
+static void retime_schedule(struct trainer *tr) {
+    if (tr->item_time[0][1] < 0 || !SCHED_BUFFERED(tr->kind) || tr->grid->pp == 1) return;
+    double v[6];
+    for (int k = 0; k < 3; k++) v[2 * k] = tr->item_time[k][0], v[2 * k + 1] = tr->item_time[k][1];
+    comm_all_reduce_sum_f64(&tr->grid->world, v, 6);
+    tr->item_time[0][1] = -1;
+    if (v[1] <= 0 || v[3] <= 0 || v[5] <= 0 || v[0] <= 0 || v[2] <= 0 || v[4] <= 0) return;
+    double f = v[0] / v[1], cost[3] = {1.0, v[2] / v[3] / f, v[4] / v[5] / f};
+    struct grid *g = tr->grid;
+    int vpp = tr->model.part.nchunks, m = tr->micro_batches;
+    tr->schedule_len = schedule_build_timed(tr->schedule, tr->kind, g->pp, vpp, g->pp_rank, m, cost);
+    CHECK(schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp) <= tr->model.nslots);
+    int need = schedule_send_buffers(tr->kind, g->pp, vpp, m, cost);
+    if (need > tr->nsend) { /* every send of the step completed: the buffers are free */
+        const struct backend *be = tr->model.be;
+        be->free(tr->send);
+        tr->send = be->alloc(act_size(&tr->model, (size_t)tr->model.Ns * tr->model.C) * need);
+        free(tr->send_ticket);
+        tr->send_ticket = xcalloc(need, sizeof(int));
+        tr->nsend = need;
+    }
+}
+
 static double run_buffered(struct trainer *tr, const int32_t *samples, const struct sched_item *s, int n,
                            float dscale, int eval) {
     struct transformer *m = &tr->model;
@@ -258,8 +298,10 @@ static double run_buffered(struct trainer *tr, const int32_t *samples, const str
     int next_slot = 0, free_slots[64], nfree = 0;
     double loss = 0;
     for (int i = 0; i < n; i++) {
+        double t0 = now_s();
         if (s[i].op == SCHED_WEIGHTS) {
             run_weights(tr, s[i], free_slots, &nfree);
+            time_item(tr, s[i].op, t0, eval);
             continue;
         }
         struct comm_p2p ops[1];
@@ -269,7 +311,9 @@ static double run_buffered(struct trainer *tr, const int32_t *samples, const str
         struct sched_links l = schedule_links(s[i], tr->kind, g->pp, m->part.nchunks, g->pp_rank);
         int j = l.send_to >= 0 ? free_send_buffer(tr) : -1;
         float *out = j >= 0 ? send_buf(tr, j) : NULL;
+        t0 = now_s(); /* the item itself, not its wait for the input */
         loss += run_item(tr, s[i], s[i].op == SCHED_FORWARD ? out : NULL, dscale, eval, free_slots, &nfree);
+        time_item(tr, s[i].op, t0, eval);
         if (j < 0) continue;
         if (s[i].op == SCHED_BACKWARD) m->be->copy(out, m->d_resid, act_bytes);
         struct comm_p2p send = {out, act_bytes, l.send_to, 0};
@@ -406,6 +450,7 @@ struct step_stats trainer_compute(struct trainer *tr, const int32_t *samples, in
     transformer_reset_moe_stats(m);
     if (m->fp8_hist) fp8_history_begin_step(m->fp8_hist);
     double loss = run_schedule(tr, samples, tr->schedule, tr->schedule_len, dscale, 0);
+    retime_schedule(tr);
     comm_all_reduce_sum_f64(&tr->grid->world, &loss, 1);
     /* the step's amaxes (every rank, every micro batch) join the history;
      * a rejected step's are undone with the rest when the run rewinds */

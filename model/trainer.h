@@ -30,6 +30,8 @@ struct trainer {
                                   * exchange that sends them (model/trainer.c run_schedule); buffered
                                   * schedules (zbv): one per send in flight, each free once its ticket is done */
     int nsend, *send_ticket;     /* send buffers; buffered: each one's pending send (0: free) */
+    double item_time[3][2];      /* zbv: this step's F, B, W host seconds and counts, until its order is made for
+                                  * them (after the first training step; item_time[0][1] < 0 then) */
     float *recv_grad;            /* [Ns*C] */
     int32_t *inputs, *targets;   /* host staging for one micro batch */
     int32_t *seq_targets;        /* context parallelism: the whole sequences' targets (the MTP modules' shifts) */

@@ -103,11 +103,11 @@ static int link_of(int pp, int from, int to) {
     return from * 3 + (to - from + 1);
 }
 
-/* every rank's order, made once for the last (pp, m) asked (each rank's
- * trainer, the estimate's stages and the simulation ask for it again) */
-static struct { int pp, m; struct sched_item *items; } zbv_cache;
+/* every rank's order, made once for the last (pp, m, costs) asked (each
+ * rank's trainer, the estimate's stages and the simulation ask for it again) */
+static struct { int pp, m; double cost[3]; struct sched_item *items; } zbv_cache;
 
-static void generate_zbv(int pp, int m, struct sched_item *all) {
+static void generate_zbv(int pp, int m, const double cost[3], struct sched_item *all) {
     int S = 2 * pp, total = 3 * m * 2;
     double *fdone = xmalloc(sizeof(double) * m * S), *bdone = xmalloc(sizeof(double) * m * S);
     for (int i = 0; i < m * S; i++) fdone[i] = bdone[i] = -1;
@@ -164,7 +164,7 @@ static void generate_zbv(int pp, int m, struct sched_item *all) {
         CHECK(best_rank >= 0); /* some rank can always go on */
         struct zbv_rank *k = &r[best_rank];
         int vs = schedule_stage(SCHED_ZBV, pp, best.chunk, best_rank);
-        double end = best_at + 1;
+        double end = best_at + cost[best.op];
         k->out[k->n++] = best, k->clock = end, done++;
         if (best.op == SCHED_WEIGHTS) {
             k->w_head++;
@@ -188,23 +188,32 @@ static void generate_zbv(int pp, int m, struct sched_item *all) {
     free(r), free(ch), free(ch_n), free(ch_used), free(fdone), free(bdone);
 }
 
-static int build_zbv(struct sched_item *out, int pp, int rank, int m) {
+static int build_zbv(struct sched_item *out, int pp, int rank, int m, const double cost[3]) {
     int total = 3 * m * 2;
-    if (zbv_cache.pp != pp || zbv_cache.m != m) {
+    if (zbv_cache.pp != pp || zbv_cache.m != m || memcmp(zbv_cache.cost, cost, sizeof zbv_cache.cost)) {
         free(zbv_cache.items);
         zbv_cache.items = xmalloc(sizeof *zbv_cache.items * (size_t)pp * total);
         zbv_cache.pp = pp, zbv_cache.m = m;
-        generate_zbv(pp, m, zbv_cache.items);
+        memcpy(zbv_cache.cost, cost, sizeof zbv_cache.cost);
+        generate_zbv(pp, m, cost, zbv_cache.items);
     }
     memcpy(out, zbv_cache.items + (size_t)rank * total, sizeof *out * total);
     return total;
 }
 
-int schedule_build(struct sched_item *out, enum sched_kind kind, int pp, int vpp, int rank, int m) {
+static const double equal_costs[3] = {1, 1, 1};
+
+int schedule_build_timed(struct sched_item *out, enum sched_kind kind, int pp, int vpp, int rank, int m,
+                         const double cost[3]) {
     if (kind == SCHED_ZBV) {
-        CHECK(vpp == 2);
-        return build_zbv(out, pp, rank, m);
+        CHECK(vpp == 2 && cost[0] > 0 && cost[1] > 0 && cost[2] > 0);
+        return build_zbv(out, pp, rank, m, cost);
     }
+    return schedule_build(out, kind, pp, vpp, rank, m);
+}
+
+int schedule_build(struct sched_item *out, enum sched_kind kind, int pp, int vpp, int rank, int m) {
+    if (kind == SCHED_ZBV) return schedule_build_timed(out, kind, pp, vpp, rank, m, equal_costs);
     if (kind == SCHED_ZB_H1) {
         CHECK(vpp == 1);
         return build_zb_h1(out, pp, rank, m);
@@ -413,7 +422,7 @@ static int by_time(const void *a, const void *b) { /* (time, +1 sent / -1 taken)
 }
 
 static int simulate_buffered(enum sched_kind kind, int pp, int vpp, int m, int forward_only, const double cost[3],
-                             double *bubble, int *most) {
+                             const double *made_for, double *bubble, int *most) {
     int per = SCHED_ITEMS(m, vpp), rc = 0;
     struct sched_item *s = xmalloc(sizeof *s * per * pp);
     int *n = xcalloc(pp, sizeof(int)), *pos = xcalloc(pp, sizeof(int));
@@ -421,7 +430,8 @@ static int simulate_buffered(enum sched_kind kind, int pp, int vpp, int m, int f
     struct bmsg *ch = xmalloc(sizeof *ch * (size_t)pp * 3 * per);
     int *sent = xcalloc((size_t)pp * 3, sizeof(int)), *taken = xcalloc((size_t)pp * 3, sizeof(int));
     for (int i = 0; i < pp; i++)
-        n[i] = forward_only ? schedule_build_forward(s + i * per, vpp, m) : schedule_build(s + i * per, kind, pp, vpp, i, m);
+        n[i] = forward_only ? schedule_build_forward(s + i * per, vpp, m)
+                            : schedule_build_timed(s + i * per, kind, pp, vpp, i, m, made_for);
     for (int progressed = 1; progressed && !rc;) {
         progressed = 0;
         for (int me = 0; me < pp && !rc; me++)
@@ -475,20 +485,25 @@ static int simulate_buffered(enum sched_kind kind, int pp, int vpp, int m, int f
     return rc;
 }
 
-int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m) {
+int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m, const double cost[3]) {
     if (kind != SCHED_ZBV) return SCHED_UNIT_MAX;
-    const double cost[3] = {1, 1, 1};
+    if (!cost) cost = equal_costs;
     int train = 0, eval = 0;
-    CHECK(simulate_buffered(kind, pp, vpp, m, 0, cost, NULL, &train) == 0);
-    CHECK(simulate_buffered(kind, pp, vpp, m, 1, cost, NULL, &eval) == 0);
+    CHECK(simulate_buffered(kind, pp, vpp, m, 0, cost, cost, NULL, &train) == 0);
+    CHECK(simulate_buffered(kind, pp, vpp, m, 1, cost, cost, NULL, &eval) == 0);
     return (train > eval ? train : eval) + 1;
 }
 
 int schedule_simulate(enum sched_kind kind, int pp, int vpp, int m, int forward_only, double backward_cost,
                       double w_share, double *bubble) {
+    return schedule_simulate_timed(kind, pp, vpp, m, forward_only, backward_cost, w_share, equal_costs, bubble);
+}
+
+int schedule_simulate_timed(enum sched_kind kind, int pp, int vpp, int m, int forward_only, double backward_cost,
+                            double w_share, const double made_for[3], double *bubble) {
     int per = SCHED_ITEMS(m, vpp), split = schedule_splits(kind) && !forward_only;
     const double cost[3] = {1.0, split ? backward_cost * (1 - w_share) : backward_cost, backward_cost * w_share};
-    if (kind == SCHED_ZBV) return simulate_buffered(kind, pp, vpp, m, forward_only, cost, bubble, NULL);
+    if (kind == SCHED_ZBV) return simulate_buffered(kind, pp, vpp, m, forward_only, cost, made_for, bubble, NULL);
     struct sched_item *s = xmalloc(sizeof *s * per * pp);
     struct sim_rank *r = xcalloc(pp, sizeof *r);
     struct sim_channels c = {.cap = per};

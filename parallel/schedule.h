@@ -10,13 +10,16 @@
  *     stages' W fill the cool-down's bubbles while at most pp micro batches
  *     are in flight on any rank (1F1B's on rank 0): a third of 1F1B's idle
  *     time when F, B and W cost alike
- *   zbv (vpp = 2, which it needs): zero bubble's ZB-V: two chunks per rank placed in a V
- *     (rank r holds virtual stages r and 2pp-1-r, so rank 0 holds the
- *     embedding and the head, and the turn at rank pp-1 stays on the
- *     rank), backwards split into B and W as in zb-h1. The order is made
- *     by a greedy list scheduler over F = B = W (schedule.c build_zbv):
- *     backwards first, then forwards while at most pp micro batches are in
- *     flight (1F1B's most), weight gradients when nothing else is ready
+ *   zbv (vpp = 2, which it needs): zero bubble's ZB-V: two chunks per rank
+ *     placed in a V (rank r holds virtual stages r and 2pp-1-r, so rank 0
+ *     holds the embedding and the head, and the turn at rank pp-1 stays on
+ *     the rank), backwards split into B and W as in zb-h1. The order is made
+ *     by a greedy list scheduler over given F, B and W costs (schedule.c
+ *     generate_zbv; equal ones, until the trainer has measured its first
+ *     step): backwards first, then forwards while at most pp micro batches
+ *     are in flight (1F1B's most), weight gradients when nothing else is
+ *     ready. Each chunk's items run in micro-batch order whatever the costs,
+ *     so every gradient sums in the same order: the costs change no number.
  * Transfers between stages go in groups (comm_exchange), as NCCL needs: a
  * rank runs its list a unit at a time (schedule_unit: one item, or a steady
  * forward+backward pair when interleaved), and before each unit one group
@@ -50,6 +53,10 @@ struct sched_item {
 /* Fill out (capacity SCHED_ITEMS(m, vpp)) with rank's schedule; returns the count. */
 #define SCHED_ITEMS(m, vpp) (3 * (m) * (vpp))
 int schedule_build(struct sched_item *out, enum sched_kind kind, int pp, int vpp, int rank, int m);
+/* The same for costs of a forward, backward and W item in cost[] (zbv's
+ * order is made for them; schedule_build: equal costs; other kinds: theirs) */
+int schedule_build_timed(struct sched_item *out, enum sched_kind kind, int pp, int vpp, int rank, int m,
+                         const double cost[3]);
 /* Forward-only order (evaluation): every micro batch through every chunk. */
 int schedule_build_forward(struct sched_item *out, int vpp, int m);
 /* Most micro batches whose activations a rank holds at once under its
@@ -85,8 +92,9 @@ int schedule_unit(enum sched_kind kind, const struct sched_item *s, int n, int i
  * most in use at once when F, B and W cost alike, which keeps the run from
  * waiting on a full set of buffers in a way that could close a cycle (the
  * trainer takes whichever buffer completes first). Other kinds:
- * SCHED_UNIT_MAX, reused after each exchange. */
-int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m);
+ * SCHED_UNIT_MAX, reused after each exchange. cost: what the order was
+ * made for (schedule_build_timed; NULL: equal), and the simulation runs. */
+int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m, const double cost[3]);
 /* Whether a kind's sends are buffered (not grouped with the receives) */
 #define SCHED_BUFFERED(kind) ((kind) == SCHED_ZBV)
 
@@ -99,3 +107,6 @@ int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m);
  * expects. */
 int schedule_simulate(enum sched_kind kind, int pp, int vpp, int m, int forward_only, double backward_cost,
                       double w_share, double *bubble);
+/* The same with zbv's order made for made_for[] (forward, backward, W costs) */
+int schedule_simulate_timed(enum sched_kind kind, int pp, int vpp, int m, int forward_only, double backward_cost,
+                            double w_share, const double made_for[3], double *bubble);

@@ -70,7 +70,7 @@ static void check_zbv_bubble(int pp, int m) {
     int rc = schedule_simulate(SCHED_ZBV, pp, 2, m, 0, 2.0, 0.5, &zb) |
              schedule_simulate(SCHED_1F1B, pp, 1, m, 0, 2.0, 0, &plain);
     double ratio = zb / (1 - zb) / (plain / (1 - plain));
-    int bufs = schedule_send_buffers(SCHED_ZBV, pp, 2, m);
+    int bufs = schedule_send_buffers(SCHED_ZBV, pp, 2, m, NULL);
     TEST_RESULT(name, rc == 0 && ratio <= want && bufs <= 4, "idle time %.4f x 1F1B's, want <= %.4f (rc %d); %d send "
                 "buffers", ratio, want, rc, bufs);
 }
