@@ -172,8 +172,10 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
     out->forward_s = worst.f, out->backward_s = worst.b;
     double bubble = 0;
     enum sched_kind kind = schedule_kind(par->schedule, c.vpp);
-    if (c.pp > 1 && schedule_simulate(kind, c.pp, c.vpp, m, 0, worst.b / worst.f, worst.w / worst.b, &bubble) != 0)
-        bubble = 0;
+    /* zbv's order is made for the costs the trainer measures in its first step: these */
+    double bc = worst.b / worst.f, ws = worst.w / worst.b, made_for[3] = {1, bc * (1 - ws), bc * ws};
+    if (made_for[1] <= 0 || made_for[2] <= 0) made_for[1] = made_for[2] = 1;
+    if (c.pp > 1 && schedule_simulate_timed(kind, c.pp, c.vpp, m, 0, bc, ws, made_for, &bubble) != 0) bubble = 0;
     out->bubble = bubble;
     double compute = m * (worst.f + worst.b) / (1 - bubble);
     /* data parallel over dp x cp: an all-reduce of the gradients, or ZeRO-1's reduce-scatter and gather;
@@ -208,9 +210,10 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
     out->bytes[PLAN_DP] = dpcp > 1 ? dense * 4 + (zero ? dense * c.ab + (c.ab < 4 ? gains * 4 : 0) : 0) : 0;
     double layers = 0; /* stage 0's main layers, all its chunks */
     for (int ch = 0; ch < part.nchunks; ch++) layers += part.layer_end[ch] - part.layer_begin[ch];
-    if (c.pp > 1) { /* stage 0 sends every chunk's forward and every chunk's backward but virtual stage 0's */
+    if (c.pp > 1) { /* stage 0 sends every chunk's forward and every chunk's backward but virtual stage 0's (zbv:
+                     * its chunk 1 is the last virtual stage, whose forward sends nothing) */
         double a = (c.sp ? c.N / c.tp : c.N) * r->model.hidden_size * c.ab;
-        out->bytes[PLAN_PP] = a * m * (2 * c.vpp - 1);
+        out->bytes[PLAN_PP] = a * m * (kind == SCHED_ZBV ? 2 : 2 * c.vpp - 1);
     }
     if (c.tp > 1) { /* as model/transformer.c calls them on stage 0, for dense GQA layers (MoE and MLA add more) */
         const struct model_config *mc = &r->model;
