@@ -356,18 +356,7 @@ void comm_nccl_init(struct comm *c) { die("group %s: this build of mtrain has no
 void comm_nccl_free(struct comm *c) { (void)c; }
 void nccl_all_reduce(struct comm *c, float *buf, size_t n, int max, int start) { CHECK(0); }
 void nccl_reduce(struct comm *c, float *buf, size_t n, int root) { CHECK(0); }
-void nccl_reduce_to_owners(struct comm *c, float *buf, const size_t *lo, const size_t *n) {
-    size_t total = 0;
-    for (int r = 0; r < c->size; r++) total += n[r];
-    if (!total) return;
-    struct nccl_group *g = begin(c, total * sizeof(float), "reduce_sum_start", 1);
-    NCCL_CHECK(nc.group_start());
-    for (int r = 0; r < c->size; r++)
-        if (n[r]) NCCL_CHECK(nc.reduce(buf + lo[r], buf + lo[r], n[r], ncclFloat32, ncclSum, r, g->comm, g->stream));
-    NCCL_CHECK(nc.group_end());
-    end(g, 1);
-}
-
+void nccl_reduce_to_owners(struct comm *c, float *buf, const size_t *lo, const size_t *n) { CHECK(0); }
 void nccl_reduce_scatter(struct comm *c, const float *in, float *out, size_t n) { CHECK(0); }
 void nccl_all_gather(struct comm *c, const float *in, float *out, size_t n) { CHECK(0); }
 void nccl_broadcast(struct comm *c, void *buf, size_t bytes, int root) { CHECK(0); }
