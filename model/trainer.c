@@ -236,10 +236,7 @@ static double run_item(struct trainer *tr, struct sched_item it, float *out, flo
     return 0;
 }
 
-/* zbv's order an item at a time: each item's input received (blocking), its
- * result sent at once from a send buffer of its own, the buffer free again
- * when the send completes (parallel/schedule.h schedule_send_buffers); a
- * full set waits for whichever completes first. */
+/* a send buffer whose send has completed (all in use: whichever completes first) */
 static int free_send_buffer(struct trainer *tr) {
     struct comm *pp = &tr->grid->pp_comm;
     for (;;) {
@@ -290,6 +287,9 @@ static void retime_schedule(struct trainer *tr) {
     }
 }
 
+/* zbv's order an item at a time: each item's input received (blocking), its
+ * result sent at once from a send buffer of its own, the buffer free again
+ * when the send completes (parallel/schedule.h schedule_send_buffers). */
 static double run_buffered(struct trainer *tr, const int32_t *samples, const struct sched_item *s, int n,
                            float dscale, int eval) {
     struct transformer *m = &tr->model;
