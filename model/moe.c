@@ -2,6 +2,7 @@
  * decisions are backend ops on the device (kernels/ops.h moe_route_counts
  * .. moe_expert_order): at ep 1 an MoE layer copies nothing to the host; at
  * ep > 1 one copy of the per-expert row counts sizes the all-to-all. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -272,6 +273,10 @@ static float *own_rows(const struct transformer *m, const struct moe_plan *p, fl
 static void etp_gather(struct transformer *m, const struct moe_plan *p, float *rows) {
     if (m->etp == 1) return;
     int etp = m->etp, C = m->C, *counts = xmalloc(sizeof(int) * 2 * etp), *displs = counts + etp;
+    /* the communicator counts elements in int (MPI's counts): a rank's gathered rows must fit */
+    if ((long long)p->rows * C > INT_MAX)
+        die("MoE layer: the expert-tensor-parallel peers received %d rows of %d, %lld elements, more than an int "
+            "counts: use a smaller train.micro_batch (or a capacity factor)", p->rows, C, (long long)p->rows * C);
     for (int j = 0; j < etp; j++) counts[j] = p->etp_rows[j] * C, displs[j] = p->etp_displ[j] * C;
     comm_wait_ticket(m->etp_comm, comm_all_gather_v_start(m->etp_comm, rows, m->be->act_bytes, counts, displs));
     free(counts);
