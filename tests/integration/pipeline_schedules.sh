@@ -124,6 +124,24 @@ print('\n'.join({'forward': 'F', 'backward': 'B', 'weights': 'W'}[e['name']] + s
     [ -n "$want" ] && [ "$want" = "$got" ] || bad+=" rank $r: $(echo $got | head -c 80) / want $(echo $want | head -c 80)"
 done
 [ -z "$bad" ] && pass sched_zb_h1_timeline_order || fail sched_zb_h1_timeline_order "$bad"
+# zbv's first step runs the order the dry run prints (made for equal costs; later steps' for the measured ones)
+SLURM_NTASKS=2 "$MTRAIN" pretrain r.yaml --set parallel.pp=2 --set parallel.vpp=2 --set parallel.schedule=zbv --dry-run \
+    --verbose >dryv.out 2>&1
+MTRAIN_TIMELINE=1 run_np 2 pretrain r.yaml --set parallel.pp=2 --set parallel.vpp=2 --set parallel.schedule=zbv \
+    --set train.steps=3 --set log.dir=orderv --set checkpoint.dir=ck_orderv >"$TMP/out" 2>&1 ||
+    fail sched_zbv_order_run "exit $?: $(tail -2 "$TMP/out")"
+bad=""
+for r in 0 1; do
+    want=$(sed -n "s/^pipeline rank $r: //p" dryv.out | tr ' ' '\n')
+    got=$("$PY" -c "
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))['traceEvents'] if e.get('cat') == 'compute' and e['name'] in ('forward', 'backward', 'weights')]
+ev.sort(key=lambda e: e['ts'])
+print('\n'.join('%s%d.%d' % ({'forward': 'F', 'backward': 'B', 'weights': 'W'}[e['name']], e['args']['micro_batch'], e['args']['chunk']) for e in ev))" \
+        "$(printf 'orderv/timeline-rank-%05d.json' $r)" 2>&1)
+    [ -n "$want" ] && [ "$want" = "$got" ] || bad+=" rank $r: $(echo $got | head -c 80) / want $(echo $want | head -c 80)"
+done
+[ -z "$bad" ] && pass sched_zbv_timeline_order || fail sched_zbv_timeline_order "$bad"
 # the dry run: every stage holds pp micro batches (1f1b: pp - stage), the idle time a third of 1f1b's
 [ "$(grep -c 'up to 4 micro batches in flight' dry.out)" = 4 ] && grep -q 'idle time 0.33x 1f1b' dry.out &&
     pass sched_zb_h1_dry_run || fail sched_zb_h1_dry_run "$(grep -E 'in flight|idle' dry.out | head -5)"
