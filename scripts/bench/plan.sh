@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # mtrain plan against measurement on this machine's CPU ranks: calibrate the
 # machine (`mpiexec -n 2 mtrain plan --calibrate`), predict the step time of
-# six layouts of a small model on 2 ranks with `mtrain plan --layout`, run
+# eight layouts of a small model on 2 ranks with `mtrain plan --layout`, run
 # each and compare with its measured mean step time (steps 3-8). Targets
 # (the plan issue): every prediction within 25% of measured, and the layout
 # predicted best within 10% of the measured best. Writes
@@ -28,6 +28,7 @@ mpiexec -n 2 "$MTRAIN" plan --calibrate cpu.yaml || exit 1
 layouts=(
     "dp2 1,1,1,1,1,2,none" "dp2_zero 1,1,1,1,1,2,none optimizer.distributed=true" "tp2 2,1,1,1,1,2,none"
     "pp2 1,2,1,1,1,2,none" "cp2 1,1,1,2,1,2,none" "dp2_full 1,1,1,1,1,2,full"
+    "pp2_zb_h1 1,2,1,1,1,2,none parallel.schedule=zb-h1" "pp2_zbv 1,2,2,1,1,2,none parallel.schedule=zbv"
 )
 printf '%-10s %12s %12s %8s\n' layout predicted_ms measured_ms error
 json="["
