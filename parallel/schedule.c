@@ -76,8 +76,8 @@ static int build_zb_h1(struct sched_item *out, int pp, int rank, int m) {
     return n;
 }
 
-/* ZB-V's order, for every rank at once: a list scheduler over time with F =
- * B = W = 1. When a rank is free it runs, of the items whose inputs have
+/* ZB-V's order, for every rank at once: a list scheduler over time with the
+ * given F, B and W costs (the same on every rank). When a rank is free it runs, of the items whose inputs have
  * arrived, a backward (the older micro batch first: others wait for it),
  * else a forward (chunk 1's first: it takes no new slot; chunk 0's only
  * while fewer than pp micro batches are in flight on the rank, a micro
