@@ -62,10 +62,10 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
                        recompute_mode(r->train.recompute), shard_master);
     tr->model.ep_comm = &g->ep_comm, tr->model.etp_comm = &g->etp_comm;
     tr->model.defer_w = schedule_splits(kind); /* its backwards leave the weight gradients to its W items */
-    if (g->pp > 1 && SCHED_BUFFERED(kind) && g->pp_comm.stage)
-        die_code(EXIT_USAGE, "parallel.schedule %s: its pipeline sends must not wait for their receives, which only "
-                 "CPU ranks' MPI gives for now (the %s backend's NCCL or staged sends do wait): use zb-h1 or 1f1b "
-                 "there (docs/parallelism.md)", schedule_name(kind), be->name);
+    if (g->pp > 1 && SCHED_BUFFERED(kind) && g->pp_comm.nccl)
+        die_code(EXIT_USAGE, "parallel.schedule %s: its pipeline sends must not wait for their receives, which MPI "
+                 "gives (on GPU ranks through host copies: parallel.comm: mpi) but NCCL does not yet: use zb-h1 or "
+                 "1f1b over NCCL (docs/parallelism.md)", schedule_name(kind));
     if (g->pp > 1 && schedule_splits(kind)) /* their sends are under way while items compute */
         tr->model.pipe_progress = pipeline_progress, tr->model.pipe_progress_ctx = &g->pp_comm;
     if (g->cp > 1 && !be->attention_block_forward)

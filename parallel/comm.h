@@ -61,9 +61,11 @@ struct comm_p2p {
 void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n);
 /* The same transfers begun without waiting for them, so that computation
  * can run meanwhile (the buffers are not touched until comm_wait_ticket of
- * the returned ticket): over MPI on host memory. Where that cannot be (NCCL,
- * or device memory staged through the host) the exchange runs to its end
- * here and 0 is returned (nothing to wait for). */
+ * the returned ticket): over MPI on host memory, and sends of device memory
+ * staged through the host (each from a host copy of its own: the device
+ * buffer is free again at once). Where that cannot be (NCCL, or a staged
+ * receive) the exchange runs to its end here and 0 is returned (nothing to
+ * wait for). */
 int comm_exchange_start(struct comm *c, const struct comm_p2p *ops, int n);
 /* in and out: size blocks of n floats each */
 void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n);
@@ -107,6 +109,6 @@ void comm_progress(struct comm *c);
 int comm_all_gather_v_start(struct comm *c, void *buf, size_t elem, const int *counts, const int *displs);
 void comm_wait_ticket(struct comm *c, int ticket);
 /* Whether the calls of one ticket (comm_exchange_start's) have completed,
- * without waiting: 1 (and the ticket is done with), else 0. MPI on host
- * memory only (not staged, not NCCL): the buffered pipeline sends of zbv. */
+ * without waiting: 1 (and the ticket is done with), else 0. MPI only (host
+ * memory, or staged sends), not NCCL: the buffered pipeline sends of zbv. */
 int comm_ticket_done(struct comm *c, int ticket);

@@ -345,7 +345,11 @@ int comm_all_gather_v_start(struct comm *c, void *buf, size_t elem, const int *c
 }
 
 int comm_exchange_start(struct comm *c, const struct comm_p2p *ops, int n) {
-    if (c->nccl || c->stage || !n) {
+    int sends_only = 1;
+    for (int i = 0; i < n; i++) sends_only &= !ops[i].recv;
+    /* staged (device memory over MPI): sends go from a host copy of their own, freed when they complete;
+     * a receive would need its copy back to the device when it completes: blocking then */
+    if (c->nccl || (c->stage && !sends_only) || !n) {
         comm_exchange(c, ops, n);
         return 0;
     }
@@ -360,9 +364,14 @@ int comm_exchange_start(struct comm *c, const struct comm_p2p *ops, int n) {
         const struct comm_p2p *o = &ops[i];
         CHECK(o->bytes <= INT32_MAX);
         MPI_Request r;
+        void *host = NULL;
+        if (c->stage) {
+            host = xmalloc(o->bytes ? o->bytes : 1);
+            c->stage->to_host(host, o->buf, o->bytes);
+        }
         if (o->recv) MPI_CHECK(MPI_Irecv(o->buf, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &r));
-        else MPI_CHECK(MPI_Issend(o->buf, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &r));
-        track_ticket(c, r, NULL, ticket, s);
+        else MPI_CHECK(MPI_Issend(host ? host : o->buf, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &r));
+        track_ticket(c, r, host, ticket, s);
     }
     watchdog_leave();
     return ticket;
@@ -380,7 +389,7 @@ void comm_wait_ticket(struct comm *c, int ticket) {
 }
 
 int comm_ticket_done(struct comm *c, int ticket) {
-    CHECK(!c->nccl && !c->stage);
+    CHECK(!c->nccl);
     int done = 1;
     for (int i = 0; i < pending.n; i++) {
         if (pending.owner[i] != c || pending.ticket[i] != ticket || pending.req[i] == MPI_REQUEST_NULL) continue;

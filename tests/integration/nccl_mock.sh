@@ -137,6 +137,21 @@ grep -q "; nccl)" ck_nccl.out && grep -q '"event":"rewind"' ck_nccl/metrics.json
     [ "$a" = "$b" ] && [ "$v" -ge 4 ] && pass nccl_mock_checkpoint_resume_rewind_eval ||
     fail nccl_mock_checkpoint_resume_rewind_eval "plain: $(echo $a | head -c 120) / nccl: $(echo $b | head -c 120); $v evals: $(tail -2 ck_nccl.out)"
 
+# zbv as GPU ranks: over MPI its sends go from host copies of their own without waiting (comm_exchange_start
+# staged), the same losses as plain CPU ranks; over NCCL (where a started send waits) it is refused, exit 2
+zbv=(--set parallel.pp=2 --set parallel.vpp=2 --set parallel.schedule=zbv)
+timeout 300 mpiexec -n 2 "$MTRAIN" pretrain r.yaml "${zbv[@]}" --set log.dir=zbv_plain >zbv_plain.out 2>&1
+MOCK_CUDA_REPORT=zbv_mpi.mallocs as_gpu_ranks 2 pretrain r.yaml "${zbv[@]}" --set parallel.comm=mpi \
+    --set log.dir=zbv_mpi >zbv_mpi.out 2>&1
+a=$(losses zbv_plain/metrics.jsonl) b=$(losses zbv_mpi/metrics.jsonl)
+[ "$(echo "$a" | grep -c .)" = 6 ] && [ "$a" = "$b" ] && [ "$(awk '$2 > 0' zbv_mpi.mallocs 2>/dev/null | wc -l)" = 2 ] &&
+    pass nccl_mock_pretrain_zbv_staged_mpi_same_losses ||
+    fail nccl_mock_pretrain_zbv_staged_mpi_same_losses "plain: $(echo $a | head -c 80) / staged: $(echo $b | head -c 80): $(tail -2 zbv_mpi.out)"
+LIMIT=120 as_gpu_ranks 2 pretrain r.yaml "${zbv[@]}" --set parallel.comm=nccl --set log.dir=zbv_nccl >zbv_nccl.out 2>&1
+rc=$?
+[ $rc = 2 ] && [ "$(grep -c 'parallel.schedule zbv: its pipeline sends must not wait' zbv_nccl.out)" -ge 1 ] &&
+    pass nccl_mock_zbv_over_nccl_refused || fail nccl_mock_zbv_over_nccl_refused "exit $rc: $(tail -2 zbv_nccl.out)"
+
 # bad configurations of GPU ranks stop before training with exit 2 and one message from rank 0 (issue 12):
 # more ranks on a node than GPUs under parallel.comm nccl (auto falls back to staged MPI with one warning),
 # and fp8 on a GPU without FP8 tensor cores (compute capability 8.0)
