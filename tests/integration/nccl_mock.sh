@@ -56,6 +56,7 @@ layouts=(
     "dp2 r.yaml 2"
     "tp2_sp r.yaml 2 parallel.tp=2 parallel.sequence_parallel=true"
     "pp2_vpp2_tied r.yaml 2 parallel.pp=2 parallel.vpp=2 model.tie_embeddings=true"
+    "pp2_zb_h1 r.yaml 2 parallel.pp=2 parallel.schedule=zb-h1"
     "dp4_zero r.yaml 4 optimizer.distributed=true parallel.grad_bucket_mb=0.02"
     "bf16_tp2_pp2 r.yaml 4 parallel.tp=2 parallel.pp=2 train.precision=bf16"
     "moe_ep2_dp2 moe.yaml 2 parallel.ep=2"
