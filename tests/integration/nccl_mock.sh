@@ -4,9 +4,9 @@
 # on 1, 2 and 4 ranks, against a libnccl.so.2 over MPI (tests/mock/nccl_mock.c,
 # found first on LD_LIBRARY_PATH by comm_nccl.c's dlopen) and CUDA runtime
 # memory, stream and event calls on host memory (tests/mock/cudart_mock.c,
-# preloaded). Then mtrain pretrain itself over NCCL in eight layouts (dp with
+# preloaded). Then mtrain pretrain itself over NCCL in nine layouts (dp with
 # gradient buckets, tp with sequence parallelism, interleaved pp with tied
-# embeddings, ZeRO-1 with parameter gathers, tp x pp in bf16, MoE expert
+# embeddings, zb-h1, ZeRO-1 with parameter gathers, tp x pp in bf16, MoE expert
 # parallelism, DeepSeek-V3, FP8), its CPU ranks' buffers in the mock's
 # device memory (MTRAIN_TEST_GPU_COMM_ON_CPU), over NCCL and over MPI staged
 # through host buffers as GPU ranks do: both bitwise the losses of the plain
@@ -14,9 +14,10 @@
 # cudaMalloc, and every cudaMemcpy's device side too, so a host pointer
 # reaching an NCCL group or the staging fails here as on a GPU. A ZeRO-1
 # run over NCCL stopped, resumed and rewound, evaluating as it goes, matches
-# the same sequence on plain CPU ranks. Last, the
-# bad configurations of GPU ranks (two ranks on one GPU under NCCL, fp8 on
-# a GPU without FP8 tensor cores) exit 2 with one message. What it
+# the same sequence on plain CPU ranks. zbv over staged MPI equals plain
+# CPU ranks too. Last, the bad configurations of GPU ranks (two ranks on one
+# GPU under NCCL, fp8 on a GPU without FP8 tensor cores, zbv over NCCL)
+# exit 2 with one message. What it
 # checks: the NCCL code path's bootstrap, arguments (counts, types, roots,
 # peers, in-place forms, group brackets), bookkeeping and which buffers go
 # where; what it cannot: stream ordering on a GPU and NCCL itself
