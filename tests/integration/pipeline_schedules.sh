@@ -142,6 +142,11 @@ print('\n'.join('%s%d.%d' % ({'forward': 'F', 'backward': 'B', 'weights': 'W'}[e
     [ -n "$want" ] && [ "$want" = "$got" ] || bad+=" rank $r: $(echo $got | head -c 80) / want $(echo $want | head -c 80)"
 done
 [ -z "$bad" ] && pass sched_zbv_timeline_order || fail sched_zbv_timeline_order "$bad"
+# its dry run says when pp does not divide the micro batches (a partial last group idles more), and not otherwise
+SLURM_NTASKS=2 "$MTRAIN" pretrain r.yaml --set parallel.pp=2 --set parallel.vpp=2 --set parallel.schedule=zbv \
+    --set train.global_batch=7 --dry-run >dry7.out 2>&1
+grep -q 'hint: pp 2 does not divide the 7 micro batches' dry7.out && ! grep -q 'hint:' dryv.out &&
+    pass sched_zbv_dry_run_hint || fail sched_zbv_dry_run_hint "$(grep -E 'idle|hint|error' dry7.out | head -3)"
 # the dry run: every stage holds pp micro batches (1f1b: pp - stage), the idle time a third of 1f1b's
 [ "$(grep -c 'up to 4 micro batches in flight' dry.out)" = 4 ] && grep -q 'idle time 0.33x 1f1b' dry.out &&
     pass sched_zb_h1_dry_run || fail sched_zb_h1_dry_run "$(grep -E 'in flight|idle' dry.out | head -5)"
