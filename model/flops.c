@@ -162,8 +162,7 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     if (pp > 1 && (vpp == 1 || m % pp == 0 || kind == SCHED_ZBV)) {
         struct sched_item *s = xmalloc(sizeof *s * SCHED_ITEMS(m, vpp));
         int n = schedule_build(s, kind, pp, vpp, pp_rank, m);
-        slots = schedule_max_in_flight(s, n, vpp);
-        if (kind == SCHED_ZBV) slots = pp < m ? pp : m; /* its cap (model/trainer.c) */
+        slots = schedule_slots(kind, s, n, vpp, pp, m);
         deferred = schedule_max_deferred(s, n);
         nsend = schedule_send_buffers(kind, pp, vpp, m, NULL);
         free(s);

@@ -50,8 +50,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     tr->schedule_len = schedule_build(tr->schedule, kind, g->pp, vpp, g->pp_rank, m);
     tr->eval_schedule = xmalloc(sizeof *tr->eval_schedule * m * vpp);
     tr->eval_len = schedule_build_forward(tr->eval_schedule, vpp, m);
-    int slots = schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp);
-    if (kind == SCHED_ZBV && g->pp > 1) slots = g->pp < m ? g->pp : m; /* its cap, whatever costs its order is made for */
+    int slots = schedule_slots(kind, tr->schedule, tr->schedule_len, vpp, g->pp, m);
     struct model_part part;
     model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank, g->ep_rank, g->etp_rank);
     /* ZeRO-1 with a working copy: each rank keeps the fp32 master of its shard only (of either group: the

@@ -244,6 +244,11 @@ int schedule_max_in_flight(const struct sched_item *s, int n, int vpp) {
     return most ? most : 1;
 }
 
+int schedule_slots(enum sched_kind kind, const struct sched_item *s, int n, int vpp, int pp, int m) {
+    if (kind == SCHED_ZBV && pp > 1) return pp < m ? pp : m;
+    return schedule_max_in_flight(s, n, vpp);
+}
+
 int schedule_max_deferred(const struct sched_item *s, int n) {
     int waiting = 0, most = 0, split = 0;
     for (int i = 0; i < n; i++) split |= s[i].op == SCHED_WEIGHTS;

@@ -62,6 +62,10 @@ int schedule_build_forward(struct sched_item *out, int vpp, int m);
 /* Most micro batches whose activations a rank holds at once under its
  * schedule (from the first forward to the last backward, or W when split). */
 int schedule_max_in_flight(const struct sched_item *s, int n, int vpp);
+/* The activation slots a rank allocates for its schedule s (n items of m
+ * micro batches): schedule_max_in_flight, except zbv's cap, min(pp, m),
+ * whatever costs its order is made for (the trainer makes it again). */
+int schedule_slots(enum sched_kind kind, const struct sched_item *s, int n, int vpp, int pp, int m);
 /* Most chunks whose backward ran and whose W has not (0: not split) */
 int schedule_max_deferred(const struct sched_item *s, int n);
 /* Print every rank's schedule (for --dry-run), e.g. "rank 0: F0.0 F1.0 B0.0 W0.0 ...". */
