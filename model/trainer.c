@@ -65,6 +65,8 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
         die_code(EXIT_USAGE, "parallel.schedule %s: its pipeline sends must not wait for their receives, which MPI "
                  "gives (on GPU ranks through host copies: parallel.comm: mpi) but NCCL does not yet: use zb-h1 or "
                  "1f1b over NCCL (docs/parallelism.md)", schedule_name(kind));
+    if (strcmp(be->name, "cpu")) tr->item_time[0][1] = -1; /* the host clock does not time device work: zbv keeps
+                                                           * the order made for equal costs there */
     if (g->pp > 1 && schedule_splits(kind)) /* their sends are under way while items compute */
         tr->model.pipe_progress = pipeline_progress, tr->model.pipe_progress_ctx = &g->pp_comm;
     if (g->cp > 1 && !be->attention_block_forward)
@@ -254,7 +256,8 @@ static double now_s(void) {
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
-/* a training item's time on the host clock (zbv runs on CPU ranks only), until the order is made for them */
+/* a training item's time on the host clock (CPU ranks: a device's work is asynchronous to it), until the
+ * order is made for them */
 static void time_item(struct trainer *tr, enum sched_op op, double t0, int eval) {
     if (eval || tr->item_time[0][1] < 0) return;
     tr->item_time[op][0] += now_s() - t0, tr->item_time[op][1] += 1;
