@@ -268,6 +268,15 @@ void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n) {
     leave(c, s);
 }
 
+/* pending request i stays, moved to place *kept (the list compacted as it is walked) */
+static void keep_pending(int *kept, int i) {
+    pending.req[*kept] = pending.req[i];
+    pending.staged[*kept] = pending.staged[i];
+    pending.ticket[*kept] = pending.ticket[i];
+    pending.span[*kept] = pending.span[i];
+    pending.owner[(*kept)++] = pending.owner[i];
+}
+
 /* complete c's requests: all of them (up_to < 0), or its gathers with
  * tickets up to up_to */
 static void wait_matching(const struct comm *c, int up_to) {
@@ -278,13 +287,8 @@ static void wait_matching(const struct comm *c, int up_to) {
             MPI_CHECK(MPI_Wait(&pending.req[i], MPI_STATUS_IGNORE));
             if (!ended) timeline_end(pending.span[i], clock_of(c));
             free(pending.staged[i]);
-        } else {
-            pending.req[kept] = pending.req[i];
-            pending.staged[kept] = pending.staged[i];
-            pending.ticket[kept] = pending.ticket[i];
-            pending.span[kept] = pending.span[i];
-            pending.owner[kept++] = pending.owner[i];
-        }
+        } else
+            keep_pending(&kept, i);
     }
     pending.n = kept;
 }
@@ -405,9 +409,7 @@ int comm_ticket_done(struct comm *c, int ticket) {
             free(pending.staged[i]);
             continue;
         }
-        pending.req[kept] = pending.req[i], pending.staged[kept] = pending.staged[i];
-        pending.ticket[kept] = pending.ticket[i], pending.span[kept] = pending.span[i];
-        pending.owner[kept++] = pending.owner[i];
+        keep_pending(&kept, i);
     }
     pending.n = kept;
     return 1;
