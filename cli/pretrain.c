@@ -182,7 +182,8 @@ static void print_schedule(const struct recipe *r, int dp, int verbose) {
     int m = r->train.global_batch / (r->train.micro_batch * dp);
     enum sched_kind kind = schedule_kind(r->parallel.schedule, r->parallel.vpp);
     printf("pipeline schedule (%s, %d micro batches per rank, dp %d):\n",
-           kind == SCHED_ZBV     ? "ZB-V, zero bubble, two chunks per rank in a V"
+           kind == SCHED_DUALPIPEV ? "DualPipeV, two chunks per rank in a V, forward&backward pairs overlapped"
+           : kind == SCHED_ZBV     ? "ZB-V, zero bubble, two chunks per rank in a V"
            : kind == SCHED_ZB_H1 ? "ZB-H1, zero bubble"
            : kind == SCHED_INTERLEAVED ? "interleaved 1F1B" : "1F1B", m, dp);
     if (kind == SCHED_INTERLEAVED && m % r->parallel.pp) {

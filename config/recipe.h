@@ -70,7 +70,7 @@ struct parallel_config {
     int overlap_grad_reduce;        /* bool: data-parallel gradient buckets reduce during backward */
     int overlap_param_gather;       /* bool: ZeRO-1 gathers each layer's parameters during the next forward */
     char comm[RECIPE_STR_MAX];      /* auto | nccl | mpi: how GPU ranks communicate */
-    char schedule[RECIPE_STR_MAX];  /* auto | 1f1b | interleaved | zb-h1 | zbv: the pipeline schedule (parallel/schedule.h) */
+    char schedule[RECIPE_STR_MAX];  /* auto | 1f1b | interleaved | zb-h1 | zbv | dualpipev: the pipeline schedule (parallel/schedule.h) */
     double grad_bucket_mb;          /* a bucket closes at this many MiB of gradients; 0 = one per layer */
 };
 

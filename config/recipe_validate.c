@@ -204,13 +204,13 @@ static int check_parallel(const struct recipe *r, int world_size) {
     if (p->vpp > 1 && p->pp == 1)
         return verr(r, "parallel.vpp", "vpp %d needs pipeline parallelism (pp > 1)", p->vpp);
     /* the schedule's names (parallel/schedule.h schedule_kind) */
-    int auto_ = !strcmp(p->schedule, "auto"), zbv = !strcmp(p->schedule, "zbv");
+    int auto_ = !strcmp(p->schedule, "auto"), zbv = !strcmp(p->schedule, "zbv") || !strcmp(p->schedule, "dualpipev");
     int zb = !strcmp(p->schedule, "zb-h1") || zbv;
     if (!strcmp(p->schedule, "interleaved") && p->vpp == 1)
         return verr(r, "parallel.schedule", "the interleaved schedule needs vpp > 1 (virtual stages per rank)");
     if (zbv && p->pp > 1 && p->vpp != 2)
-        return verr(r, "parallel.vpp", "the zbv schedule places two model chunks per rank in a V: it needs vpp 2, not %d",
-                    p->vpp);
+        return verr(r, "parallel.vpp", "the %s schedule places two model chunks per rank in a V: it needs vpp 2, not %d",
+                    p->schedule, p->vpp);
     if (!auto_ && !zbv && strcmp(p->schedule, "interleaved") && p->vpp > 1)
         return verr(r, "parallel.schedule", "%s runs one model chunk per rank: vpp %d needs the interleaved schedule "
                     "(or auto)", p->schedule, p->vpp);
@@ -301,14 +301,20 @@ static int check_train(const struct recipe *r, int world_size) {
                     t->global_batch, t->micro_batch, dp, per_step, other(r, "train.micro_batch", o, sizeof o), fix);
     }
     long long micro_batches = t->global_batch / per_step;
-    int zbv = p->pp > 1 && !strcmp(p->schedule, "zbv");
+    int dual = p->pp > 1 && !strcmp(p->schedule, "dualpipev"), zbv = (p->pp > 1 && !strcmp(p->schedule, "zbv")) || dual;
     if (p->vpp > 1 && !zbv && world_size > 0 && micro_batches % p->pp)
         return verr(r, "parallel.vpp", "interleaved 1F1B (vpp %d) needs the micro batches per data-parallel rank (%lld) "
                     "to be a multiple of pp %d", p->vpp, micro_batches, p->pp);
     /* zbv's order is made for every rank at once (parallel/schedule.c): its size is bounded */
     if (zbv && (long long)p->pp * micro_batches > MAX_ZBV)
-        return verr(r, "train.global_batch", "the zbv schedule of pp %d x %lld micro batches per data-parallel rank is "
-                    "more than the supported %d (raise train.micro_batch, or use zb-h1)", p->pp, micro_batches, MAX_ZBV);
+        return verr(r, "train.global_batch", "the %s schedule of pp %d x %lld micro batches per data-parallel rank is "
+                    "more than the supported %d (raise train.micro_batch, or use zb-h1)", p->schedule, p->pp,
+                    micro_batches, MAX_ZBV);
+    /* DualPipeV's phases fill the V with 2pp micro batches before its steady pairs */
+    if (dual && world_size > 0 && micro_batches < 2LL * p->pp)
+        return verr(r, "train.global_batch", "the dualpipev schedule needs at least 2 x pp = %d micro batches per "
+                    "data-parallel rank, not %lld (raise train.global_batch or lower train.micro_batch)", 2 * p->pp,
+                    micro_batches);
     /* a pipeline schedule holds 2 entries per micro batch and chunk */
     if (p->pp > 1 && micro_batches > MAX_MICRO_BATCHES)
         return verr(r, "train.global_batch", "global_batch %d makes %lld micro batches per data-parallel rank and step, "

@@ -68,7 +68,7 @@ static uint64_t block_flops(const struct transformer *m, int r, int src, int bac
  * begun only (a ticket for comm_wait_ticket), so the block in hand is computed meanwhile */
 static int pass_on_start(struct transformer *m, void *out, void *in, size_t bytes) {
     int cp = m->cp, r = m->cp_rank;
-    struct comm_p2p ops[2] = {{in, bytes, (r + cp - 1) % cp, 1}, {out, bytes, (r + 1) % cp, 0}};
+    struct comm_p2p ops[2] = {{in, bytes, (r + cp - 1) % cp, 1, 0}, {out, bytes, (r + 1) % cp, 0, 0}};
     return comm_exchange_start(m->cp_comm, ops, 2);
 }
 static void pass_on(struct transformer *m, void *out, void *in, size_t bytes) {

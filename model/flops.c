@@ -159,7 +159,7 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     if (m < 1) m = 1;
     int slots = 1, deferred = 0, nsend = SCHED_UNIT_MAX;
     enum sched_kind kind = schedule_kind(r->parallel.schedule, vpp);
-    if (pp > 1 && (vpp == 1 || m % pp == 0 || kind == SCHED_ZBV)) {
+    if (pp > 1 && (vpp == 1 || m % pp == 0 || schedule_v_shaped(kind)) && (kind != SCHED_DUALPIPEV || m >= 2 * pp)) {
         struct sched_item *s = xmalloc(sizeof *s * SCHED_ITEMS(m, vpp));
         int n = schedule_build(s, kind, pp, vpp, pp_rank, m);
         slots = schedule_slots(kind, s, n, vpp, pp, m);

@@ -213,7 +213,7 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
     if (c.pp > 1) { /* stage 0 sends every chunk's forward and every chunk's backward but virtual stage 0's (zbv:
                      * its chunk 1 is the last virtual stage, whose forward sends nothing) */
         double a = (c.sp ? c.N / c.tp : c.N) * r->model.hidden_size * c.ab;
-        out->bytes[PLAN_PP] = a * m * (kind == SCHED_ZBV ? 2 : 2 * c.vpp - 1);
+        out->bytes[PLAN_PP] = a * m * (schedule_v_shaped(kind) ? 2 : 2 * c.vpp - 1);
     }
     if (c.tp > 1) { /* as model/transformer.c calls them on stage 0, for dense GQA layers (MoE and MLA add more) */
         const struct model_config *mc = &r->model;

@@ -196,7 +196,9 @@ static void add_receive(struct trainer *tr, const int32_t *samples, struct sched
     struct sched_links l = schedule_links(it, tr->kind, g->pp, m->part.nchunks, g->pp_rank);
     if (l.recv_from < 0) return;
     void *buf = it.op == SCHED_FORWARD ? transformer_chunk_input(m, tr->slot_of[it.mb], it.chunk) : tr->recv_grad;
-    ops[(*nops)++] = (struct comm_p2p){buf, act_size(m, (size_t)m->Ns * m->C), l.recv_from, 1};
+    int vs = schedule_stage(tr->kind, g->pp, it.chunk, g->pp_rank);
+    int tag = SCHED_BUFFERED(tr->kind) ? schedule_tag(it.op, vs) : 0; /* buffered: matched by tag */
+    ops[(*nops)++] = (struct comm_p2p){buf, act_size(m, (size_t)m->Ns * m->C), l.recv_from, 1, tag};
 }
 
 /* A W item: the weight gradients of micro batch mb's chunk (split
@@ -208,7 +210,7 @@ static void run_weights(struct trainer *tr, struct sched_item it, int *free_slot
     transformer_weight_grads_chunk(m, slot, it.chunk);
     timeline_end(span, NULL);
     if (it.chunk == 0) {
-        CHECK(*nfree < 64);
+        CHECK(*nfree < m->nslots);
         free_slots[(*nfree)++] = slot;
     }
 }
@@ -231,18 +233,32 @@ static double run_item(struct trainer *tr, struct sched_item it, float *out, flo
     transformer_backward_chunk(m, slot, c, tr->recv_grad);
     timeline_end(span, NULL);
     if (c == 0 && !m->defer_w) { /* (split: released by its W) */
-        CHECK(*nfree < 64);
+        CHECK(*nfree < m->nslots);
         free_slots[(*nfree)++] = slot;
     }
     return 0;
 }
 
-/* a send buffer whose send has completed (all in use: whichever completes first) */
-static int free_send_buffer(struct trainer *tr) {
+/* A dualpipev pair: the forward f and the backward b (of the other chunk) as one
+ * unit, their passes interleaved so that one's expert all-to-alls run while
+ * the other computes (model/pair.c); the backward's result is in m->d_resid.
+ * Returns the forward's share of the loss. */
+static double run_pair(struct trainer *tr, struct sched_item f, struct sched_item b, float *out, float dscale) {
+    struct transformer *m = &tr->model;
+    m->last_micro_batch = b.mb == tr->micro_batches - 1;
+    int span = timeline_compute_begin("forward+backward", f.mb, f.chunk);
+    double lk = transformer_pair_chunks(m, tr->slot_of[f.mb], f.chunk, out, dscale, tr->slot_of[b.mb], b.chunk,
+                                        tr->recv_grad);
+    timeline_end(span, NULL);
+    return !out && tr->grid->tp_rank == 0 ? lk : 0; /* the last virtual stage */
+}
+
+/* a send buffer whose send has completed, other than `taken` (all in use: whichever completes first) */
+static int free_send_buffer(struct trainer *tr, int taken) {
     struct comm *pp = &tr->grid->pp_comm;
     for (;;) {
         for (int j = 0; j < tr->nsend; j++)
-            if (!tr->send_ticket[j] || comm_ticket_done(pp, tr->send_ticket[j])) {
+            if (j != taken && (!tr->send_ticket[j] || comm_ticket_done(pp, tr->send_ticket[j]))) {
                 tr->send_ticket[j] = 0;
                 return j;
             }
@@ -267,7 +283,7 @@ static void time_item(struct trainer *tr, enum sched_op op, double t0, int eval)
  * rank (all ranks agree on them, so every pipeline runs one order: the data-parallel buckets start in
  * the same order everywhere). Each chunk's items keep micro-batch order, so no number changes. */
 static void retime_schedule(struct trainer *tr) {
-    if (tr->item_time[0][1] < 0 || !SCHED_BUFFERED(tr->kind) || tr->grid->pp == 1) return;
+    if (tr->item_time[0][1] < 0 || tr->kind != SCHED_ZBV || tr->grid->pp == 1) return;
     double v[6];
     for (int k = 0; k < 3; k++) v[2 * k] = tr->item_time[k][0], v[2 * k + 1] = tr->item_time[k][1];
     comm_all_reduce_sum_f64(&tr->grid->world, v, 6);
@@ -289,40 +305,57 @@ static void retime_schedule(struct trainer *tr) {
     }
 }
 
-/* zbv's order an item at a time: each item's input received (blocking), its
- * result sent at once from a send buffer of its own, the buffer free again
- * when the send completes (parallel/schedule.h schedule_send_buffers). */
+/* A V order (zbv, dualpipev) a unit at a time: an item, or a dualpipev pair;
+ * its inputs received (blocking), its results sent at once, each from a send
+ * buffer of its own, free again when the send completes (parallel/schedule.h
+ * schedule_send_buffers). Transfers are matched by tag (schedule_tag). */
 static double run_buffered(struct trainer *tr, const int32_t *samples, const struct sched_item *s, int n,
                            float dscale, int eval) {
     struct transformer *m = &tr->model;
     struct grid *g = tr->grid;
     size_t act_bytes = act_size(m, (size_t)m->Ns * m->C);
-    int next_slot = 0, free_slots[64], nfree = 0;
+    int next_slot = 0, *free_slots = xmalloc(sizeof(int) * m->nslots), nfree = 0;
     double loss = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n;) {
         double t0 = now_s();
         if (s[i].op == SCHED_WEIGHTS) {
             run_weights(tr, s[i], free_slots, &nfree);
             time_item(tr, s[i].op, t0, eval);
+            i++;
             continue;
         }
-        struct comm_p2p ops[1];
-        int nops = 0;
-        add_receive(tr, samples, s[i], eval, ops, &nops, free_slots, &nfree, &next_slot);
+        int unit = schedule_unit(tr->kind, s, n, i), buf[SCHED_UNIT_MAX], nops = 0;
+        struct comm_p2p ops[SCHED_UNIT_MAX];
+        struct sched_links l[SCHED_UNIT_MAX];
+        for (int k = 0; k < unit; k++) add_receive(tr, samples, s[i + k], eval, ops, &nops, free_slots, &nfree, &next_slot);
         comm_exchange(&g->pp_comm, ops, nops);
-        struct sched_links l = schedule_links(s[i], tr->kind, g->pp, m->part.nchunks, g->pp_rank);
-        int j = l.send_to >= 0 ? free_send_buffer(tr) : -1;
-        float *out = j >= 0 ? send_buf(tr, j) : NULL;
-        t0 = now_s(); /* the item itself, not its wait for the input */
-        loss += run_item(tr, s[i], s[i].op == SCHED_FORWARD ? out : NULL, dscale, eval, free_slots, &nfree);
-        time_item(tr, s[i].op, t0, eval);
-        if (j < 0) continue;
-        if (s[i].op == SCHED_BACKWARD) m->be->copy(out, m->d_resid, act_bytes);
-        struct comm_p2p send = {out, act_bytes, l.send_to, 0};
-        tr->send_ticket[j] = comm_exchange_start(&g->pp_comm, &send, 1);
+        for (int k = 0; k < unit; k++) {
+            l[k] = schedule_links(s[i + k], tr->kind, g->pp, m->part.nchunks, g->pp_rank);
+            buf[k] = l[k].send_to >= 0 ? free_send_buffer(tr, k ? buf[0] : -1) : -1;
+        }
+        float *out = buf[0] >= 0 ? send_buf(tr, buf[0]) : NULL; /* the (first) forward's result */
+        t0 = now_s(); /* the unit itself, not its wait for the inputs */
+        if (unit == 2) {
+            loss += run_pair(tr, s[i], s[i + 1], out, dscale);
+        } else {
+            loss += run_item(tr, s[i], s[i].op == SCHED_FORWARD ? out : NULL, dscale, eval, free_slots, &nfree);
+            time_item(tr, s[i].op, t0, eval);
+        }
+        for (int k = 0; k < unit; k++) {
+            if (buf[k] < 0) continue;
+            struct sched_item it = s[i + k];
+            float *o = send_buf(tr, buf[k]);
+            if (it.op == SCHED_BACKWARD) m->be->copy(o, m->d_resid, act_bytes);
+            int vs = schedule_stage(tr->kind, g->pp, it.chunk, g->pp_rank);
+            struct comm_p2p send = {o, act_bytes, l[k].send_to, 0,
+                                    schedule_tag(it.op, it.op == SCHED_FORWARD ? vs + 1 : vs - 1)};
+            tr->send_ticket[buf[k]] = comm_exchange_start(&g->pp_comm, &send, 1);
+        }
+        i += unit;
     }
     for (int j = 0; j < tr->nsend; j++) comm_wait_ticket(&g->pp_comm, tr->send_ticket[j]), tr->send_ticket[j] = 0;
     m->last_micro_batch = 0;
+    free(free_slots);
     return loss;
 }
 
@@ -337,7 +370,7 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
     struct grid *g = tr->grid;
     int pp = g->pp, vpp = m->part.nchunks;
     size_t act_bytes = act_size(m, (size_t)m->Ns * m->C);
-    int next_slot = 0, free_slots[64], nfree = 0, nops = 0, begun = 0;
+    int next_slot = 0, *free_slots = xmalloc(sizeof(int) * m->nslots), nfree = 0, nops = 0, begun = 0;
     struct comm_p2p ops[COMM_EXCHANGE_MAX] = {{0}};
     double loss = 0;
     for (int i = 0; i < n;) {
@@ -362,13 +395,14 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
             float *out = l.send_to >= 0 ? send_buf(tr, k - i) : NULL;
             loss += run_item(tr, s[k], s[k].op == SCHED_FORWARD ? out : NULL, dscale, eval, free_slots, &nfree);
             if (out && s[k].op == SCHED_BACKWARD) m->be->copy(out, m->d_resid, act_bytes);
-            if (out) ops[nops++] = (struct comm_p2p){out, act_bytes, l.send_to, 0};
+            if (out) ops[nops++] = (struct comm_p2p){out, act_bytes, l.send_to, 0, 0};
         }
         i += unit;
     }
     comm_exchange(&g->pp_comm, ops, nops); /* the last unit's results */
     if (begun) comm_wait_ticket(&g->pp_comm, begun);
     m->last_micro_batch = 0;
+    free(free_slots);
     return loss;
 }
 

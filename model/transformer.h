@@ -290,6 +290,13 @@ double transformer_forward_chunk(struct transformer *m, int slot, int chunk, flo
  * by the chunk with the head). Parameter gradients accumulate into grads;
  * the gradient of the chunk's input is left in m->d_resid. */
 void transformer_backward_chunk(struct transformer *m, int slot, int chunk, const float *d_out);
+/* dualpipev's pair: the forward of chunk fchunk of slot fslot (as
+ * transformer_forward_chunk, returning its loss) and the backward of chunk
+ * bchunk of slot bslot (as transformer_backward_chunk) as one unit, their
+ * layers interleaved so that one pass's expert all-to-alls run while the
+ * other computes (model/pair.c). The same numbers as running them in turn. */
+double transformer_pair_chunks(struct transformer *m, int fslot, int fchunk, float *fout, float dscale, int bslot,
+                               int bchunk, const float *d_out);
 /* The bytes zb-h1's deferred weight gradients copy per micro batch (model/linear.c: the output gradients,
  * and the inputs recomputation overwrites), for the memory estimate. */
 size_t transformer_wgrad_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,

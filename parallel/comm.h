@@ -56,6 +56,8 @@ struct comm_p2p {
     size_t bytes;
     int peer;
     int recv;   /* 1: receive into buf, 0: send buf */
+    int tag;    /* 0, or over MPI a tag that matches a send to its receive out of posting order (buffered
+                 * pipeline schedules: parallel/schedule.h schedule_tag); NCCL has none and refuses it */
 };
 #define COMM_EXCHANGE_MAX 8 /* transfers in one group */
 void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n);

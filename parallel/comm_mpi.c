@@ -257,8 +257,8 @@ void comm_exchange(struct comm *c, const struct comm_p2p *ops, int n) {
             b = host[i] = xmalloc(o->bytes ? o->bytes : 1);
             if (!o->recv) c->stage->to_host(b, o->buf, o->bytes);
         }
-        if (o->recv) MPI_CHECK(MPI_Irecv(b, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &req[i]));
-        else MPI_CHECK(MPI_Issend(b, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &req[i]));
+        if (o->recv) MPI_CHECK(MPI_Irecv(b, (int)o->bytes, MPI_BYTE, o->peer, o->tag, handle(c), &req[i]));
+        else MPI_CHECK(MPI_Issend(b, (int)o->bytes, MPI_BYTE, o->peer, o->tag, handle(c), &req[i]));
     }
     MPI_CHECK(MPI_Waitall(n, req, status));
     for (int i = 0; i < n; i++) {
@@ -373,8 +373,8 @@ int comm_exchange_start(struct comm *c, const struct comm_p2p *ops, int n) {
             host = xmalloc(o->bytes ? o->bytes : 1);
             c->stage->to_host(host, o->buf, o->bytes);
         }
-        if (o->recv) MPI_CHECK(MPI_Irecv(o->buf, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &r));
-        else MPI_CHECK(MPI_Issend(host ? host : o->buf, (int)o->bytes, MPI_BYTE, o->peer, 0, handle(c), &r));
+        if (o->recv) MPI_CHECK(MPI_Irecv(o->buf, (int)o->bytes, MPI_BYTE, o->peer, o->tag, handle(c), &r));
+        else MPI_CHECK(MPI_Issend(host ? host : o->buf, (int)o->bytes, MPI_BYTE, o->peer, o->tag, handle(c), &r));
         track_ticket(c, r, host, ticket, s);
     }
     watchdog_leave();

@@ -338,6 +338,7 @@ void nccl_exchange(struct comm *c, const struct comm_p2p *ops, int n) {
     NCCL_CHECK(nc.group_start());
     for (int i = 0; i < n; i++) {
         const struct comm_p2p *o = &ops[i];
+        CHECK(!o->tag); /* NCCL matches in posting order only */
         if (o->recv) NCCL_CHECK(nc.recv(o->buf, o->bytes, ncclUint8, o->peer, g->comm, g->stream));
         else NCCL_CHECK(nc.send(o->buf, o->bytes, ncclUint8, o->peer, g->comm, g->stream));
     }

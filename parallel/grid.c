@@ -207,7 +207,7 @@ void grid_create(struct grid *g, const struct parallel_config *p) {
     make_comm(&g->edp_comm, "edp", (pp * g->ep + g->ep_rank) * g->etp + g->etp_rank, g->edp_rank);
     make_comm(&g->etp_comm, "etp", (pp * g->edp + g->edp_rank) * g->ep + g->ep_rank, g->etp_rank);
     /* the ends of each pipeline pair up; a middle stage gets a group of its own (zbv: rank 0 holds both) */
-    int v = schedule_kind(p->schedule, g->vpp) == SCHED_ZBV;
+    int v = schedule_v_shaped(schedule_kind(p->schedule, g->vpp));
     int end = g->pp > 1 && !v && (pp == 0 || pp == g->pp - 1);
     int position = (dp * g->cp + cp) * g->tp + tp;
     make_comm(&g->embed_comm, "embed", end ? position : g->world_size + g->world_rank, pp);

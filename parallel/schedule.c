@@ -13,7 +13,7 @@ static struct sched_item nth(int k, enum sched_op op, int pp, int vpp) {
     int group = k / (pp * vpp), within = k % (pp * vpp);
     int chunk = within / pp;
     if (op == SCHED_BACKWARD) chunk = vpp - 1 - chunk;
-    return (struct sched_item){op, group * pp + within % pp, chunk};
+    return (struct sched_item){op, group * pp + within % pp, chunk, 0};
 }
 
 /* Forwards a rank runs before its first backward (then one forward, one
@@ -29,21 +29,28 @@ int schedule_kind(const char *name, int vpp) {
     if (!strcmp(name, "interleaved")) return SCHED_INTERLEAVED;
     if (!strcmp(name, "zb-h1")) return SCHED_ZB_H1;
     if (!strcmp(name, "zbv")) return SCHED_ZBV;
+    if (!strcmp(name, "dualpipev")) return SCHED_DUALPIPEV;
     return -1;
 }
 
 const char *schedule_name(enum sched_kind kind) {
-    return kind == SCHED_ZBV ? "zbv" : kind == SCHED_ZB_H1 ? "zb-h1" : kind == SCHED_INTERLEAVED ? "interleaved" : "1f1b";
+    return kind == SCHED_DUALPIPEV ? "dualpipev"
+         : kind == SCHED_ZBV       ? "zbv"
+         : kind == SCHED_ZB_H1     ? "zb-h1"
+         : kind == SCHED_INTERLEAVED ? "interleaved"
+                                     : "1f1b";
 }
 
-int schedule_splits(enum sched_kind kind) { return kind == SCHED_ZB_H1 || kind == SCHED_ZBV; }
+int schedule_splits(enum sched_kind kind) { return kind == SCHED_ZB_H1 || schedule_v_shaped(kind); }
+
+int schedule_v_shaped(enum sched_kind kind) { return kind == SCHED_ZBV || kind == SCHED_DUALPIPEV; }
 
 int schedule_stage(enum sched_kind kind, int pp, int chunk, int rank) {
-    if (kind == SCHED_ZBV) return chunk == 0 ? rank : 2 * pp - 1 - rank;
+    if (schedule_v_shaped(kind)) return chunk == 0 ? rank : 2 * pp - 1 - rank;
     return chunk * pp + rank;
 }
 static int stage_rank(enum sched_kind kind, int pp, int vs) {
-    return kind == SCHED_ZBV ? (vs < pp ? vs : 2 * pp - 1 - vs) : vs % pp;
+    return schedule_v_shaped(kind) ? (vs < pp ? vs : 2 * pp - 1 - vs) : vs % pp;
 }
 
 /* 1F1B's order (interleaved when vpp > 1) */
@@ -69,9 +76,9 @@ static int build_zb_h1(struct sched_item *out, int pp, int rank, int m) {
     for (int i = 0; i < nb; i++) {
         out[n++] = base[i];
         if (base[i].op != SCHED_BACKWARD) continue;
-        if (++pending > rank) out[n++] = (struct sched_item){SCHED_WEIGHTS, next_w++, 0}, pending--;
+        if (++pending > rank) out[n++] = (struct sched_item){SCHED_WEIGHTS, next_w++, 0, 0}, pending--;
     }
-    while (next_w < m) out[n++] = (struct sched_item){SCHED_WEIGHTS, next_w++, 0};
+    while (next_w < m) out[n++] = (struct sched_item){SCHED_WEIGHTS, next_w++, 0, 0};
     free(base);
     return n;
 }
@@ -107,6 +114,34 @@ static int link_of(int pp, int from, int to) {
  * rank's trainer, the estimate's stages and the simulation ask for it again) */
 static struct { int pp, m; double cost[3]; struct sched_item *items; } zbv_cache;
 
+/* rank k's best ready forward (fwd 1) or backward (fwd 0) and when it can start */
+static int v_candidate(int pp, int m, int q, const struct zbv_rank *k, int fwd, int cap, const double *fdone,
+                       const double *bdone, const struct zbv_msg *ch, const int *ch_n, const int *ch_used,
+                       size_t ch_cap, struct sched_item *cand, double *cand_at) {
+    int S = 2 * pp, found = 0, op = fwd ? SCHED_FORWARD : SCHED_BACKWARD;
+    for (int c = 1; c >= 0; c--) {
+        int mb = k->next[op][c], vs = schedule_stage(SCHED_ZBV, pp, c, q);
+        if (mb >= m) continue;
+        if (op == SCHED_FORWARD && c == 0 && k->in_flight >= cap) continue;
+        int from_vs = op == SCHED_FORWARD ? vs - 1 : vs + 1;
+        double at = op == SCHED_BACKWARD ? fdone[mb * S + vs] : 0;
+        if (at < 0) continue; /* its forward has not run */
+        if (from_vs >= 0 && from_vs < S) {
+            double dep = op == SCHED_FORWARD ? fdone[mb * S + from_vs] : bdone[mb * S + from_vs];
+            if (dep < 0) continue;
+            int from = stage_rank(SCHED_ZBV, pp, from_vs), c_at = link_of(pp, from, q);
+            const struct zbv_msg *head = &ch[c_at * ch_cap + ch_used[c_at]];
+            if (ch_used[c_at] >= ch_n[c_at] || head->op != op || head->mb != mb || head->vs != vs) continue;
+            if (dep > at) at = dep;
+        }
+        if (at < k->clock) at = k->clock;
+        /* the older micro batch first, then chunk 1 */
+        if (!found || at < *cand_at - 1e-9 || (fabs(at - *cand_at) < 1e-9 && mb < cand->mb))
+            *cand = (struct sched_item){op, mb, c, 0}, *cand_at = at, found = 1;
+    }
+    return found;
+}
+
 static void generate_zbv(int pp, int m, const double cost[3], struct sched_item *all) {
     int S = 2 * pp, total = 3 * m * 2;
     double *fdone = xmalloc(sizeof(double) * m * S), *bdone = xmalloc(sizeof(double) * m * S);
@@ -124,34 +159,13 @@ static void generate_zbv(int pp, int m, const double cost[3], struct sched_item 
         for (int q = 0; q < pp; q++) {
             struct zbv_rank *k = &r[q];
             if (k->n == total) continue;
-            /* candidates: (ready time, priority class, micro batch) */
-            struct sched_item cand = {0};
-            double cand_at = 0;
-            int cand_class = 9, found = 0;
-            for (int op = SCHED_BACKWARD; op >= SCHED_FORWARD; op--)
-                for (int c = 1; c >= 0; c--) {
-                    int mb = k->next[op][c], vs = schedule_stage(SCHED_ZBV, pp, c, q);
-                    if (mb >= m) continue;
-                    if (op == SCHED_FORWARD && c == 0 && k->in_flight >= pp) continue;
-                    int from_vs = op == SCHED_FORWARD ? vs - 1 : vs + 1;
-                    double at = op == SCHED_BACKWARD ? fdone[mb * S + vs] : 0;
-                    if (at < 0) continue; /* its forward has not run */
-                    if (from_vs >= 0 && from_vs < S) {
-                        double dep = op == SCHED_FORWARD ? fdone[mb * S + from_vs] : bdone[mb * S + from_vs];
-                        if (dep < 0) continue;
-                        int from = stage_rank(SCHED_ZBV, pp, from_vs), c_at = link_of(pp, from, q);
-                        struct zbv_msg *head = &ch[c_at * ch_cap + ch_used[c_at]];
-                        if (ch_used[c_at] >= ch_n[c_at] || head->op != op || head->mb != mb || head->vs != vs) continue;
-                        if (dep > at) at = dep;
-                    }
-                    if (at < k->clock) at = k->clock;
-                    /* backwards before forwards, older micro batches first, then chunk 1 */
-                    int cls = op == SCHED_BACKWARD ? 0 : 1;
-                    if (!found || at < cand_at - 1e-9 ||
-                        (fabs(at - cand_at) < 1e-9 && (cls < cand_class || (cls == cand_class && mb < cand.mb)))) {
-                        cand = (struct sched_item){op, mb, c}, cand_at = at, cand_class = cls, found = 1;
-                    }
-                }
+            /* candidates: a backward (others wait for it), else a forward, at the earliest time */
+            struct sched_item cand = {0}, fw = {0};
+            double cand_at = 0, fw_at = 0;
+            int found = v_candidate(pp, m, q, k, 0, pp, fdone, bdone, ch, ch_n, ch_used, ch_cap, &cand, &cand_at);
+            if (v_candidate(pp, m, q, k, 1, pp, fdone, bdone, ch, ch_n, ch_used, ch_cap, &fw, &fw_at) &&
+                (!found || fw_at < cand_at - 1e-9))
+                cand = fw, cand_at = fw_at, found = 1;
             if (k->w_head < k->nw) { /* a W is always ready (its B ran on this rank): when nothing else is */
                 struct sched_item w = k->w[k->w_head];
                 double at = bdone[w.mb * S + schedule_stage(SCHED_ZBV, pp, w.chunk, q)];
@@ -163,26 +177,29 @@ static void generate_zbv(int pp, int m, const double cost[3], struct sched_item 
         }
         CHECK(best_rank >= 0); /* some rank can always go on */
         struct zbv_rank *k = &r[best_rank];
-        int vs = schedule_stage(SCHED_ZBV, pp, best.chunk, best_rank);
-        double end = best_at + cost[best.op];
-        k->out[k->n++] = best, k->clock = end, done++;
         if (best.op == SCHED_WEIGHTS) {
+            k->out[k->n++] = best, k->clock = best_at + cost[best.op], done++;
             k->w_head++;
             if (best.chunk == 0) k->in_flight--;
             continue;
         }
+        double end = best_at + cost[best.op];
+        int vs = schedule_stage(SCHED_ZBV, pp, best.chunk, best_rank);
+        k->out[k->n++] = best, done++;
         k->next[best.op][best.chunk]++;
         if (best.op == SCHED_FORWARD && best.chunk == 0) k->in_flight++;
         int from_vs = best.op == SCHED_FORWARD ? vs - 1 : vs + 1;
         if (from_vs >= 0 && from_vs < S) ch_used[link_of(pp, stage_rank(SCHED_ZBV, pp, from_vs), best_rank)]++;
         if (best.op == SCHED_FORWARD) fdone[best.mb * S + vs] = end;
-        else bdone[best.mb * S + vs] = end, k->w[k->nw++] = (struct sched_item){SCHED_WEIGHTS, best.mb, best.chunk};
+        else bdone[best.mb * S + vs] = end;
         int to_vs = best.op == SCHED_FORWARD ? vs + 1 : vs - 1;
         if (to_vs >= 0 && to_vs < S) { /* the result goes to the next stage's rank, in this order */
             int to = stage_rank(SCHED_ZBV, pp, to_vs), c_at = link_of(pp, best_rank, to);
             CHECK((size_t)ch_n[c_at] < ch_cap);
             ch[c_at * ch_cap + ch_n[c_at]++] = (struct zbv_msg){best.op, best.mb, to_vs};
         }
+        k->clock = end;
+        if (best.op == SCHED_BACKWARD) k->w[k->nw++] = (struct sched_item){SCHED_WEIGHTS, best.mb, best.chunk, 0};
     }
     for (int i = 0; i < pp; i++) free(r[i].w);
     free(r), free(ch), free(ch_n), free(ch_used), free(fdone), free(bdone);
@@ -201,6 +218,57 @@ static int build_zbv(struct sched_item *out, int pp, int rank, int m, const doub
     return total;
 }
 
+/* DualPipeV's order for rank r of pp (DeepSeek's published phases; needs m >= 2pp):
+ *   1. 2(pp-r-1) forwards of chunk 0          2. r+1 times F0, F1
+ *   3. pp-r-1 times B1 (its W at once), F1    4. m-2pp+r+1 times the pairs F0&B1, F1&B0
+ *   5. pp-r-1 times B1, the pair F1&B0        6. r+1 times B1, B0 (the last r+1 B's leave their W)
+ *   7. pp-r-1 times a W, B0 (its W left)      8. r+1 W's
+ * A pair's backward takes its W at once; each chunk runs in micro-batch order. */
+struct dual_state { struct sched_item *out; int n, next[2][2], w[64 * 1024], w_head, nw; };
+
+static void dual_emit(struct dual_state *d, enum sched_op op, int chunk, int pair) {
+    d->out[d->n++] = (struct sched_item){op, d->next[op][chunk]++, chunk, pair};
+}
+/* a backward, its W at once (defer 0) or left for later */
+static void dual_backward(struct dual_state *d, int chunk, int defer) {
+    int mb = d->next[SCHED_BACKWARD][chunk];
+    dual_emit(d, SCHED_BACKWARD, chunk, 0);
+    struct sched_item w = {SCHED_WEIGHTS, mb, chunk, 0};
+    if (defer) {
+        CHECK(d->nw < 64 * 1024);
+        d->w[d->nw++] = mb * 2 + chunk;
+    } else {
+        d->out[d->n++] = w;
+    }
+}
+static void dual_pending_w(struct dual_state *d) {
+    CHECK(d->w_head < d->nw);
+    int x = d->w[d->w_head++];
+    d->out[d->n++] = (struct sched_item){SCHED_WEIGHTS, x / 2, x % 2, 0};
+}
+static void dual_pair(struct dual_state *d, int fchunk) {
+    dual_emit(d, SCHED_FORWARD, fchunk, 1);
+    dual_backward(d, 1 - fchunk, 0);
+}
+
+static int build_dualpipev(struct sched_item *out, int pp, int r, int m) {
+    CHECK(m >= 2 * pp && m <= 32 * 1024);
+    struct dual_state *d = xcalloc(1, sizeof *d);
+    d->out = out;
+    for (int i = 0; i < 2 * (pp - r - 1); i++) dual_emit(d, SCHED_FORWARD, 0, 0);
+    for (int i = 0; i < r + 1; i++) dual_emit(d, SCHED_FORWARD, 0, 0), dual_emit(d, SCHED_FORWARD, 1, 0);
+    for (int i = 0; i < pp - r - 1; i++) dual_backward(d, 1, 0), dual_emit(d, SCHED_FORWARD, 1, 0);
+    for (int i = 0; i < m - 2 * pp + r + 1; i++) dual_pair(d, 0), dual_pair(d, 1);
+    for (int i = 0; i < pp - r - 1; i++) dual_backward(d, 1, 0), dual_pair(d, 1);
+    for (int i = 0; i < 2 * (r + 1); i++) dual_backward(d, i % 2 ? 0 : 1, i >= r + 1);
+    for (int i = 0; i < pp - r - 1; i++) dual_pending_w(d), dual_backward(d, 0, 1);
+    while (d->w_head < d->nw) dual_pending_w(d);
+    int n = d->n;
+    free(d);
+    CHECK(n == 6 * m);
+    return n;
+}
+
 static const double equal_costs[3] = {1, 1, 1};
 
 int schedule_build_timed(struct sched_item *out, enum sched_kind kind, int pp, int vpp, int rank, int m,
@@ -214,6 +282,10 @@ int schedule_build_timed(struct sched_item *out, enum sched_kind kind, int pp, i
 
 int schedule_build(struct sched_item *out, enum sched_kind kind, int pp, int vpp, int rank, int m) {
     if (kind == SCHED_ZBV) return schedule_build_timed(out, kind, pp, vpp, rank, m, equal_costs);
+    if (kind == SCHED_DUALPIPEV) {
+        CHECK(vpp == 2);
+        return build_dualpipev(out, pp, rank, m);
+    }
     if (kind == SCHED_ZB_H1) {
         CHECK(vpp == 1);
         return build_zb_h1(out, pp, rank, m);
@@ -224,7 +296,7 @@ int schedule_build(struct sched_item *out, enum sched_kind kind, int pp, int vpp
 int schedule_build_forward(struct sched_item *out, int vpp, int m) {
     int n = 0;
     for (int mb = 0; mb < m; mb++)
-        for (int c = 0; c < vpp; c++) out[n++] = (struct sched_item){SCHED_FORWARD, mb, c};
+        for (int c = 0; c < vpp; c++) out[n++] = (struct sched_item){SCHED_FORWARD, mb, c, 0};
     return n;
 }
 
@@ -264,7 +336,8 @@ void schedule_print(FILE *out, enum sched_kind kind, int pp, int vpp, int m) {
     for (int r = 0; r < pp; r++) {
         int n = schedule_build(s, kind, pp, vpp, r, m);
         fprintf(out, "pipeline rank %d:", r);
-        for (int i = 0; i < n; i++) fprintf(out, " %c%d.%d", "FBW"[s[i].op], s[i].mb, s[i].chunk);
+        for (int i = 0; i < n; i++) /* a dualpipev pair: "F3.0+B1.1" */
+            fprintf(out, "%s%c%d.%d", i && s[i - 1].pair ? "+" : " ", "FBW"[s[i].op], s[i].mb, s[i].chunk);
         fprintf(out, "\n");
     }
     free(s);
@@ -278,6 +351,14 @@ void schedule_print_summary(FILE *out, enum sched_kind kind, int pp, int vpp, in
         if (kind == SCHED_ZBV) {
             fprintf(out, "  rank %d: virtual stages %d and %d, %d micro batches, each B's W when nothing else is ready; "
                     "up to %d micro batches in flight\n", r, r, 2 * pp - 1 - r, m, in_flight);
+            continue;
+        }
+        if (kind == SCHED_DUALPIPEV) {
+            int n = schedule_build(s, kind, pp, vpp, r, m), pairs = 0;
+            for (int i = 0; i < n; i++) pairs += s[i].pair;
+            fprintf(out, "  rank %d: virtual stages %d and %d, %d micro batches, %d forward&backward pairs overlapped "
+                    "(each with its W), the other B's W when nothing else is ready; up to %d micro batches in flight\n",
+                    r, r, 2 * pp - 1 - r, m, pairs, in_flight);
             continue;
         }
         int warmup = warmup_forwards(pp, vpp, r, m);
@@ -294,13 +375,15 @@ void schedule_print_summary(FILE *out, enum sched_kind kind, int pp, int vpp, in
         fprintf(out, "  %s: bubble fraction %.1f%% (simulated: F, B and W cost alike, communication free), "
                 "1f1b's %.1f%%: idle time %.2fx 1f1b's (%s)\n", schedule_name(kind), 100 * bubble, 100 * plain,
                 bubble / (1 - bubble) / (plain / (1 - plain)),
-                kind == SCHED_ZBV ? "1/6 when pp divides the micro batches: the V fills and drains once" : "ideal 1/3");
+                kind == SCHED_ZBV         ? "1/6 when pp divides the micro batches: the V fills and drains once"
+                : kind == SCHED_DUALPIPEV ? "the V fills and drains once; its pairs hide MoE all-to-alls"
+                                          : "ideal 1/3");
     else if (rc == 0)
         fprintf(out, "  bubble fraction %.1f%% (simulated: a backward costs 2 forwards, communication free; ideal "
                 "(pp-1)/(vpp*m+pp-1) = %.1f%%)\n", 100 * bubble, 100.0 * (pp - 1) / ((double)vpp * m + pp - 1));
     else
         fprintf(out, "  the schedule deadlocks in simulation (a bug: please report it)\n");
-    if (rc == 0 && kind == SCHED_ZBV && m % pp)
+    if (rc == 0 && schedule_v_shaped(kind) && m % pp)
         fprintf(out, "  hint: pp %d does not divide the %d micro batches per rank: the last %d run the V with fewer "
                 "in flight; a multiple of pp (train.global_batch) brings the idle time to a sixth of 1f1b's\n", pp, m,
                 m % pp);
@@ -322,6 +405,7 @@ struct sched_links schedule_links(struct sched_item it, enum sched_kind kind, in
 }
 
 int schedule_unit(enum sched_kind kind, const struct sched_item *s, int n, int i) {
+    if (s[i].pair) return 2;
     if (kind != SCHED_INTERLEAVED || i + 1 >= n || s[i].op != SCHED_FORWARD || s[i + 1].op != SCHED_BACKWARD) return 1;
     /* steady only: when the warm-up takes every forward (m = pp), the last
      * forward and the first backward are not a pair (pairing them deadlocks) */
@@ -416,12 +500,13 @@ static int sim_advance(struct sim_channels *c, struct sim_rank *r, enum sched_ki
     return 1;
 }
 
-/* ---- simulation of buffered sends (zbv) ---- */
+/* ---- simulation of buffered sends (zbv, dualpipev) ---- */
 
-/* Every rank runs its items in order; an item that needs a message waits for
- * it (the next one on its channel must be it), and a result is sent at once
- * into a send buffer, never waiting for the receiver: the buffer is free
- * again when the receiver's item begins. *most: the most buffers any rank
+/* Every rank runs its units in order; a unit waits for its inputs (its
+ * message on each channel, matched by tag: the receiving virtual stage and
+ * direction, in micro-batch order within a tag), and its results are sent at
+ * once into send buffers, never waiting for the receiver: a buffer is free
+ * again when the receiver's unit begins. *most: the most buffers any rank
  * has in use at once. */
 struct bmsg { int backward, mb, vs; double sent, taken; };
 
@@ -430,14 +515,28 @@ static int by_time(const void *a, const void *b) { /* (time, +1 sent / -1 taken)
     return x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : y[1] > x[1] ? 1 : y[1] < x[1] ? -1 : 0;
 }
 
+int schedule_tag(enum sched_op op, int vs) { return 1 + 2 * vs + (op == SCHED_BACKWARD); }
+
+/* the next untaken message of tag `tag` on channel c (NULL: not sent yet); cursor: where to look from */
+static struct bmsg *next_tagged(struct bmsg *ch, int sent, int *cursor, int tag) {
+    for (int i = *cursor; i < sent; i++) {
+        struct bmsg *x = &ch[i];
+        if (x->taken >= 0 || schedule_tag(x->backward ? SCHED_BACKWARD : SCHED_FORWARD, x->vs) != tag) continue;
+        *cursor = i;
+        return x;
+    }
+    *cursor = sent;
+    return NULL;
+}
+
 static int simulate_buffered(enum sched_kind kind, int pp, int vpp, int m, int forward_only, const double cost[3],
                              const double *made_for, double *bubble, int *most) {
-    int per = SCHED_ITEMS(m, vpp), rc = 0;
+    int per = SCHED_ITEMS(m, vpp), rc = 0, tags = 2 * pp * vpp + 2;
     struct sched_item *s = xmalloc(sizeof *s * per * pp);
     int *n = xcalloc(pp, sizeof(int)), *pos = xcalloc(pp, sizeof(int));
     double *clock = xcalloc(pp, sizeof(double)), busy = 0;
     struct bmsg *ch = xmalloc(sizeof *ch * (size_t)pp * 3 * per);
-    int *sent = xcalloc((size_t)pp * 3, sizeof(int)), *taken = xcalloc((size_t)pp * 3, sizeof(int));
+    int *sent = xcalloc((size_t)pp * 3, sizeof(int)), *cursor = xcalloc((size_t)pp * 3 * tags, sizeof(int));
     for (int i = 0; i < pp; i++)
         n[i] = forward_only ? schedule_build_forward(s + i * per, vpp, m)
                             : schedule_build_timed(s + i * per, kind, pp, vpp, i, m, made_for);
@@ -445,25 +544,32 @@ static int simulate_buffered(enum sched_kind kind, int pp, int vpp, int m, int f
         progressed = 0;
         for (int me = 0; me < pp && !rc; me++)
             while (pos[me] < n[me]) {
-                struct sched_item it = s[me * per + pos[me]];
-                struct sched_links l = schedule_links(it, kind, pp, vpp, me);
-                int vs = schedule_stage(kind, pp, it.chunk, me), bw = it.op == SCHED_BACKWARD;
+                /* a unit (an item, or a dualpipev pair): every input taken before it runs, results sent after */
+                const struct sched_item *u = &s[me * per + pos[me]];
+                int nu = schedule_unit(kind, u, n[me] - pos[me], 0), ready = 1;
+                struct bmsg *got[SCHED_UNIT_MAX] = {0};
                 double t = clock[me];
-                if (l.recv_from >= 0) {
-                    int c = link_of(pp, l.recv_from, me);
-                    if (taken[c] == sent[c]) break; /* not sent yet */
-                    struct bmsg *x = &ch[(size_t)c * per + taken[c]++];
-                    if (x->backward != bw || x->mb != it.mb || x->vs != vs) {
-                        rc = -2;
-                        break;
-                    }
-                    if (x->sent > t) t = x->sent;
-                    x->taken = t;
+                for (int j = 0; j < nu && ready; j++) {
+                    struct sched_links l = schedule_links(u[j], kind, pp, vpp, me);
+                    if (l.recv_from < 0) continue;
+                    int c = link_of(pp, l.recv_from, me), vs = schedule_stage(kind, pp, u[j].chunk, me);
+                    int tag = schedule_tag(u[j].op, vs);
+                    got[j] = next_tagged(ch + (size_t)c * per, sent[c], &cursor[c * tags + tag], tag);
+                    ready = got[j] != NULL;
+                    if (ready && got[j]->mb != u[j].mb) rc = -2; /* another micro batch's: out of order */
+                    else if (ready && got[j]->sent > t) t = got[j]->sent;
                 }
-                clock[me] = t + cost[it.op], busy += cost[it.op], pos[me]++, progressed = 1;
-                if (l.send_to >= 0) {
+                if (!ready || rc) break; /* not sent yet */
+                for (int j = 0; j < nu; j++) /* every input is taken when the unit starts */
+                    if (got[j]) got[j]->taken = t;
+                for (int j = 0; j < nu; j++) t += cost[u[j].op], busy += cost[u[j].op];
+                clock[me] = t, pos[me] += nu, progressed = 1;
+                for (int j = 0; j < nu; j++) {
+                    struct sched_links l = schedule_links(u[j], kind, pp, vpp, me);
+                    int vs = schedule_stage(kind, pp, u[j].chunk, me), bw = u[j].op == SCHED_BACKWARD;
+                    if (l.send_to < 0) continue;
                     int c = link_of(pp, me, l.send_to);
-                    ch[(size_t)c * per + sent[c]++] = (struct bmsg){bw, it.mb, bw ? vs - 1 : vs + 1, clock[me], -1};
+                    ch[(size_t)c * per + sent[c]++] = (struct bmsg){bw, u[j].mb, bw ? vs - 1 : vs + 1, t, -1};
                 }
             }
     }
@@ -490,17 +596,18 @@ static int simulate_buffered(enum sched_kind kind, int pp, int vpp, int m, int f
         }
         free(ev);
     }
-    free(s), free(n), free(pos), free(clock), free(ch), free(sent), free(taken);
+    free(s), free(n), free(pos), free(clock), free(ch), free(sent), free(cursor);
     return rc;
 }
 
 int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m, const double cost[3]) {
-    if (kind != SCHED_ZBV) return SCHED_UNIT_MAX;
+    if (!SCHED_BUFFERED(kind)) return SCHED_UNIT_MAX;
     if (!cost) cost = equal_costs;
     int train = 0, eval = 0;
     CHECK(simulate_buffered(kind, pp, vpp, m, 0, cost, cost, NULL, &train) == 0);
     CHECK(simulate_buffered(kind, pp, vpp, m, 1, cost, cost, NULL, &eval) == 0);
-    return (train > eval ? train : eval) + 1;
+    /* a dualpipev pair takes two buffers at once: one more spare */
+    return (train > eval ? train : eval) + (kind == SCHED_DUALPIPEV ? 2 : 1);
 }
 
 int schedule_simulate(enum sched_kind kind, int pp, int vpp, int m, int forward_only, double backward_cost,
@@ -512,7 +619,7 @@ int schedule_simulate_timed(enum sched_kind kind, int pp, int vpp, int m, int fo
                             double w_share, const double made_for[3], double *bubble) {
     int per = SCHED_ITEMS(m, vpp), split = schedule_splits(kind) && !forward_only;
     const double cost[3] = {1.0, split ? backward_cost * (1 - w_share) : backward_cost, backward_cost * w_share};
-    if (kind == SCHED_ZBV) return simulate_buffered(kind, pp, vpp, m, forward_only, cost, made_for, bubble, NULL);
+    if (SCHED_BUFFERED(kind)) return simulate_buffered(kind, pp, vpp, m, forward_only, cost, made_for, bubble, NULL);
     struct sched_item *s = xmalloc(sizeof *s * per * pp);
     struct sim_rank *r = xcalloc(pp, sizeof *r);
     struct sim_channels c = {.cap = per};

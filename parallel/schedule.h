@@ -20,6 +20,14 @@
  *     are in flight (1F1B's most), weight gradients when nothing else is
  *     ready. Each chunk's items run in micro-batch order whatever the costs,
  *     so every gradient sums in the same order: the costs change no number.
+ *   dualpipev (vpp = 2): DualPipeV, the cut-in-half DualPipe of DeepSeek-V3:
+ *     ZB-V's V and its list scheduler, with up to pp + 1 micro batches in
+ *     flight (DualPipe's activation memory), and whenever a forward and a
+ *     backward of the other chunk are both ready they run as one overlapped
+ *     pair (F0&B1 or F1&B0, item.pair), the pair's W at once after it: the
+ *     model interleaves the two passes layer by layer so that one's expert
+ *     all-to-alls run while the other computes (model/pair.c). Warm-up and
+ *     cool-down B's leave their W for the bubbles, as in zbv.
  * Transfers between stages go in groups (comm_exchange), as NCCL needs: a
  * rank runs its list a unit at a time (schedule_unit: one item, or a steady
  * forward+backward pair when interleaved), and before each unit one group
@@ -32,14 +40,16 @@
 #include <stdio.h>
 
 enum sched_op { SCHED_FORWARD = 0, SCHED_BACKWARD = 1, SCHED_WEIGHTS = 2 };
-enum sched_kind { SCHED_1F1B, SCHED_INTERLEAVED, SCHED_ZB_H1, SCHED_ZBV };
+enum sched_kind { SCHED_1F1B, SCHED_INTERLEAVED, SCHED_ZB_H1, SCHED_ZBV, SCHED_DUALPIPEV };
 /* The kind a recipe's parallel.schedule names ("auto": interleaved when vpp
  * > 1, else 1f1b); -1 for an unknown name. */
 int schedule_kind(const char *name, int vpp);
 const char *schedule_name(enum sched_kind kind);
 /* Whether the kind splits backwards into B and W items */
 int schedule_splits(enum sched_kind kind);
-/* The virtual stage of a rank's chunk: chunk * pp + rank, or in a V (zbv)
+/* Whether the kind places its two chunks in a V (zbv, dualpipev) */
+int schedule_v_shaped(enum sched_kind kind);
+/* The virtual stage of a rank's chunk: chunk * pp + rank, or in a V (zbv, dualpipev)
  * rank for chunk 0 and 2pp-1-rank for chunk 1. Stage 0 holds the embedding,
  * stage pp*chunks-1 the head. */
 int schedule_stage(enum sched_kind kind, int pp, int chunk, int rank);
@@ -48,6 +58,7 @@ struct sched_item {
     enum sched_op op;
     int mb;      /* micro batch */
     int chunk;   /* model chunk on this rank (its virtual stage: schedule_stage) */
+    int pair;    /* dualpipev: 1 when this forward and the backward after it run as one overlapped unit */
 };
 
 /* Fill out (capacity SCHED_ITEMS(m, vpp)) with rank's schedule; returns the count. */
@@ -63,8 +74,9 @@ int schedule_build_forward(struct sched_item *out, int vpp, int m);
  * schedule (from the first forward to the last backward, or W when split). */
 int schedule_max_in_flight(const struct sched_item *s, int n, int vpp);
 /* The activation slots a rank allocates for its schedule s (n items of m
- * micro batches): schedule_max_in_flight, except zbv's cap, min(pp, m),
- * whatever costs its order is made for (the trainer makes it again). */
+ * micro batches): schedule_max_in_flight, except the V kinds' cap, min(pp, m)
+ * (dualpipev: pp + 1), whatever costs the order is made for (the trainer
+ * makes it again). */
 int schedule_slots(enum sched_kind kind, const struct sched_item *s, int n, int vpp, int pp, int m);
 /* Most chunks whose backward ran and whose W has not (0: not split) */
 int schedule_max_deferred(const struct sched_item *s, int n);
@@ -85,11 +97,12 @@ struct sched_links schedule_links(struct sched_item it, enum sched_kind kind, in
  * exchanges around every item; interleaved, a steady forward and the
  * backward after it share one exchange (one item each deadlocks there;
  * without a steady phase, m = pp, every item is a unit); the others
- * (zb-h1, zbv) around every item. */
+ * (zb-h1, zbv) around every item; dualpipev's pairs are one unit (both
+ * inputs received before it, both results sent after). */
 int schedule_unit(enum sched_kind kind, const struct sched_item *s, int n, int i);
 #define SCHED_UNIT_MAX 2 /* the most items schedule_unit returns */
 
-/* zbv's sends do not wait for their receives (a V order has traffic both
+/* The V kinds' sends do not wait for their receives (a V order has traffic both
  * ways on every link, so grouped exchanges deadlock): each result goes into
  * a send buffer of its own, begun at once, and the buffer is free again
  * when the receiver takes it. The buffers a rank needs: one more than the
@@ -99,8 +112,13 @@ int schedule_unit(enum sched_kind kind, const struct sched_item *s, int n, int i
  * SCHED_UNIT_MAX, reused after each exchange. cost: what the order was
  * made for (schedule_build_timed; NULL: equal), and the simulation runs. */
 int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m, const double cost[3]);
+/* The message tag of a forward's input (op SCHED_FORWARD) or a backward's
+ * output gradient received by virtual stage vs: buffered sends are matched
+ * by tag (MPI), so a V order may take a link's messages in another order
+ * than they were sent (dualpipev does); within a tag, micro-batch order. */
+int schedule_tag(enum sched_op op, int vs);
 /* Whether a kind's sends are buffered (not grouped with the receives) */
-#define SCHED_BUFFERED(kind) ((kind) == SCHED_ZBV)
+#define SCHED_BUFFERED(kind) ((kind) == SCHED_ZBV || (kind) == SCHED_DUALPIPEV)
 
 /* Run all ranks' schedules (training; forward_only: evaluation's order) with
  * unit-cost forwards and backwards of cost `backward_cost` (split kinds: B
@@ -111,6 +129,6 @@ int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m, const do
  * expects. */
 int schedule_simulate(enum sched_kind kind, int pp, int vpp, int m, int forward_only, double backward_cost,
                       double w_share, double *bubble);
-/* The same with zbv's order made for made_for[] (forward, backward, W costs) */
+/* The same with the V kinds' order made for made_for[] (forward, backward, W costs) */
 int schedule_simulate_timed(enum sched_kind kind, int pp, int vpp, int m, int forward_only, double backward_cost,
                             double w_share, const double made_for[3], double *bubble);

@@ -2,8 +2,8 @@
  * (then, under zb-h1, its weight gradients) exactly once per rank, no
  * deadlock under the send/recv rules, in-flight bound, and the bubble
  * against the analytic (pp-1)/(m+pp-1) (/vpp when interleaved) and, for
- * zb-h1, a third of 1F1B's idle time, for zbv a sixth (pp dividing m). Also the LR schedules against their
- * closed forms. */
+ * zb-h1, a third of 1F1B's idle time, for zbv a sixth (pp dividing m); dualpipev's phases, pairs and
+ * idle time. Also the LR schedules against their closed forms. */
 #include <math.h>
 #include <string.h>
 
@@ -32,8 +32,10 @@ static void check_complete_kind(enum sched_kind kind, int pp, int vpp, int m) {
         }
         for (int mb = 0; mb < m; mb++)
             for (int c = 0; c < vpp; c++) ok &= fseen[mb][c] == 1 && bseen[mb][c] == 1 && wseen[mb][c] == split;
-        /* 1F1B keeps at most pp - rank micro batches in flight; zb-h1 and zbv at most pp (1F1B's on rank 0) */
-        if (vpp == 1 || kind == SCHED_ZBV) ok &= schedule_max_in_flight(s, n, vpp) <= (split ? pp : pp - r);
+        /* 1F1B keeps at most pp - rank micro batches in flight; zb-h1 and zbv at most pp (1F1B's on rank 0);
+         * dualpipev 2pp - rank (its first 2(pp-rank)-1 chunk-0 forwards fill the V) */
+        if (kind == SCHED_DUALPIPEV) ok &= schedule_max_in_flight(s, n, vpp) <= 2 * pp - r;
+        else if (vpp == 1 || kind == SCHED_ZBV) ok &= schedule_max_in_flight(s, n, vpp) <= (split ? pp : pp - r);
         if (kind == SCHED_ZB_H1 && r == 0) ok &= schedule_max_in_flight(s, n, vpp) == (m < pp ? m : pp);
     }
     double bubble;
@@ -75,6 +77,36 @@ static void check_zbv_bubble(int pp, int m) {
                 "buffers", ratio, want, rc, bufs);
 }
 
+/* DualPipeV at equal work per chunk (as zbv above): the phases' idle time
+ * is ZB-V's, a sixth of 1F1B's when pp divides m; every steady step is a
+ * forward&backward pair of the other chunk with its W right after
+ * (rank r: 2(m - 2pp + r + 1) + pp - r - 1 pairs), and a few send buffers. */
+static void check_dualpipev(int pp, int m) {
+    char name[96];
+    snprintf(name, sizeof name, "schedule_dualpipev_pp%d_m%d", pp, m);
+    double dv, plain, want = m % pp ? 1.0 - 1e-9 : 1.0 / 6 + 1e-9;
+    int rc = schedule_simulate(SCHED_DUALPIPEV, pp, 2, m, 0, 2.0, 0.5, &dv) |
+             schedule_simulate(SCHED_1F1B, pp, 1, m, 0, 2.0, 0, &plain);
+    double ratio = dv / (1 - dv) / (plain / (1 - plain));
+    int ok = 1, bad_pair = 0;
+    struct sched_item s[1024];
+    for (int r = 0; r < pp; r++) {
+        int n = schedule_build(s, SCHED_DUALPIPEV, pp, 2, r, m), pairs = 0;
+        for (int i = 0; i < n; i++) {
+            if (!s[i].pair) continue;
+            pairs++;
+            bad_pair |= i + 2 >= n || s[i].op != SCHED_FORWARD || s[i + 1].op != SCHED_BACKWARD ||
+                        s[i + 1].chunk == s[i].chunk || s[i + 2].op != SCHED_WEIGHTS || s[i + 2].mb != s[i + 1].mb ||
+                        s[i + 2].chunk != s[i + 1].chunk;
+        }
+        ok &= pairs == 2 * (m - 2 * pp + r + 1) + pp - r - 1;
+    }
+    int bufs = schedule_send_buffers(SCHED_DUALPIPEV, pp, 2, m, NULL);
+    TEST_RESULT(name, rc == 0 && ratio <= want && ok && !bad_pair && bufs <= 5,
+                "idle time %.4f x 1F1B's, want <= %.4f (rc %d); pair counts %s, pairs %s; %d send buffers", ratio,
+                want, rc, ok ? "ok" : "off", bad_pair ? "malformed" : "ok", bufs);
+}
+
 static void check_bubble(int pp, int vpp, int m) {
     char name[96];
     snprintf(name, sizeof name, "schedule_bubble_pp%d_vpp%d_m%d", pp, vpp, m);
@@ -90,11 +122,11 @@ static void check_bubble(int pp, int vpp, int m) {
 static void check_exchanges(void) {
     int layouts = 0, bad = 0, first[4] = {0};
     for (int pp = 2; pp <= 8; pp++)
-        for (int vpp = 1; vpp <= 6; vpp++) /* 5: zb-h1 (vpp 1), 6: zbv (vpp 2) */
+        for (int vpp = 1; vpp <= 7; vpp++) /* 5: zb-h1 (vpp 1), 6: zbv (vpp 2), 7: dualpipev (vpp 2) */
             for (int m = 1; m <= 32; m++) {
-                int v = vpp == 5 ? 1 : vpp == 6 ? 2 : vpp;
-                enum sched_kind kind = vpp == 5 ? SCHED_ZB_H1 : vpp == 6 ? SCHED_ZBV : kind_of(vpp);
-                if (kind == SCHED_INTERLEAVED && m % pp) continue;
+                int v = vpp == 5 ? 1 : vpp >= 6 ? 2 : vpp;
+                enum sched_kind kind = vpp == 5 ? SCHED_ZB_H1 : vpp == 6 ? SCHED_ZBV : vpp == 7 ? SCHED_DUALPIPEV : kind_of(vpp);
+                if ((kind == SCHED_INTERLEAVED && m % pp) || (kind == SCHED_DUALPIPEV && m < 2 * pp)) continue;
                 for (int fwd = 0; fwd < 2; fwd++, layouts++)
                     if (schedule_simulate(kind, pp, v, m, fwd, 2.0, 0.5, NULL) != 0 && !bad++)
                         first[0] = pp, first[1] = vpp, first[2] = m, first[3] = fwd;
@@ -149,6 +181,9 @@ int main(void) {
     for (int i = 2; i < 9; i++) check_zb_bubble(zb[i][0], zb[i][1]);
     for (int i = 0; i < 9; i++) check_complete_kind(SCHED_ZBV, zb[i][0], 2, zb[i][1]);
     for (int i = 2; i < 9; i++) check_zbv_bubble(zb[i][0], zb[i][1]);
+    int dual[][2] = {{2, 4}, {2, 8}, {4, 8}, {4, 16}, {8, 16}, {8, 32}, {3, 7}};
+    for (int i = 0; i < 7; i++) check_complete_kind(SCHED_DUALPIPEV, dual[i][0], 2, dual[i][1]);
+    for (int i = 0; i < 7; i++) check_dualpipev(dual[i][0], dual[i][1]);
     check_exchanges();
     check_units();
     check_lr();
