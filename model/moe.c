@@ -92,13 +92,56 @@ static void reserve_scratch(struct transformer *m, int rows) {
     if (rows <= m->moe_scratch_rows) return;
     int cap = grown_rows(m, rows);
     size_t C = m->C, FM = m->FM, ab = m->be->act_bytes, R = (size_t)cap;
-    size_t f32 = m->moe_f32 ? R * C * sizeof(float) + 64 : 0;
+    size_t f32 = m->etp > 1 && m->be->act_bytes != sizeof(float) ? R * C * sizeof(float) + 64 : 0;
     if (m->moe_scratch_mem) m->be->free(m->moe_scratch_mem);
     char *at = m->moe_scratch_mem = m->be->alloc(2 * (R * C * ab + 64) + 3 * (R * FM * ab + 64) + f32);
     m->moe_ra = take(m, &at, R * C, ab), m->moe_rb = take(m, &at, R * C, ab);
     m->d_eg = take(m, &at, R * FM, ab), m->d_eu = take(m, &at, R * FM, ab), m->d_eh = take(m, &at, R * FM, ab);
     if (f32) m->moe_f32 = take(m, &at, R * C, sizeof(float));
     m->moe_scratch_rows = cap;
+}
+
+/* dualpipev's second set of exchange scratch (model/pair.c), what m's fields point at while it is swapped in */
+struct moe_lane {
+    float *send, *ra, *rb, *d_eg, *d_eu, *d_eh, *f32;
+    void *scratch_mem;
+    int scratch_rows;
+};
+
+static void swap_ptr(float **a, float **b) {
+    float *t = *a;
+    *a = *b, *b = t;
+}
+
+static void lane_exchange(struct transformer *m, struct moe_lane *ln) {
+    swap_ptr(&m->moe_send, &ln->send), swap_ptr(&m->moe_ra, &ln->ra), swap_ptr(&m->moe_rb, &ln->rb);
+    swap_ptr(&m->d_eg, &ln->d_eg), swap_ptr(&m->d_eu, &ln->d_eu), swap_ptr(&m->d_eh, &ln->d_eh);
+    swap_ptr(&m->moe_f32, &ln->f32);
+    void *mem = m->moe_scratch_mem;
+    m->moe_scratch_mem = ln->scratch_mem, ln->scratch_mem = mem;
+    int rows = m->moe_scratch_rows;
+    m->moe_scratch_rows = ln->scratch_rows, ln->scratch_rows = rows;
+}
+
+void moe_lane_swap(struct transformer *m) {
+    struct moe_lane *ln = m->moe_lane;
+    if (!ln) { /* first use: a send buffer and moe_R0 rows of scratch of its own */
+        ln = m->moe_lane = xcalloc(1, sizeof *ln);
+        ln->send = m->be->alloc(act_size(m, (size_t)m->moe_n * m->K * m->C));
+        lane_exchange(m, ln);
+        reserve_scratch(m, m->moe_R0);
+        return;
+    }
+    lane_exchange(m, ln);
+}
+
+void moe_lane_free(struct transformer *m) {
+    struct moe_lane *ln = m->moe_lane;
+    if (!ln) return;
+    m->be->free(ln->send);
+    if (ln->scratch_mem) m->be->free(ln->scratch_mem);
+    free(ln);
+    m->moe_lane = NULL;
 }
 
 size_t moe_counts_len(const struct transformer *m) { return (size_t)(2 + (m->etp > 1 ? m->etp : 0)) * m->E; }
@@ -246,22 +289,21 @@ static void experts_backward(struct transformer *m, struct layer_acts *a, int l,
     }
 }
 
-/* rows source-major (as sent) <-> the EP group; counts are per peer (ep 1: a copy) */
-static void exchange(struct transformer *m, const float *in, const int *send, float *out, const int *recv) {
+/* rows source-major (as sent) <-> the EP group, begun (counts per peer; ep 1: a copy): the ticket to
+ * complete it on m->ep_comm (0: done) */
+static int exchange_start(struct transformer *m, const float *in, const int *send, float *out, const int *recv) {
     if (m->ep == 1) {
         m->be->copy(out, in, act_size(m, (size_t)send[0]));
-        return;
+        return 0;
     }
-    if (m->be->act_bytes == sizeof(float)) {
-        comm_all_to_all_v(m->ep_comm, in, send, out, recv);
-        return;
-    }
+    if (m->be->act_bytes == sizeof(float)) return comm_all_to_all_v_start(m->ep_comm, in, send, out, recv);
     /* the communicator counts floats: rows of C 2-byte elements are C/2 of them (C even) */
     int *counts = xmalloc(sizeof(int) * 2 * m->ep);
     for (int r = 0; r < m->ep; r++)
         counts[r] = (int)act_floats(m, (size_t)send[r]), counts[m->ep + r] = (int)act_floats(m, (size_t)recv[r]);
-    comm_all_to_all_v(m->ep_comm, in, counts, out, counts + m->ep);
+    int ticket = comm_all_to_all_v_start(m->ep_comm, in, counts, out, counts + m->ep);
     free(counts);
+    return ticket;
 }
 
 /* this rank's own received rows within the etp peers' gathered rows */
@@ -301,11 +343,28 @@ static void etp_reduce(struct transformer *m, const struct moe_plan *p, float *r
     }
 }
 
-void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float *x, float *out) {
+int moe_phases(const struct transformer *m) { return m->ep > 1 || m->etp > 1 ? 3 : 1; }
+
+int moe_forward_phase(struct transformer *m, struct layer_acts *a, int l, const float *x, float *out, int phase) {
     const struct backend *be = m->be;
     const struct layer_weights *w = &m->layers[l];
     struct moe_plan *p = &a->plan;
     int n = m->moe_n, k = m->K, E = m->E, C = m->C;
+    /* tokens to their experts' ranks (and every etp peer's to each), then expert-major; the outputs (summed
+     * over the etp slices) back in the order they were sent */
+    float *own = own_rows(m, p, m->moe_ra);
+    if (phase == 1) {
+        etp_gather(m, p, m->moe_ra);
+        be->gather_rows(a->xe, m->moe_ra, a->recv_order, p->rows, C);
+        experts_forward(m, a, l, m->moe_rb);
+        be->gather_rows(m->moe_ra, m->moe_rb, a->recv_inverse, p->rows, C);
+        etp_reduce(m, p, m->moe_ra);
+        return exchange_start(m, own, p->recv_counts, a->y, p->send_counts);
+    }
+    if (phase == 2) {
+        be->moe_combine(out, a->y, a->pos, a->topw, n, k, C, 0);
+        return 0;
+    }
     be->matmul_forward(a->logits, x, w->router, n, C, E, 0);
     if (m->sigmoid)
         be->moe_route_sigmoid_forward(a->probs, a->topi, a->topw, a->logits, w->bias, n, E, k, m->cfg.moe_n_group,
@@ -314,49 +373,51 @@ void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float
         be->moe_route_forward(a->probs, a->lse, a->topi, a->topw, a->logits, n, E, k);
     route_decisions(m, a, l);
     p->host_off_valid = 0;
-    if (m->ep == 1 && m->etp == 1) {
+    if (moe_phases(m) == 1) {
         /* the kept rows come first in send order, which is expert-major, and fit R (moe_expert_rows) */
         p->rows = n * k < m->moe_R ? n * k : m->moe_R;
         be->gather_rows(a->xe, x, a->send_rows, p->rows, C);
         be->moe_expert_order(NULL, NULL, a->expert_off, m->moe_counts, 1, E, p->rows);
         experts_forward(m, a, l, a->y);
-    } else {
-        plan_exchange(m, a);
-        /* tokens to their experts' ranks (and every etp peer's to each), then expert-major; the outputs (summed
-         * over the etp slices) back in the order they were sent */
-        float *own = own_rows(m, p, m->moe_ra);
-        be->gather_rows(m->moe_send, x, a->send_rows, p->nsend, C);
-        exchange(m, m->moe_send, p->send_counts, own, p->recv_counts);
-        etp_gather(m, p, m->moe_ra);
-        be->gather_rows(a->xe, m->moe_ra, a->recv_order, p->rows, C);
-        experts_forward(m, a, l, m->moe_rb);
-        be->gather_rows(m->moe_ra, m->moe_rb, a->recv_inverse, p->rows, C);
-        etp_reduce(m, p, m->moe_ra);
-        exchange(m, own, p->recv_counts, a->y, p->send_counts);
+        be->moe_combine(out, a->y, a->pos, a->topw, n, k, C, 0);
+        return 0;
     }
-    be->moe_combine(out, a->y, a->pos, a->topw, n, k, C, 0);
+    plan_exchange(m, a);
+    own = own_rows(m, p, m->moe_ra); /* (the scratch may have grown) */
+    be->gather_rows(m->moe_send, x, a->send_rows, p->nsend, C);
+    return exchange_start(m, m->moe_send, p->send_counts, own, p->recv_counts);
 }
 
-void moe_backward(struct transformer *m, struct layer_acts *a, int l, const float *d_out, float *d_x) {
+void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float *x, float *out) {
+    for (int phase = 0; phase < moe_phases(m); phase++)
+        comm_wait_ticket(m->ep_comm, moe_forward_phase(m, a, l, x, out, phase));
+}
+
+int moe_backward_phase(struct transformer *m, struct layer_acts *a, int l, const float *d_out, float *d_x, int phase) {
     const struct backend *be = m->be;
     const struct layer_weights *w = &m->layers[l];
     struct layer_weights *dw = &m->dlayers[l];
     struct moe_plan *p = &a->plan;
     int n = m->moe_n, k = m->K, E = m->E, C = m->C;
-    /* d(gate-weighted sum): rows for the experts, gradients of the gate weights */
-    be->moe_combine_backward(m->moe_send, m->d_topw, d_out, a->y, a->pos, a->topw, n, k, C);
-    if (m->ep == 1 && m->etp == 1) { /* the input gradients' rows go where y was (read for the last time above) */
+    if (phase == 0) {
+        /* d(gate-weighted sum): rows for the experts, gradients of the gate weights */
+        be->moe_combine_backward(m->moe_send, m->d_topw, d_out, a->y, a->pos, a->topw, n, k, C);
+        if (moe_phases(m) > 1) { /* this pass's scratch (model/pair.c may lend it another) holds the rows */
+            reserve_scratch(m, p->rows);
+            return exchange_start(m, m->moe_send, p->send_counts, own_rows(m, p, m->moe_ra), p->recv_counts);
+        }
+        /* the input gradients' rows go where y was (read for the last time above) */
         experts_backward(m, a, l, m->moe_send, a->y);
         be->moe_combine(d_x, a->y, a->pos, NULL, n, k, C, 0); /* summed per token */
-    } else {
-        exchange(m, m->moe_send, p->send_counts, own_rows(m, p, m->moe_ra), p->recv_counts);
+    } else if (phase == 1) {
         etp_gather(m, p, m->moe_ra);
         be->gather_rows(m->moe_rb, m->moe_ra, a->recv_order, p->rows, C);
         experts_backward(m, a, l, m->moe_rb, m->moe_ra);
         /* input gradients (summed over the etp slices) back to the source ranks, then summed per token */
         be->gather_rows(m->moe_rb, m->moe_ra, a->recv_inverse, p->rows, C);
         etp_reduce(m, p, m->moe_rb);
-        exchange(m, own_rows(m, p, m->moe_rb), p->recv_counts, m->moe_send, p->send_counts);
+        return exchange_start(m, own_rows(m, p, m->moe_rb), p->recv_counts, m->moe_send, p->send_counts);
+    } else {
         be->moe_combine(d_x, m->moe_send, a->pos, NULL, n, k, C, 0);
     }
     /* the router: gate weights, load-balancing and z-loss gradients */
@@ -368,6 +429,12 @@ void moe_backward(struct transformer *m, struct layer_acts *a, int l, const floa
                                E, k, m->T, m->moe_r0);
     linear_backward_plain(m, d_x, dw->router, m->d_logits, act_at(m, a->ln2, (size_t)m->moe_r0 * C), w->router, n, C, E,
                           1);
+    return 0;
+}
+
+void moe_backward(struct transformer *m, struct layer_acts *a, int l, const float *d_out, float *d_x) {
+    for (int phase = 0; phase < moe_phases(m); phase++)
+        comm_wait_ticket(m->ep_comm, moe_backward_phase(m, a, l, d_out, d_x, phase));
 }
 
 void transformer_update_expert_bias(struct transformer *m, const double *load) {

@@ -21,6 +21,23 @@ void moe_forward(struct transformer *m, struct layer_acts *a, int l, const float
 /* d_x [n, C] (overwritten) from d_out [n, C]; weight gradients accumulate.
  * Under selective recompute the experts' SwiGLU products are recomputed. */
 void moe_backward(struct transformer *m, struct layer_acts *a, int l, const float *d_out, float *d_x);
+/* The same in phases split at the layer's two all-to-alls when it exchanges
+ * tokens (ep > 1 or etp > 1: moe_phases 3, else 1): each phase returns the
+ * ticket of the all-to-all it began on m->ep_comm (0: none), which the
+ * caller completes (comm_wait_ticket) before the next phase, and may run
+ * other work meanwhile (model/pair.c); moe_forward and moe_backward run them
+ * in turn. A backward's phases use the scratch set in place when they run
+ * (moe_send, moe_ra, moe_rb: the pair's backward is lent its own). */
+int moe_phases(const struct transformer *m);
+int moe_forward_phase(struct transformer *m, struct layer_acts *a, int l, const float *x, float *out, int phase);
+int moe_backward_phase(struct transformer *m, struct layer_acts *a, int l, const float *d_out, float *d_x, int phase);
+/* Exchange the MoE exchange scratch in use (moe_send, moe_ra, moe_rb, the expert
+ * gradients' and etp's fp32 rows) with a second set (created on the first call:
+ * n k + moe_R0 rows), so that a pair's backward phases run while the forward's
+ * all-to-all still moves the first set's rows (model/pair.c); again to swap
+ * back. moe_lane_free releases it. */
+void moe_lane_swap(struct transformer *m);
+void moe_lane_free(struct transformer *m);
 /* Rows of the expert buffers one MoE layer needs on this rank, n routed
  * tokens per rank in sequences of seq_len: the worst case, every routed token
  * of the EP group on this rank (bounded by the capacity if set). */

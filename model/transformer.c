@@ -481,6 +481,7 @@ void transformer_free(struct transformer *m) {
     free(m->shared_acts.plan.send_counts), free(m->shared_acts.plan.host_off);
     if (m->shared_acts.rows_mem) m->be->free(m->shared_acts.rows_mem);
     if (m->moe_scratch_mem) m->be->free(m->moe_scratch_mem);
+    moe_lane_free(m);
     free(m->slots);
     for (int l = 0; l < m->NL; l++) free(m->layers[l].experts), free(m->dlayers[l].experts);
     free(m->layers);
@@ -700,12 +701,23 @@ static void attention_forward(struct transformer *m, struct layer_acts *a) {
     else m->be->attention_forward(a->attn_out, a->att, a->q, a->k, a->v, m->B, m->T, m->Hl, m->KVl, m->D, m->Dv);
 }
 
-static void block_forward(struct transformer *m, struct act_slot *s, int l, float *out) {
+/* A layer's phases: an MoE layer's split at its all-to-alls (model/moe.h), else one */
+static int block_phases(const struct transformer *m, int l) { return m->layers[l].moe ? moe_phases(m) : 1; }
+
+/* Phase `phase` of layer l's forward; returns the ticket of the all-to-all it began (0: none) */
+static int block_forward_phase(struct transformer *m, struct act_slot *s, int l, float *out, int phase) {
     const struct backend *be = m->be;
     fp8_block(m, l);
     const struct layer_weights *w = &m->layers[l];
     struct layer_acts *a = acts_of(m, s, l);
     int N = m->N, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, F = m->Fl;
+    const float *moe_in = act_at(m, a->ln2, (size_t)m->moe_r0 * C);
+    if (phase == 1) return moe_forward_phase(m, a, l, moe_in, m->moe_out, 1);
+    if (phase == 2) {
+        moe_forward_phase(m, a, l, moe_in, m->moe_out, 2);
+        moe_residual(m, out, w->wgate ? out : a->xmid);
+        return 0;
+    }
     norm_for_linear(m, a->ln1, a->rstd1, a->x, w->ln1_w);
     if (m->mla) {
         mla_forward(m, a, l);
@@ -723,11 +735,17 @@ static void block_forward(struct transformer *m, struct act_slot *s, int l, floa
     norm_for_linear(m, a->ln2, a->rstd2, a->xmid, w->ln2_w);
     if (!w->moe) {
         swiglu_block_forward(m, a, w, F, out);
-        return;
+        return 0;
     }
     if (w->wgate) swiglu_block_forward(m, a, w, m->Fs, out); /* shared experts: out = xmid + shared */
-    moe_forward(m, a, l, act_at(m, a->ln2, (size_t)m->moe_r0 * C), m->moe_out);
-    moe_residual(m, out, w->wgate ? out : a->xmid);
+    int ticket = moe_forward_phase(m, a, l, moe_in, m->moe_out, 0);
+    if (block_phases(m, l) == 1) moe_residual(m, out, w->wgate ? out : a->xmid);
+    return ticket;
+}
+
+static void block_forward(struct transformer *m, struct act_slot *s, int l, float *out) {
+    for (int phase = 0; phase < block_phases(m, l); phase++)
+        comm_wait_ticket(m->ep_comm, block_forward_phase(m, s, l, out, phase));
 }
 
 static void embed_forward(struct transformer *m, const int32_t *tokens, float *x) {
@@ -813,22 +831,63 @@ static void mtp_forward(struct transformer *m, struct act_slot *s, float dscale)
     }
 }
 
-double transformer_forward_chunk(struct transformer *m, int slot, int chunk, float *out, float dscale) {
-    struct act_slot *s = &m->slots[slot];
-    int l0 = m->part.layer_begin[chunk], l1 = m->part.layer_end[chunk];
-    int head = m->part.has_head && chunk == m->part.nchunks - 1;
-    if (m->part.has_embed && chunk == 0) embed_forward(m, s->tokens, s->acts[l0].x);
-    m->moe_collect = dscale != 0.0f;
-    for (int l = l0; l < l1; l++) {
-        if (m->layer_params_needed) m->layer_params_needed(m->layer_params_ctx, l);
-        if (m->pipe_progress) m->pipe_progress(m->pipe_progress_ctx);
-        block_forward(m, s, l, l + 1 < l1 ? s->acts[l + 1].x : head ? s->x_final : out);
+/* ---- a chunk's forward or backward as steps (model/transformer.h struct chunk_pass) ---- */
+
+void transformer_pass_begin(struct chunk_pass *p, int backward, int slot, int chunk, float *out, const float *d_out,
+                            float dscale) {
+    *p = (struct chunk_pass){.backward = backward, .slot = slot, .chunk = chunk, .out = out, .d_out = d_out,
+                             .dscale = dscale, .phase = -1};
+}
+
+/* the forward's steps: the embedding with the first layer's first phase, one layer phase per step, the head
+ * with the last */
+static int forward_step(struct transformer *m, struct chunk_pass *p) {
+    struct act_slot *s = &m->slots[p->slot];
+    int l0 = m->part.layer_begin[p->chunk], l1 = m->part.layer_end[p->chunk];
+    int head = m->part.has_head && p->chunk == m->part.nchunks - 1;
+    m->moe_collect = p->dscale != 0.0f;
+    if (p->phase < 0) {
+        if (m->part.has_embed && p->chunk == 0) embed_forward(m, s->tokens, s->acts[l0].x);
+        p->l = l0, p->phase = 0;
     }
-    if (!head) return 0.0;
-    struct head_io h = main_head(m, s);
-    double loss = head_forward(m, &h, dscale);
-    if (m->mtp_depth && dscale != 0.0f) mtp_forward(m, s, dscale); /* training only: evaluation reports the main loss */
-    return loss;
+    if (p->l < l1) {
+        int l = p->l;
+        if (p->phase == 0) {
+            if (m->layer_params_needed) m->layer_params_needed(m->layer_params_ctx, l);
+            if (m->pipe_progress) m->pipe_progress(m->pipe_progress_ctx);
+        }
+        p->ticket = block_forward_phase(m, s, l, l + 1 < l1 ? s->acts[l + 1].x : head ? s->x_final : p->out, p->phase);
+        if (++p->phase < block_phases(m, l)) return 1;
+        p->phase = 0;
+        if (++p->l < l1) return 1;
+    }
+    if (head) {
+        struct head_io h = main_head(m, s);
+        p->loss = head_forward(m, &h, p->dscale);
+        if (m->mtp_depth && p->dscale != 0.0f) mtp_forward(m, s, p->dscale); /* training only: evaluation reports the
+                                                                               * main loss */
+    }
+    return 0;
+}
+
+static int backward_step(struct transformer *m, struct chunk_pass *p);
+
+int transformer_pass_step(struct transformer *m, struct chunk_pass *p) {
+    if (p->ticket) comm_wait_ticket(m->ep_comm, p->ticket), p->ticket = 0;
+    return p->backward ? backward_step(m, p) : forward_step(m, p);
+}
+
+/* a pass run to its end (the ticket a step leaves is waited for by the next, the last leaves none) */
+static void run_pass(struct transformer *m, struct chunk_pass *p) {
+    while (transformer_pass_step(m, p)) {
+    }
+}
+
+double transformer_forward_chunk(struct transformer *m, int slot, int chunk, float *out, float dscale) {
+    struct chunk_pass p;
+    transformer_pass_begin(&p, 0, slot, chunk, out, NULL, dscale);
+    run_pass(m, &p);
+    return p.loss;
 }
 
 /* ---- backward: m->d_resid holds dL/d(layer output) on entry, dL/d(layer input) on exit ---- */
@@ -849,14 +908,17 @@ static float *swiglu_block_backward(struct transformer *m, struct layer_acts *a,
     return reduce_rows(m, m->d_ln_full, m->d_ln);
 }
 
-static void block_backward(struct transformer *m, struct act_slot *s, int l) {
+/* Phase `phase` of layer l's backward; returns the ticket of the all-to-all it began (0: none). The routed
+ * experts' backward comes first, so that the rest of the layer follows its last all-to-all. */
+static int block_backward_phase(struct transformer *m, struct act_slot *s, int l, int phase) {
     const struct backend *be = m->be;
     const struct layer_weights *w = &m->layers[l];
     struct layer_weights *dw = &m->dlayers[l];
     struct layer_acts *a = acts_of(m, s, l);
     int N = m->N, Ns = m->Ns, C = m->C, QD = m->Hl * m->D, KD = m->KVl * m->D, OD = m->Hl * m->Dv, F = m->Fl;
     int selective = m->recompute == RECOMPUTE_SELECTIVE;
-    if (m->recompute == RECOMPUTE_FULL) { /* run the layer again from its kept input (statistics already counted) */
+    if (m->recompute == RECOMPUTE_FULL && phase == 0) { /* run the layer again from its kept input (statistics
+                                                          * already counted) */
         int collect = m->moe_collect;
         m->moe_collect = 0;
         block_forward(m, s, l, m->recompute_out);
@@ -866,8 +928,10 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     float *d_ln;
     if (w->moe) { /* this rank's tokens' rows of the residual gradient; the input gradient of all rows */
         int own_rows = m->sp || m->tp == 1;
+        const float *d_out = own_rows ? m->d_resid : act_at(m, m->d_resid, (size_t)m->moe_r0 * C);
+        int ticket = moe_backward_phase(m, a, l, d_out, m->d_moe_in, phase);
+        if (phase + 1 < block_phases(m, l)) return ticket;
         float *d_shared = w->wgate ? swiglu_block_backward(m, a, w, dw, m->Fs) : NULL;
-        moe_backward(m, a, l, own_rows ? m->d_resid : act_at(m, m->d_resid, (size_t)m->moe_r0 * C), m->d_moe_in);
         if (d_shared && own_rows) { /* both on this rank's residual rows */
             be->add(d_shared, m->d_moe_in, (size_t)m->moe_n * C);
             d_ln = d_shared;
@@ -904,6 +968,12 @@ static void block_backward(struct transformer *m, struct act_slot *s, int l) {
     }
     d_ln = reduce_rows(m, m->d_ln_full, m->d_ln);
     be->rmsnorm_backward(m->d_resid, dw->ln1_w, d_ln, a->x, w->ln1_w, a->rstd1, Ns, C, 1);
+    return 0;
+}
+
+static void block_backward(struct transformer *m, struct act_slot *s, int l) {
+    for (int phase = 0; phase < block_phases(m, l); phase++)
+        comm_wait_ticket(m->ep_comm, block_backward_phase(m, s, l, phase));
 }
 
 /* d_resid = the gradient of the head's input */
@@ -948,26 +1018,42 @@ static void mtp_backward(struct transformer *m, struct act_slot *s) {
     }
 }
 
-void transformer_backward_chunk(struct transformer *m, int slot, int chunk, const float *d_out) {
-    struct act_slot *s = &m->slots[slot];
-    m->w_slot = slot, m->w_layer = -1;
-    int l0 = m->part.layer_begin[chunk], l1 = m->part.layer_end[chunk];
-    if (m->part.has_head && chunk == m->part.nchunks - 1) {
-        if (m->mtp_depth) mtp_backward(m, s);
-        struct head_io h = main_head(m, s);
-        head_backward(m, &h);
-        if (m->mtp_depth) m->be->add(m->d_resid, m->d_mtp_carry, (size_t)m->Ns * m->C);
-    } else {
-        m->be->copy(m->d_resid, d_out, act_size(m, (size_t)m->Ns * m->C));
+/* the backward's steps: the head (or the incoming gradient) with the last layer's first phase, one layer phase
+ * per step, the embedding with the first layer's last */
+static int backward_step(struct transformer *m, struct chunk_pass *p) {
+    struct act_slot *s = &m->slots[p->slot];
+    int l0 = m->part.layer_begin[p->chunk], l1 = m->part.layer_end[p->chunk];
+    m->w_slot = p->slot, m->w_layer = -1;
+    if (p->phase < 0) {
+        if (m->part.has_head && p->chunk == m->part.nchunks - 1) {
+            if (m->mtp_depth) mtp_backward(m, s);
+            struct head_io h = main_head(m, s);
+            head_backward(m, &h);
+            if (m->mtp_depth) m->be->add(m->d_resid, m->d_mtp_carry, (size_t)m->Ns * m->C);
+        } else {
+            m->be->copy(m->d_resid, p->d_out, act_size(m, (size_t)m->Ns * m->C));
+        }
+        p->l = l1 - 1, p->phase = 0;
     }
-    for (int l = l1 - 1; l >= l0; l--) {
+    if (p->l >= l0) {
+        int l = p->l;
         m->w_layer = l;
-        block_backward(m, s, l);
+        p->ticket = block_backward_phase(m, s, l, p->phase);
         m->w_layer = -1;
+        if (++p->phase < block_phases(m, l)) return 1;
+        p->phase = 0;
         if (m->last_micro_batch && m->layer_grads_done && !m->defer_w) m->layer_grads_done(m->layer_grads_ctx, l);
         if (m->pipe_progress) m->pipe_progress(m->pipe_progress_ctx);
+        if (--p->l >= l0) return 1;
     }
-    if (m->part.has_embed && chunk == 0) embed_backward(m, s->tokens);
+    if (m->part.has_embed && p->chunk == 0) embed_backward(m, s->tokens);
+    return 0;
+}
+
+void transformer_backward_chunk(struct transformer *m, int slot, int chunk, const float *d_out) {
+    struct chunk_pass p;
+    transformer_pass_begin(&p, 1, slot, chunk, NULL, d_out, 0.0f);
+    run_pass(m, &p);
 }
 
 void transformer_weight_grads_chunk(struct transformer *m, int slot, int chunk) {

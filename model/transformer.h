@@ -166,6 +166,7 @@ struct transformer {
     int moe_scratch_rows;        /* rows the R-sized scratch holds (moe_R0, or grown) */
     int moe_grew;                /* expert buffers grew past moe_R0 (said once) */
     void *moe_scratch_mem;       /* its own allocation once grown (model/moe.c) */
+    struct moe_lane *moe_lane;   /* dualpipev's second set of the exchange scratch (model/moe.h moe_lane_swap) */
     float *d_topw, *d_logits;    /* [n*k], [n*E] */
     float *moe_counts;           /* [2E] kept rows per expert: sent, received; then [etp, E] the etp peers'
                                   * received (etp > 1) */
@@ -290,6 +291,24 @@ double transformer_forward_chunk(struct transformer *m, int slot, int chunk, flo
  * by the chunk with the head). Parameter gradients accumulate into grads;
  * the gradient of the chunk's input is left in m->d_resid. */
 void transformer_backward_chunk(struct transformer *m, int slot, int chunk, const float *d_out);
+/* A chunk's forward or backward as steps, split where an MoE layer begins an
+ * all-to-all (model/moe.h moe_phases; one step per layer otherwise):
+ * transformer_pass_step runs the next (first completing the all-to-all the
+ * step before began) and returns 0 after the last. transformer_forward_chunk
+ * and transformer_backward_chunk run every step in turn; dualpipev's pairs
+ * interleave two passes' steps (model/pair.c). */
+struct chunk_pass {
+    int backward, slot, chunk;
+    float *out;             /* forward: the output (NULL: the chunk with the head) */
+    const float *d_out;     /* backward: the output's gradient */
+    float dscale;
+    int l, phase;           /* the next step: layer and phase (phase -1: the first step) */
+    int ticket;             /* the all-to-all the last step began on m->ep_comm (0: none) */
+    double loss;            /* forward with the head: the summed token loss, after the last step */
+};
+void transformer_pass_begin(struct chunk_pass *p, int backward, int slot, int chunk, float *out, const float *d_out,
+                            float dscale);
+int transformer_pass_step(struct transformer *m, struct chunk_pass *p);
 /* dualpipev's pair: the forward of chunk fchunk of slot fslot (as
  * transformer_forward_chunk, returning its loss) and the backward of chunk
  * bchunk of slot bslot (as transformer_backward_chunk) as one unit, their

@@ -76,6 +76,13 @@ void comm_all_to_all(struct comm *c, const float *in, float *out, size_t n);
  * order (the counts are exchanged beforehand, e.g. with comm_all_to_all).
  * Counts its input as payload. */
 void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, float *out, const int *recv_counts);
+/* The same begun without waiting (host memory over MPI): returns a ticket
+ * for comm_wait_ticket, in and out untouched until then; elsewhere (NCCL,
+ * staged device memory, a group of one) it runs to its end here and returns
+ * 0. dualpipev's pairs overlap one micro batch's expert all-to-all with the
+ * other's compute this way (model/pair.c). */
+int comm_all_to_all_v_start(struct comm *c, const float *in, const int *send_counts, float *out,
+                            const int *recv_counts);
 void comm_barrier(struct comm *c);
 /* Release the staging buffers (the MPI handle is the grid's). */
 void comm_free_staging(struct comm *c);

@@ -527,6 +527,30 @@ void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
     free(displ);
 }
 
+int comm_all_to_all_v_start(struct comm *c, const float *in, const int *send_counts, float *out,
+                            const int *recv_counts) {
+    if (c->nccl || c->stage || c->size == 1) {
+        comm_all_to_all_v(c, in, send_counts, out, recv_counts);
+        return 0;
+    }
+    size_t in_n = 0, out_n = 0;
+    for (int r = 0; r < c->size; r++) in_n += send_counts[r], out_n += recv_counts[r];
+    CHECK(in_n < (size_t)INT32_MAX && out_n < (size_t)INT32_MAX);
+    c->bytes += in_n * sizeof(float), c->calls++;
+    int ticket = ++c->tickets, n = c->size;
+    /* the count and displacement arrays must outlive the call: a copy, freed when it completes */
+    int *a = xmalloc(sizeof(int) * 4 * n), *displ = a + n, *rcounts = a + 2 * n, *rdispl = a + 3 * n;
+    for (int r = 0, s = 0, d = 0; r < n; s += send_counts[r], d += recv_counts[r], r++)
+        a[r] = send_counts[r], displ[r] = s, rcounts[r] = recv_counts[r], rdispl[r] = d;
+    enter(c, "all_to_all_v_start");
+    int s = span(c, "all_to_all_v_start", in_n * sizeof(float), 1);
+    MPI_Request req;
+    MPI_CHECK(MPI_Ialltoallv(in, a, displ, MPI_FLOAT, out, rcounts, rdispl, MPI_FLOAT, handle(c), &req));
+    track_ticket(c, req, a, ticket, s);
+    watchdog_leave();
+    return ticket;
+}
+
 void comm_barrier(struct comm *c) {
     if (c->size == 1) return;
     enter(c, "barrier");
