@@ -118,6 +118,22 @@ static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
     ok = ok_all(agree, ok && (n > 8 || got_v[nr] == -1));
     if (r == 0) TEST_RESULT(nm("comm_all_to_all_v", sfx), ok, "wrong exchange");
 
+    /* the same begun, with a blocking all-reduce issued while it is under way (dualpipev's pairs), then
+     * completed: the same rows; nothing written before the wait but what it delivers */
+    float back[64], one[1] = {1.0f};
+    for (int i = 0; i < 64; i++) back[i] = -1;
+    if (n <= 8) {
+        void *db = put(back, sizeof back), *d1 = put(one, sizeof one);
+        int ticket = comm_all_to_all_v_start(w, d = put(all, sizeof all), sc, db, rc);
+        comm_all_reduce_sum(w, d1, 1);
+        comm_wait_ticket(w, ticket);
+        get(all, d, sizeof all), get(back, db, sizeof back), get(one, d1, sizeof one);
+    }
+    ok = one[0] == (float)n || n > 8;
+    for (int i = 0; i < 64 && n <= 8; i++) ok &= back[i] == got_v[i];
+    ok = ok_all(agree, ok);
+    if (r == 0) TEST_RESULT(nm("comm_all_to_all_v_start", sfx), ok, "begun all-to-all differs from the blocking one");
+
     /* non-blocking: an all-reduce, and a sum onto the last rank (the others' buffers unchanged), moved
      * along by comm_progress (the requests it finds complete are waited for again at once) */
     for (int i = 0; i < 3; i++) x[i] = r + i, out[i] = 2 * r + i;
@@ -223,8 +239,8 @@ static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
         void *dm[3], *dg[3];
         for (int i = 0; i < 3; i++) dm[i] = put(&mine[i], sizeof(float)), dg[i] = put(&got[i], sizeof(float));
         struct comm_p2p ops[6] = {
-            {dg[0], sizeof(float), prev, 1}, {dm[0], sizeof(float), next, 0}, {dm[1], sizeof(float), next, 0},
-            {dg[1], sizeof(float), prev, 1}, {dm[2], sizeof(float), prev, 0}, {dg[2], sizeof(float), next, 1},
+            {dg[0], sizeof(float), prev, 1, 0}, {dm[0], sizeof(float), next, 0, 0}, {dm[1], sizeof(float), next, 0, 0},
+            {dg[1], sizeof(float), prev, 1, 0}, {dm[2], sizeof(float), prev, 0, 0}, {dg[2], sizeof(float), next, 1, 0},
         };
         uint64_t before = w->bytes;
         comm_exchange(w, ops, 6);
@@ -235,6 +251,27 @@ static void check_calls(struct comm *w, struct comm *agree, const char *sfx) {
     }
     ok = ok_all(agree, ok && got[0] == (float)prev && got[1] == 100.0f + prev && got[2] == 200.0f + next);
     if (r == 0) TEST_RESULT(nm("comm_exchange_ring", sfx), ok, "got %g %g %g", got[0], got[1], got[2]);
+
+    /* tags (MPI: the buffered pipeline schedules): two sends to the next rank, begun in tag order 1, 2,
+     * received in the other order, each into its own buffer */
+    if (n > 1 && !w->nccl) {
+        float v[2] = {10.0f + r, 20.0f + r}, in[2] = {-1, -1};
+        void *dv[2], *di[2];
+        for (int i = 0; i < 2; i++) dv[i] = put(&v[i], sizeof(float)), di[i] = put(&in[i], sizeof(float));
+        int t[2];
+        for (int i = 0; i < 2; i++) {
+            struct comm_p2p send = {dv[i], sizeof(float), next, 0, 1 + i};
+            t[i] = comm_exchange_start(w, &send, 1);
+        }
+        for (int i = 1; i >= 0; i--) {
+            struct comm_p2p recv = {di[i], sizeof(float), prev, 1, 1 + i};
+            comm_exchange(w, &recv, 1);
+        }
+        for (int i = 0; i < 2; i++) comm_wait_ticket(w, t[i]);
+        for (int i = 0; i < 2; i++) get(&v[i], dv[i], sizeof(float)), get(&in[i], di[i], sizeof(float));
+        ok = ok_all(agree, in[0] == 10.0f + prev && in[1] == 20.0f + prev);
+        if (r == 0) TEST_RESULT(nm("comm_exchange_tags", sfx), ok, "got %g %g", in[0], in[1]);
+    }
 }
 
 /* Every call again at sizes where MPI libraries switch to their large-message
@@ -333,8 +370,8 @@ static void check_large(struct comm *w, struct comm *agree, const char *sfx) {
         for (size_t i = 0; i < L; i++) c[i] = -1;
         void *da = put(a, sizeof(float) * L), *db = put(b, sizeof(float) * L), *dc = put(c, sizeof(float) * L);
         struct comm_p2p ops[4] = {
-            {db, sizeof(float) * L, prev, 1}, {da, sizeof(float) * L, next, 0},
-            {da, sizeof(float) * L, prev, 0}, {dc, sizeof(float) * L, next, 1},
+            {db, sizeof(float) * L, prev, 1, 0}, {da, sizeof(float) * L, next, 0, 0},
+            {da, sizeof(float) * L, prev, 0, 0}, {dc, sizeof(float) * L, next, 1, 0},
         };
         comm_exchange(w, ops, 4);
         get(a, da, sizeof(float) * L), get(b, db, sizeof(float) * L), get(c, dc, sizeof(float) * L);
