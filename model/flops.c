@@ -189,6 +189,10 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     int sp_tp = r->parallel.sequence_parallel ? r->parallel.tp : 1;
     size_t act = (size_t)r->train.micro_batch * T / sp_tp * r->model.hidden_size * be->act_bytes;
     if (pp > 1) e.buffers += act * (nsend + 1);
+    /* dualpipev's pairs: the backward's own set of MoE exchange scratch (model/pair.c) */
+    if (pp > 1 && kind == SCHED_DUALPIPEV)
+        e.buffers += transformer_pair_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch, T,
+                                            recompute_mode(r->train.recompute));
     e.buffers += bf16_scratch_bytes(r, be);
     /* host: the global batch, two prefetched shares, and the checkpoint snapshot (params + moments) */
     size_t sample = (size_t)(r->train.seq_len + 1) * sizeof(int32_t);

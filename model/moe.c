@@ -135,6 +135,12 @@ void moe_lane_swap(struct transformer *m) {
     lane_exchange(m, ln);
 }
 
+size_t moe_lane_bytes(const struct transformer *m) {
+    size_t C = m->C, FM = m->FM, ab = m->be->act_bytes, R = (size_t)grown_rows(m, m->moe_R0);
+    size_t f32 = m->etp > 1 && ab != sizeof(float) ? R * C * sizeof(float) + 64 : 0;
+    return act_size(m, (size_t)m->moe_n * m->K * C) + 2 * (R * C * ab + 64) + 3 * (R * FM * ab + 64) + f32;
+}
+
 void moe_lane_free(struct transformer *m) {
     struct moe_lane *ln = m->moe_lane;
     if (!ln) return;

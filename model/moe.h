@@ -38,6 +38,8 @@ int moe_backward_phase(struct transformer *m, struct layer_acts *a, int l, const
  * back. moe_lane_free releases it. */
 void moe_lane_swap(struct transformer *m);
 void moe_lane_free(struct transformer *m);
+/* Its bytes (the memory estimate) */
+size_t moe_lane_bytes(const struct transformer *m);
 /* Rows of the expert buffers one MoE layer needs on this rank, n routed
  * tokens per rank in sequences of seq_len: the worst case, every routed token
  * of the EP group on this rank (bounded by the capacity if set). */

@@ -13,7 +13,7 @@
 #include "model/moe.h"
 #include "model/transformer.h"
 
-static int interleaves(const struct transformer *m) {
+int transformer_pairs_overlap(const struct transformer *m) {
     return m->n_moe_layers > 0 && moe_phases(m) > 1 && m->recompute != RECOMPUTE_FULL;
 }
 
@@ -22,7 +22,7 @@ double transformer_pair_chunks(struct transformer *m, int fslot, int fchunk, flo
     struct chunk_pass f, b;
     transformer_pass_begin(&f, 0, fslot, fchunk, fout, NULL, dscale);
     transformer_pass_begin(&b, 1, bslot, bchunk, NULL, d_out, 0.0f);
-    if (!interleaves(m)) {
+    if (!transformer_pairs_overlap(m)) {
         while (transformer_pass_step(m, &f)) {
         }
         while (transformer_pass_step(m, &b)) {

@@ -271,6 +271,14 @@ size_t transformer_arena_bytes(const struct backend *be, const struct model_conf
     return c.used;
 }
 
+size_t transformer_pair_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
+                              int sequence_parallel, int B, int T, enum recompute rc) {
+    struct transformer m = {0};
+    m.be = be;
+    set_dims(&m, cfg, part, sequence_parallel, B, T, 1, rc);
+    return transformer_pairs_overlap(&m) ? moe_lane_bytes(&m) : 0;
+}
+
 size_t transformer_wgrad_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
                                int sequence_parallel, int B, int T, enum recompute rc) {
     struct transformer m = {0};

@@ -316,6 +316,11 @@ int transformer_pass_step(struct transformer *m, struct chunk_pass *p);
  * other computes (model/pair.c). The same numbers as running them in turn. */
 double transformer_pair_chunks(struct transformer *m, int fslot, int fchunk, float *fout, float dscale, int bslot,
                                int bchunk, const float *d_out);
+/* Whether the pairs interleave (MoE layers that exchange tokens, not under full recomputation), and the bytes
+ * of the second set of exchange scratch they take then (the memory estimate; 0 otherwise) */
+int transformer_pairs_overlap(const struct transformer *m);
+size_t transformer_pair_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
+                              int sequence_parallel, int B, int T, enum recompute rc);
 /* The bytes zb-h1's deferred weight gradients copy per micro batch (model/linear.c: the output gradients,
  * and the inputs recomputation overwrites), for the memory estimate. */
 size_t transformer_wgrad_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,

@@ -79,6 +79,9 @@ check moe_ep2 2 parallel.ep=2
 check moe_ep4_recompute_full 4 parallel.ep=4 train.recompute=full train.micro_batch=2
 check moe_tp2_ep2_selective 4 parallel.tp=2 parallel.ep=2 train.recompute=selective
 check moe_pp2_ep2 4 parallel.pp=2 parallel.ep=2 train.micro_batch=2
+# dualpipev (pp 2, vpp 2, 4 micro batches): rank 0 holds 2pp micro batches (both chunks) at once, and its
+# pairs' backwards a second set of the exchange scratch
+check moe_pp2_ep2_dualpipev 4 parallel.pp=2 parallel.vpp=2 parallel.ep=2 parallel.schedule=dualpipev train.micro_batch=1
 check moe_zero_bf16_dp2_ep2 2 parallel.ep=2 optimizer.distributed=true train.precision=bf16
 check moe_zero_bf16_dp4_ep2 4 parallel.ep=2 optimizer.distributed=true train.precision=bf16 train.micro_batch=2
 # etp 1 (parallel/grid.h): at tp 2 the experts are split over the TP peers (ep 2 on 2 ranks) instead of
