@@ -115,20 +115,20 @@ static int enumerate(const struct recipe *base, int gpus, const struct system_sp
     static const struct {
         int vpp;
         const char *schedule;
-    } orders[] = {{1, "auto"}, {2, "auto"}, {4, "auto"}, {1, "zb-h1"}, {2, "zbv"}};
+    } orders[] = {{1, "auto"}, {2, "auto"}, {4, "auto"}, {1, "zb-h1"}, {2, "zbv"}, {2, "dualpipev"}};
     *considered = 0;
     recipe_validate_quiet(1);
     /* context parallelism on GPUs runs a first, untiled block kernel (kernels/cuda/attention_block.cuh) whose
      * speed the system files do not model yet: planned on the CPU system only */
     int max_cp = strcmp(s->name, "cpu") ? 1 : 32;
-    /* zbv's sends must not wait for their receives, which only CPU ranks give (model/trainer.c) */
-    int norders = strcmp(s->name, "cpu") ? 4 : 5;
+    /* the V schedules' sends must not wait for their receives, which only CPU ranks give (model/trainer.c) */
+    int norders = strcmp(s->name, "cpu") ? 4 : 6;
     for (int tp = 1; tp <= s->per_node && tp <= gpus; tp *= 2)
         for (int cp = 1; cp <= max_cp && tp * cp <= gpus; cp *= 2)
             for (int pp = 1; pp <= 64 && tp * cp * pp <= gpus; pp++) {
                 if (!divides(gpus, (long)tp * cp * pp) || (pp > 1 && !divides(m->num_layers, pp))) continue;
                 int dp = gpus / (tp * cp * pp);
-                /* the pipeline's orders: vpp 1, 2, 4 under their default schedule, zb-h1, and zbv (CPU) */
+                /* the pipeline's orders: vpp 1, 2, 4 under their default schedule, zb-h1, zbv and dualpipev (CPU) */
                 for (int o = 0; o < (pp > 1 ? norders : 1); o++)
                     for (int ep = 1; ep <= (m->num_experts ? m->num_experts : 1); ep *= 2)
                         /* each expert's width over etp ranks of a node (the recipe checks what divides) */

@@ -29,6 +29,7 @@ layouts=(
     "dp2 1,1,1,1,1,2,none" "dp2_zero 1,1,1,1,1,2,none optimizer.distributed=true" "tp2 2,1,1,1,1,2,none"
     "pp2 1,2,1,1,1,2,none" "cp2 1,1,1,2,1,2,none" "dp2_full 1,1,1,1,1,2,full"
     "pp2_zb_h1 1,2,1,1,1,2,none parallel.schedule=zb-h1" "pp2_zbv 1,2,2,1,1,2,none parallel.schedule=zbv"
+    "pp2_dualpipev 1,2,2,1,1,2,none parallel.schedule=dualpipev"
 )
 printf '%-10s %12s %12s %8s\n' layout predicted_ms measured_ms error
 json="["

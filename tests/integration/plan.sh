@@ -38,6 +38,7 @@ total() { grep '"event":"comm"' "$1/metrics.jsonl" |
 for spec in "dp2 1,1,1,1,1,2,none" "dp2_zero 1,1,1,1,1,2,none optimizer.distributed=true" \
     "dp2_zero_bf16 1,1,1,1,1,2,none optimizer.distributed=true train.precision=bf16" \
     "pp2 1,2,1,1,1,2,none" "pp2_vpp2 1,2,2,1,1,2,none" "pp2_zbv 1,2,2,1,1,2,none parallel.schedule=zbv" \
+    "pp2_dualpipev 1,2,2,1,1,2,none parallel.schedule=dualpipev" \
     "cp2 1,1,1,2,1,2,none" "cp2_full 1,1,1,2,1,2,full" \
     "cp2_selective 1,1,1,2,1,1,selective" "tp2 2,1,1,1,1,2,none" \
     "tp2_sp 2,1,1,1,1,2,none parallel.sequence_parallel=true" "tp2_full 2,1,1,1,1,2,full"; do
