@@ -50,7 +50,20 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     tr->schedule_len = schedule_build(tr->schedule, kind, g->pp, vpp, g->pp_rank, m);
     tr->eval_schedule = xmalloc(sizeof *tr->eval_schedule * m * vpp);
     tr->eval_len = schedule_build_forward(tr->eval_schedule, vpp, m);
-    int slots = schedule_slots(kind, tr->schedule, tr->schedule_len, vpp, g->pp, m);
+    /* activation slots: one per micro batch in flight, or under the V schedules one per chunk of one */
+    int per_chunk[2], *slot_chunk = NULL, slots;
+    tr->chunk_slots = schedule_chunk_slots(kind, tr->schedule, tr->schedule_len, g->pp, m, per_chunk);
+    if (tr->chunk_slots) {
+        slots = per_chunk[0] + per_chunk[1];
+        slot_chunk = xmalloc(sizeof(int) * slots);
+        for (int i = 0; i < slots; i++) slot_chunk[i] = i >= per_chunk[0];
+        tr->pool[0] = (struct slot_pool){.base = 0, .count = per_chunk[0]};
+        tr->pool[1] = (struct slot_pool){.base = per_chunk[0], .count = per_chunk[1]};
+    } else {
+        slots = schedule_slots(kind, tr->schedule, tr->schedule_len, vpp, g->pp, m);
+        tr->pool[0] = (struct slot_pool){.base = 0, .count = slots};
+    }
+    for (int c = 0; c < 2; c++) tr->pool[c].free = xmalloc(sizeof(int) * (tr->pool[c].count + 1));
     struct model_part part;
     model_part_for(&part, &r->model, &r->parallel, g->tp_rank, g->pp_rank, g->ep_rank, g->etp_rank);
     /* ZeRO-1 with a working copy: each rank keeps the fp32 master of its shard only (of either group: the
@@ -58,7 +71,8 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     int zero = r->optimizer.distributed && (g->dp_comm.size > 1 || (r->model.num_experts > 0 && g->edp > 1));
     int shard_master = zero && be->precision != PRECISION_FP32;
     transformer_create(&tr->model, be, &r->model, &part, &g->tp_comm, r->parallel.sequence_parallel, B, T, slots,
-                       recompute_mode(r->train.recompute), shard_master);
+                       slot_chunk, recompute_mode(r->train.recompute), shard_master);
+    free(slot_chunk);
     tr->model.ep_comm = &g->ep_comm, tr->model.etp_comm = &g->etp_comm;
     tr->model.defer_w = schedule_splits(kind); /* its backwards leave the weight gradients to its W items */
     if (g->pp > 1 && SCHED_BUFFERED(kind) && g->pp_comm.nccl)
@@ -84,7 +98,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
                      r->parallel.sequence_parallel, &g->edp_comm);
     for (int k = 0; k < tr->opt.ngroups; k++) /* a gathered group's working copy comes from its owners */
         CHECK(!tr->opt.group[k].distributed || shard_master || be->precision == PRECISION_FP32);
-    tr->slot_of = xmalloc(sizeof(int) * m);
+    tr->slot_of = xmalloc(sizeof(int) * m * vpp);
     /* gradient buckets: one per layer, its dense tensors (contiguous in the
      * table; routed experts are stored after everything else) */
     const struct param_table *t = &tr->model.table;
@@ -144,6 +158,7 @@ void trainer_free(struct trainer *tr) {
     free(tr->schedule);
     free(tr->eval_schedule);
     free(tr->slot_of);
+    for (int c = 0; c < 2; c++) free(tr->pool[c].free);
     free(tr->layer_first);
     free(tr->layer_last);
     free(tr->moe_load);
@@ -180,48 +195,69 @@ static float *send_buf(struct trainer *tr, int pos) {
     return act_at(&tr->model, tr->send, (size_t)pos * tr->model.Ns * tr->model.C);
 }
 
+/* ---- activation slots ---- */
+
+static int *slot_at(struct trainer *tr, int mb, int chunk) { return &tr->slot_of[mb * tr->model.part.nchunks + chunk]; }
+
+/* every slot free (each step and evaluation starts so) */
+static void slots_reset(struct trainer *tr) {
+    for (int c = 0; c < 2; c++) tr->pool[c].next = tr->pool[c].nfree = 0;
+}
+
+/* micro batch mb's slot for a forward of chunk (its first visit: a slot of the chunk's pool, or of the one pool
+ * on chunk 0, holding every chunk), with its tokens staged; evaluation uses the first slot of each pool */
+static void take_slot(struct trainer *tr, const int32_t *samples, int mb, int chunk, int eval) {
+    if (!tr->chunk_slots && chunk > 0) return;
+    struct slot_pool *p = &tr->pool[tr->chunk_slots ? chunk : 0];
+    int slot = eval ? p->base : p->nfree ? p->free[--p->nfree] : p->base + p->next++;
+    CHECK(slot < p->base + p->count);
+    for (int c = 0; c < tr->model.part.nchunks; c++)
+        if (tr->chunk_slots ? c == chunk : 1) *slot_at(tr, mb, c) = slot;
+    stage_micro_batch(tr, samples, mb, slot);
+}
+
+/* the slot of micro batch mb's chunk free again (after its last pass: its backward, or its W when split) */
+static void release_slot(struct trainer *tr, int mb, int chunk) {
+    if (!tr->chunk_slots && chunk > 0) return;
+    struct slot_pool *p = &tr->pool[tr->chunk_slots ? chunk : 0];
+    CHECK(p->nfree < p->count);
+    p->free[p->nfree++] = *slot_at(tr, mb, chunk);
+}
+
 /* The receive an item needs, added to the group: a forward's input (after
  * giving a micro batch its slot on its first visit) or a backward's output
  * gradient. */
 static void add_receive(struct trainer *tr, const int32_t *samples, struct sched_item it, int eval,
-                        struct comm_p2p *ops, int *nops, int *free_slots, int *nfree, int *next_slot) {
+                        struct comm_p2p *ops, int *nops) {
     struct transformer *m = &tr->model;
     struct grid *g = tr->grid;
-    if (it.op == SCHED_FORWARD && it.chunk == 0) {
-        int slot = eval ? 0 : *nfree ? free_slots[--*nfree] : (*next_slot)++;
-        CHECK(slot < m->nslots);
-        tr->slot_of[it.mb] = slot;
-        stage_micro_batch(tr, samples, it.mb, slot);
-    }
+    if (it.op == SCHED_FORWARD) take_slot(tr, samples, it.mb, it.chunk, eval);
     struct sched_links l = schedule_links(it, tr->kind, g->pp, m->part.nchunks, g->pp_rank);
     if (l.recv_from < 0) return;
-    void *buf = it.op == SCHED_FORWARD ? transformer_chunk_input(m, tr->slot_of[it.mb], it.chunk) : tr->recv_grad;
+    void *buf = it.op == SCHED_FORWARD ? transformer_chunk_input(m, *slot_at(tr, it.mb, it.chunk), it.chunk)
+                                       : tr->recv_grad;
     int vs = schedule_stage(tr->kind, g->pp, it.chunk, g->pp_rank);
     int tag = SCHED_BUFFERED(tr->kind) ? schedule_tag(it.op, vs) : 0; /* buffered: matched by tag */
     ops[(*nops)++] = (struct comm_p2p){buf, act_size(m, (size_t)m->Ns * m->C), l.recv_from, 1, tag};
 }
 
 /* A W item: the weight gradients of micro batch mb's chunk (split
- * schedules); its slot is free again after chunk 0's, the last */
-static void run_weights(struct trainer *tr, struct sched_item it, int *free_slots, int *nfree) {
+ * schedules); its slot is free again after it */
+static void run_weights(struct trainer *tr, struct sched_item it) {
     struct transformer *m = &tr->model;
-    int slot = tr->slot_of[it.mb], span = timeline_compute_begin("weights", it.mb, it.chunk);
+    int slot = *slot_at(tr, it.mb, it.chunk), span = timeline_compute_begin("weights", it.mb, it.chunk);
     m->last_micro_batch = it.mb == tr->micro_batches - 1;
     transformer_weight_grads_chunk(m, slot, it.chunk);
     timeline_end(span, NULL);
-    if (it.chunk == 0) {
-        CHECK(*nfree < m->nslots);
-        free_slots[(*nfree)++] = slot;
-    }
+    release_slot(tr, it.mb, it.chunk);
 }
 
 /* A forward or backward item, its input in place; a forward's result goes to
  * out (NULL: the last virtual stage, whose loss is returned), a backward's is
  * in m->d_resid. Returns this item's share of the loss. */
-static double run_item(struct trainer *tr, struct sched_item it, float *out, float dscale, int eval,
-                       int *free_slots, int *nfree) {
+static double run_item(struct trainer *tr, struct sched_item it, float *out, float dscale, int eval) {
     struct transformer *m = &tr->model;
-    int mb = it.mb, c = it.chunk, slot = tr->slot_of[mb];
+    int mb = it.mb, c = it.chunk, slot = *slot_at(tr, mb, c);
     if (it.op == SCHED_FORWARD) {
         int span = timeline_compute_begin("forward", mb, c);
         double lk = transformer_forward_chunk(m, slot, c, out, dscale);
@@ -232,10 +268,7 @@ static double run_item(struct trainer *tr, struct sched_item it, float *out, flo
     int span = timeline_compute_begin("backward", mb, c);
     transformer_backward_chunk(m, slot, c, tr->recv_grad);
     timeline_end(span, NULL);
-    if (c == 0 && !m->defer_w) { /* (split: released by its W) */
-        CHECK(*nfree < m->nslots);
-        free_slots[(*nfree)++] = slot;
-    }
+    if (!m->defer_w) release_slot(tr, mb, c); /* (split: released by its W) */
     return 0;
 }
 
@@ -247,8 +280,8 @@ static double run_pair(struct trainer *tr, struct sched_item f, struct sched_ite
     struct transformer *m = &tr->model;
     m->last_micro_batch = b.mb == tr->micro_batches - 1;
     int span = timeline_compute_begin("forward+backward", f.mb, f.chunk);
-    double lk = transformer_pair_chunks(m, tr->slot_of[f.mb], f.chunk, out, dscale, tr->slot_of[b.mb], b.chunk,
-                                        tr->recv_grad);
+    double lk = transformer_pair_chunks(m, *slot_at(tr, f.mb, f.chunk), f.chunk, out, dscale,
+                                        *slot_at(tr, b.mb, b.chunk), b.chunk, tr->recv_grad);
     timeline_end(span, NULL);
     return !out && tr->grid->tp_rank == 0 ? lk : 0; /* the last virtual stage */
 }
@@ -293,7 +326,9 @@ static void retime_schedule(struct trainer *tr) {
     struct grid *g = tr->grid;
     int vpp = tr->model.part.nchunks, m = tr->micro_batches;
     tr->schedule_len = schedule_build_timed(tr->schedule, tr->kind, g->pp, vpp, g->pp_rank, m, cost);
-    CHECK(schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp) <= tr->model.nslots);
+    int per_chunk[2];
+    CHECK(schedule_chunk_slots(tr->kind, tr->schedule, tr->schedule_len, g->pp, m, per_chunk) &&
+          per_chunk[0] <= tr->pool[0].count && per_chunk[1] <= tr->pool[1].count);
     int need = schedule_send_buffers(tr->kind, g->pp, vpp, m, cost);
     if (need > tr->nsend) { /* every send of the step completed: the buffers are free */
         const struct backend *be = tr->model.be;
@@ -314,12 +349,12 @@ static double run_buffered(struct trainer *tr, const int32_t *samples, const str
     struct transformer *m = &tr->model;
     struct grid *g = tr->grid;
     size_t act_bytes = act_size(m, (size_t)m->Ns * m->C);
-    int next_slot = 0, *free_slots = xmalloc(sizeof(int) * m->nslots), nfree = 0;
     double loss = 0;
+    slots_reset(tr);
     for (int i = 0; i < n;) {
         double t0 = now_s();
         if (s[i].op == SCHED_WEIGHTS) {
-            run_weights(tr, s[i], free_slots, &nfree);
+            run_weights(tr, s[i]);
             time_item(tr, s[i].op, t0, eval);
             i++;
             continue;
@@ -327,7 +362,7 @@ static double run_buffered(struct trainer *tr, const int32_t *samples, const str
         int unit = schedule_unit(tr->kind, s, n, i), buf[SCHED_UNIT_MAX], nops = 0;
         struct comm_p2p ops[SCHED_UNIT_MAX];
         struct sched_links l[SCHED_UNIT_MAX];
-        for (int k = 0; k < unit; k++) add_receive(tr, samples, s[i + k], eval, ops, &nops, free_slots, &nfree, &next_slot);
+        for (int k = 0; k < unit; k++) add_receive(tr, samples, s[i + k], eval, ops, &nops);
         comm_exchange(&g->pp_comm, ops, nops);
         for (int k = 0; k < unit; k++) {
             l[k] = schedule_links(s[i + k], tr->kind, g->pp, m->part.nchunks, g->pp_rank);
@@ -338,7 +373,7 @@ static double run_buffered(struct trainer *tr, const int32_t *samples, const str
         if (unit == 2) {
             loss += run_pair(tr, s[i], s[i + 1], out, dscale);
         } else {
-            loss += run_item(tr, s[i], s[i].op == SCHED_FORWARD ? out : NULL, dscale, eval, free_slots, &nfree);
+            loss += run_item(tr, s[i], s[i].op == SCHED_FORWARD ? out : NULL, dscale, eval);
             time_item(tr, s[i].op, t0, eval);
         }
         for (int k = 0; k < unit; k++) {
@@ -355,7 +390,6 @@ static double run_buffered(struct trainer *tr, const int32_t *samples, const str
     }
     for (int j = 0; j < tr->nsend; j++) comm_wait_ticket(&g->pp_comm, tr->send_ticket[j]), tr->send_ticket[j] = 0;
     m->last_micro_batch = 0;
-    free(free_slots);
     return loss;
 }
 
@@ -370,7 +404,8 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
     struct grid *g = tr->grid;
     int pp = g->pp, vpp = m->part.nchunks;
     size_t act_bytes = act_size(m, (size_t)m->Ns * m->C);
-    int next_slot = 0, *free_slots = xmalloc(sizeof(int) * m->nslots), nfree = 0, nops = 0, begun = 0;
+    int nops = 0, begun = 0;
+    slots_reset(tr);
     struct comm_p2p ops[COMM_EXCHANGE_MAX] = {{0}};
     double loss = 0;
     for (int i = 0; i < n;) {
@@ -380,20 +415,20 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
                 begun = comm_exchange_start(&g->pp_comm, ops, nops);
                 nops = 0;
             }
-            run_weights(tr, s[i], free_slots, &nfree);
+            run_weights(tr, s[i]);
             i++;
             continue;
         }
         int unit = schedule_unit(tr->kind, s, n, i);
         for (int k = i; k < i + unit; k++)
-            add_receive(tr, samples, s[k], eval, ops, &nops, free_slots, &nfree, &next_slot);
+            add_receive(tr, samples, s[k], eval, ops, &nops);
         comm_exchange(&g->pp_comm, ops, nops);
         if (begun) comm_wait_ticket(&g->pp_comm, begun), begun = 0;
         nops = 0;
         for (int k = i; k < i + unit; k++) {
             struct sched_links l = schedule_links(s[k], tr->kind, pp, vpp, g->pp_rank);
             float *out = l.send_to >= 0 ? send_buf(tr, k - i) : NULL;
-            loss += run_item(tr, s[k], s[k].op == SCHED_FORWARD ? out : NULL, dscale, eval, free_slots, &nfree);
+            loss += run_item(tr, s[k], s[k].op == SCHED_FORWARD ? out : NULL, dscale, eval);
             if (out && s[k].op == SCHED_BACKWARD) m->be->copy(out, m->d_resid, act_bytes);
             if (out) ops[nops++] = (struct comm_p2p){out, act_bytes, l.send_to, 0, 0};
         }
@@ -402,7 +437,6 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
     comm_exchange(&g->pp_comm, ops, nops); /* the last unit's results */
     if (begun) comm_wait_ticket(&g->pp_comm, begun);
     m->last_micro_batch = 0;
-    free(free_slots);
     return loss;
 }
 

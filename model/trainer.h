@@ -20,7 +20,11 @@ struct trainer {
     int micro_batches;           /* per data-parallel rank and step */
     struct sched_item *schedule, *eval_schedule;
     int schedule_len, eval_len;
-    int *slot_of;                /* micro batch -> activation slot */
+    int *slot_of;                /* [micro batch][chunk] -> activation slot */
+    int chunk_slots;             /* a slot per micro batch and chunk (the V schedules), else one per micro batch */
+    struct slot_pool {           /* the slots of a chunk (chunk_slots), or all of them: [base, base + count) */
+        int base, count, next, nfree, *free;
+    } pool[2];
     int *layer_first, *layer_last; /* global layer -> table indices of its dense tensors (-1: not local) */
     int bucket_first, bucket_last; /* the gradient bucket being filled by backward (table indices; -1: empty) */
     size_t bucket_bytes, bucket_limit; /* its gradient bytes; it starts reducing at the limit (0: every layer) */

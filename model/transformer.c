@@ -93,19 +93,29 @@ static void carve_layer(struct transformer *m, struct layer_acts *a, size_t F, i
  * SwiGLU products among all layers (backward recomputes them); full keeps
  * only the layer input, the rest lives in one shared set that backward
  * refills by running the layer again. */
+/* Whether slot s holds layer l's activations (l local): its chunk's layers (the MTP modules: the head's) */
+static int slot_holds(const struct transformer *m, const struct act_slot *s, int l) {
+    if (s->chunk < 0) return 1;
+    if (l >= m->L) return s->chunk == m->part.nchunks - 1;
+    return l >= m->part.layer_begin[s->chunk] && l < m->part.layer_end[s->chunk];
+}
+static int slot_has_head(const struct transformer *m, const struct act_slot *s) {
+    return m->part.has_head && (s->chunk < 0 || s->chunk == m->part.nchunks - 1);
+}
+
 static void layout_slot(struct transformer *m, struct act_slot *s, struct carver *c) {
     size_t N = m->N, Ns = m->Ns, C = m->C;
     s->mem_begin = c->base ? c->base + c->used : NULL;
     const struct layer_acts *shared = &m->shared_acts;
     for (int l = 0; l < m->NL; l++) {
-        if (!is_local_layer(&m->part, m->L, l)) continue;
+        if (!is_local_layer(&m->part, m->L, l) || !slot_holds(m, s, l)) continue;
         struct layer_acts *a = &s->acts[l];
         a->x = carve_act(c, Ns * C);
         if (m->recompute == RECOMPUTE_FULL) continue;
         int moe = model_layer_is_moe(&m->cfg, l);
         carve_layer(m, a, moe ? m->Fs : m->Fl, moe, m->recompute == RECOMPUTE_SELECTIVE ? shared : NULL, c);
     }
-    if (m->part.has_head) {
+    if (slot_has_head(m, s)) {
         s->x_final = carve_act(c, Ns * C);
         s->lnf = carve_act(c, N * C);
         s->rstdf = carve(c, Ns);
@@ -117,7 +127,7 @@ static void layout_slot(struct transformer *m, struct act_slot *s, struct carver
     }
     s->tokens = (int32_t *)carve(c, N);
     s->targets = (int32_t *)carve(c, N);
-    for (int d = 0; d < m->mtp_depth; d++) {
+    for (int d = 0; d < m->mtp_depth && slot_has_head(m, s); d++) {
         struct mtp_acts *t = &s->mtp[d];
         t->emb = carve_act(c, Ns * C), t->rstde = carve(c, Ns), t->en = carve_act(c, N * C);
         t->rstdh = carve(c, Ns), t->hn = carve_act(c, N * C);
@@ -255,7 +265,7 @@ enum recompute recompute_mode(const char *name) {
 }
 
 size_t transformer_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
-                         int sequence_parallel, int B, int T, int nslots, enum recompute rc) {
+                         int sequence_parallel, int B, int T, int nslots, const int *slot_chunk, enum recompute rc) {
     struct transformer m = {0};
     m.be = be;
     set_dims(&m, cfg, part, sequence_parallel, B, T, nslots, rc);
@@ -263,6 +273,7 @@ size_t transformer_arena_bytes(const struct backend *be, const struct model_conf
     for (int i = 0; i < nslots; i++) {
         m.slots[i].acts = xcalloc(m.NL, sizeof(struct layer_acts));
         m.slots[i].mtp = xcalloc(m.mtp_depth + 1, sizeof(struct mtp_acts));
+        m.slots[i].chunk = slot_chunk ? slot_chunk[i] : -1;
     }
     struct carver c = {.act = be->act_bytes};
     layout_arena(&m, &c);
@@ -403,7 +414,7 @@ static void alloc_plan(struct transformer *m, struct moe_plan *p) {
 
 static void create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                    const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
-                   int nslots, enum recompute rc, int with_grads, int shard_master) {
+                   int nslots, const int *slot_chunk, enum recompute rc, int with_grads, int shard_master) {
     memset(m, 0, sizeof *m);
     m->be = be;
     m->tp_comm = tp_comm;
@@ -427,6 +438,7 @@ static void create(struct transformer *m, const struct backend *be, const struct
     for (int i = 0; i < nslots; i++) {
         m->slots[i].acts = xcalloc(m->NL, sizeof(struct layer_acts));
         m->slots[i].mtp = xcalloc(m->mtp_depth + 1, sizeof(struct mtp_acts));
+        m->slots[i].chunk = slot_chunk ? slot_chunk[i] : -1;
     }
     struct carver c = {.act = be->act_bytes};
     layout_arena(m, &c);
@@ -437,7 +449,7 @@ static void create(struct transformer *m, const struct backend *be, const struct
     if (m->recompute == RECOMPUTE_FULL && m->n_moe_layers) alloc_plan(m, &m->shared_acts.plan);
     for (int i = 0; i < nslots && m->recompute != RECOMPUTE_FULL; i++)
         for (int l = 0; l < m->NL; l++)
-            if (m->layers[l].moe) alloc_plan(m, &m->slots[i].acts[l].plan);
+            if (m->layers[l].moe && slot_holds(m, &m->slots[i], l)) alloc_plan(m, &m->slots[i].acts[l].plan);
     if (m->E) {
         m->moe_load = xcalloc((size_t)m->NL * m->E, sizeof(double));
         m->moe_metrics = be->alloc(sizeof(double) * m->NL * (m->E + 3));
@@ -460,15 +472,15 @@ static void create(struct transformer *m, const struct backend *be, const struct
 
 void transformer_create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                   const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
-                  int nslots, enum recompute rc, int shard_master) {
-    create(m, be, cfg, part, tp_comm, sequence_parallel, B, T, nslots, rc, 1, shard_master);
+                  int nslots, const int *slot_chunk, enum recompute rc, int shard_master) {
+    create(m, be, cfg, part, tp_comm, sequence_parallel, B, T, nslots, slot_chunk, rc, 1, shard_master);
 }
 
 void transformer_create_forward_only(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                                      int B, int T) {
     struct model_part part;
     model_part_full(&part, cfg);
-    create(m, be, cfg, &part, NULL, 0, B, T, 1, RECOMPUTE_NONE, 0, 0);
+    create(m, be, cfg, &part, NULL, 0, B, T, 1, NULL, RECOMPUTE_NONE, 0, 0);
 }
 
 void transformer_free(struct transformer *m) {
@@ -582,7 +594,7 @@ void transformer_stage(struct transformer *m, int slot, const int32_t *tokens, c
         CHECK(m->cp == 1);
         seq_targets = targets;
     }
-    for (int d = 1; d <= m->mtp_depth; d++) {
+    for (int d = 1; d <= m->mtp_depth && slot_has_head(m, &m->slots[slot]); d++) {
         int32_t *tok = m->mtp_host, *tgt = m->mtp_host + m->N;
         for (int b = 0; b < m->B; b++)
             for (int i = 0; i < m->T; i++) {

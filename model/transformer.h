@@ -99,6 +99,8 @@ struct act_slot {
     float *ce_max, *ce_sum, *ce_tgt; /* vocab-parallel cross-entropy stats [N] */
     int32_t *tokens, *targets;    /* [N] */
     struct mtp_acts *mtp;         /* [mtp_depth] */
+    int chunk;                    /* the one local chunk whose activations it holds (the V schedules' pools:
+                                   * a micro batch takes a slot per chunk); -1: every local chunk */
 };
 
 struct transformer {
@@ -228,13 +230,14 @@ static inline size_t act_size(const struct transformer *m, size_t n) { return n 
 static inline size_t act_floats(const struct transformer *m, size_t n) { return n * m->be->act_bytes / sizeof(float); }
 
 /* Allocate this rank's part for micro batches of B x T with nslots
- * activation slots. tp_comm may be NULL for a single rank. Parameters are
+ * activation slots, slot i holding the activations of local chunk
+ * slot_chunk[i] only (NULL: every slot every chunk). tp_comm may be NULL for a single rank. Parameters are
  * zero until transformer_init_params or a load. shard_master (not at fp32):
  * no whole fp32 master; the optimizer names the shards (master_add_shard)
  * before anything initialises or loads the parameters. */
 void transformer_create(struct transformer *m, const struct backend *be, const struct model_config *cfg,
                   const struct model_part *part, struct comm *tp_comm, int sequence_parallel, int B, int T,
-                  int nslots, enum recompute rc, int shard_master);
+                  int nslots, const int *slot_chunk, enum recompute rc, int shard_master);
 /* The whole model on one rank for forward passes only (generate, eval): no
  * gradient buffer (half the parameter memory); backward must not be called. */
 void transformer_create_forward_only(struct transformer *m, const struct backend *be, const struct model_config *cfg,
@@ -273,7 +276,7 @@ void transformer_fetch_moe_stats(struct transformer *m);
 /* Bytes of the activation arena transformer_create would allocate for this part
  * (for the memory estimate). */
 size_t transformer_arena_bytes(const struct backend *be, const struct model_config *cfg, const struct model_part *part,
-                         int sequence_parallel, int B, int T, int nslots, enum recompute rc);
+                         int sequence_parallel, int B, int T, int nslots, const int *slot_chunk, enum recompute rc);
 
 /* Copy a micro batch (host, B*T each) into a slot. seq_targets: the whole
  * sequences' targets [B, T*cp] under context parallelism (the MTP modules'

@@ -321,6 +321,21 @@ int schedule_slots(enum sched_kind kind, const struct sched_item *s, int n, int 
     return schedule_max_in_flight(s, n, vpp);
 }
 
+int schedule_chunk_slots(enum sched_kind kind, const struct sched_item *s, int n, int pp, int m, int per_chunk[2]) {
+    if (!schedule_v_shaped(kind) || pp == 1) return 0;
+    for (int c = 0; c < 2; c++) {
+        int live = 0, most = 0;
+        for (int i = 0; i < n; i++) {
+            if (s[i].chunk != c) continue;
+            live += s[i].op == SCHED_FORWARD ? 1 : s[i].op == SCHED_WEIGHTS ? -1 : 0;
+            if (live > most) most = live;
+        }
+        per_chunk[c] = kind == SCHED_ZBV ? (pp < m ? pp : m) : most;
+        if (per_chunk[c] < 1) per_chunk[c] = 1;
+    }
+    return 1;
+}
+
 int schedule_max_deferred(const struct sched_item *s, int n) {
     int waiting = 0, most = 0, split = 0;
     for (int i = 0; i < n; i++) split |= s[i].op == SCHED_WEIGHTS;
@@ -348,17 +363,16 @@ void schedule_print_summary(FILE *out, enum sched_kind kind, int pp, int vpp, in
     int total = m * vpp;
     for (int r = 0; r < pp; r++) {
         int in_flight = schedule_max_in_flight(s, schedule_build(s, kind, pp, vpp, r, m), vpp);
-        if (kind == SCHED_ZBV) {
-            fprintf(out, "  rank %d: virtual stages %d and %d, %d micro batches, each B's W when nothing else is ready; "
-                    "up to %d micro batches in flight\n", r, r, 2 * pp - 1 - r, m, in_flight);
-            continue;
-        }
-        if (kind == SCHED_DUALPIPEV) {
-            int n = schedule_build(s, kind, pp, vpp, r, m), pairs = 0;
+        int per_chunk[2], n = schedule_build(s, kind, pp, vpp, r, m), pairs = 0;
+        if (schedule_chunk_slots(kind, s, n, pp, m, per_chunk)) { /* a V: each chunk's activations apart */
+            char what[160] = "each B's W when nothing else is ready";
             for (int i = 0; i < n; i++) pairs += s[i].pair;
-            fprintf(out, "  rank %d: virtual stages %d and %d, %d micro batches, %d forward&backward pairs overlapped "
-                    "(each with its W), the other B's W when nothing else is ready; up to %d micro batches in flight\n",
-                    r, r, 2 * pp - 1 - r, m, pairs, in_flight);
+            if (kind == SCHED_DUALPIPEV)
+                snprintf(what, sizeof what, "%d forward&backward pairs overlapped (each with its W), the other B's W "
+                         "when nothing else is ready", pairs);
+            fprintf(out, "  rank %d: virtual stages %d and %d, %d micro batches, %s; up to %d micro batches in flight "
+                    "(%d chunk-0 and %d chunk-1 activations held)\n", r, r, 2 * pp - 1 - r, m, what, in_flight,
+                    per_chunk[0], per_chunk[1]);
             continue;
         }
         int warmup = warmup_forwards(pp, vpp, r, m);

@@ -78,6 +78,12 @@ int schedule_max_in_flight(const struct sched_item *s, int n, int vpp);
  * (dualpipev: pp + 1), whatever costs the order is made for (the trainer
  * makes it again). */
 int schedule_slots(enum sched_kind kind, const struct sched_item *s, int n, int vpp, int pp, int m);
+/* The V schedules (pp > 1) take a slot per micro batch and chunk, each
+ * holding that chunk's activations only: returns 1 and the slots of each
+ * chunk (zbv: min(pp, m) each, whatever costs its order is made for, as a
+ * chunk-1 slot lives within its chunk-0 slot's time; dualpipev: the most
+ * its order holds, from a chunk's forward to its W), else 0. */
+int schedule_chunk_slots(enum sched_kind kind, const struct sched_item *s, int n, int pp, int m, int per_chunk[2]);
 /* Most chunks whose backward ran and whose W has not (0: not split) */
 int schedule_max_deferred(const struct sched_item *s, int n);
 /* Print every rank's schedule (for --dry-run), e.g. "rank 0: F0.0 F1.0 B0.0 W0.0 ...". */

@@ -33,7 +33,7 @@ int main(int argc, char **argv) {
     struct model_part part;
     model_part_full(&part, mc);
     struct transformer m;
-    transformer_create(&m, be, mc, &part, NULL, 0, 1, N, 1, RECOMPUTE_NONE, 0);
+    transformer_create(&m, be, mc, &part, NULL, 0, 1, N, 1, NULL, RECOMPUTE_NONE, 0);
     transformer_init_params(&m, 1);
     /* random hidden states and output gradient */
     float *h = xmalloc(sizeof(float) * N * C);

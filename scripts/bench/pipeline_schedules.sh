@@ -9,7 +9,10 @@
 # the formula of the ZB-H1 paper, (F + B - 2W) / (F + B) with B the whole
 # backward, from the measured means (1/3 when F = B_input = W). Prints a
 # table; writes build/bench/pipeline_schedules.json (JSON=...). zbv (vpp 2,
-# its F, B and W a chunk's) likewise, against its simulation at equal costs.
+# its F, B and W a chunk's) likewise, against its simulation at equal costs,
+# and dualpipev (its pairs' spans counted as busy). Then Mixtral-shaped at
+# pp 2 x ep 2 (4 ranks, oversubscribed on 2 cores, whatever PP): the step under zbv and
+# under dualpipev, whose pairs overlap the expert all-to-alls.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/rel}
@@ -30,20 +33,22 @@ optimizer: {lr: 3e-4}
 data: {path: $WORK/data}
 log: {interval: 1}
 YAML
-for schedule in 1f1b zb-h1 zbv; do
-    vpp=1
-    [ $schedule = zbv ] && vpp=2
-    MTRAIN_TIMELINE=$STEP timeout 600 mpiexec -n "$PP" "$MTRAIN" pretrain "$WORK/r.yaml" --set parallel.pp="$PP" \
-        --set parallel.vpp=$vpp --set parallel.schedule=$schedule --set log.dir="$WORK/$schedule" >"$WORK/$schedule.out" 2>&1 ||
+sed 's/^model: {/model: {arch: mixtral, num_experts: 8, experts_per_token: 2, /' "$WORK/r.yaml" >"$WORK/moe.yaml"
+for schedule in 1f1b zb-h1 zbv dualpipev moe_zbv moe_dualpipev; do
+    vpp=1 recipe=r.yaml np=$PP pp=$PP sets=()
+    case $schedule in zbv | dualpipev) vpp=2 ;; moe_*) vpp=2 recipe=moe.yaml np=4 pp=2 sets=(--set parallel.ep=2) ;; esac
+    MTRAIN_TIMELINE=$STEP timeout 600 mpiexec -n "$np" "$MTRAIN" pretrain "$WORK/$recipe" --set parallel.pp="$pp" \
+        --set parallel.vpp=$vpp --set parallel.schedule=${schedule#moe_} "${sets[@]}" --set log.dir="$WORK/$schedule" \
+        >"$WORK/$schedule.out" 2>&1 ||
         { echo "pipeline_schedules.sh: the $schedule run failed:"; tail -5 "$WORK/$schedule.out"; exit 1; }
 done
 "$PY" - "$WORK" "$PP" "$JSON" <<'EOF'
 import json, sys
 work, pp, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 res = {}
-for sched in ("1f1b", "zb-h1", "zbv"):
-    idle, spans, step = [], {"forward": [], "backward": [], "weights": []}, 0.0
-    for r in range(pp):
+for sched in ("1f1b", "zb-h1", "zbv", "dualpipev", "moe_zbv", "moe_dualpipev"):
+    idle, spans, step = [], {"forward": [], "backward": [], "weights": [], "forward+backward": []}, 0.0
+    for r in range(4 if sched.startswith("moe") else pp):
         d = json.load(open("%s/%s/timeline-rank-%05d.json" % (work, sched, r)))
         ev = [e for e in d["traceEvents"] if e.get("cat") == "compute" and e["name"] in spans]
         for e in ev:
@@ -61,11 +66,17 @@ W = res["zb-h1"]["weights_ms"]
 predicted = (F + B - 2 * W) / (F + B)
 measured = res["zb-h1"]["idle_ms"] / res["1f1b"]["idle_ms"]
 zbv = res["zbv"]["idle_ms"] / res["1f1b"]["idle_ms"]
+dual = res["dualpipev"]["idle_ms"] / res["1f1b"]["idle_ms"]
+moe_speed = res["moe_zbv"]["step_ms"] / res["moe_dualpipev"]["step_ms"]
 res.update({"pp": pp, "micro_batches": 8, "idle_ratio_measured": measured, "idle_ratio_formula": predicted,
             "memory_ratio": res["zb-h1"]["peak_mem_mib"] / res["1f1b"]["peak_mem_mib"],
-            "zbv_idle_ratio_measured": zbv, "zbv_memory_ratio": res["zbv"]["peak_mem_mib"] / res["1f1b"]["peak_mem_mib"]})
+            "zbv_idle_ratio_measured": zbv, "zbv_memory_ratio": res["zbv"]["peak_mem_mib"] / res["1f1b"]["peak_mem_mib"],
+            "dualpipev_idle_ratio_measured": dual,
+            "dualpipev_memory_ratio": res["dualpipev"]["peak_mem_mib"] / res["1f1b"]["peak_mem_mib"],
+            "moe_ep2_zbv_over_dualpipev_step": moe_speed,
+            "moe_ep2_dualpipev_memory_ratio": res["moe_dualpipev"]["peak_mem_mib"] / res["moe_zbv"]["peak_mem_mib"]})
 print("schedule  step ms   idle ms (all ranks)   F ms    B ms    W ms   peak MiB")
-for s in ("1f1b", "zb-h1", "zbv"):
+for s in ("1f1b", "zb-h1", "zbv", "dualpipev", "moe_zbv", "moe_dualpipev"):
     x = res[s]
     print("%-8s %8.1f %12.1f %15.2f %7.2f %7.2f %9.1f" % (s, x["step_ms"], x["idle_ms"], x["forward_ms"],
                                                           x["backward_ms"], x["weights_ms"], x["peak_mem_mib"]))
@@ -73,5 +84,9 @@ print("zb-h1 idle / 1f1b idle: measured %.2f, formula (F+B-2W)/(F+B) %.2f; peak 
       % (measured, predicted, res["memory_ratio"]))
 print("zbv idle / 1f1b idle: measured %.2f (simulated at F = B = W per chunk: 1/6); peak memory %.3fx 1f1b's "
       "(zbv's F, B and W are a chunk's: half a stage)" % (zbv, res["zbv_memory_ratio"]))
+print("dualpipev idle / 1f1b idle: measured %.2f (simulated at equal costs: zbv's); peak memory %.3fx 1f1b's"
+      % (dual, res["dualpipev_memory_ratio"]))
+print("Mixtral-shaped pp 2 x ep 2: zbv step / dualpipev step %.2f (its pairs overlap the expert all-to-alls); "
+      "dualpipev peak memory %.3fx zbv's" % (moe_speed, res["moe_ep2_dualpipev_memory_ratio"]))
 json.dump(res, open(out, "w"), indent=1)
 EOF

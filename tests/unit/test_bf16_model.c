@@ -90,8 +90,8 @@ static void check_family(const char *tag, const struct model_config *cfg) {
     struct model_part part;
     model_part_full(&part, cfg);
     struct transformer m32, m16;
-    transformer_create(&m32, b32, cfg, &part, NULL, 0, B, T, 1, RECOMPUTE_NONE, 0);
-    transformer_create(&m16, b16, cfg, &part, NULL, 0, B, T, 1, RECOMPUTE_NONE, 0);
+    transformer_create(&m32, b32, cfg, &part, NULL, 0, B, T, 1, NULL, RECOMPUTE_NONE, 0);
+    transformer_create(&m16, b16, cfg, &part, NULL, 0, B, T, 1, NULL, RECOMPUTE_NONE, 0);
     transformer_init_params(&m32, 3);
     transformer_init_params(&m16, 3);
     int32_t *tok = malloc(sizeof(int32_t) * N), *tgt = malloc(sizeof(int32_t) * N);

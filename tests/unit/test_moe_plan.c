@@ -236,7 +236,7 @@ static void copies_case(const struct backend *be, struct grid *g, int capacity, 
     struct model_part part;
     model_part_for(&part, mc, &par, 0, 0, g->ep_rank, g->etp_rank);
     struct transformer m;
-    transformer_create(&m, be, mc, &part, NULL, 0, 2, N / 2, 1, RECOMPUTE_NONE, 0);
+    transformer_create(&m, be, mc, &part, NULL, 0, 2, N / 2, 1, NULL, RECOMPUTE_NONE, 0);
     m.ep_comm = &g->ep_comm, m.etp_comm = &g->etp_comm;
     transformer_init_params(&m, 3);
     transformer_sync_weights(&m);

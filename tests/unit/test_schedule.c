@@ -80,7 +80,8 @@ static void check_zbv_bubble(int pp, int m) {
 /* DualPipeV at equal work per chunk (as zbv above): the phases' idle time
  * is ZB-V's, a sixth of 1F1B's when pp divides m; every steady step is a
  * forward&backward pair of the other chunk with its W right after
- * (rank r: 2(m - 2pp + r + 1) + pp - r - 1 pairs), and a few send buffers. */
+ * (rank r: 2(m - 2pp + r + 1) + pp - r - 1 pairs), its chunks' activations
+ * held as DualPipe's, and a few send buffers. */
 static void check_dualpipev(int pp, int m) {
     char name[96];
     snprintf(name, sizeof name, "schedule_dualpipev_pp%d_m%d", pp, m);
@@ -100,6 +101,11 @@ static void check_dualpipev(int pp, int m) {
                         s[i + 2].chunk != s[i + 1].chunk;
         }
         ok &= pairs == 2 * (m - 2 * pp + r + 1) + pp - r - 1;
+        /* each chunk's activations apart: rank r holds 2pp - r chunk-0 and r + 1 chunk-1 ones, 2pp + 1 halves
+         * of a stage's, DualPipe's pp + 1 micro batches' worth at most */
+        int per_chunk[2];
+        ok &= schedule_chunk_slots(SCHED_DUALPIPEV, s, n, pp, m, per_chunk) && per_chunk[0] == 2 * pp - r &&
+              per_chunk[1] == r + 1;
     }
     int bufs = schedule_send_buffers(SCHED_DUALPIPEV, pp, 2, m, NULL);
     TEST_RESULT(name, rc == 0 && ratio <= want && ok && !bad_pair && bufs <= 5,
