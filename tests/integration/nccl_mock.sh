@@ -14,7 +14,7 @@
 # cudaMalloc, and every cudaMemcpy's device side too, so a host pointer
 # reaching an NCCL group or the staging fails here as on a GPU. A ZeRO-1
 # run over NCCL stopped, resumed and rewound, evaluating as it goes, matches
-# the same sequence on plain CPU ranks. zbv over staged MPI equals plain
+# the same sequence on plain CPU ranks. zbv (and dualpipev with ep 2) over staged MPI equals plain
 # CPU ranks too. Last, the bad configurations of GPU ranks (two ranks on one
 # GPU under NCCL, fp8 on a GPU without FP8 tensor cores, zbv over NCCL)
 # exit 2 with one message. What it
@@ -153,6 +153,20 @@ LIMIT=120 as_gpu_ranks 2 pretrain r.yaml "${zbv[@]}" --set parallel.comm=nccl --
 rc=$?
 [ $rc = 2 ] && [ "$(grep -c 'parallel.schedule zbv: its pipeline sends must not wait' zbv_nccl.out)" -ge 1 ] &&
     pass nccl_mock_zbv_over_nccl_refused || fail nccl_mock_zbv_over_nccl_refused "exit $rc: $(tail -2 zbv_nccl.out)"
+
+# dualpipev as GPU ranks over MPI (Mixtral, ep 2): its pairs' all-to-alls over staged device memory complete
+# as they begin (comm_all_to_all_v_start), the second exchange scratch comes from the device: the same losses as
+# plain CPU ranks, whose all-to-alls overlap; over NCCL it is refused as zbv is
+dv=(--set parallel.pp=2 --set parallel.vpp=2 --set parallel.ep=2 --set parallel.schedule=dualpipev --set train.micro_batch=1)
+timeout 300 mpiexec -n 4 "$MTRAIN" pretrain moe.yaml "${dv[@]}" --set log.dir=dv_plain >dv_plain.out 2>&1
+as_gpu_ranks 4 pretrain moe.yaml "${dv[@]}" --set parallel.comm=mpi --set log.dir=dv_mpi >dv_mpi.out 2>&1
+a=$(losses dv_plain/metrics.jsonl) b=$(losses dv_mpi/metrics.jsonl)
+[ "$(echo "$a" | grep -c .)" = 6 ] && [ "$a" = "$b" ] && pass nccl_mock_pretrain_dualpipev_moe_staged_mpi_same_losses ||
+    fail nccl_mock_pretrain_dualpipev_moe_staged_mpi_same_losses "plain: $(echo $a | head -c 80) / staged: $(echo $b | head -c 80): $(tail -2 dv_mpi.out)"
+LIMIT=120 as_gpu_ranks 4 pretrain moe.yaml "${dv[@]}" --set parallel.comm=nccl --set log.dir=dv_nccl >dv_nccl.out 2>&1
+rc=$?
+[ $rc = 2 ] && [ "$(grep -c 'parallel.schedule dualpipev: its pipeline sends must not wait' dv_nccl.out)" -ge 1 ] &&
+    pass nccl_mock_dualpipev_over_nccl_refused || fail nccl_mock_dualpipev_over_nccl_refused "exit $rc: $(tail -2 dv_nccl.out)"
 
 # bad configurations of GPU ranks stop before training with exit 2 and one message from rank 0 (issue 12):
 # more ranks on a node than GPUs under parallel.comm nccl (auto falls back to staged MPI with one warning),
