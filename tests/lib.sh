@@ -48,6 +48,15 @@ layout_run() {
     run_np "$np" pretrain "$recipe" "${sets[@]}" >"$TMP/out" 2>&1 ||
         { fail "${check}_runs" "exit $?: $(tail -3 "$TMP/out")"; return 1; }
 }
+# layout_matches CHECK NP RECIPE REF NAME KEY=VALUE...: layout_run, then CHECK_losses (20 steps' losses
+# within 1e-5 of the run logged in REF) and CHECK_params (the final parameters against ck_REF's)
+layout_matches() {
+    local check=$1 np=$2 recipe=$3 ref=$4 name=$5; shift 5
+    layout_run "$check" "$np" "$recipe" "$name" "$@" || return 1
+    close_metrics "$ref/metrics.jsonl" "$name/metrics.jsonl" 1 20 && pass "${check}_losses" ||
+        fail "${check}_losses" "$(worst_metric "$ref/metrics.jsonl" "$name/metrics.jsonl" 1)"
+    params_close "$check" "ck_$ref/step-000000020" "ck_$name/step-000000020"
+}
 # params_close CHECK STEP_DIR_A STEP_DIR_B: CHECK_params, every parameter within 1e-5 (compare_ckpt.py)
 params_close() {
     "$PY" "$COMPARE" "$2" "$3" 1e-5 >"$TMP/cmp" 2>&1 && pass "${1}_params" || fail "${1}_params" "$(cat "$TMP/cmp")"

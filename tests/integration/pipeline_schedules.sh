@@ -41,10 +41,7 @@ for spec in "${layouts[@]}"; do
     set -- $spec
     fam=$1 name=$2 np=$3
     shift 3
-    layout_run sched_$name $np $fam.yaml $name parallel.schedule=zb-h1 "$@" || continue
-    close_metrics ref_$fam/metrics.jsonl $name/metrics.jsonl 1 20 && pass sched_${name}_losses ||
-        fail sched_${name}_losses "$(worst_metric ref_$fam/metrics.jsonl $name/metrics.jsonl 1)"
-    params_close sched_$name ck_ref_$fam/step-000000020 ck_$name/step-000000020
+    layout_matches sched_$name $np $fam.yaml ref_$fam $name parallel.schedule=zb-h1 "$@"
 done
 
 # zbv (two chunks per rank in a V, vpp 2) against one rank: pp 2 on the 4-layer recipes, pp 4 on 8 layers
@@ -68,10 +65,7 @@ for spec in "${zbv_layouts[@]}"; do
     set -- $spec
     fam=$1 ref=$2 name=$3 np=$4
     shift 4
-    layout_run sched_$name $np $fam.yaml $name parallel.schedule=zbv parallel.vpp=2 "$@" || continue
-    close_metrics $ref/metrics.jsonl $name/metrics.jsonl 1 20 && pass sched_${name}_losses ||
-        fail sched_${name}_losses "$(worst_metric $ref/metrics.jsonl $name/metrics.jsonl 1)"
-    params_close sched_$name ck_$ref/step-000000020 ck_$name/step-000000020
+    layout_matches sched_$name $np $fam.yaml $ref $name parallel.schedule=zbv parallel.vpp=2 "$@"
 done
 
 # zbv's order is made again after the first step for the measured F, B and W times, but each chunk's items
