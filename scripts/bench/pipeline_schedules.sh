@@ -11,7 +11,7 @@
 # table; writes build/bench/pipeline_schedules.json (JSON=...). zbv (vpp 2,
 # its F, B and W a chunk's) likewise, against its simulation at equal costs,
 # and dualpipev (its pairs' spans counted as busy). Then Mixtral-shaped at
-# pp 2 x ep 2 (4 ranks, oversubscribed on 2 cores, whatever PP): the step under zbv and
+# pp 2 x ep 2 (4 ranks, oversubscribed on 2 cores, whatever PP). SHAPE=gemm: see below.: the step under zbv and
 # under dualpipev, whose pairs overlap the expert all-to-alls.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,9 +26,18 @@ mkdir -p "$(dirname "$JSON")"
 rm -rf "$WORK" && mkdir -p "$WORK"
 export OMP_NUM_THREADS=1
 "$MTRAIN" data generate --out "$WORK/data" --docs 400 >/dev/null
+# SHAPE=gemm: a GEMM-bound shape (short sequences, wide FFN), whose weight gradients are about half the
+# backward (F = B_input = W, the zero-bubble papers' case); default: attention's backward weighs more
+if [ "${SHAPE:-}" = gemm ]; then
+    model="vocab_size: 2048, hidden_size: 512, num_layers: 8, num_heads: 8, num_kv_heads: 8, intermediate_size: 2048"
+    seq=64
+else
+    model="vocab_size: 2048, hidden_size: 256, num_layers: 8, num_heads: 8, num_kv_heads: 4, intermediate_size: 768"
+    seq=256
+fi
 cat >"$WORK/r.yaml" <<YAML
-model: {vocab_size: 2048, hidden_size: 256, num_layers: 8, num_heads: 8, num_kv_heads: 4, intermediate_size: 768}
-train: {seq_len: 256, micro_batch: 1, global_batch: 8, steps: $((STEP + 1)), seed: 7, eval_interval: 0}
+model: {$model}
+train: {seq_len: $seq, micro_batch: 1, global_batch: 8, steps: $((STEP + 1)), seed: 7, eval_interval: 0}
 optimizer: {lr: 3e-4}
 data: {path: $WORK/data}
 log: {interval: 1}
