@@ -26,11 +26,12 @@ mkdir -p "$(dirname "$JSON")"
 rm -rf "$WORK" && mkdir -p "$WORK"
 export OMP_NUM_THREADS=1
 "$MTRAIN" data generate --out "$WORK/data" --docs 400 >/dev/null
-# SHAPE=gemm: a GEMM-bound shape (short sequences, wide FFN), whose weight gradients are about half the
-# backward (F = B_input = W, the zero-bubble papers' case); default: attention's backward weighs more
+# SHAPE=gemm: a GEMM-bound shape (hidden 512, FFN 2048: the linears outweigh attention), whose weight
+# gradients are about half the backward (F = B_input = W, the zero-bubble papers' case); default: attention's
+# backward (all input gradient) weighs more
 if [ "${SHAPE:-}" = gemm ]; then
     model="vocab_size: 2048, hidden_size: 512, num_layers: 8, num_heads: 8, num_kv_heads: 8, intermediate_size: 2048"
-    seq=64
+    seq=256
 else
     model="vocab_size: 2048, hidden_size: 256, num_layers: 8, num_heads: 8, num_kv_heads: 4, intermediate_size: 768"
     seq=256
