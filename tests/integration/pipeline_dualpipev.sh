@@ -3,7 +3,8 @@
 # batches run as one unit) under mpiexec: it trains the same model as one
 # rank for dense Llama, Mixtral and DeepSeek-V3 with MTP at pp 2 and 4, with
 # tp + SP and tied embeddings, ZeRO-1's buckets, expert (and expert tensor)
-# parallelism and each recompute mode (Mixtral also at pp 4): every step's loss and the final
+# parallelism, context parallelism (Mixtral) and each recompute mode: every
+# step's loss and the final
 # parameters within 1e-5; bitwise one rank's at pp 2, and bitwise zbv's
 # (the same gradient sums in the same order) with expert parallelism in
 # bf16, where its pairs overlap the all-to-alls. Checkpoints move between it
@@ -37,6 +38,7 @@ layouts=(
     "moe ref_moe dv_pp2_ep2 4 parallel.pp=2 parallel.ep=2" "moe ref_moe dv_pp2_ep2_full 4 parallel.pp=2 parallel.ep=2 train.recompute=full"
     "moe ref_moe dv_pp2_tp2_etp2_sp 4 parallel.pp=2 parallel.tp=2 parallel.etp=2 parallel.sequence_parallel=true"
     "moe ref8_moe dv_pp4_moe 4 parallel.pp=4 model.num_layers=8"
+    "moe ref_moe dv_pp2_cp2_ep2 4 parallel.pp=2 parallel.cp=2 parallel.ep=2"
     "deepseek ref_deepseek dv_pp2_ep2_mtp_selective 4 parallel.pp=2 parallel.ep=2 train.recompute=selective"
     "deepseek ref8_deepseek dv_pp4_mtp 4 parallel.pp=4 model.num_layers=8"
 )
