@@ -65,13 +65,19 @@ static void check_zb_bubble(int pp, int m) {
  * last W's drain it); otherwise a last partial group of micro batches runs
  * the V with fewer, but still less idle than 1F1B. At most pp micro batches
  * in flight (1F1B's most), and a few send buffers. */
+/* a V schedule's simulated idle rank-time against 1F1B's at equal work per chunk (*rc: 0 if both complete) */
+static double v_idle_ratio(enum sched_kind kind, int pp, int m, int *rc) {
+    double v, plain;
+    *rc = schedule_simulate(kind, pp, 2, m, 0, 2.0, 0.5, &v) | schedule_simulate(SCHED_1F1B, pp, 1, m, 0, 2.0, 0, &plain);
+    return v / (1 - v) / (plain / (1 - plain));
+}
+
 static void check_zbv_bubble(int pp, int m) {
     char name[96];
     snprintf(name, sizeof name, "schedule_zbv_idle_pp%d_m%d", pp, m);
-    double zb, plain, want = m % pp ? 1.0 - 1e-9 : 1.0 / 6 + 1e-9;
-    int rc = schedule_simulate(SCHED_ZBV, pp, 2, m, 0, 2.0, 0.5, &zb) |
-             schedule_simulate(SCHED_1F1B, pp, 1, m, 0, 2.0, 0, &plain);
-    double ratio = zb / (1 - zb) / (plain / (1 - plain));
+    double want = m % pp ? 1.0 - 1e-9 : 1.0 / 6 + 1e-9;
+    int rc;
+    double ratio = v_idle_ratio(SCHED_ZBV, pp, m, &rc);
     int bufs = schedule_send_buffers(SCHED_ZBV, pp, 2, m, NULL);
     TEST_RESULT(name, rc == 0 && ratio <= want && bufs <= 4, "idle time %.4f x 1F1B's, want <= %.4f (rc %d); %d send "
                 "buffers", ratio, want, rc, bufs);
@@ -85,11 +91,9 @@ static void check_zbv_bubble(int pp, int m) {
 static void check_dualpipev(int pp, int m) {
     char name[96];
     snprintf(name, sizeof name, "schedule_dualpipev_pp%d_m%d", pp, m);
-    double dv, plain, want = m % pp ? 1.0 - 1e-9 : 1.0 / 6 + 1e-9;
-    int rc = schedule_simulate(SCHED_DUALPIPEV, pp, 2, m, 0, 2.0, 0.5, &dv) |
-             schedule_simulate(SCHED_1F1B, pp, 1, m, 0, 2.0, 0, &plain);
-    double ratio = dv / (1 - dv) / (plain / (1 - plain));
-    int ok = 1, bad_pair = 0;
+    double want = m % pp ? 1.0 - 1e-9 : 1.0 / 6 + 1e-9;
+    int rc, ok = 1, bad_pair = 0;
+    double ratio = v_idle_ratio(SCHED_DUALPIPEV, pp, m, &rc);
     struct sched_item s[1024];
     for (int r = 0; r < pp; r++) {
         int n = schedule_build(s, SCHED_DUALPIPEV, pp, 2, r, m), pairs = 0;
