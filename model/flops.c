@@ -157,16 +157,17 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     int pp = r->parallel.pp, vpp = pp > 1 ? r->parallel.vpp : 1;
     int m = r->train.global_batch / (r->train.micro_batch * (dp > 0 ? dp : 1));
     if (m < 1) m = 1;
-    int slots = 1, deferred = 0, nsend = SCHED_UNIT_MAX, per_chunk[2], chunked = 0, slot_chunk[2 * 4096];
+    int slots = 1, deferred = 0, nsend = SCHED_UNIT_MAX, per_chunk[2], chunked = 0, *slot_chunk = NULL;
     enum sched_kind kind = schedule_kind(r->parallel.schedule, vpp);
     if (pp > 1 && (vpp == 1 || m % pp == 0 || schedule_v_shaped(kind)) && (kind != SCHED_DUALPIPEV || m >= 2 * pp)) {
         struct sched_item *s = xmalloc(sizeof *s * SCHED_ITEMS(m, vpp));
         int n = schedule_build(s, kind, pp, vpp, pp_rank, m);
-        slots = schedule_slots(kind, s, n, vpp, pp, m);
+        slots = schedule_max_in_flight(s, n, vpp);
         /* the V schedules: a slot per micro batch and chunk, each chunk's activations only */
-        chunked = schedule_chunk_slots(kind, s, n, pp, m, per_chunk) && per_chunk[0] + per_chunk[1] <= 2 * 4096;
+        chunked = schedule_chunk_slots(kind, s, n, pp, m, per_chunk);
         if (chunked) {
             slots = per_chunk[0] + per_chunk[1];
+            slot_chunk = xmalloc(sizeof(int) * slots);
             for (int i = 0; i < slots; i++) slot_chunk[i] = i >= per_chunk[0];
         }
         deferred = schedule_max_deferred(s, n);
@@ -177,7 +178,8 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
     /* a rank holds seq_len / cp tokens of each sequence (model/cp_attention.h) */
     int T = r->train.seq_len / par->cp;
     e.activations = transformer_arena_bytes(be, &r->model, &part, r->parallel.sequence_parallel, r->train.micro_batch,
-                                      T, slots, chunked ? slot_chunk : NULL, recompute_mode(r->train.recompute));
+                                      T, slots, slot_chunk, recompute_mode(r->train.recompute));
+    free(slot_chunk);
     /* split schedules: the copies of the deferred W's operands, as many chunks' at once as the schedule leaves
      * waiting (zb-h1: stage p defers each W p backwards, p + 1 at once); a chunk's share of the stage's */
     if (deferred)

@@ -60,7 +60,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
         tr->pool[0] = (struct slot_pool){.base = 0, .count = per_chunk[0]};
         tr->pool[1] = (struct slot_pool){.base = per_chunk[0], .count = per_chunk[1]};
     } else {
-        slots = schedule_slots(kind, tr->schedule, tr->schedule_len, vpp, g->pp, m);
+        slots = schedule_max_in_flight(tr->schedule, tr->schedule_len, vpp);
         tr->pool[0] = (struct slot_pool){.base = 0, .count = slots};
     }
     for (int c = 0; c < 2; c++) tr->pool[c].free = xmalloc(sizeof(int) * (tr->pool[c].count + 1));

@@ -316,11 +316,6 @@ int schedule_max_in_flight(const struct sched_item *s, int n, int vpp) {
     return most ? most : 1;
 }
 
-int schedule_slots(enum sched_kind kind, const struct sched_item *s, int n, int vpp, int pp, int m) {
-    if (kind == SCHED_ZBV && pp > 1) return pp < m ? pp : m;
-    return schedule_max_in_flight(s, n, vpp);
-}
-
 int schedule_chunk_slots(enum sched_kind kind, const struct sched_item *s, int n, int pp, int m, int per_chunk[2]) {
     if (!schedule_v_shaped(kind) || pp == 1) return 0;
     for (int c = 0; c < 2; c++) {
@@ -362,8 +357,8 @@ void schedule_print_summary(FILE *out, enum sched_kind kind, int pp, int vpp, in
     struct sched_item *s = xmalloc(sizeof *s * SCHED_ITEMS(m, vpp));
     int total = m * vpp;
     for (int r = 0; r < pp; r++) {
-        int in_flight = schedule_max_in_flight(s, schedule_build(s, kind, pp, vpp, r, m), vpp);
         int per_chunk[2], n = schedule_build(s, kind, pp, vpp, r, m), pairs = 0;
+        int in_flight = schedule_max_in_flight(s, n, vpp);
         if (schedule_chunk_slots(kind, s, n, pp, m, per_chunk)) { /* a V: each chunk's activations apart */
             char what[160] = "each B's W when nothing else is ready";
             for (int i = 0; i < n; i++) pairs += s[i].pair;

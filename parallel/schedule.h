@@ -73,11 +73,6 @@ int schedule_build_forward(struct sched_item *out, int vpp, int m);
 /* Most micro batches whose activations a rank holds at once under its
  * schedule (from the first forward to the last backward, or W when split). */
 int schedule_max_in_flight(const struct sched_item *s, int n, int vpp);
-/* The activation slots a rank allocates for its schedule s (n items of m
- * micro batches): schedule_max_in_flight, except the V kinds' cap, min(pp, m)
- * (dualpipev: pp + 1), whatever costs the order is made for (the trainer
- * makes it again). */
-int schedule_slots(enum sched_kind kind, const struct sched_item *s, int n, int vpp, int pp, int m);
 /* The V schedules (pp > 1) take a slot per micro batch and chunk, each
  * holding that chunk's activations only: returns 1 and the slots of each
  * chunk (zbv: min(pp, m) each, whatever costs its order is made for, as a
