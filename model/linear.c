@@ -33,6 +33,7 @@ void linear_backward(struct transformer *m, float *dx, float *dw, const float *d
                      int N, int K, int M, int accumulate_dx) {
     if (m->fp8_now) { /* zb-h1 is refused with fp8 (config/recipe_validate.c) */
         CHECK(!m->defer_w);
+        m->w_home = NULL;
         m->be->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, fp8_recipe_for(m, w));
         return;
     }
@@ -66,19 +67,40 @@ struct wgrad_op {
 struct wgrad_queue {
     struct wgrad_op *ops;
     int n, cap;
-    char *buf;                  /* backend memory: the copied operands */
+    char *buf;                  /* backend memory: the copied operands (a pool buffer while ops wait) */
     size_t used, size;
 };
 
-static struct wgrad_queue *queue(struct transformer *m, int slot) {
-    if (!m->wgrad) m->wgrad = xcalloc(m->nslots, sizeof(struct wgrad_queue));
-    return (struct wgrad_queue *)m->wgrad + slot;
+/* every slot's queue, and the copy buffers no queue holds: as many buffers exist as Ws ever waited at once */
+struct wgrad_state {
+    struct wgrad_queue *q;      /* [nslots] */
+    struct { char *buf; size_t size; } *spare;
+    int nspare;
+};
+
+static struct wgrad_state *state(struct transformer *m) {
+    if (!m->wgrad) {
+        struct wgrad_state *w = xcalloc(1, sizeof *w);
+        w->q = xcalloc(m->nslots, sizeof *w->q);
+        w->spare = xcalloc(m->nslots, sizeof *w->spare);
+        m->wgrad = w;
+    }
+    return m->wgrad;
+}
+
+static int in_slot(const struct transformer *m, const void *p) {
+    const struct act_slot *s = &m->slots[m->w_slot];
+    return (const char *)p >= s->mem_begin && (const char *)p < s->mem_end;
 }
 
 /* bytes of n activations at p in q's buffer (grown: the ops hold offsets), or NULL if the slot keeps them */
 static const float *keep(struct transformer *m, struct wgrad_queue *q, const float *p, size_t n, size_t *at) {
-    const struct act_slot *s = &m->slots[m->w_slot];
-    if ((const char *)p >= s->mem_begin && (const char *)p < s->mem_end) return p;
+    if (in_slot(m, p)) return p;
+    struct wgrad_state *w = state(m);
+    if (!q->buf && w->nspare) { /* the pool's last buffer (all grow alike: sizes are near) */
+        w->nspare--;
+        q->buf = w->spare[w->nspare].buf, q->size = w->spare[w->nspare].size;
+    }
     size_t bytes = (act_size(m, n) + 63) / 64 * 64;
     if (q->used + bytes > q->size) {
         size_t size = (q->used + bytes) + (q->used + bytes) / 4;
@@ -93,11 +115,15 @@ static const float *keep(struct transformer *m, struct wgrad_queue *q, const flo
     return NULL;
 }
 
+void linear_dout_home(struct transformer *m, float *home, size_t cap) { m->w_home = home, m->w_home_cap = cap; }
+
 /* record dw += dout^T x for later; 1 if deferred */
 static int defer(struct transformer *m, float *dw, const float *dout, const float *x, const float *w, int N, int K,
                  int M) {
+    float *home = m->w_home;
+    m->w_home = NULL;
     if (!m->defer_w || !dw) return 0;
-    struct wgrad_queue *q = queue(m, m->w_slot);
+    struct wgrad_queue *q = &state(m)->q[m->w_slot];
     if (q->n == q->cap) q->ops = xrealloc(q->ops, sizeof *q->ops * (q->cap = q->cap ? 2 * q->cap : 64));
     struct wgrad_op *op = &q->ops[q->n++];
     *op = (struct wgrad_op){.dw = dw, .w = w, .N = N, .K = K, .M = M, .layer = m->w_layer};
@@ -108,7 +134,12 @@ static int defer(struct transformer *m, float *dw, const float *dout, const floa
     else
         op->x = keep(m, q, x, (size_t)N * K, &op->x_at);
     op->src_x = x;
-    op->dout = keep(m, q, dout, (size_t)N * M, &op->dout_at);
+    if (home && in_slot(m, home) && (size_t)N * M <= m->w_home_cap) {
+        m->be->copy(home, dout, act_size(m, (size_t)N * M));
+        op->dout = home;
+    } else {
+        op->dout = keep(m, q, dout, (size_t)N * M, &op->dout_at);
+    }
     return 1;
 }
 
@@ -119,7 +150,8 @@ void linear_backward_plain(struct transformer *m, float *dx, float *dw, const fl
 }
 
 void wgrad_run(struct transformer *m, int slot) {
-    struct wgrad_queue *q = queue(m, slot);
+    struct wgrad_state *ws = state(m);
+    struct wgrad_queue *q = &ws->q[slot];
     int last = m->last_micro_batch && m->layer_grads_done;
     for (int i = 0; i < q->n; i++) {
         const struct wgrad_op *op = &q->ops[i];
@@ -132,15 +164,32 @@ void wgrad_run(struct transformer *m, int slot) {
             m->layer_grads_done(m->layer_grads_ctx, op->layer);
     }
     q->n = 0, q->used = 0;
+    if (q->buf) { /* back to the pool: the next W to wait takes it */
+        ws->spare[ws->nspare].buf = q->buf, ws->spare[ws->nspare].size = q->size, ws->nspare++;
+        q->buf = NULL, q->size = 0;
+    }
+}
+
+size_t wgrad_copied_bytes(const struct transformer *m, int slot) {
+    const struct wgrad_state *w = m->wgrad;
+    return w ? w->q[slot].used : 0;
+}
+
+int wgrad_buffers(const struct transformer *m) {
+    const struct wgrad_state *w = m->wgrad;
+    int n = w ? w->nspare : 0;
+    for (int i = 0; w && i < m->nslots; i++) n += w->q[i].buf != NULL;
+    return n;
 }
 
 void wgrad_free(struct transformer *m) {
-    if (!m->wgrad) return;
+    struct wgrad_state *w = m->wgrad;
+    if (!w) return;
     for (int i = 0; i < m->nslots; i++) {
-        struct wgrad_queue *q = (struct wgrad_queue *)m->wgrad + i;
-        free(q->ops);
-        if (q->buf) m->be->free(q->buf);
+        free(w->q[i].ops);
+        if (w->q[i].buf) m->be->free(w->q[i].buf);
     }
-    free(m->wgrad);
+    for (int i = 0; i < w->nspare; i++) m->be->free(w->spare[i].buf);
+    free(w->q), free(w->spare), free(w);
     m->wgrad = NULL;
 }

@@ -53,17 +53,22 @@ void mla_backward(struct transformer *m, struct layer_acts *a, int l) {
     be->copy_cols(act_at(m, m->d_kvb, DN), DN + Dv, m->d_v, Dv, N * Hl, Dv, 0);
     linear_backward(m, m->d_kvn, dw->wkv_b, m->d_kvb, a->kvn, w->wkv_b, N, KR, Hl * (DN + Dv), 0);
     be->rmsnorm_backward(m->d_ckv, dw->kv_a_ln, m->d_kvn, a->ckv, w->kv_a_ln, a->rstdkv, N, KR, 0);
+    /* (a deferred W keeps an output gradient where this backward read its tensor for the last time) */
     linear_same_input(m, 1);
+    linear_dout_home(m, a->ckv, (size_t)N * KR);
     linear_backward(m, m->d_ln_full, dw->wkv_a, m->d_ckv, a->ln1, w->wkv_a, N, C, KR, 0);
     /* the rotary rows of the projection: the gradient is fp32, the working weights are storage */
     linear_backward(m, m->d_ln_full, dw->wkv_a + (size_t)KR * C, m->d_kpe, a->ln1, act_at(m, w->wkv_a, (size_t)KR * C),
                         N, C, Dr, 1);
     linear_same_input(m, 0);
     if (QR) {
+        linear_dout_home(m, a->q, (size_t)N * Hl * D);
         linear_backward(m, m->d_qan, dw->wq_b, m->d_q, a->qan, w->wq_b, N, QR, Hl * D, 0);
         be->rmsnorm_backward(m->d_qa, dw->q_a_ln, m->d_qan, a->qa, w->q_a_ln, a->rstdq, N, QR, 0);
+        linear_dout_home(m, a->qa, (size_t)N * QR);
         linear_backward(m, m->d_ln_full, dw->wq_a, m->d_qa, a->ln1, w->wq_a, N, C, QR, 1);
     } else {
+        linear_dout_home(m, a->q, (size_t)N * Hl * D);
         linear_backward(m, m->d_ln_full, dw->wq, m->d_q, a->ln1, w->wq, N, C, Hl * D, 1);
     }
 }

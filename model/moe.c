@@ -290,7 +290,10 @@ static void experts_backward(struct transformer *m, struct layer_acts *a, int l,
         float *xe = act_at(m, a->xe, oc), *dx = act_at(m, d_x_rows, oc);
         linear_backward(m, m->d_eh, dew[1], act_at(m, d_rows, oc), act_at(m, a->eh, of), ew[1], n, FM, C, 0);
         be->swiglu_backward(m->d_eg, m->d_eu, m->d_eh, act_at(m, a->eg, of), act_at(m, a->eu, of), (size_t)n * FM);
+        /* the expert's gate and up rows were read for the last time: a deferred W keeps its gradients there */
+        linear_dout_home(m, act_at(m, a->eg, of), (size_t)n * FM);
         linear_backward(m, dx, dew[0], m->d_eg, xe, ew[0], n, C, FM, 0);
+        linear_dout_home(m, act_at(m, a->eu, of), (size_t)n * FM);
         linear_backward(m, dx, dew[2], m->d_eu, xe, ew[2], n, C, FM, 1);
     }
 }

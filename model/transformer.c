@@ -301,16 +301,22 @@ size_t transformer_wgrad_bytes(const struct backend *be, const struct model_conf
         if (!is_local_layer(&m.part, m.L, l)) continue;
         int moe = model_layer_is_moe(cfg, l);
         size_t F = moe ? (size_t)m.Fs : (size_t)m.Fl;
-        /* the output gradients (scratch: always copied) */
-        elems += m.mla ? N * (m.QR + QD + m.KR + (size_t)model_rope_dim(cfg) + (size_t)m.Hl * (m.DN + m.Dv))
-                       : N * (QD + KD + VD);
-        elems += N * C;                                       /* o_proj */
-        if (F) elems += N * (2 * F + C);                      /* SwiGLU */
-        if (moe) elems += n * m.E + R * (2 * FM + C);         /* router, routed experts */
+        /* the output gradients that are copied: those without a home in the slot (linear_dout_home: q, k, v,
+         * MLA's latents, gate and up, o_proj's in xmid unless rows are split); every one under full recompute */
+        int homes = rc != RECOMPUTE_FULL;
+        elems += m.mla ? N * ((homes ? 0 : m.QR + QD + m.KR) + (size_t)model_rope_dim(cfg) + (size_t)m.Hl * (m.DN + m.Dv))
+                       : (homes ? 0 : N * (QD + KD + VD));
+        if (!homes || (size_t)m.Ns < N) elems += N * C;       /* o_proj */
+        if (F) elems += N * ((homes ? 0 : 2 * F) + C);        /* SwiGLU */
+        if (moe) elems += n * m.E + R * ((homes ? 0 : 2 * FM) + C); /* router, routed experts */
         if (l >= m.L) elems += (size_t)m.Ns * C;             /* MTP's projection */
         /* the inputs recomputation overwrites (one copy per input) */
         if (rc == RECOMPUTE_SELECTIVE) elems += N * OD + N * F + (moe ? R * FM : 0);
-        if (rc == RECOMPUTE_FULL) elems += 2 * N * C + N * OD + N * F + (moe ? R * (C + FM) : 0);
+        if (rc == RECOMPUTE_FULL) {
+            elems += 2 * N * C + N * OD + N * F + (moe ? R * (C + FM) : 0);
+            if (m.mla) elems += N * (m.QR + m.KR + (m.QR ? C : 0)); /* the normed latents; wq_a reads ln1 apart */
+            if (moe && F) elems += n * C;                            /* the router reads ln2 apart from them */
+        }
     }
     return elems * be->act_bytes;
 }
@@ -921,8 +927,11 @@ static float *swiglu_block_backward(struct transformer *m, struct layer_acts *a,
     if (m->recompute == RECOMPUTE_SELECTIVE) be->swiglu_forward(a->h, a->gate, a->up, (size_t)N * F);
     linear_backward(m, m->d_h, dw->wdown, grad_full_rows(m), a->h, w->wdown, N, F, C, 0);
     be->swiglu_backward(m->d_gate, m->d_up, m->d_h, a->gate, a->up, (size_t)N * F);
+    /* gate and up are read for the last time: a deferred W keeps its output gradients there */
     linear_same_input(m, 1);
+    linear_dout_home(m, a->gate, (size_t)N * F);
     linear_backward(m, m->d_ln_full, dw->wgate, m->d_gate, a->ln2, w->wgate, N, C, F, 0);
+    linear_dout_home(m, a->up, (size_t)N * F);
     linear_backward(m, m->d_ln_full, dw->wup, m->d_up, a->ln2, w->wup, N, C, F, 1);
     linear_same_input(m, 0);
     return reduce_rows(m, m->d_ln_full, m->d_ln);
@@ -969,6 +978,7 @@ static int block_backward_phase(struct transformer *m, struct act_slot *s, int l
     be->rmsnorm_backward(m->d_resid, dw->ln2_w, d_ln, a->xmid, w->ln2_w, a->rstd2, Ns, C, 1);
     /* attention branch */
     if (selective) attention_forward(m, a);
+    linear_dout_home(m, a->xmid, (size_t)Ns * C); /* ln2's backward read it last (fits unless rows are split) */
     linear_backward(m, m->d_attn, dw->wo, grad_full_rows(m), a->attn_out, w->wo, N, OD, C, 0);
     if (m->cp > 1)
         cp_attention_backward(m, m->d_q, m->d_k, m->d_v, m->d_attn, a->attn_out, a->att, a->q, a->k, a->v);
@@ -980,9 +990,12 @@ static int block_backward_phase(struct transformer *m, struct act_slot *s, int l
     } else {
         be->rope(m->d_q, m->rope_cos, m->rope_sin, m->B, m->T, m->Hl, m->D, 1);
         be->rope(m->d_k, m->rope_cos, m->rope_sin, m->B, m->T, m->KVl, m->D, 1);
-        linear_same_input(m, 1);
+        linear_same_input(m, 1); /* q, k and v were read for the last time by attention's backward */
+        linear_dout_home(m, a->q, (size_t)N * QD);
         linear_backward(m, m->d_ln_full, dw->wq, m->d_q, a->ln1, w->wq, N, C, QD, 0);
+        linear_dout_home(m, a->k, (size_t)N * KD);
         linear_backward(m, m->d_ln_full, dw->wk, m->d_k, a->ln1, w->wk, N, C, KD, 1);
+        linear_dout_home(m, a->v, (size_t)N * m->KVl * m->Dv);
         linear_backward(m, m->d_ln_full, dw->wv, m->d_v, a->ln1, w->wv, N, C, KD, 1);
         linear_same_input(m, 0);
     }

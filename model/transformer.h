@@ -199,9 +199,12 @@ struct transformer {
     /* zb-h1's split backward (model/linear.h): with defer_w set, backward
      * computes input gradients only and records each weight-gradient GEMM
      * (of layer w_layer; -1: outside the main layers) in the slot's queue,
-     * wgrad; transformer_weight_grads_chunk runs them */
+     * wgrad; transformer_weight_grads_chunk runs them. w_home: where the next
+     * deferred output gradient may be kept instead of a copy (linear_dout_home) */
     int defer_w, w_layer, w_slot;
     void *wgrad;
+    float *w_home;
+    size_t w_home_cap;
     /* called between a W's GEMMs and between the layers of a forward or backward: MPI moves the pipeline's
      * started sends (zb-h1's before a W, zbv's always) only inside MPI calls (NULL: not needed) */
     void (*pipe_progress)(void *ctx);
