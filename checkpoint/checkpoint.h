@@ -44,7 +44,8 @@ struct ckpt_snapshot {
     const struct recipe *recipe;
     const struct param_table *table;
     struct ckpt_layout layout;
-    float *host;                /* params | exp_avg | exp_avg_sq, table->total floats each */
+    float *host;                /* params | exp_avg | exp_avg_sq, table->total floats each; NULL where the
+                                 * rank writes nothing (layout.writer 0) */
     struct train_state state;
     struct json_t *fp8;         /* delayed FP8 scaling's amax history for the manifest (owned), or NULL */
 };
@@ -54,7 +55,8 @@ void ckpt_snapshot_init(struct ckpt_snapshot *s, const struct recipe *r, const s
 void ckpt_snapshot_free(struct ckpt_snapshot *s);
 /* Copy the fp32 master weights and optimizer moments to host, whole: every
  * rank of a data-parallel group must call it together (under ZeRO-1 both
- * come from their owners' shards, model/master.h). */
+ * come from their owners' shards, model/master.h); a rank that writes
+ * nothing only sends its shards. */
 void ckpt_snapshot_take(struct ckpt_snapshot *s, struct master *ms, struct optimizer *opt,
                         const struct train_state *st);
 

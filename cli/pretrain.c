@@ -280,7 +280,8 @@ static void dry_run(const struct recipe *r, int verbose) {
                (e.params + e.weights + e.grads + e.optimizer) / n, e.params / n, e.weights / n, e.grads / n,
                e.optimizer / n, n);
     }
-    printf("host_per_rank:    %.3f GiB (batches and final weights %.3f, checkpoint/final snapshot %.3f, process runtime %.3f)%s\n",
+    printf("host_per_rank:    %.3f GiB (batches and final weights %.3f, checkpoint/final snapshot %.3f on the ranks that "
+           "write one: data-parallel rank 0 of each shard, process runtime %.3f)%s\n",
            (e.host + e.runtime) / GIB, (e.host - e.snapshot) / GIB, e.snapshot / GIB, e.runtime / GIB,
            e.runtime ? "; counted in memory_per_rank (the CPU backend's device is host memory)" : "");
     print_fit(r, dp, world, be);

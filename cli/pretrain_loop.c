@@ -630,10 +630,22 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
     char path[RECIPE_PATH_MAX + 32];
     save_final_weights(&run, path, sizeof path);
     log_comm(&run, run.st.step - first + 1);
-    /* peak memory of the whole run (rank 0, pipeline stage 0): host RSS, or the device's memory in use */
-    double peak = run.be->device_mem_mib ? run.be->device_mem_mib() : peak_rss_mib();
-    event(&run, "{\"event\":\"end\",\"step\":%d,\"seconds\":%.3f,\"rewinds\":%d,\"peak_mem_mib\":%.1f}", run.st.step,
-          now_seconds() - t_start, run.st.rewinds, peak);
+    /* peak memory of the whole run: host RSS, or the device's memory in use; rank 0's (pipeline stage 0), the
+     * largest rank's with its rank and the smallest (pipeline stages and checkpoint writers differ) */
+    float peak = (float)(run.be->device_mem_mib ? run.be->device_mem_mib() : peak_rss_mib()), peak_max = peak;
+    float peak_min = peak;
+    int peak_rank = 0, world = run.grid.world.size;
+    float *peaks = xmalloc(sizeof(float) * world);
+    comm_all_gather(&run.grid.world, &peak, peaks, 1);
+    for (int i = 1; i < world; i++) {
+        if (peaks[i] > peak_max) peak_max = peaks[i], peak_rank = i;
+        if (peaks[i] < peak_min) peak_min = peaks[i];
+    }
+    free(peaks);
+    event(&run,
+          "{\"event\":\"end\",\"step\":%d,\"seconds\":%.3f,\"rewinds\":%d,\"peak_mem_mib\":%.1f,"
+          "\"peak_mem_mib_max\":%.1f,\"peak_mem_rank\":%d,\"peak_mem_mib_min\":%.1f}",
+          run.st.step, now_seconds() - t_start, run.st.rewinds, peak, peak_max, peak_rank, peak_min);
     if (run.rank0)
         printf("done: step %d, %.1f s; metrics in %s, weights in %s\n", run.st.step, now_seconds() - t_start,
                run.metrics_path, path);

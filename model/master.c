@@ -105,19 +105,32 @@ void master_put_all(struct master *ms, const float *host) {
     for (int i = 0; i < ms->t->count; i++) master_put(ms, i, host + ms->t->items[i].offset);
 }
 
+/* floats a rank that keeps nothing receives at a time (16 MiB) */
+#define SHARD_PART ((size_t)4 << 20)
+
 void shard_to_host(const struct backend *be, struct comm *dp, const float *buf, size_t len, size_t total,
                    float *out) {
     if (!dp || dp->size == 1) {
-        be->to_host(out, buf, sizeof(float) * total);
+        if (out) be->to_host(out, buf, sizeof(float) * total);
         return;
     }
     if (be->host_view) { /* host memory (the CPU backend): each piece is broadcast where it goes, no staging */
+        /* in parts of a bounded size (the same on every rank: they are collectives), which a rank that keeps
+         * nothing receives into one scratch part */
+        size_t part = len < SHARD_PART ? len : SHARD_PART;
+        float *scratch = out ? NULL : xmalloc(sizeof(float) * (part ? part : 1));
         for (int r = 0; r < dp->size; r++) {
             size_t at = len * r, n = at < total ? total - at : 0;
             if (n > len) n = len;
-            if (r == dp->rank && n) be->to_host(out + at, buf, sizeof(float) * n);
-            if (n) comm_broadcast(dp, out + at, sizeof(float) * n, r);
+            if (r == dp->rank && n && out) be->to_host(out + at, buf, sizeof(float) * n);
+            for (size_t o = 0; o < n; o += part) {
+                size_t k = n - o < part ? n - o : part;
+                /* (the owner's own piece is only read) */
+                float *to = out ? out + at + o : r == dp->rank ? (float *)buf + o : scratch;
+                comm_broadcast(dp, to, sizeof(float) * k, r);
+            }
         }
+        free(scratch);
         return;
     }
     float *stage = be->alloc(sizeof(float) * (len ? len : 1));
@@ -126,7 +139,7 @@ void shard_to_host(const struct backend *be, struct comm *dp, const float *buf, 
         if (n > len) n = len;
         if (r == dp->rank) be->copy(stage, buf, sizeof(float) * len);
         comm_broadcast(dp, stage, sizeof(float) * len, r);
-        be->to_host(out + at, stage, sizeof(float) * n);
+        if (out) be->to_host(out + at, stage, sizeof(float) * n);
     }
     be->free(stage);
 }
@@ -135,14 +148,14 @@ void master_to_host(struct master *ms, float *host) {
     const struct backend *be = ms->be;
     const struct param_table *t = ms->t;
     if (ms->full) {
-        be->to_host(host, ms->full, sizeof(float) * t->total);
+        if (host) be->to_host(host, ms->full, sizeof(float) * t->total);
         return;
     }
     for (int k = 0; k < ms->nshards; k++) {
         struct master_shard *s = &ms->shard[k];
-        shard_to_host(be, s->dp, s->buf, s->len, s->total, host + s->base);
+        shard_to_host(be, s->dp, s->buf, s->len, s->total, host ? host + s->base : NULL);
     }
-    for (int i = 0; i < t->count; i++) /* over the unused slots the shards carried */
+    for (int i = 0; host && i < t->count; i++) /* over the unused slots the shards carried */
         if (master_packed(&t->items[i]))
             be->to_host(host + t->items[i].offset, ms->gains + ms->gain_at[i], sizeof(float) * t->items[i].numel);
 }

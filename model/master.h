@@ -61,12 +61,14 @@ void master_put(void *ms, int i, const float *host);
 void master_put_all(struct master *ms, const float *host);
 /* The whole local master into host (t->total floats at table offsets): a
  * shard's values reach every rank of its group from their owners, through
- * a staging buffer of one shard (every rank of the group calls it). */
+ * a staging buffer of one shard (every rank of the group calls it; host
+ * NULL: a rank that keeps nothing, a checkpoint's non-writing ranks). */
 void master_to_host(struct master *ms, float *host);
 /* A range of total floats sharded over dp in pieces of len (rank r holds
  * [r len, (r+1) len) in buf; dp NULL or of size 1: buf is the whole range)
  * into out on every rank, each owner's piece broadcast through a staging
- * buffer of len floats (none where the backend's memory is the host's). */
+ * buffer of len floats (none where the backend's memory is the host's).
+ * out NULL: this rank only sends its piece and keeps nothing. */
 void shard_to_host(const struct backend *be, struct comm *dp, const float *buf, size_t len, size_t total,
                    float *out);
 /* After the owners updated the gains inside their shard of group k: every

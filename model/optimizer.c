@@ -279,8 +279,8 @@ void optimizer_get_moments(struct optimizer *o, float *m_out, float *v_out) {
     for (int k = 0; k < o->ngroups; k++) {
         struct opt_group *g = &o->group[k];
         struct comm *dp = g->distributed ? g->dp : NULL;
-        shard_to_host(o->be, dp, g->m, g->shard_len, g->total, m_out + g->base);
-        shard_to_host(o->be, dp, g->v, g->shard_len, g->total, v_out + g->base);
+        shard_to_host(o->be, dp, g->m, g->shard_len, g->total, m_out ? m_out + g->base : NULL);
+        shard_to_host(o->be, dp, g->v, g->shard_len, g->total, v_out ? v_out + g->base : NULL);
     }
 }
 

@@ -76,7 +76,7 @@ for sched in ("1f1b", "zb-h1", "zbv", "dualpipev", "moe_zbv", "moe_dualpipev"):
     # the papers' bubble: each rank's idle time within the pipeline's span (to the last rank's last item; every
     # rank's clock starts at its step's start, which the previous step's collectives line up)
     bubble = [max(ends) - b for b in busy]
-    peak = max(json.loads(l)["peak_mem_mib"] for l in open("%s/%s/metrics.jsonl" % (work, sched)) if '"event":"end"' in l)
+    peak = max(json.loads(l)["peak_mem_mib_max"] for l in open("%s/%s/metrics.jsonl" % (work, sched)) if '"event":"end"' in l)
     mean = {k: sum(v) / len(v) if v else 0.0 for k, v in spans.items()}
     res[sched] = {"step_ms": step, "idle_ms": sum(idle), "idle_ms_per_rank": idle, "bubble_ms": sum(bubble),
                   "bubble_ms_per_rank": bubble, "forward_ms": mean["forward"],
