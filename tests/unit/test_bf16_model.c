@@ -19,14 +19,7 @@
 #include "config/common.h"
 #include "model/transformer.h"
 #include "tests/unit/check.h"
-
-static void base_model(struct model_config *m) {
-    struct recipe r;
-    recipe_defaults(&r);
-    *m = r.model;
-    m->vocab_size = 264, m->hidden_size = 64, m->num_layers = 3, m->num_heads = 4, m->num_kv_heads = 2;
-    m->intermediate_size = 128;
-}
+#include "tests/unit/tiny_model.h"
 
 /* Largest norm-wise difference between an fp32 activation and its bf16 twin. */
 static double act_err(const struct transformer *m16, const float *a32, const float *b16, size_t n) {
@@ -95,12 +88,7 @@ static void check_family(const char *tag, const struct model_config *cfg) {
     transformer_init_params(&m32, 3);
     transformer_init_params(&m16, 3);
     int32_t *tok = malloc(sizeof(int32_t) * N), *tgt = malloc(sizeof(int32_t) * N);
-    unsigned long long s = 17;
-    for (int i = 0; i < N; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        tok[i] = (int32_t)((s >> 33) % (unsigned)cfg->vocab_size);
-        tgt[i] = (int32_t)((s >> 13) % (unsigned)cfg->vocab_size);
-    }
+    tiny_tokens(tok, tgt, N, cfg->vocab_size, 17);
     float dscale = 1.0f / (float)N;
     double l32 = transformer_step(&m32, tok, tgt, dscale) / N, l16 = transformer_step(&m16, tok, tgt, dscale) / N;
     check_activations(tag, &m32, &m16);
@@ -129,14 +117,14 @@ static void check_family(const char *tag, const struct model_config *cfg) {
 
 int main(void) {
     struct model_config llama, mixtral, deepseek;
-    base_model(&llama);
+    tiny_model(&llama);
     check_family("llama", &llama);
-    base_model(&mixtral);
+    tiny_model(&mixtral);
     snprintf(mixtral.arch, sizeof mixtral.arch, "mixtral");
     mixtral.num_experts = 4, mixtral.experts_per_token = 4, mixtral.moe_intermediate_size = 48;
     mixtral.moe_layer_freq = 2, mixtral.moe_z_loss_coef = 1e-3;
     check_family("mixtral", &mixtral);
-    base_model(&deepseek);
+    tiny_model(&deepseek);
     snprintf(deepseek.arch, sizeof deepseek.arch, "deepseek_v3");
     snprintf(deepseek.moe_score_func, sizeof deepseek.moe_score_func, "sigmoid");
     deepseek.num_kv_heads = 4, deepseek.q_lora_rank = 16, deepseek.kv_lora_rank = 16, deepseek.qk_nope_head_dim = 8;

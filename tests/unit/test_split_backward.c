@@ -19,24 +19,9 @@
 #include "model/linear.h"
 #include "model/transformer.h"
 #include "tests/unit/check.h"
+#include "tests/unit/tiny_model.h"
 
 enum { B = 2, T = 32, N = B * T };
-
-static void base_model(struct model_config *m) {
-    struct recipe r;
-    recipe_defaults(&r);
-    *m = r.model;
-    m->vocab_size = 264, m->hidden_size = 64, m->num_layers = 3, m->num_heads = 4, m->num_kv_heads = 2;
-    m->intermediate_size = 128;
-}
-
-static void tokens(int32_t *tok, int32_t *tgt, int vocab, unsigned long long s) {
-    for (int i = 0; i < N; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        tok[i] = (int32_t)((s >> 33) % (unsigned)vocab);
-        tgt[i] = (int32_t)((s >> 13) % (unsigned)vocab);
-    }
-}
 
 /* F0 F1 B0 B1 on m (its Ws wait when m->defer_w); the two micro batches' summed loss */
 static double two_micro_batches(struct transformer *m, const int32_t tok[2][N], const int32_t tgt[2][N]) {
@@ -63,7 +48,7 @@ static void check(const char *family, const struct model_config *cfg, const char
     transformer_init_params(&zb, 5);
     zb.defer_w = 1;
     int32_t tok[2][N], tgt[2][N];
-    tokens(tok[0], tgt[0], cfg->vocab_size, 11), tokens(tok[1], tgt[1], cfg->vocab_size, 29);
+    tiny_tokens(tok[0], tgt[0], N, cfg->vocab_size, 11), tiny_tokens(tok[1], tgt[1], N, cfg->vocab_size, 29);
     double lr = two_micro_batches(&ref, tok, tgt), lz = two_micro_batches(&zb, tok, tgt);
     size_t copied[2] = {wgrad_copied_bytes(&zb, 0), wgrad_copied_bytes(&zb, 1)};
     transformer_weight_grads_chunk(&zb, 0, 0);
@@ -88,11 +73,11 @@ static void check(const char *family, const struct model_config *cfg, const char
 
 int main(void) {
     struct model_config llama, mixtral, deepseek;
-    base_model(&llama);
-    base_model(&mixtral);
+    tiny_model(&llama);
+    tiny_model(&mixtral);
     snprintf(mixtral.arch, sizeof mixtral.arch, "mixtral");
     mixtral.num_experts = 4, mixtral.experts_per_token = 2, mixtral.moe_intermediate_size = 48;
-    base_model(&deepseek);
+    tiny_model(&deepseek);
     snprintf(deepseek.arch, sizeof deepseek.arch, "deepseek_v3");
     snprintf(deepseek.moe_score_func, sizeof deepseek.moe_score_func, "sigmoid");
     deepseek.num_kv_heads = 4, deepseek.q_lora_rank = 16, deepseek.kv_lora_rank = 16, deepseek.qk_nope_head_dim = 8;
