@@ -4,7 +4,6 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "config/common.h"
 #include "kernels/ops.h"
@@ -30,22 +29,13 @@
  * 4-rank layouts on 2 cores, CPU runs on a shared machine) a polling rank
  * holds the core its peer needs to reach the call, and every exchange then
  * costs scheduler time slices. A short wait polls as before. */
-#ifndef WAIT_POLLS
 #define WAIT_POLLS 64
-#endif
 static void wait_request(MPI_Request *req) {
     int done = 0;
     for (unsigned polls = 0;; polls++) {
         MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
         if (done) return;
-        if (polls >= WAIT_POLLS) {
-#ifdef WAIT_SLEEP
-            struct timespec ts = {0, WAIT_SLEEP};
-            nanosleep(&ts, NULL);
-#else
-            sched_yield();
-#endif
-        }
+        if (polls >= WAIT_POLLS) sched_yield(); /* returns at once where nothing else waits for the core */
     }
 }
 /* a blocking call made as its non-blocking twin and wait_request */
@@ -219,7 +209,8 @@ void comm_reduce_scatter_sum(struct comm *c, const float *in, float *out, size_t
     enter(c, "reduce_scatter_sum");
     int s = span(c, "reduce_scatter_sum", in_bytes, 0);
     float *hin = stage_in(c, 0, in, in_bytes), *hout = stage_out(c, 1, out, out_bytes);
-    MPI_BLOCKING(MPI_Ireduce_scatter_block(hin, hout, rank_count(c, n, "reduce_scatter"), MPI_FLOAT, MPI_SUM, handle(c), &req_));
+    MPI_BLOCKING(MPI_Ireduce_scatter_block(hin, hout, rank_count(c, n, "reduce_scatter"), MPI_FLOAT, MPI_SUM,
+                                           handle(c), &req_));
     stage_back(c, out, hout, out_bytes);
     leave(c, s);
 }
