@@ -284,6 +284,11 @@ static int calibrate(const char *path, const char *base_path, const char *device
         gb->free(x), gb->free(w), gb->free(o);
     }
     double peak = gpu ? s.tflops_bf16 * 1e12 : best;
+    /* More ranks' threads than cores (CPU ranks sharing a machine): each rank computes only its share of the
+     * time, which a best-of timing does not see (a rank timed alone for a moment reports a whole core) */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double share = gpu || cores <= 0 ? 1.0 : fmin(1.0, (double)cores / ((double)g.local_size * omp_get_max_threads()));
+    best *= share, bf16_rate *= share;
     if (!gpu) s.tflops_fp32 = best / 1e12, s.tflops_bf16 = s.tflops_fp8 = bf16_rate / 1e12;
     s.gemm.n = 6;
     for (int i = 0; i < 6; i++)
@@ -308,7 +313,7 @@ static int calibrate(const char *path, const char *base_path, const char *device
     be->zero(a, sizeof(float) * nb), be->zero(b, sizeof(float) * nb);
     double t;
     TIME_BEST(be, a, be->add(a, b, nb), 5, t);
-    s.mem_gbps = 3.0 * sizeof(float) * nb / t / 1e9;
+    s.mem_gbps = 3.0 * sizeof(float) * nb / t / 1e9 * share;
     be->free(a), be->free(b);
     if (!gpu) { /* the machine's memory over its ranks */
         FILE *mi = fopen("/proc/meminfo", "r");
@@ -356,11 +361,13 @@ static int calibrate(const char *path, const char *base_path, const char *device
         strftime(date, sizeof date, "%Y-%m-%d", gmtime(&tt));
         snprintf(comment, sizeof comment,
                  "# Measured by `mtrain plan --calibrate` on %s: %d rank(s) at once, %s; GEMMs of the %s backend%s,\n"
-                 "# its causal attention, an elementwise add's bandwidth%s.%s%s\n",
+                 "# its causal attention, an elementwise add's bandwidth%s.%s%s%s\n",
                  date, world, gpu ? "one GPU each" : "CPU", gpu ? "CUDA bf16" : "fp32 CPU",
                  gpu ? " (efficiency of the base's bf16 peak)" : " (bf16: its widening table)",
                  world > 1 ? (gpu ? ", NCCL all-reduces between the ranks" : ", MPI all-reduces between the ranks") : "",
-                 base_path ? " Peaks, memory size and network from " : "", base_path ? base_path : "");
+                 base_path ? " Peaks, memory size and network from " : "", base_path ? base_path : "",
+                 share < 1 ? "\n# More ranks' threads than cores: each rank's compute and bandwidth is its share, "
+                             "cores / (ranks x threads)." : "");
         rc = system_write(&s, path, comment);
         if (rc) fprintf(stderr, "mtrain: error: plan --calibrate: cannot write %s\n", path);
         else printf("wrote %s: GEMM peak %.3f TFLOP/s measured, memory %.1f GB/s, links %.2f GB/s + %.1f us per step\n",
