@@ -560,6 +560,9 @@ int pretrain_run(const struct recipe *r, const struct pretrain_opts *o) {
         if (on_cpu)
             printf("blas: OpenBLAS %s kernels (%s)%s%s\n", blas.core, blas.config, blas.note[0] ? "; " : "", blas.note);
     }
+    char ranks_path[RECIPE_PATH_MAX + 32];
+    snprintf(ranks_path, sizeof ranks_path, "%s/ranks.json", r->log.dir);
+    grid_write_ranks(&run.grid, ranks_path);
     event(&run,
           "{\"event\":\"start\",\"step\":%d,\"params\":%lld,\"flops_per_token\":%.6g,\"steps\":%d,"
           "\"device\":\"%s\",\"precision\":\"%s\",\"comm\":\"%s\",\"peak_tflops\":%g,\"hang_timeout_s\":%g%s}",

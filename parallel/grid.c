@@ -280,3 +280,40 @@ void grid_free(struct grid *g) {
         cs[i]->handle = NULL;
     }
 }
+
+/* Every rank's process: what a launcher names when a rank dies (Hydra: "PID ... RUNNING AT host") */
+struct rank_identity {
+    int pid, tp, pp, dp, cp, ep;
+    char host[64];
+};
+
+void grid_write_ranks(const struct grid *g, const char *path) {
+    struct rank_identity me = {.pid = (int)getpid(), .tp = g->tp_rank, .pp = g->pp_rank, .dp = g->dp_rank,
+                               .cp = g->cp_rank, .ep = g->ep_rank};
+    if (gethostname(me.host, sizeof me.host) != 0) snprintf(me.host, sizeof me.host, "?");
+    me.host[sizeof me.host - 1] = 0;
+    for (char *c = me.host; *c; c++)
+        if (*c == '"' || *c == '\\' || (unsigned char)*c < 32) *c = '?'; /* kept valid JSON */
+    struct rank_identity *all = g->world_rank == 0 ? xmalloc(sizeof *all * g->world_size) : NULL;
+    if (g->world_size > 1) {
+        if (MPI_Gather(&me, sizeof me, MPI_BYTE, all, sizeof me, MPI_BYTE, 0, *(MPI_Comm *)g->world.handle) !=
+            MPI_SUCCESS)
+            die("MPI_Gather of the ranks' process ids failed");
+    } else {
+        all[0] = me;
+    }
+    if (g->world_rank != 0) return;
+    size_t cap = 128 + (size_t)g->world_size * 160, n = 0;
+    char *buf = xmalloc(cap);
+    n += (size_t)snprintf(buf + n, cap - n, "{\"ranks\":[");
+    for (int r = 0; r < g->world_size; r++)
+        n += (size_t)snprintf(buf + n, cap - n,
+                              "%s\n{\"rank\":%d,\"pid\":%d,\"host\":\"%s\",\"tp\":%d,\"pp\":%d,\"dp\":%d,\"cp\":%d,\"ep\":%d}",
+                              r ? "," : "", r, all[r].pid, all[r].host, all[r].tp, all[r].pp, all[r].dp, all[r].cp,
+                              all[r].ep);
+    n += (size_t)snprintf(buf + n, cap - n, "\n]}\n");
+    CHECK(n < cap);
+    write_file_atomic(path, buf, n);
+    free(buf);
+    free(all);
+}

@@ -73,3 +73,8 @@ int grid_ranks_sharing_gpu(struct grid *g);
 void grid_single(struct grid *g);
 /* Abort every rank of the job with exit code code (after a message). */
 void parallel_abort(int code) __attribute__((noreturn));
+
+/* Rank 0 writes path (JSON: every rank's pid, host and grid coordinates), so
+ * that a launcher's message naming a dead process (Hydra: "PID ... RUNNING
+ * AT host") maps to its rank; every rank calls it. */
+void grid_write_ranks(const struct grid *g, const char *path);

@@ -63,8 +63,8 @@ if [ $rc = 0 ] && grep -q "resumed from ck_$HANG/step-" "$TMP/out" &&
 else fail wd_sigstop_resumes "exit $rc: $(grep -E 'resumed|error|warning' "$TMP/out" | head -4) $(cat "$TMP/cmp" 2>/dev/null)"; fi
 
 # kill -9 of world rank 1 once step 10 is logged: the launcher ends the other three within 30 s (a killed
-# rank cannot name itself: the launcher names its process), and the rerun resumes and ends where the
-# uninterrupted run did, bitwise
+# rank cannot name itself: the launcher names its process, which LOG_DIR/ranks.json maps to the rank), and
+# the rerun resumes and ends where the uninterrupted run did, bitwise
 KILLED=wd_kill_$$
 run_np 4 pretrain r.yaml "${TP2PP2[@]}" --set checkpoint.dir=ck_$KILLED --set log.dir=$KILLED >"$TMP/killed" 2>&1 &
 job=$!
@@ -79,6 +79,10 @@ else
     rc=$? took=$(( $(date +%s) - t0 )) left=$(pgrep -f -- "$KILLED" | wc -l)
     [ $rc != 0 ] && [ $took -le 30 ] && [ "$left" = 0 ] && pass wd_kill9_ends_job ||
         fail wd_kill9_ends_job "exit $rc ${took}s after the kill, $left processes left: $(tail -3 "$TMP/killed")"
+    # the launcher names the killed process by its pid (Hydra, when it gets to: "PID ... RUNNING AT");
+    # LOG_DIR/ranks.json maps that pid to world rank 1
+    grep -q "{\"rank\":1,\"pid\":$victim," $KILLED/ranks.json && pass wd_kill9_pid_maps_to_rank ||
+        fail wd_kill9_pid_maps_to_rank "pid $victim; ranks.json: $(head -c 300 $KILLED/ranks.json 2>/dev/null | tr '\n' ' ')"
     run_np 4 pretrain r.yaml "${TP2PP2[@]}" --set checkpoint.dir=ck_$KILLED --set log.dir=$KILLED >"$TMP/out" 2>&1
     rc=$?
     [ $rc = 0 ] && grep -q "resumed from ck_$KILLED/step-" "$TMP/out" &&
