@@ -7,6 +7,7 @@ source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
 export OMP_NUM_THREADS=1
 HANG=wd_hang_$$ # unique in the command lines, to find this job's processes
+# (the model and batch make a step take ~0.1 s on 2 cores: the tests act on a rank while steps 10-19 run)
 # never leave a stopped rank behind
 cleanup() {
     local pids
@@ -17,8 +18,8 @@ cleanup() {
 trap cleanup EXIT
 "$MTRAIN" data generate --out data --docs 400 --frame-tokens 4096 >/dev/null || { fail wd_setup "data generate failed"; exit 1; }
 cat >r.yaml <<'YAML'
-model: {vocab_size: 264, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 64}
-train: {seq_len: 16, micro_batch: 2, global_batch: 8, steps: 40, seed: 7, hang_timeout_s: 5}
+model: {vocab_size: 264, hidden_size: 128, num_layers: 4, num_heads: 4, num_kv_heads: 2, intermediate_size: 256}
+train: {seq_len: 64, micro_batch: 2, global_batch: 32, steps: 40, seed: 7, hang_timeout_s: 5}
 optimizer: {lr: 3e-3, min_lr: 3e-4, warmup_steps: 3, eps: 1e-4}
 data: {path: data}
 checkpoint: {dir: ck_ref, interval: 5}
