@@ -5,6 +5,7 @@
 
 #include "kernels/bf16.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/vec_exp.h"
 
 void cpu_embedding_forward(float *out, const int32_t *tokens, const float *table, int N, int C, int vstart, int V) {
 #pragma omp parallel for schedule(static)
@@ -32,18 +33,18 @@ void cpu_embedding_backward(float *dtable, const int32_t *tokens, const float *d
     }
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float silu(float x) { return x / (1.0f + vec_exp(-x)); }
 
 void cpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = silu(gate[i]) * up[i];
 }
 
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                          size_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
-        float g = gate[i], sig = 1.0f / (1.0f + expf(-g));
+        float g = gate[i], sig = 1.0f / (1.0f + vec_exp(-g));
         float s = g * sig;
         dup[i] = dout[i] * s;
         dgate[i] = dout[i] * up[i] * sig * (1.0f + g * (1.0f - sig));

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/vec_exp.h"
 #include "kernels/ops.h"
 #include "tests/unit/check.h"
 
@@ -142,20 +143,27 @@ static void test_matmul(void) {
 }
 
 static void ref_rmsnorm_fn(double *out, double **in) { ref_rmsnorm(out, in[0], in[1], gN, gC, 1e-5); }
-static void test_rmsnorm(void) {
-    int N = gN, C = gC;
+/* C 24: three of the sums' 8 lanes; C 75: a tail beyond the lanes and two of the dw sum's 64-column blocks */
+static void test_rmsnorm(int C, const char *tag) {
+    int N = gN, keep_C = gC;
+    gC = C;
+    char name[64];
     float *x = frand(N * C), *w = frand(C), *R = frand(N * C), *out = calloc(N * C, 4), *rstd = calloc(N, 4);
     float *dx = calloc(N * C, 4), *dw = calloc(C, 4);
     double *xd = to_double(x, N * C), *wd = to_double(w, C), *Rd = to_double(R, N * C), *in[] = {xd, wd};
     double *ref = malloc(sizeof(double) * N * C);
     be->rmsnorm_forward(out, rstd, x, w, N, C, 1e-5f);
     ref_rmsnorm(ref, xd, wd, N, C, 1e-5);
-    check_close("rmsnorm_forward", out, ref, N * C, 1e-5);
+    snprintf(name, sizeof name, "rmsnorm_forward%s", tag);
+    check_close(name, out, ref, N * C, 1e-5);
     be->rmsnorm_backward(dx, dw, R, x, w, rstd, N, C, 0);
     double *gx = fd_grad(ref_rmsnorm_fn, in, 0, N * C, Rd, N * C), *gw = fd_grad(ref_rmsnorm_fn, in, 1, C, Rd, N * C);
-    check_close("rmsnorm_backward_dx", dx, gx, N * C, 1e-4);
-    check_close("rmsnorm_backward_dw", dw, gw, C, 1e-4);
+    snprintf(name, sizeof name, "rmsnorm_backward_dx%s", tag);
+    check_close(name, dx, gx, N * C, 1e-4);
+    snprintf(name, sizeof name, "rmsnorm_backward_dw%s", tag);
+    check_close(name, dw, gw, C, 1e-4);
     free(x), free(w), free(R), free(out), free(rstd), free(dx), free(dw), free(xd), free(wd), free(Rd), free(ref), free(gx), free(gw);
+    gC = keep_C;
 }
 
 static float *g_cos, *g_sin;
@@ -251,6 +259,23 @@ static void test_swiglu(void) {
     check_close("swiglu_backward_dgate", dg, gg, n, 1e-4);
     check_close("swiglu_backward_dup", du, gu, n, 1e-4);
     free(g), free(u), free(R), free(out), free(dg), free(du), free(gd), free(ud), free(Rd), free(ref), free(gg), free(gu);
+}
+
+/* vec_exp (the CPU ops' vectorised exp) against double exp: at most 2 ulp of
+ * the float result over every float step of 2^-10 in [-87.3, 88.3], and its
+ * edges: +inf above 88.37, 0 below -87.33, NaN kept */
+static void test_vec_exp(void) {
+    double worst = 0, at = 0;
+    for (float x = -87.3f; x <= 88.3f; x += 1.0f / 1024) {
+        double ref = exp((double)x), ulp = nextafterf((float)ref, INFINITY) - (float)ref;
+        double e = fabs((double)vec_exp(x) - ref) / ulp;
+        if (e > worst) worst = e, at = x;
+    }
+    TEST_RESULT("vec_exp_within_2_ulp", worst <= 2.0, "%.2f ulp at %.6f", worst, at);
+    int edges = isinf(vec_exp(89.0f)) && vec_exp(89.0f) > 0 && vec_exp(-88.0f) == 0.0f && vec_exp(-1e30f) == 0.0f &&
+                isinf(vec_exp(INFINITY)) && vec_exp(-INFINITY) == 0.0f && isnan(vec_exp(NAN)) && vec_exp(0.0f) == 1.0f;
+    TEST_RESULT("vec_exp_edges", edges, "exp(89) %g, exp(-88) %g, exp(nan) %g, exp(0) %g", vec_exp(89.0f),
+                vec_exp(-88.0f), vec_exp(NAN), vec_exp(0.0f));
 }
 
 static int32_t g_targets[64];
@@ -567,7 +592,8 @@ static void test_moe_sigmoid(int E, int k, int G, int TG, const char *tag) {
 int main(void) {
     be = backend_get("cpu", "fp32");
     test_matmul();
-    test_rmsnorm();
+    test_rmsnorm(24, "");
+    test_rmsnorm(75, "_wide");
     test_rope();
     test_attention(4, 2, 8, "attention_forward_gqa", "attention_backward_gqa");
     test_attention(4, 4, 8, "attention_forward_mha", "attention_backward_mha");
@@ -578,6 +604,7 @@ int main(void) {
     test_attention_decode(5, 5, 4, 1, gD, "attention_decode_prefill_mqa");
     test_attention_decode(3, 11, 4, 4, gD, "attention_decode_chunk_mha");
     test_attention_decode(3, 11, 4, 4, gD / 2 + 3, "attention_decode_mla_value_heads");
+    test_vec_exp();
     test_swiglu();
     test_cross_entropy();
     test_embedding();
