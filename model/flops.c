@@ -172,6 +172,9 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
         }
         deferred = schedule_max_deferred(s, n);
         nsend = schedule_send_buffers(kind, pp, vpp, m, NULL);
+        /* GPU ranks over NCCL (parallel.comm auto or nccl) group their sends with their receives: one set */
+        if (!SCHED_BUFFERED(kind) && !strcmp(be->name, "cuda") && strcmp(r->parallel.comm, "mpi"))
+            nsend = SCHED_GROUPED_SENDS;
         free(s);
     }
     e.in_flight = chunked ? per_chunk[0] : slots; /* micro batches (a V holds fewer of its last chunk) */

@@ -131,6 +131,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     if (g->pp > 1) {
         size_t act = act_size(&tr->model, (size_t)tr->model.Ns * tr->model.C);
         tr->nsend = schedule_send_buffers(kind, g->pp, vpp, m, NULL);
+        if (!SCHED_BUFFERED(kind) && g->pp_comm.nccl) tr->nsend = SCHED_GROUPED_SENDS; /* one grouped exchange */
         tr->send = be->alloc(act * tr->nsend);
         tr->send_ticket = xcalloc(tr->nsend, sizeof(int));
         tr->recv_grad = be->alloc(act);
@@ -187,9 +188,8 @@ static void stage_micro_batch(struct trainer *tr, const int32_t *samples, int mb
 
 /* ---- pipeline plumbing: virtual stages (schedule_stage) ---- */
 
-/* The send buffer of the item at position pos of its unit: a unit's sends go
- * out with the next exchange, which completes them (over NCCL the compute
- * stream waits for it), so the next unit reuses the buffers. */
+/* The send buffer pos: run_schedule's set of a unit (SCHED_UNIT_MAX each)
+ * plus the item's position in it; run_buffered's one of its pool. */
 static float *send_buf(struct trainer *tr, int pos) {
     CHECK(pos < tr->nsend);
     return act_at(&tr->model, tr->send, (size_t)pos * tr->model.Ns * tr->model.C);
@@ -394,25 +394,37 @@ static double run_buffered(struct trainer *tr, const int32_t *samples, const str
 }
 
 /* Run a list of forwards/backwards a unit at a time (parallel/schedule.h),
- * each after one exchange with the neighbours: the previous unit's results
- * out, this unit's inputs in (buffered schedules: run_buffered). Returns this
- * rank's summed token loss (counted on TP rank 0 of the last stage only). */
+ * each after one exchange with the neighbours: this unit's inputs in, the
+ * previous unit's results out (begun before a W too, which runs meanwhile).
+ * Over MPI the sends are begun apart from the receives and complete later:
+ * a unit writes its results into the set of send buffers the unit before
+ * last used, waiting only for those sends, so that a rank does not wait for
+ * its peer to take its results (zb-h1's last stage runs a W before it takes
+ * the next forward's input) before it takes its own inputs. Over NCCL
+ * sends and receives go as one group (one set of buffers). Returns this
+ * rank's summed token loss (counted on TP rank 0 of the last stage only).
+ * (Buffered schedules: run_buffered.) */
 static double run_schedule(struct trainer *tr, const int32_t *samples, const struct sched_item *s, int n,
                            float dscale, int eval) {
     if (SCHED_BUFFERED(tr->kind) && tr->grid->pp > 1) return run_buffered(tr, samples, s, n, dscale, eval);
     struct transformer *m = &tr->model;
     struct grid *g = tr->grid;
-    int pp = g->pp, vpp = m->part.nchunks;
+    struct comm *pp_comm = &g->pp_comm;
+    int pp = g->pp, vpp = m->part.nchunks, apart = tr->nsend >= 2 * SCHED_UNIT_MAX;
     size_t act_bytes = act_size(m, (size_t)m->Ns * m->C);
-    int nops = 0, begun = 0;
+    int nops = 0, set = 0, out_set = 0, sending[2] = {0, 0};
     slots_reset(tr);
     struct comm_p2p ops[COMM_EXCHANGE_MAX] = {{0}};
     double loss = 0;
     for (int i = 0; i < n;) {
-        if (s[i].op == SCHED_WEIGHTS) { /* zb-h1's W: the last results go out meanwhile (completed below) */
+        if (apart && nops) { /* the last results out, under way while what follows computes */
+            sending[out_set] = comm_exchange_start(pp_comm, ops, nops);
+            nops = 0;
+        }
+        if (s[i].op == SCHED_WEIGHTS) { /* zb-h1's W (grouped: its sends begin now, completed below) */
             if (nops) {
-                CHECK(!begun);
-                begun = comm_exchange_start(&g->pp_comm, ops, nops);
+                CHECK(!sending[0]);
+                sending[0] = comm_exchange_start(pp_comm, ops, nops);
                 nops = 0;
             }
             run_weights(tr, s[i]);
@@ -422,20 +434,23 @@ static double run_schedule(struct trainer *tr, const int32_t *samples, const str
         int unit = schedule_unit(tr->kind, s, n, i);
         for (int k = i; k < i + unit; k++)
             add_receive(tr, samples, s[k], eval, ops, &nops);
-        comm_exchange(&g->pp_comm, ops, nops);
-        if (begun) comm_wait_ticket(&g->pp_comm, begun), begun = 0;
+        comm_exchange(pp_comm, ops, nops);
         nops = 0;
+        /* this unit's results go into a set whose sends have completed */
+        comm_wait_ticket(pp_comm, sending[set]), sending[set] = 0;
         for (int k = i; k < i + unit; k++) {
             struct sched_links l = schedule_links(s[k], tr->kind, pp, vpp, g->pp_rank);
-            float *out = l.send_to >= 0 ? send_buf(tr, k - i) : NULL;
+            float *out = l.send_to >= 0 ? send_buf(tr, set * SCHED_UNIT_MAX + k - i) : NULL;
             loss += run_item(tr, s[k], s[k].op == SCHED_FORWARD ? out : NULL, dscale, eval);
             if (out && s[k].op == SCHED_BACKWARD) m->be->copy(out, m->d_resid, act_bytes);
             if (out) ops[nops++] = (struct comm_p2p){out, act_bytes, l.send_to, 0, 0};
         }
+        out_set = set;
+        if (apart) set ^= 1;
         i += unit;
     }
-    comm_exchange(&g->pp_comm, ops, nops); /* the last unit's results */
-    if (begun) comm_wait_ticket(&g->pp_comm, begun);
+    comm_exchange(pp_comm, ops, nops); /* the last unit's results */
+    for (int k = 0; k < 2; k++) comm_wait_ticket(pp_comm, sending[k]);
     m->last_micro_batch = 0;
     return loss;
 }

@@ -610,7 +610,7 @@ static int simulate_buffered(enum sched_kind kind, int pp, int vpp, int m, int f
 }
 
 int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m, const double cost[3]) {
-    if (!SCHED_BUFFERED(kind)) return SCHED_UNIT_MAX;
+    if (!SCHED_BUFFERED(kind)) return 2 * SCHED_UNIT_MAX;
     if (!cost) cost = equal_costs;
     int train = 0, eval = 0;
     CHECK(simulate_buffered(kind, pp, vpp, m, 0, cost, cost, NULL, &train) == 0);

@@ -50,22 +50,28 @@ data: {path: $WORK/data}
 log: {interval: 1}
 YAML
 sed 's/^model: {/model: {arch: mixtral, num_experts: 8, experts_per_token: 2, /' "$WORK/r.yaml" >"$WORK/moe.yaml"
-for schedule in 1f1b zb-h1 zbv dualpipev moe_zbv moe_dualpipev; do
-    vpp=1 recipe=r.yaml np=$PP pp=$PP sets=()
+# REPEAT runs of each dense schedule, taken in turn (1f1b, zb-h1, zbv, dualpipev, then again), so that the
+# machine's slower and faster minutes fall on all of them; each schedule's run with the median bubble is
+# reported (one traced step of two ranks on two cores varies by a third from run to run)
+REPEAT=${REPEAT:-3}
+runs=()
+for ((rep = 1; rep <= REPEAT; rep++)); do runs+=(1f1b.$rep zb-h1.$rep zbv.$rep dualpipev.$rep); done
+for run in "${runs[@]}" moe_zbv.1 moe_dualpipev.1; do
+    schedule=${run%.*} vpp=1 recipe=r.yaml np=$PP pp=$PP sets=()
     case $schedule in zbv | dualpipev) vpp=2 ;; moe_*) vpp=2 recipe=moe.yaml np=4 pp=2 sets=(--set parallel.ep=2) ;; esac
     MTRAIN_TIMELINE=$STEP timeout 600 mpiexec -n "$np" "$MTRAIN" pretrain "$WORK/$recipe" --set parallel.pp="$pp" \
-        --set parallel.vpp=$vpp --set parallel.schedule=${schedule#moe_} "${sets[@]}" --set log.dir="$WORK/$schedule" \
-        >"$WORK/$schedule.out" 2>&1 ||
-        { echo "pipeline_schedules.sh: the $schedule run failed:"; tail -5 "$WORK/$schedule.out"; exit 1; }
+        --set parallel.vpp=$vpp --set parallel.schedule=${schedule#moe_} "${sets[@]}" --set log.dir="$WORK/$run" \
+        >"$WORK/$run.out" 2>&1 ||
+        { echo "pipeline_schedules.sh: the $run run failed:"; tail -5 "$WORK/$run.out"; exit 1; }
 done
-"$PY" - "$WORK" "$PP" "$JSON" <<'EOF'
+"$PY" - "$WORK" "$PP" "$JSON" "$REPEAT" <<'EOF'
 import json, sys
-work, pp, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-res = {}
-for sched in ("1f1b", "zb-h1", "zbv", "dualpipev", "moe_zbv", "moe_dualpipev"):
+work, pp, out, repeat = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+
+def measure(run, ranks):
     idle, spans, step, ends, busy = [], {"forward": [], "backward": [], "weights": [], "forward+backward": []}, 0.0, [], []
-    for r in range(4 if sched.startswith("moe") else pp):
-        d = json.load(open("%s/%s/timeline-rank-%05d.json" % (work, sched, r)))
+    for r in range(ranks):
+        d = json.load(open("%s/%s/timeline-rank-%05d.json" % (work, run, r)))
         ev = [e for e in d["traceEvents"] if e.get("cat") == "compute" and e["name"] in spans]
         for e in ev:
             spans[e["name"]].append(e["dur"] / 1e3)
@@ -76,11 +82,18 @@ for sched in ("1f1b", "zb-h1", "zbv", "dualpipev", "moe_zbv", "moe_dualpipev"):
     # the papers' bubble: each rank's idle time within the pipeline's span (to the last rank's last item; every
     # rank's clock starts at its step's start, which the previous step's collectives line up)
     bubble = [max(ends) - b for b in busy]
-    peak = max(json.loads(l)["peak_mem_mib_max"] for l in open("%s/%s/metrics.jsonl" % (work, sched)) if '"event":"end"' in l)
+    peak = max(json.loads(l)["peak_mem_mib_max"] for l in open("%s/%s/metrics.jsonl" % (work, run)) if '"event":"end"' in l)
     mean = {k: sum(v) / len(v) if v else 0.0 for k, v in spans.items()}
-    res[sched] = {"step_ms": step, "idle_ms": sum(idle), "idle_ms_per_rank": idle, "bubble_ms": sum(bubble),
-                  "bubble_ms_per_rank": bubble, "forward_ms": mean["forward"],
-                  "backward_ms": mean["backward"], "weights_ms": mean["weights"], "peak_mem_mib": peak}
+    return {"step_ms": step, "idle_ms": sum(idle), "idle_ms_per_rank": idle, "bubble_ms": sum(bubble),
+            "bubble_ms_per_rank": bubble, "forward_ms": mean["forward"],
+            "backward_ms": mean["backward"], "weights_ms": mean["weights"], "peak_mem_mib": peak}
+
+res = {}
+for sched in ("1f1b", "zb-h1", "zbv", "dualpipev", "moe_zbv", "moe_dualpipev"):
+    moe = sched.startswith("moe")
+    reps = sorted((measure("%s.%d" % (sched, i), 4 if moe else pp) for i in range(1, (1 if moe else repeat) + 1)),
+                  key=lambda x: x["bubble_ms"])
+    res[sched] = dict(reps[(len(reps) - 1) // 2], bubble_ms_runs=[x["bubble_ms"] for x in reps])
 F = res["1f1b"]["forward_ms"]
 B = res["1f1b"]["backward_ms"]                      # the whole backward
 W = res["zb-h1"]["weights_ms"]
@@ -105,8 +118,10 @@ for s in ("1f1b", "zb-h1", "zbv", "dualpipev", "moe_zbv", "moe_dualpipev"):
           x["forward_ms"], x["backward_ms"], x["weights_ms"], x["peak_mem_mib"]))
 print("zb-h1 idle / 1f1b idle: measured %.2f, formula (F+B-2W)/(F+B) %.2f; peak memory %.3fx 1f1b's"
       % (measured, predicted, res["memory_ratio"]))
-print("bubble (each rank's idle time within the pipeline's span) / 1f1b's: zb-h1 %.2f, zbv %.2f, dualpipev %.2f"
-      % (bubble["zb-h1"], bubble["zbv"], bubble["dualpipev"]))
+print("bubble (each rank's idle time within the pipeline's span) / 1f1b's, medians of %d runs: zb-h1 %.2f, zbv %.2f, "
+      "dualpipev %.2f" % (repeat, bubble["zb-h1"], bubble["zbv"], bubble["dualpipev"]))
+print("bubble ms of each run, sorted: " + "; ".join("%s %s" % (s, " ".join("%.0f" % b for b in res[s]["bubble_ms_runs"]))
+      for s in ("1f1b", "zb-h1", "zbv", "dualpipev")))
 print("zbv idle / 1f1b idle: measured %.2f (simulated at F = B = W per chunk: 1/6); peak memory %.3fx 1f1b's "
       "(zbv's F, B and W are a chunk's: half a stage)" % (zbv, res["zbv_memory_ratio"]))
 print("dualpipev idle / 1f1b idle: measured %.2f (simulated at equal costs: zbv's); peak memory %.3fx 1f1b's"

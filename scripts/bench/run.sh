@@ -12,5 +12,10 @@ for b in scripts/bench/train.sh scripts/bench/plan.sh scripts/bench/recompute.sh
     BUILD=$BUILD bash "$b" || rc=1
     # the planner also against 4 ranks sharing the cores (oversubscribed where the machine has fewer)
     if [ "$b" = scripts/bench/plan.sh ]; then echo "== NP=4 $b"; NP=4 BUILD=$BUILD bash "$b" || rc=1; fi
+    # the schedules also where the linears outweigh the rest (the zero-bubble papers' F = B = W case)
+    if [ "$b" = scripts/bench/pipeline_schedules.sh ]; then
+        echo "== SHAPE=gemm $b"
+        SHAPE=gemm JSON=build/bench/pipeline_schedules_gemm.json BUILD=$BUILD bash "$b" || rc=1
+    fi
 done
 exit $rc
