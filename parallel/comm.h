@@ -84,6 +84,10 @@ void comm_all_to_all_v(struct comm *c, const float *in, const int *send_counts, 
 int comm_all_to_all_v_start(struct comm *c, const float *in, const int *send_counts, float *out,
                             const int *recv_counts);
 void comm_barrier(struct comm *c);
+/* A barrier whose wait sleeps (a millisecond between polls) instead of
+ * yielding: for ranks that stand aside while another times something on
+ * the cores they share (`mtrain plan --calibrate` oversubscribed). */
+void comm_barrier_idle(struct comm *c);
 /* Release the staging buffers (the MPI handle is the grid's). */
 void comm_free_staging(struct comm *c);
 /* Non-blocking sum all-reduce in place; comm_wait_all completes every

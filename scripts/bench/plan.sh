@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # mtrain plan against measurement on this machine's CPU ranks: calibrate the
-# machine (`mpiexec -n NP mtrain plan --calibrate`: every rank at once, so
-# with NP=4 on 2 cores it measures what a rank gets while they share them),
+# machine (`mpiexec -n NP mtrain plan --calibrate`; with NP=4 on 2 cores
+# rank 0 times compute alone and scales it by its share of the cores),
 # predict the step time of nine layouts of a small model on NP ranks (2 by
 # default, or 4) with `mtrain plan --layout`, run
 # each and compare with its measured mean step time (steps 3-8). Targets

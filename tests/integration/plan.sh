@@ -100,6 +100,13 @@ done
 mpiexec -n 2 "$MTRAIN" plan --calibrate cal.yaml >"$TMP/out" 2>&1 &&
     "$MTRAIN" plan p.yaml --gpus 2 --gpu cal.yaml --layout 1,1,1,1,1,2,none | grep -q '^predicted_step_ms: [0-9]' &&
     grep -q '^per_node: 2' cal.yaml && pass plan_calibrate_cpu || fail plan_calibrate_cpu "$(head -c 400 "$TMP/out")"
+# more ranks than cores (4 on CI's 2): rank 0 times alone, the others wait at a sleeping barrier, and the
+# peaks it writes are its share; with 4 or more cores, 8 ranks
+nr=4; [ "$(nproc)" -ge 4 ] && nr=$((2 * $(nproc)))
+mpiexec -n $nr "$MTRAIN" plan --calibrate cal_over.yaml >"$TMP/out" 2>&1 && grep -q "^per_node: $nr" cal_over.yaml &&
+    grep -q "is its share" cal_over.yaml && "$MTRAIN" plan p.yaml --gpus 2 --gpu cal_over.yaml \
+    --layout 1,1,1,1,1,2,none | grep -q '^predicted_step_ms: [0-9]' && pass plan_calibrate_oversubscribed ||
+    fail plan_calibrate_oversubscribed "$(head -c 400 "$TMP/out")"
 expect_exit plan_calibrate_gpu_needs_base 2 "$MTRAIN" plan --calibrate x.yaml --device cuda
 
 # bad input: exit 2, one message naming what is wrong
