@@ -11,7 +11,6 @@
 
 #include "config/common.h"
 #include "kernels/cpu/cpu.h"
-#include "kernels/cpu/vec_exp.h"
 
 /* Row-wise causal softmax of scores already scaled, in place. */
 static void causal_softmax(float *p, int T) {
@@ -19,9 +18,11 @@ static void causal_softmax(float *p, int T) {
         float *row = p + (size_t)t * T;
         float maxv = -INFINITY;
         for (int s = 0; s <= t; s++) maxv = row[s] > maxv ? row[s] : maxv;
-        for (int s = 0; s <= t; s++) row[s] = vec_exp(row[s] - maxv); /* vectorised; then summed in order */
         float sum = 0;
-        for (int s = 0; s <= t; s++) sum += row[s];
+        for (int s = 0; s <= t; s++) {
+            row[s] = expf(row[s] - maxv);
+            sum += row[s];
+        }
         float inv = 1.0f / sum;
         for (int s = 0; s <= t; s++) row[s] *= inv;
         for (int s = t + 1; s < T; s++) row[s] = 0;

@@ -16,7 +16,6 @@
 
 #include "config/common.h"
 #include "kernels/cpu/cpu.h"
-#include "kernels/cpu/vec_exp.h"
 
 /* the chunk of half i of a block whose chunks are (a, b) */
 static int chunk_of(int i, int a, int b) { return i ? b : a; }
@@ -61,8 +60,7 @@ void cpu_attention_block_forward(float *o, float *lse, const float *q, const flo
                         for (int t = 0; t < c; t++) {
                             float *row = s + (size_t)t * c, m = -INFINITY, l = 0;
                             for (int u = 0; u < c; u++) m = row[u] > m ? row[u] : m;
-                            for (int u = 0; u < c; u++) row[u] = row[u] == -INFINITY ? 0.0f : vec_exp(row[u] - m);
-                            for (int u = 0; u < c; u++) l += row[u];
+                            for (int u = 0; u < c; u++) l += row[u] = row[u] == -INFINITY ? 0.0f : expf(row[u] - m);
                             mx[t] = m, sum[t] = l;
                         }
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, c, Dv, c, 1.0f, s, c, vb, ldv, 0.0f,
@@ -122,7 +120,7 @@ void cpu_attention_block_backward(float *dq, float *dk, float *dv, const float *
                             for (int t = 0; t < c; t++) { /* P from the final log-sum-exp */
                                 float l = ls[i * c + t], *row = p + (size_t)t * c;
                                 for (int u = 0; u < c; u++)
-                                    row[u] = row[u] == -INFINITY || l == -INFINITY ? 0.0f : vec_exp(row[u] - l);
+                                    row[u] = row[u] == -INFINITY || l == -INFINITY ? 0.0f : expf(row[u] - l);
                             }
                             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c, Dv, c, 1.0f, p, c, dob, ldo, 1.0f,
                                         dvb, ldv);

@@ -7,7 +7,6 @@
 
 #include "config/common.h"
 #include "kernels/cpu/cpu.h"
-#include "kernels/cpu/vec_exp.h"
 
 void cpu_attention_decode(float *out, const float *q, const float *k, const float *v, int n, int Tk, int H, int KVH,
                           int D, int Dv) {
@@ -31,8 +30,7 @@ void cpu_attention_decode(float *out, const float *q, const float *k, const floa
                     maxv = p[j] > maxv ? p[j] : maxv;
                 }
                 float sum = 0;
-                for (int j = 0; j <= last; j++) p[j] = vec_exp(p[j] - maxv);
-                for (int j = 0; j <= last; j++) sum += p[j];
+                for (int j = 0; j <= last; j++) sum += p[j] = expf(p[j] - maxv);
                 float inv = 1.0f / sum, *o = out + ((size_t)i * H + h) * Dv;
                 for (int d = 0; d < Dv; d++) o[d] = 0;
                 for (int j = 0; j <= last; j++) {
