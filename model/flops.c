@@ -171,10 +171,9 @@ struct memory_estimate model_memory_estimate_stage(const struct recipe *r, int d
             for (int i = 0; i < slots; i++) slot_chunk[i] = i >= per_chunk[0];
         }
         deferred = schedule_max_deferred(s, n);
-        nsend = schedule_send_buffers(kind, pp, vpp, m, NULL);
-        /* GPU ranks over NCCL (parallel.comm auto or nccl) group their sends with their receives: one set */
-        if (!SCHED_BUFFERED(kind) && !strcmp(be->name, "cuda") && strcmp(r->parallel.comm, "mpi"))
-            nsend = SCHED_GROUPED_SENDS;
+        /* GPU ranks over NCCL (parallel.comm auto or nccl) group their sends with their receives */
+        int grouped = !strcmp(be->name, "cuda") && strcmp(r->parallel.comm, "mpi");
+        nsend = schedule_send_buffers(kind, pp, vpp, m, NULL, grouped);
         free(s);
     }
     e.in_flight = chunked ? per_chunk[0] : slots; /* micro batches (a V holds fewer of its last chunk) */

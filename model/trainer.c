@@ -130,8 +130,7 @@ void trainer_create(struct trainer *tr, const struct backend *be, const struct r
     }
     if (g->pp > 1) {
         size_t act = act_size(&tr->model, (size_t)tr->model.Ns * tr->model.C);
-        tr->nsend = schedule_send_buffers(kind, g->pp, vpp, m, NULL);
-        if (!SCHED_BUFFERED(kind) && g->pp_comm.nccl) tr->nsend = SCHED_GROUPED_SENDS; /* one grouped exchange */
+        tr->nsend = schedule_send_buffers(kind, g->pp, vpp, m, NULL, g->pp_comm.nccl != NULL);
         tr->send = be->alloc(act * tr->nsend);
         tr->send_ticket = xcalloc(tr->nsend, sizeof(int));
         tr->recv_grad = be->alloc(act);
@@ -329,7 +328,7 @@ static void retime_schedule(struct trainer *tr) {
     int per_chunk[2];
     CHECK(schedule_chunk_slots(tr->kind, tr->schedule, tr->schedule_len, g->pp, m, per_chunk) &&
           per_chunk[0] <= tr->pool[0].count && per_chunk[1] <= tr->pool[1].count);
-    int need = schedule_send_buffers(tr->kind, g->pp, vpp, m, cost);
+    int need = schedule_send_buffers(tr->kind, g->pp, vpp, m, cost, g->pp_comm.nccl != NULL);
     if (need > tr->nsend) { /* every send of the step completed: the buffers are free */
         const struct backend *be = tr->model.be;
         be->free(tr->send);

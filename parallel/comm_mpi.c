@@ -2,9 +2,9 @@
  * with stage set) copied through host staging buffers. */
 #include <mpi.h>
 #include <sched.h>
-#include <time.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "config/common.h"
 #include "kernels/ops.h"
@@ -31,14 +31,21 @@
  * holds the core its peer needs to reach the call, and every exchange then
  * costs scheduler time slices. A short wait polls as before. */
 #define WAIT_POLLS 64
-static void wait_request(MPI_Request *req) {
+/* idle_ns > 0: a rank that stands aside (comm_barrier_idle) sleeps that long between polls from the first */
+static void wait_request_paced(MPI_Request *req, long idle_ns) {
     int done = 0;
     for (unsigned polls = 0;; polls++) {
         MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
         if (done) return;
-        if (polls >= WAIT_POLLS) sched_yield(); /* returns at once where nothing else waits for the core */
+        if (idle_ns) {
+            struct timespec ts = {0, idle_ns};
+            nanosleep(&ts, NULL); /* interrupted early: polls again */
+        } else if (polls >= WAIT_POLLS) {
+            sched_yield(); /* returns at once where nothing else waits for the core */
+        }
     }
 }
+static void wait_request(MPI_Request *req) { wait_request_paced(req, 0); }
 /* a blocking call made as its non-blocking twin and wait_request */
 #define MPI_BLOCKING(icall)                \
     do {                                   \
@@ -586,14 +593,9 @@ void comm_barrier(struct comm *c) {
 void comm_barrier_idle(struct comm *c) {
     if (c->size == 1) return;
     enter(c, "barrier");
-    int s = span(c, "barrier", 0, 0), done = 0;
+    int s = span(c, "barrier", 0, 0);
     MPI_Request req;
     MPI_CHECK(MPI_Ibarrier(handle(c), &req));
-    for (;;) {
-        MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-        if (done) break;
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL); /* interrupted early: polls again */
-    }
+    wait_request_paced(&req, 1000000);
     leave(c, s);
 }

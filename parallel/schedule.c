@@ -609,8 +609,8 @@ static int simulate_buffered(enum sched_kind kind, int pp, int vpp, int m, int f
     return rc;
 }
 
-int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m, const double cost[3]) {
-    if (!SCHED_BUFFERED(kind)) return 2 * SCHED_UNIT_MAX;
+int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m, const double cost[3], int grouped) {
+    if (!SCHED_BUFFERED(kind)) return grouped ? SCHED_UNIT_MAX : 2 * SCHED_UNIT_MAX;
     if (!cost) cost = equal_costs;
     int train = 0, eval = 0;
     CHECK(simulate_buffered(kind, pp, vpp, m, 0, cost, cost, NULL, &train) == 0);

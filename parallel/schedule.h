@@ -102,7 +102,6 @@ struct sched_links schedule_links(struct sched_item it, enum sched_kind kind, in
  * inputs received before it, both results sent after). */
 int schedule_unit(enum sched_kind kind, const struct sched_item *s, int n, int i);
 #define SCHED_UNIT_MAX 2 /* the most items schedule_unit returns */
-#define SCHED_GROUPED_SENDS SCHED_UNIT_MAX
 
 /* The V kinds' sends do not wait for their receives (a V order has traffic both
  * ways on every link, so grouped exchanges deadlock): each result goes into
@@ -111,14 +110,14 @@ int schedule_unit(enum sched_kind kind, const struct sched_item *s, int n, int i
  * most in use at once when F, B and W cost alike, which keeps the run from
  * waiting on a full set of buffers in a way that could close a cycle (the
  * trainer takes whichever buffer completes first). Other kinds: two sets of
- * SCHED_UNIT_MAX (SCHED_GROUPED_SENDS, one set, where the sends are grouped
- * with the receives, as over NCCL): a unit's results go out as the next
+ * SCHED_UNIT_MAX (grouped, where the sends go in one group with the
+ * receives, as over NCCL: one set): a unit's results go out as the next
  * unit or W begins, and the receiver need not have taken them before the
  * unit after next reuses their set, so a rank never waits for its peer to
  * take its results before it takes its own inputs (zb-h1's last stage runs
  * a W before its next receive). cost: what the order was made for
  * (schedule_build_timed; NULL: equal), and the simulation runs. */
-int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m, const double cost[3]);
+int schedule_send_buffers(enum sched_kind kind, int pp, int vpp, int m, const double cost[3], int grouped);
 /* The message tag of a forward's input (op SCHED_FORWARD) or a backward's
  * output gradient received by virtual stage vs: buffered sends are matched
  * by tag (MPI), so a V order may take a link's messages in another order

@@ -78,7 +78,7 @@ static void check_zbv_bubble(int pp, int m) {
     double want = m % pp ? 1.0 - 1e-9 : 1.0 / 6 + 1e-9;
     int rc;
     double ratio = v_idle_ratio(SCHED_ZBV, pp, m, &rc);
-    int bufs = schedule_send_buffers(SCHED_ZBV, pp, 2, m, NULL);
+    int bufs = schedule_send_buffers(SCHED_ZBV, pp, 2, m, NULL, 0);
     TEST_RESULT(name, rc == 0 && ratio <= want && bufs <= 4, "idle time %.4f x 1F1B's, want <= %.4f (rc %d); %d send "
                 "buffers", ratio, want, rc, bufs);
 }
@@ -111,7 +111,7 @@ static void check_dualpipev(int pp, int m) {
         ok &= schedule_chunk_slots(SCHED_DUALPIPEV, s, n, pp, m, per_chunk) && per_chunk[0] == 2 * pp - r &&
               per_chunk[1] == r + 1;
     }
-    int bufs = schedule_send_buffers(SCHED_DUALPIPEV, pp, 2, m, NULL);
+    int bufs = schedule_send_buffers(SCHED_DUALPIPEV, pp, 2, m, NULL, 0);
     TEST_RESULT(name, rc == 0 && ratio <= want && ok && !bad_pair && bufs <= 5,
                 "idle time %.4f x 1F1B's, want <= %.4f (rc %d); pair counts %s, pairs %s; %d send buffers", ratio,
                 want, rc, ok ? "ok" : "off", bad_pair ? "malformed" : "ok", bufs);
