@@ -88,6 +88,12 @@ static void done(double t0, const char *op, double flops, const char *fmt, ...) 
 
 int profile_parts_active(void) { return in && counting; }
 
+long profile_op_calls(void) {
+    long n = 0;
+    for (int i = 0; i < nrows; i++) n += rows[i].part ? 0 : rows[i].calls;
+    return n;
+}
+
 void profile_part(const char *what, double flops, double seconds, const char *fmt, ...) {
     if (!profile_parts_active()) return;
     char op[sizeof rows[0].op];

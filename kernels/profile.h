@@ -44,6 +44,9 @@ void profile_report(FILE *f, int steps);
  * step_ms, ops_ms and rows [{op, shape, ms, calls, tflops (null: no FLOP
  * count)}] per step, most time first. The caller frees it. */
 char *profile_json(int steps);
+/* The ops called since the last reset (parts not counted): on the GPU each
+ * at least one kernel launch. */
+long profile_op_calls(void);
 
 #ifdef __cplusplus
 }

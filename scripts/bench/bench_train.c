@@ -2,7 +2,11 @@
  * matmul (OpenBLAS or cuBLAS sgemm) measured in the same process.
  *
  *   bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32 [PRECISION [FP8_SCALING]]]]
+ *   bench_train --recipe FILE STEPS [DEVICE [TF32 [PRECISION [FP8_SCALING]]]]
  *
+ * The first form is a dense Llama stack; the second any model of a recipe
+ * (its model section, train.micro_batch and train.seq_len; the MoE-shaped
+ * stacks of scripts/bench/shapes/), one rank, one micro batch a step.
  * DEVICE is cpu (default) or cuda; TF32=1 lets cuBLAS use TF32 tensor cores;
  * PRECISION is fp32 (default), bf16 or fp8 (train.precision); under fp8
  * every block multiplies in FP8 (fp8_skip_layers 0: the stack stands for
@@ -62,32 +66,51 @@ static double sgemm_gflops(const struct backend *be, int N, int K, int M) {
     return 2.0 * N * K * M / best / 1e9;
 }
 
+/* the recipe of the --recipe form: its model, micro batch and sequence, on one rank */
+static void load_shape(struct recipe *r, const char *path) {
+    if (recipe_load(r, path) != 0) exit(2);
+    struct parallel_config one = {.tp = 1, .pp = 1, .ep = 1, .cp = 1, .vpp = 1, .etp = 1};
+    snprintf(one.comm, sizeof one.comm, "auto");
+    snprintf(one.schedule, sizeof one.schedule, "auto");
+    r->parallel = one;
+    r->train.global_batch = r->train.micro_batch;
+    if (recipe_validate_plan(r, 1) != 0) exit(2);
+}
+
 int main(int argc, char **argv) {
-    if (argc < 10 || argc > 14)
+    static struct recipe r;
+    recipe_defaults(&r);
+    /* a: the arguments after the model's (STEPS onwards) */
+    int from_recipe = argc > 1 && !strcmp(argv[1], "--recipe"), first = from_recipe ? 3 : 9, n = argc - first;
+    if (n < 1 || n > 5)
         die("usage: bench_train LAYERS HIDDEN HEADS KV_HEADS FFN VOCAB MICRO_BATCH SEQ STEPS [DEVICE [TF32 [PRECISION "
-            "[FP8_SCALING]]]]");
-    const char *precision = argc > 12 ? argv[12] : "fp32";
-    const struct backend *be = backend_get(argc > 10 ? argv[10] : "cpu", precision);
+            "[FP8_SCALING]]]]\n       bench_train --recipe FILE STEPS [DEVICE [TF32 [PRECISION [FP8_SCALING]]]]");
+    char **a = argv + first;
+    if (from_recipe) {
+        load_shape(&r, argv[2]);
+    } else {
+        r.model.num_layers = atoi(argv[1]);
+        r.model.hidden_size = atoi(argv[2]);
+        r.model.num_heads = atoi(argv[3]);
+        r.model.num_kv_heads = atoi(argv[4]);
+        r.model.intermediate_size = atoi(argv[5]);
+        r.model.vocab_size = atoi(argv[6]);
+        r.train.micro_batch = r.train.global_batch = atoi(argv[7]);
+        r.train.seq_len = atoi(argv[8]);
+    }
+    const char *precision = n > 3 ? a[3] : "fp32";
+    const struct backend *be = backend_get(n > 1 ? a[1] : "cpu", precision);
     if (!be) return 1;
     int profiling = profile_requested();
     if (profiling) be = backend_profiled(be);
-    int tf32 = argc > 11 && atoi(argv[11]);
+    int tf32 = n > 2 && atoi(a[2]);
     const char *det = getenv("DETERMINISTIC");
     if (!strcmp(be->name, "cuda")) cuda_set_tf32(tf32), cuda_set_deterministic(!det || strcmp(det, "0"));
-    static struct recipe r;
-    recipe_defaults(&r);
-    r.model.num_layers = atoi(argv[1]);
-    r.model.hidden_size = atoi(argv[2]);
-    r.model.num_heads = atoi(argv[3]);
-    r.model.num_kv_heads = atoi(argv[4]);
-    r.model.intermediate_size = atoi(argv[5]);
-    r.model.vocab_size = atoi(argv[6]);
-    r.train.micro_batch = r.train.global_batch = atoi(argv[7]);
-    r.train.seq_len = atoi(argv[8]);
-    int steps = atoi(argv[9]), B = r.train.micro_batch, T = r.train.seq_len;
+    int steps = atoi(a[0]), B = r.train.micro_batch, T = r.train.seq_len;
+    if (steps < 1) die("bench_train: STEPS must be at least 1");
     r.train.steps = steps + 1;
     snprintf(r.train.precision, sizeof r.train.precision, "%s", precision);
-    snprintf(r.train.fp8_scaling, sizeof r.train.fp8_scaling, "%s", argc > 13 ? argv[13] : "tensor");
+    snprintf(r.train.fp8_scaling, sizeof r.train.fp8_scaling, "%s", n > 4 ? a[4] : "tensor");
     r.train.fp8_skip_layers = 0;
     struct trainer tr;
     struct grid g;
@@ -100,9 +123,12 @@ int main(int argc, char **argv) {
     double *times = xmalloc(sizeof(double) * steps), loss = 0;
     trainer_step(&tr, samples, B); /* warm-up: first touch of every buffer */
     if (profiling) profile_reset();
+    long copies = 0; /* blocking copies to the host inside the steps (the loss's among them) */
     for (int i = 0; i < steps; i++) {
         double t0 = now_seconds();
+        long c0 = backend_d2h_copies();
         loss = trainer_step(&tr, samples, B).loss;
+        copies += backend_d2h_copies() - c0;
         sync(be, tr.model.params); /* the optimizer's kernels too */
         times[i] = now_seconds() - t0;
     }
@@ -114,9 +140,11 @@ int main(int argc, char **argv) {
     double mem = be->device_mem_mib ? be->device_mem_mib() : 0;
     printf("{\"device\":\"%s\",\"precision\":\"%s\",\"mem_mib\":%.1f,\"tf32\":%d,\"params\":%lld,\"threads\":%d,\"micro_batch\":%d,\"seq_len\":%d,\"steps\":%d,\"step_s\":%.4f,"
            "\"tokens_per_s\":%.2f,\"gflops\":%.2f,\"flops_per_step\":%.6g,\"sgemm_gflops_ffn\":%.2f,"
-           "\"sgemm_gflops_head\":%.2f,\"final_loss\":%.4f,\"attention\":\"%s\"}\n",
+           "\"sgemm_gflops_head\":%.2f,\"final_loss\":%.4f,\"attention\":\"%s\","
+           "\"arch\":\"%s\",\"d2h_copies_per_step\":%.1f}\n",
            be->name, precision, mem, tf32, (long long)model_param_count(&r.model), omp_get_max_threads(), B, T, steps, step_s, tokens / step_s,
-           flops / step_s / 1e9, flops, g1, g2, loss, cuda_attention_last());
+           flops / step_s / 1e9, flops, g1, g2, loss, cuda_attention_last(),
+           r.model.arch, (double)copies / steps);
     free(times);
     free(samples);
     trainer_free(&tr);
