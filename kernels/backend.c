@@ -7,6 +7,9 @@
 static long d2h_copies;
 long backend_d2h_copies(void) { return __atomic_load_n(&d2h_copies, __ATOMIC_RELAXED); }
 void backend_count_d2h(void) { __atomic_fetch_add(&d2h_copies, 1, __ATOMIC_RELAXED); }
+static long fp8_reference_gemms;
+long backend_fp8_reference_gemms(void) { return __atomic_load_n(&fp8_reference_gemms, __ATOMIC_RELAXED); }
+void backend_count_fp8_reference(void) { __atomic_fetch_add(&fp8_reference_gemms, 1, __ATOMIC_RELAXED); }
 
 const char *precision_name(enum precision p) { return p == PRECISION_FP8 ? "fp8" : p == PRECISION_BF16 ? "bf16" : "fp32"; }
 

@@ -298,6 +298,11 @@ struct backend {
  * CUDA op makes inside): tests count those an MoE layer makes. */
 long backend_d2h_copies(void);
 void backend_count_d2h(void);
+/* FP8 GEMMs (forward or backward calls) a GPU table ran on the slow
+ * reference path (quantise-dequantise, a wider GEMM) because no FP8 GEMM
+ * took the shape: benchmarks report it */
+long backend_fp8_reference_gemms(void);
+void backend_count_fp8_reference(void);
 
 /* "cpu", "cuda" or "auto" at precision "fp32", "bf16" or "fp8"; returns
  * NULL with a message if unavailable. */

@@ -289,8 +289,10 @@ static void fp8_matmul_forward(float *out, const float *x, const float *w, int N
     const void *outs[] = {out};
     if (!cuda_fp8_gemm_usable(N, K, M, outs, 1, recipe.scaling == FP8_SCALING_BLOCK)) {
         cuda_fp8_forget_weight(w); /* codes kept from an earlier forward may not be w's now */
+        backend_count_fp8_reference();
         ref_fp8_matmul_forward(out, x, w, N, K, M, accumulate, recipe);
     } else if (cuda_fp8_forward(out, x, w, N, K, M, accumulate, recipe)) {
+        backend_count_fp8_reference();
         ref_fp8_matmul_forward(out, x, w, N, K, M, accumulate, recipe);
     }
 }
@@ -302,6 +304,7 @@ static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const f
                  ? cuda_fp8_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe)
                  : -1;
     if (rc) /* 1: dx is done, the weight gradient alone takes the reference path */
+        backend_count_fp8_reference(),
         ref_fp8_matmul_backward(rc > 0 ? NULL : dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe);
 }
 

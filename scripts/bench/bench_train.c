@@ -124,6 +124,7 @@ int main(int argc, char **argv) {
     trainer_step(&tr, samples, B); /* warm-up: first touch of every buffer */
     if (profiling) profile_reset();
     long copies = 0; /* blocking copies to the host inside the steps (the loss's among them) */
+    long slow0 = backend_fp8_reference_gemms();
     for (int i = 0; i < steps; i++) {
         double t0 = now_seconds();
         long c0 = backend_d2h_copies();
@@ -141,10 +142,10 @@ int main(int argc, char **argv) {
     printf("{\"device\":\"%s\",\"precision\":\"%s\",\"mem_mib\":%.1f,\"tf32\":%d,\"params\":%lld,\"threads\":%d,\"micro_batch\":%d,\"seq_len\":%d,\"steps\":%d,\"step_s\":%.4f,"
            "\"tokens_per_s\":%.2f,\"gflops\":%.2f,\"flops_per_step\":%.6g,\"sgemm_gflops_ffn\":%.2f,"
            "\"sgemm_gflops_head\":%.2f,\"final_loss\":%.4f,\"attention\":\"%s\","
-           "\"arch\":\"%s\",\"d2h_copies_per_step\":%.1f}\n",
+           "\"arch\":\"%s\",\"d2h_copies_per_step\":%.1f,\"fp8_reference_gemms_per_step\":%.1f}\n",
            be->name, precision, mem, tf32, (long long)model_param_count(&r.model), omp_get_max_threads(), B, T, steps, step_s, tokens / step_s,
            flops / step_s / 1e9, flops, g1, g2, loss, cuda_attention_last(),
-           r.model.arch, (double)copies / steps);
+           r.model.arch, (double)copies / steps, (double)(backend_fp8_reference_gemms() - slow0) / steps);
     free(times);
     free(samples);
     trainer_free(&tr);

@@ -30,6 +30,7 @@ def hf_config(m, seq_len):
             num_key_value_heads=m["num_kv_heads"], num_local_experts=m["num_experts"],
             num_experts_per_tok=m["experts_per_token"], max_position_embeddings=max(seq_len, m["max_seq_len"]),
             rms_norm_eps=m["norm_eps"], tie_word_embeddings=bool(m.get("tie_embeddings", False)),
+            initializer_range=m.get("init_std", 0.02),
             rope_parameters={"rope_type": "default", "rope_theta": m["rope_theta"]},
             # the balance loss is part of the step, as in mtrain (model.moe_aux_loss_coef)
             output_router_logits=m.get("moe_aux_loss_coef", 0) > 0, router_aux_loss_coef=m.get("moe_aux_loss_coef", 0))
@@ -46,6 +47,7 @@ def hf_config(m, seq_len):
             num_experts_per_tok=m["experts_per_token"], first_k_dense_replace=m["first_k_dense"], norm_topk_prob=True,
             max_position_embeddings=max(seq_len, m["max_seq_len"]), rms_norm_eps=m["norm_eps"],
             tie_word_embeddings=bool(m.get("tie_embeddings", False)), num_mtp_layers=0,
+            initializer_range=m.get("init_std", 0.02),
             rope_parameters={"rope_type": "yarn", "rope_theta": m["rope_theta"], "factor": m["rope_scaling_factor"],
                              "original_max_position_embeddings": m["rope_original_max_pos"],
                              "beta_fast": m["yarn_beta_fast"], "beta_slow": m["yarn_beta_slow"],

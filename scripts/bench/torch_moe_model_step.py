@@ -39,7 +39,8 @@ if m["arch"] == "mixtral":
     from transformers import MixtralForCausalLM as Model
 else:
     from transformers import DeepseekV3ForCausalLM as Model
-model = Model(cfg).float().to(DEVICE)
+with torch.device(DEVICE):  # initialised where it runs: a host init of billions of weights takes minutes
+    model = Model(cfg).float()
 model.train()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
                         **({"fused": True} if DEVICE == "cuda" else {}))
@@ -79,13 +80,21 @@ def use(impl):
 
 tried = {}
 if EXPERTS == "fastest":
-    for impl in ("grouped_mm", "batched_mm", "eager"):
+    for impl in ("grouped_mm", "eager", "batched_mm"):
+        # batched_mm gathers each routed token's expert weights: past a few GiB it cannot be the fastest
+        need = B * T * m["experts_per_token"] * m["hidden_size"] * m["moe_intermediate_size"] * 2
+        if impl == "batched_mm" and need > 8 * 2**30:
+            tried[impl] = "not tried: gathers %.0f GiB of weights per matrix" % (need / 2**30)
+            continue
         try:
             use(impl)
             step()  # warm-up (and compilation)
             tried[impl] = round(timed(2)[0], 4)
-        except Exception as e:  # an implementation this torch or device lacks
+        except Exception as e:  # an implementation this torch or device lacks, or memory
             tried[impl] = "failed: %s" % str(e).splitlines()[0][:120]
+            opt.zero_grad(set_to_none=True)
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
     ok = {k: v for k, v in tried.items() if isinstance(v, float)}
     if not ok:
         raise SystemExit("torch_moe_model_step: no experts implementation ran: %s" % tried)

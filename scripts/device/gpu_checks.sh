@@ -4,6 +4,10 @@
 # build; scripts/device/device_run.sh PHASE unpacks it and runs this). Run
 # from the repository root:
 #
+#   bash scripts/device/gpu_checks.sh moe       # issue 28's baselines, first on a lent GPU: the MoE ops
+#                                               # against the CPU's, then the Mixtral- and DeepSeek-V3-shaped
+#                                               # stacks and their MoE layer against PyTorch
+#                                               # (scripts/bench/moe_gpu.sh), within BUDGET (default 480)
 #   bash scripts/device/gpu_checks.sh quick     # the acceptance-critical subset, in priority order,
 #                                               # within BUDGET seconds (default 480): one call of a
 #                                               # 15-minute device allowance (see below)
@@ -69,7 +73,7 @@ save() { # the log and benchmark JSON so far into OUT
     [ -n "$OUT" ] || return 0
     mkdir -p "$OUT"
     cp "$log" "$OUT/gpu_checks_$phase.log"
-    cp build/bench/*.json "$OUT/" 2>/dev/null
+    cp build/bench/*.json build/bench/*.jsonl "$OUT/" 2>/dev/null
     return 0
 }
 within() { # NAME CMD...: run under what is left of BUDGET, or skip it
@@ -105,6 +109,14 @@ cudnn_smoke() {
     fi
 }
 case $phase in
+    moe)
+        # issue 28 (~8 min): the CUDA ops against the CPU's (the MoE routing and permutation among them), then
+        # moe_gpu.sh's runs in priority order, each row kept as it ends; its tables of what ran, even if cut off
+        nvidia-smi -L 2>&1 | tee -a "$log"
+        within test_cuda_ops build/rel/tests/test_cuda_ops
+        within moe_gpu env STEPS=3 bash scripts/bench/moe_gpu.sh
+        run moe_gpu_report bash scripts/bench/moe_gpu.sh --report
+        ;;
     quick)
         rm -f build/bench/train_gpu_*.json # a warm machine keeps the last call's
         nvidia-smi -L 2>&1 | tee -a "$log"
@@ -220,7 +232,7 @@ case $phase in
             run overlap bash scripts/bench/overlap.sh || echo "FAIL overlap: exit $?" | tee -a "$log"
         fi
         ;;
-    *) echo "usage: gpu_checks.sh quick|fp8|tests|bench124m|bench8b|attention|plan|nccl1gpu|multigpu" >&2; exit 2 ;;
+    *) echo "usage: gpu_checks.sh moe|quick|fp8|tests|bench124m|bench8b|attention|plan|nccl1gpu|multigpu" >&2; exit 2 ;;
 esac
 p=$(grep -cE '^\s*PASS' "$log") f=$(grep -cE '^\s*FAIL' "$log") s=$(grep -cE '^\s*SKIP' "$log")
 save
