@@ -274,34 +274,39 @@ __device__ inline float block_scale(unsigned amax_bits, int format, float *inv) 
     return fp8_pow2(k);
 }
 
-/* x [rows, cols] (cols a multiple of 128) to codes q [rows, cols] in 1 x 128
+/* x [rows, cols] (cols a multiple of 128) to codes q [ld, cols] in 1 x 128
  * blocks along the rows: one warp a block, four values a lane (one 8-byte
  * load where x is 8-byte aligned, one 4-byte store of the codes where q is
- * 4-byte aligned); inv [cols / 128, rows]. Any grid of 32-multiple blocks
- * (warps stride over the blocks). */
-__global__ void cast_rows128_k(uint8_t *q, float *inv, const uint16_t *x, int rows, int cols, int format) {
+ * 4-byte aligned); inv [cols / 128, ld]. Rows rows .. ld - 1 (ld >= rows:
+ * the padding a GEMM's row count needs) get zero codes and inverse scale
+ * 1. Any grid of 32-multiple blocks (warps stride over the blocks). */
+__global__ void cast_rows128_k(uint8_t *q, float *inv, const uint16_t *x, int rows, int ld, int cols, int format) {
     int lane = threadIdx.x & 31;
     size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5, warps = ((size_t)gridDim.x * blockDim.x) >> 5;
-    size_t nblk = (size_t)rows * (cols / BLK);
+    size_t nblk = (size_t)ld * (cols / BLK);
     int vec_in = ((uintptr_t)x & 7) == 0, vec_out = ((uintptr_t)q & 3) == 0;
     for (size_t b = warp; b < nblk; b += warps) {
-        int r = (int)(b % rows), cb = (int)(b / rows);
+        int r = (int)(b % ld), cb = (int)(b / ld);
         size_t at = (size_t)r * cols + (size_t)cb * BLK + lane * 4;
-        unsigned w0, w1;
-        if (vec_in) {
-            uint2 v = *reinterpret_cast<const uint2 *>(x + at);
-            w0 = v.x, w1 = v.y;
-        } else {
-            w0 = x[at] | (unsigned)x[at + 1] << 16, w1 = x[at + 2] | (unsigned)x[at + 3] << 16;
+        unsigned codes = 0;
+        float iv = 1.0f;
+        if (r < rows) {
+            unsigned w0, w1;
+            if (vec_in) {
+                uint2 v = *reinterpret_cast<const uint2 *>(x + at);
+                w0 = v.x, w1 = v.y;
+            } else {
+                w0 = x[at] | (unsigned)x[at + 1] << 16, w1 = x[at + 2] | (unsigned)x[at + 3] << 16;
+            }
+            float s = block_scale(warp_max_bits(max(abs_bits2(w0), abs_bits2(w1))), format, &iv);
+            codes = codes2(w0, s, format) | codes2(w1, s, format) << 16;
         }
-        float iv, s = block_scale(warp_max_bits(max(abs_bits2(w0), abs_bits2(w1))), format, &iv);
-        unsigned codes = codes2(w0, s, format) | codes2(w1, s, format) << 16;
         if (vec_out) {
             *reinterpret_cast<unsigned *>(q + at) = codes;
         } else {
             for (int e = 0; e < 4; e++) q[at + e] = (uint8_t)(codes >> (8 * e));
         }
-        if (lane == 0) inv[(size_t)cb * rows + r] = iv;
+        if (lane == 0) inv[(size_t)cb * ld + r] = iv;
     }
 }
 

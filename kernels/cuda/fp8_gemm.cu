@@ -239,8 +239,14 @@ static const float *cast(int i, const float *x, int rows, int cols, int format, 
 /* the rows of a wgrad operand's transposed codes under block scaling: whole 128-blocks of tokens */
 static int padded_block(int rows) { return (rows + BLK - 1) / BLK * BLK; }
 
+/* the rows of a forward or dgrad GEMM under block scaling: its 1 x 128
+ * scales' rows are read a multiple of 4 apart, so the codes are padded
+ * with zero rows to that (cuda_fp8_forward, cuda_fp8_backward) */
+static int rows4(int rows) { return (rows + 3) / 4 * 4; }
+
 /* Block scaling: x [rows, cols] into slot s, in the blocks and layout the
- * slot's GEMM reads (X_CODES, G_CODES: 1 x 128 along the rows; XT_CODES,
+ * slot's GEMM reads (X_CODES, G_CODES: 1 x 128 along the rows, [rows4(rows),
+ * cols] with zero rows past rows; XT_CODES,
  * GT_CODES: 128 x 1 down the columns, transposed, [cols, padded_block(rows)];
  * W_CODES: 128 x 128; WT_CODES: 128 x 128 transposed); returns the slot's
  * inverse scales. Stateless: no amax is recorded. */
@@ -252,11 +258,11 @@ static const float *cast_block(const float *x, int rows, int cols, int format, i
         *q = codes[s];
         return bscales[s];
     }
-    int transposed = s == XT_CODES || s == GT_CODES, ld = padded_block(rows);
+    int transposed = s == XT_CODES || s == GT_CODES, ld = transposed ? padded_block(rows) : rows4(rows);
     size_t nscales = s == W_CODES || s == WT_CODES ? (size_t)(rows / BLK) * (cols / BLK)
                      : transposed                  ? (size_t)(ld / BLK) * cols
-                                                   : (size_t)rows * (cols / BLK);
-    *q = slot(s, transposed ? (size_t)cols * ld : (size_t)rows * cols);
+                                                   : (size_t)ld * (cols / BLK);
+    *q = slot(s, transposed ? (size_t)cols * ld : s == X_CODES || s == G_CODES ? (size_t)ld * cols : (size_t)rows * cols);
     if (nscales > bscap[s]) {
         if (bscales[s]) CUDA_CHECK(cudaFree(bscales[s]));
         CUDA_CHECK(cudaMalloc(&bscales[s], nscales * sizeof(float)));
@@ -264,8 +270,8 @@ static const float *cast_block(const float *x, int rows, int cols, int format, i
     }
     const uint16_t *xb = (const uint16_t *)x;
     if (s == X_CODES || s == G_CODES) {
-        size_t warps = (size_t)rows * (cols / BLK);
-        cast_rows128_k<<<blocks_for(warps * 32, THREADS), THREADS>>>(*q, bscales[s], xb, rows, cols, format);
+        size_t warps = (size_t)ld * (cols / BLK);
+        cast_rows128_k<<<blocks_for(warps * 32, THREADS), THREADS>>>(*q, bscales[s], xb, rows, ld, cols, format);
     } else if (transposed) {
         cast_cols128_t_k<<<dim3(ld / BLK, (cols + COLS_T - 1) / COLS_T), dim3(32, 8)>>>(*q, bscales[s], xb, rows, cols,
                                                                                       ld, format);
@@ -279,6 +285,28 @@ static const float *cast_block(const float *x, int rows, int cols, int format, i
     if (grouped)
         kept[s].group = recipe.input_group, kept[s].x = x, kept[s].rows = rows, kept[s].cols = cols, kept[s].block = 1;
     return bscales[s];
+}
+
+/* A block-scaled GEMM of rows not a multiple of 4 (an expert's tokens)
+ * runs on rows4 rows, the codes' zero rows giving zero output rows: its
+ * bf16 output goes to this scratch (grown to the largest such output, never
+ * freed), begun from the caller's output when it accumulates, and its first
+ * rows are copied back. Memory: the largest padded output, bf16. */
+static uint16_t *pad_out;
+static size_t pad_cap;
+static float *padded_output(const float *out, int rows, int cols, int accumulate) {
+    size_t bytes = (size_t)rows4(rows) * cols * sizeof(uint16_t);
+    if (bytes > pad_cap) {
+        if (pad_out) CUDA_CHECK(cudaFree(pad_out));
+        CUDA_CHECK(cudaMalloc(&pad_out, bytes));
+        pad_cap = bytes;
+    }
+    if (accumulate)
+        CUDA_CHECK(cudaMemcpyAsync(pad_out, out, (size_t)rows * cols * sizeof(uint16_t), cudaMemcpyDeviceToDevice, 0));
+    return (float *)pad_out;
+}
+static void padded_output_back(float *out, const float *o, int rows, int cols) {
+    if (o != out) CUDA_CHECK(cudaMemcpyAsync(out, o, (size_t)rows * cols * sizeof(uint16_t), cudaMemcpyDeviceToDevice, 0));
 }
 
 /* MTRAIN_PROFILE: the casts and the GEMMs of an FP8 op timed as parts of its
@@ -314,10 +342,12 @@ static cudaDataType_t fp8_type(int format) { return format == FP8_E5M2 ? CUDA_R_
  * 128 x 128 scales (K / 128 or M / 128 of them) a multiple of 16 bytes,
  * as PyTorch's torch._scaled_mm asks of them (whether cuBLASLt reads
  * other row lengths right is unknown here; every Llama, Mixtral and
- * DeepSeek-V3 width is a multiple of 512); and N a multiple of 4, where
- * the 1 x 128 scales' rows (N apart) are the same with or without the
- * padding to 4 that Transformer Engine gives them (which one cuBLASLt
- * reads: cuda_fp8_block_layout_probe). */
+ * DeepSeek-V3 width is a multiple of 512); any N: the forward's and the
+ * dgrad's rows are padded to a multiple of 4 (rows4), where the 1 x 128
+ * scales' rows are the same with or without the padding to 4 that
+ * Transformer Engine gives them (which one cuBLASLt reads:
+ * cuda_fp8_block_layout_probe), so an expert's token count never sends its
+ * GEMMs to the reference path. */
 int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts, int block) {
     static int enabled = -1;
     if (enabled < 0) {
@@ -325,7 +355,7 @@ int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts
         enabled = !(e && !strcmp(e, "reference"));
     }
     if (!enabled || N <= 0 || K <= 0 || M <= 0 || K % 16 || M % 16) return 0;
-    if (block && (K % (4 * BLK) || M % (4 * BLK) || N % 4 || cuda_blaslt_version() < 120900)) return 0;
+    if (block && (K % (4 * BLK) || M % (4 * BLK) || cuda_blaslt_version() < 120900)) return 0;
     for (int i = 0; i < nouts; i++)
         if ((uintptr_t)outs[i] & 15) return 0;
     return 1;
@@ -363,12 +393,16 @@ int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, i
     }
     part_end(t, "fp8_forward_casts", 0, N, K, M);
     t = part_begin();
-    /* block scaling: DeepSeek-V3 promotes its FP8 sums to fp32 in every GEMM, so no fast accumulation */
-    int rc = lt_matmul(0, 1, N, M, K, qx, CUDA_R_8F_E4M3, K, qw, CUDA_R_8F_E4M3, K, accumulate ? 1.0f : 0.0f, out,
+    /* block scaling: DeepSeek-V3 promotes its FP8 sums to fp32 in every GEMM, so no fast accumulation; its
+     * rows padded to 4 (the codes' extra rows are zero) */
+    int Nq = blk ? rows4(N) : N;
+    float *o = Nq != N ? padded_output(out, N, M, accumulate) : out;
+    int rc = lt_matmul(0, 1, Nq, M, K, qx, CUDA_R_8F_E4M3, K, qw, CUDA_R_8F_E4M3, K, accumulate ? 1.0f : 0.0f, o,
                        CUDA_R_16BF, M, sx, sw, blk ? LT_SCALE_VEC128 : 0, blk ? LT_SCALE_BLK128 : 0,
                        blk ? 0 : fast_accum());
+    if (!rc) padded_output_back(out, o, N, M);
     part_end(t, "fp8_forward_gemm", 2.0 * N * K * M, N, K, M);
-    if (rc) refused(blk, N, K, M);
+    if (rc) refused(blk, Nq, K, M);
     else tc_gemms[blk]++;
     return rc;
 }
@@ -405,11 +439,14 @@ int cuda_fp8_backward(float *dx, float *dw, const float *dout, const float *x, c
             part_end(t, "fp8_backward_casts", 0, N, K, M);
         }
         t = part_begin();
-        int rc = lt_matmul(0, 1, N, K, M, qg, fp8_type(gf), M, qwt, CUDA_R_8F_E4M3, M, accumulate_dx ? 1.0f : 0.0f,
-                           dx, CUDA_R_16BF, K, sg, sw, row_mode, blk ? LT_SCALE_BLK128 : 0, 0);
+        int Nq = blk ? rows4(N) : N; /* (as the forward's) */
+        float *o = Nq != N ? padded_output(dx, N, K, accumulate_dx) : dx;
+        int rc = lt_matmul(0, 1, Nq, K, M, qg, fp8_type(gf), M, qwt, CUDA_R_8F_E4M3, M, accumulate_dx ? 1.0f : 0.0f,
+                           o, CUDA_R_16BF, K, sg, sw, row_mode, blk ? LT_SCALE_BLK128 : 0, 0);
+        if (!rc) padded_output_back(dx, o, N, K);
         part_end(t, "fp8_dgrad_gemm", 2.0 * N * K * M, N, K, M);
         if (rc) {
-            refused(blk, N, M, K);
+            refused(blk, Nq, M, K);
             return -1;
         }
         tc_gemms[blk]++;
@@ -529,7 +566,7 @@ int cuda_fp8_block_layout_probe(char *msg, size_t n) {
         snprintf(msg, n, "cuBLASLt %zu has no block-scaled FP8 GEMM for 256x512x1024", cuda_blaslt_version());
         return -1;
     }
-    int odd = probe_gemm(258, 512, 512, b) == 0; /* refused: such token counts stay on the reference path anyway */
+    int odd = probe_gemm(258, 512, 512, b) == 0; /* (the GEMMs pad such token counts to 4 rows: no matter) */
     const char *names[4] = {"1x128 rows fastest, 128x128 row-major (mtrain's)", "1x128 blocks fastest, 128x128 row-major",
                             "1x128 rows fastest, 128x128 column-major", "1x128 blocks fastest, 128x128 column-major"};
     int best = 0;
@@ -540,7 +577,7 @@ int cuda_fp8_block_layout_probe(char *msg, size_t n) {
                        names[best], a[best], a[0], a[1], a[2], a[3]);
     if (len >= 0 && (size_t)len < n) {
         if (odd) snprintf(msg + len, n - len, "; 258 tokens: rows 258 apart (mtrain's) %.2g, 260 apart %.2g", b[0], b[4]);
-        else snprintf(msg + len, n - len, "; cuBLASLt refused 258 tokens (token counts not multiples of 4 stay on the reference path)");
+        else snprintf(msg + len, n - len, "; cuBLASLt refused 258 tokens (mtrain pads token counts to multiples of 4)");
     }
     return ok;
 }

@@ -210,25 +210,27 @@ static std::vector<uint16_t> block_data(int rows, int cols, int with_inf) {
     return x;
 }
 
-/* 1 x 128 along the rows: codes row-major, scales [cols / 128, rows] */
-static void rows128_case(int rows, int cols, int format, int with_inf, int misalign, const char *tag) {
+/* 1 x 128 along the rows: codes row-major [ld, cols], scales [cols / 128, ld]; rows past rows (a GEMM's
+ * padding to 4 rows) zero codes and inverse scale 1 */
+static void rows128_case(int rows, int ld, int cols, int format, int with_inf, int misalign, const char *tag) {
     std::vector<uint16_t> x = block_data(rows, cols, with_inf);
     std::vector<uint8_t> want;
     std::vector<float> inv_rm;
     host_blocks(x, rows, cols, 1, BLK, format, want, inv_rm);
+    want.resize((size_t)ld * cols, 0);
     int nbc = cols / BLK;
-    std::vector<float> want_inv((size_t)nbc * rows);
+    std::vector<float> want_inv((size_t)nbc * ld, 1.0f);
     for (int r = 0; r < rows; r++)
-        for (int cb = 0; cb < nbc; cb++) want_inv[(size_t)cb * rows + r] = inv_rm[(size_t)r * nbc + cb];
+        for (int cb = 0; cb < nbc; cb++) want_inv[(size_t)cb * ld + r] = inv_rm[(size_t)r * nbc + cb];
     std::vector<uint16_t> xs(x.size() + 8);
     uint16_t *xp = xs.data() + (misalign ? 1 : 0);
     std::copy(x.begin(), x.end(), xp);
-    std::vector<uint8_t> qs(x.size() + 8, 0xaa);
+    std::vector<uint8_t> qs(want.size() + 8, 0xaa);
     uint8_t *qp = qs.data() + (misalign ? 1 : 0);
     std::vector<float> inv(want_inv.size(), -1.0f);
-    emu_launch(dim3_{2, 1, 1}, dim3_{64, 1, 1}, [&]() { cast_rows128_k(qp, inv.data(), xp, rows, cols, format); });
-    result(std::vector<uint8_t>(qp, qp + x.size()) == want, "rows128_codes", tag, "not bitwise the host's");
-    result(same_scales(inv, want_inv), "rows128_scales", tag, "not the host's 2^-k at [cb * rows + r]");
+    emu_launch(dim3_{2, 1, 1}, dim3_{64, 1, 1}, [&]() { cast_rows128_k(qp, inv.data(), xp, rows, ld, cols, format); });
+    result(std::vector<uint8_t>(qp, qp + want.size()) == want, "rows128_codes", tag, "not bitwise the host's");
+    result(same_scales(inv, want_inv), "rows128_scales", tag, "not the host's 2^-k at [cb * ld + r]");
 }
 
 /* 128 x 1 along the columns, transposed: codes [cols, ld] (ld: rows rounded up to 128, zero codes past rows),
@@ -303,9 +305,11 @@ int main() {
     spec_case(45, 70, FP8_E4M3, 0, "e4m3_45x70");
     spec_case(37, 48, FP8_E5M2, 0, "e5m2_37x48_unaligned", 1);
     spec_case(33, 40, FP8_E4M3, 1, "e4m3_with_inf");
-    rows128_case(5, 256, FP8_E4M3, 0, 0, "e4m3_5x256");
-    rows128_case(9, 384, FP8_E5M2, 1, 0, "e5m2_9x384_with_inf");
-    rows128_case(5, 256, FP8_E4M3, 0, 1, "e4m3_5x256_unaligned");
+    rows128_case(5, 5, 256, FP8_E4M3, 0, 0, "e4m3_5x256");
+    rows128_case(9, 9, 384, FP8_E5M2, 1, 0, "e5m2_9x384_with_inf");
+    rows128_case(5, 5, 256, FP8_E4M3, 0, 1, "e4m3_5x256_unaligned");
+    rows128_case(5, 8, 256, FP8_E4M3, 0, 0, "e4m3_5x256_padded_to_8");
+    rows128_case(9, 12, 384, FP8_E5M2, 1, 1, "e5m2_9x384_padded_to_12_unaligned");
     cols128_t_case(300, 40, FP8_E4M3, 0, 0, "e4m3_300x40"); /* 300 rows: 84 padding; 40 columns: a partial tile */
     cols128_t_case(128, 32, FP8_E5M2, 1, 0, "e5m2_128x32_with_inf");
     cols128_t_case(37, 40, FP8_E5M2, 0, 1, "e5m2_37x40_unaligned");
