@@ -215,9 +215,6 @@ static int check_parallel(const struct recipe *r, int world_size) {
         return verr(r, "parallel.schedule", "%s runs one model chunk per rank: vpp %d needs the interleaved schedule "
                     "(or auto)", p->schedule, p->vpp);
     if (zb && p->pp == 1) return verr(r, "parallel.schedule", "%s is a pipeline schedule: it needs pp > 1", p->schedule);
-    if (zb && !strcmp(r->train.precision, "fp8"))
-        return verr(r, "parallel.schedule", "%s with train.precision fp8 is not implemented yet (its deferred "
-                    "weight gradients would need the FP8 GEMMs' operands kept): use bf16, or 1f1b", p->schedule);
     if (!uneven && m->num_layers % ((long long)p->pp * p->vpp))
         return verr(r, "parallel.vpp", "pp*vpp = %lld does not divide model.num_layers %d%s", (long long)p->pp * p->vpp,
                     m->num_layers, other(r, "model.num_layers", o, sizeof o));

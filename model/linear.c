@@ -27,14 +27,17 @@ void linear_forward(struct transformer *m, float *out, const float *x, const flo
 }
 
 static int defer(struct transformer *m, float *dw, const float *dout, const float *x, const float *w, int N, int K,
-                 int M);
+                 int M, const struct fp8_recipe *fp8);
 
 void linear_backward(struct transformer *m, float *dx, float *dw, const float *dout, const float *x, const float *w,
                      int N, int K, int M, int accumulate_dx) {
-    if (m->fp8_now) { /* zb-h1 is refused with fp8 (config/recipe_validate.c) */
-        CHECK(!m->defer_w);
-        m->w_home = NULL;
-        m->be->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, fp8_recipe_for(m, w));
+    if (m->fp8_now) {
+        /* a deferred W casts dout and x itself, as the whole backward's weight-gradient GEMM would: the same
+         * codes (current and block scales depend on the tensor alone; delayed scaling's exponents hold for
+         * the step and its amax record takes the max) */
+        struct fp8_recipe r = fp8_recipe_for(m, w);
+        if (defer(m, dw, dout, x, w, N, K, M, &r)) dw = NULL;
+        if (dx || dw) m->be->fp8_matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx, r);
         return;
     }
     linear_backward_plain(m, dx, dw, dout, x, w, N, K, M, accumulate_dx);
@@ -62,6 +65,8 @@ struct wgrad_op {
     const float *src_x;         /* the x backward handed over (its copy is shared with the next op's if the same) */
     size_t x_at, dout_at;       /* bytes into the queue's buffer */
     int N, K, M, layer;
+    int fp8;                    /* an FP8 block's GEMM: with this recipe (no input group: its kept codes are gone) */
+    struct fp8_recipe recipe;
 };
 
 struct wgrad_queue {
@@ -117,16 +122,17 @@ static const float *keep(struct transformer *m, struct wgrad_queue *q, const flo
 
 void linear_dout_home(struct transformer *m, float *home, size_t cap) { m->w_home = home, m->w_home_cap = cap; }
 
-/* record dw += dout^T x for later; 1 if deferred */
+/* record dw += dout^T x for later (in FP8 with *fp8, else the table's GEMM); 1 if deferred */
 static int defer(struct transformer *m, float *dw, const float *dout, const float *x, const float *w, int N, int K,
-                 int M) {
+                 int M, const struct fp8_recipe *fp8) {
     float *home = m->w_home;
     m->w_home = NULL;
     if (!m->defer_w || !dw) return 0;
     struct wgrad_queue *q = &state(m)->q[m->w_slot];
     if (q->n == q->cap) q->ops = xrealloc(q->ops, sizeof *q->ops * (q->cap = q->cap ? 2 * q->cap : 64));
     struct wgrad_op *op = &q->ops[q->n++];
-    *op = (struct wgrad_op){.dw = dw, .w = w, .N = N, .K = K, .M = M, .layer = m->w_layer};
+    *op = (struct wgrad_op){.dw = dw, .w = w, .N = N, .K = K, .M = M, .layer = m->w_layer, .fp8 = fp8 != NULL};
+    if (fp8) op->recipe = *fp8, op->recipe.input_group = 0;
     /* projections that read one input (q, k, v; gate, up) share one copy of it */
     const struct wgrad_op *prev = q->n > 1 ? op - 1 : NULL;
     if (prev && prev->src_x == x && prev->N == N && prev->K == K && prev->layer == m->w_layer)
@@ -145,7 +151,7 @@ static int defer(struct transformer *m, float *dw, const float *dout, const floa
 
 void linear_backward_plain(struct transformer *m, float *dx, float *dw, const float *dout, const float *x,
                            const float *w, int N, int K, int M, int accumulate_dx) {
-    if (defer(m, dw, dout, x, w, N, K, M)) dw = NULL;
+    if (defer(m, dw, dout, x, w, N, K, M, NULL)) dw = NULL;
     if (dx || dw) m->be->matmul_backward(dx, dw, dout, x, w, N, K, M, accumulate_dx);
 }
 
@@ -157,7 +163,8 @@ void wgrad_run(struct transformer *m, int slot) {
         const struct wgrad_op *op = &q->ops[i];
         const float *x = op->x ? op->x : (const float *)(q->buf + op->x_at);
         const float *dout = op->dout ? op->dout : (const float *)(q->buf + op->dout_at);
-        m->be->matmul_backward(NULL, op->dw, dout, x, op->w, op->N, op->K, op->M, 0);
+        if (op->fp8) m->be->fp8_matmul_backward(NULL, op->dw, dout, x, op->w, op->N, op->K, op->M, 0, op->recipe);
+        else m->be->matmul_backward(NULL, op->dw, dout, x, op->w, op->N, op->K, op->M, 0);
         if (m->pipe_progress) m->pipe_progress(m->pipe_progress_ctx);
         /* a main layer's gradients are whole after its last W (backward met the layers top down) */
         if (last && op->layer >= 0 && (i + 1 == q->n || q->ops[i + 1].layer != op->layer))

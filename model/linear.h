@@ -21,7 +21,8 @@ void linear_backward_plain(struct transformer *m, float *dx, float *dw, const fl
                            const float *w, int N, int K, int M, int accumulate_dx);
 
 /* zb-h1's split backward (parallel/schedule.h): with m->defer_w set, the two
- * functions above compute only dx and record the weight-gradient GEMM in
+ * functions above compute only dx and record the weight-gradient GEMM (in
+ * FP8 with the GEMM's recipe in an FP8 block, its operands cast when it runs) in
  * slot m->w_slot's queue, with copies of its operands that the slot does
  * not keep (scratch, or recomputed activations; device buffers that grow
  * to the largest micro batch's need, as many as Ws wait at once: a W's

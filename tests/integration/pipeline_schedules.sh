@@ -14,7 +14,9 @@
 # zbv (ZB-V: two chunks per rank in a V, vpp 2, buffered sends) likewise
 # equals one rank for the three families at pp 2 and 4, with tp + SP and tied
 # embeddings (rank 0 holds both ends), ZeRO-1 buckets, expert parallelism and
-# each recompute mode, and checkpoints move between it and 1f1b.
+# each recompute mode, and checkpoints move between it and 1f1b. In FP8
+# (every block): zb-h1 equals 1f1b bitwise; zbv (DeepSeek-V3 + MTP, delayed
+# scaling) and dualpipev (Mixtral, ep 2, block scaling) equal one FP8 rank.
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
 export OMP_NUM_THREADS=1
@@ -74,8 +76,9 @@ done
     "$PY" "$COMPARE" ck_ref_r/step-000000020 ck_zbv_pp2/step-000000020 0 >"$TMP/cmp" 2>&1 &&
     pass sched_zbv_equals_one_rank_bitwise || fail sched_zbv_equals_one_rank_bitwise "$(cat "$TMP/cmp")"
 
-# zb-h1 runs 1f1b's gradient sums in 1f1b's order: bitwise the same run (fp32 and bf16)
-for precision in fp32 bf16; do
+# zb-h1 runs 1f1b's gradient sums in 1f1b's order: bitwise the same run (fp32, bf16, and fp8: its deferred Ws
+# cast their operands as the whole backward's weight-gradient GEMMs do)
+for precision in fp32 bf16 fp8; do
     for schedule in 1f1b zb-h1; do
         run_np 2 pretrain r.yaml --set parallel.pp=2 --set parallel.schedule=$schedule --set train.precision=$precision \
             --set log.dir=${schedule}_$precision --set checkpoint.dir=ck_${schedule}_$precision >"$TMP/out" 2>&1 ||
@@ -85,6 +88,20 @@ for precision in fp32 bf16; do
         "$PY" "$COMPARE" ck_1f1b_$precision/step-000000020 ck_zb-h1_$precision/step-000000020 0 >"$TMP/cmp" 2>&1 &&
         pass sched_zb_h1_equals_1f1b_bitwise_$precision ||
         fail sched_zb_h1_equals_1f1b_bitwise_$precision "$(worst_metric 1f1b_$precision/metrics.jsonl zb-h1_$precision/metrics.jsonl 1) $(cat "$TMP/cmp")"
+done
+
+# the V schedules in FP8 against one FP8 rank: DeepSeek-V3 with MTP under delayed scaling (zbv), Mixtral with
+# expert parallelism under block scaling (dualpipev: its pairs run one micro batch's forward beside another's
+# backward); every block in FP8
+for spec in "deepseek zbv 2 delayed" "moe dualpipev 4 block parallel.ep=2"; do
+    set -- $spec
+    fam=$1 sched=$2 np=$3 scaling=$4
+    shift 4
+    fp8=(train.precision=fp8 train.fp8_scaling=$scaling train.fp8_skip_layers=0)
+    "$MTRAIN" pretrain $fam.yaml $(printf -- '--set %s ' "${fp8[@]}") --set log.dir=ref_fp8_$fam \
+        --set checkpoint.dir=ck_ref_fp8_$fam >/dev/null 2>&1 || fail sched_${fam}_fp8_reference_run "exit $?"
+    layout_matches sched_${sched}_${fam}_fp8_$scaling $np $fam.yaml ref_fp8_$fam ${sched}_fp8_$fam \
+        parallel.schedule=$sched parallel.pp=2 parallel.vpp=2 "${fp8[@]}" "$@"
 done
 
 # checkpoints between schedules: 1f1b saves at step 10, zb-h1 resumes (bitwise the uninterrupted 1f1b run);

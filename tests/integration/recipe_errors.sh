@@ -168,7 +168,7 @@ parallel:
   ep: 2
 " --set model.num_layers=2
 unset SLURM_NTASKS
-# pipeline schedules: interleaved needs vpp > 1, zbv 2, the others 1; zb-h1 and zbv need pp > 1 and no fp8; as the dry
+# pipeline schedules: interleaved needs vpp > 1, zbv 2, the others 1; zb-h1 and zbv need pp > 1; as the dry
 # run, so the run itself
 bad schedule_interleaved_vpp1 - parallel.schedule 'the interleaved schedule needs vpp > 1' "$good" --set parallel.pp=2 \
     --set parallel.schedule=interleaved
@@ -176,14 +176,10 @@ bad schedule_zb_vpp2 - parallel.schedule 'zb-h1 runs one model chunk per rank: v
     "$good" --set parallel.pp=2 --set parallel.vpp=2 --set parallel.schedule=zb-h1 --set model.num_layers=4
 bad schedule_zb_pp1 - parallel.schedule 'zb-h1 is a pipeline schedule: it needs pp > 1' "$good" --set parallel.schedule=zb-h1
 bad schedule_unknown - parallel.schedule 'one of|expected' "$good" --set parallel.schedule=zb-v
-DRY= bad schedule_zb_fp8_run - parallel.schedule 'zb-h1 with train.precision fp8 is not implemented yet' "$good" \
-    --set parallel.pp=2 --set parallel.schedule=zb-h1 --set train.precision=fp8
-# zbv: two chunks per rank (vpp 2), pp > 1, no fp8
+# zbv: two chunks per rank (vpp 2), pp > 1
 bad schedule_zbv_vpp1 - parallel.vpp 'the zbv schedule places two model chunks per rank in a V: it needs vpp 2, not 1' \
     "$good" --set parallel.pp=2 --set parallel.schedule=zbv
 bad schedule_zbv_pp1 - parallel.schedule 'zbv is a pipeline schedule: it needs pp > 1' "$good" --set parallel.schedule=zbv
-DRY= bad schedule_zbv_fp8_run - parallel.schedule 'zbv with train.precision fp8 is not implemented yet' "$good" \
-    --set parallel.pp=2 --set parallel.vpp=2 --set parallel.schedule=zbv --set train.precision=fp8 --set model.num_layers=4
 # context parallelism: 2*cp chunks per sequence; no expert capacity; as the dry run, so the run itself
 bad cp_divides_seq_len - parallel.cp '2\*cp = 6 does not divide train.seq_len 32' "$good" --set parallel.cp=3
 DRY= bad cp_divides_seq_len_run - parallel.cp '2\*cp = 6 does not divide train.seq_len 32' "$good" --set parallel.cp=3

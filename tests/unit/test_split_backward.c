@@ -3,7 +3,8 @@
  * once) against F0 F1 B0 B1 with the weight gradients computed inside each
  * backward, for Llama, Mixtral (top 2 of 4 experts) and DeepSeek-V3 (MLA,
  * shared expert, MTP), each recompute mode, on the fp32 and the bf16 CPU
- * tables. The losses and every gradient bitwise (the W's sums are the
+ * tables, and on the fp8 table with per-tensor current, block and delayed
+ * scaling (every block in FP8: the W casts its operands when it runs). The losses and every gradient bitwise (the W's sums are the
  * backward's, in the same order: the deferred output gradients kept where
  * backward read its tensors for the last time must be intact when the W
  * runs); the copies each waiting W holds (its output gradients without a
@@ -36,14 +37,24 @@ static double two_micro_batches(struct transformer *m, const int32_t tok[2][N], 
     return loss;
 }
 
+/* precision: fp32, bf16, or fp8-SCALING (tensor, block, delayed) */
 static void check(const char *family, const struct model_config *cfg, const char *precision, enum recompute rc) {
     static const char *rc_name[] = {"none", "selective", "full"};
-    const struct backend *be = backend_get("cpu", precision);
+    int fp8 = !strncmp(precision, "fp8", 3);
+    const struct backend *be = backend_get("cpu", fp8 ? "fp8" : precision);
     struct model_part part;
     model_part_full(&part, cfg);
     struct transformer ref, zb;
     transformer_create(&ref, be, cfg, &part, NULL, 0, B, T, 2, NULL, rc, 0);
     transformer_create(&zb, be, cfg, &part, NULL, 0, B, T, 2, NULL, rc, 0);
+    if (fp8) {
+        const char *sc = precision + 4;
+        struct fp8_recipe r = {.scaling = !strcmp(sc, "block")     ? FP8_SCALING_BLOCK
+                                          : !strcmp(sc, "delayed") ? FP8_SCALING_DELAYED
+                                                                   : FP8_SCALING_TENSOR};
+        transformer_set_fp8(&ref, r, 0, 4);
+        transformer_set_fp8(&zb, r, 0, 4);
+    }
     transformer_init_params(&ref, 5);
     transformer_init_params(&zb, 5);
     zb.defer_w = 1;
@@ -87,9 +98,10 @@ int main(void) {
     deepseek.moe_seq_aux_loss_coef = 1e-3, deepseek.mtp_depth = 1, deepseek.mtp_loss_weight = 0.3;
     const struct { const char *name; const struct model_config *cfg; } fam[] = {
         {"llama", &llama}, {"mixtral", &mixtral}, {"deepseek_v3", &deepseek}};
+    const char *precisions[] = {"fp32", "bf16", "fp8-tensor", "fp8-block", "fp8-delayed"};
     for (int f = 0; f < 3; f++)
-        for (int p = 0; p < 2; p++)
+        for (int p = 0; p < 5; p++)
             for (int rc = RECOMPUTE_NONE; rc <= RECOMPUTE_FULL; rc++)
-                check(fam[f].name, fam[f].cfg, p ? "bf16" : "fp32", (enum recompute)rc);
+                check(fam[f].name, fam[f].cfg, precisions[p], (enum recompute)rc);
     TEST_EXIT();
 }
