@@ -103,4 +103,17 @@ void cuda_set_tf32(int on) { (void)on; }
 void cuda_set_deterministic(int on) { (void)on; }
 const char *cuda_attention_last(void) { return "none"; }
 void cuda_use_device(int local_rank) { (void)local_rank; }
+int cuda_grouped_expert_forward(float *out, const float *x, const float *const *w, const int *off, int E, int K, int M) {
+    (void)out, (void)x, (void)w, (void)off, (void)E, (void)K, (void)M;
+    return -1;
+}
+int cuda_grouped_expert_dgrad(float *dx, const float *dout, const float *const *w, const int *off, int E, int K, int M,
+                              int accumulate) {
+    (void)dx, (void)dout, (void)w, (void)off, (void)E, (void)K, (void)M, (void)accumulate;
+    return -1;
+}
+int cuda_grouped_expert_wgrad(float *const *dw, const float *dout, const float *x, const int *off, int E, int K, int M) {
+    (void)dw, (void)dout, (void)x, (void)off, (void)E, (void)K, (void)M;
+    return -1;
+}
 #endif

@@ -360,6 +360,16 @@ int cuda_device_describe(int dev, char *buf, int n);
 void cuda_versions(char *buf, int n);
 /* Bind this process to GPU local_rank % devices (one GPU per rank on a node). */
 void cuda_use_device(int local_rank);
+/* The local experts' GEMMs in one cuBLAS grouped call each (kernels/cuda/
+ * expert_gemm.cu; bf16 storage, expert-major rows off[e] .. off[e + 1] with
+ * host offsets, w / dw one device matrix [M, K] per expert): out = x w^T,
+ * dx (+)= dout w, dw (fp32) += dout^T x. 0, or -1 where cuBLAS has none
+ * (nothing written; always without CUDA). Measured by
+ * scripts/bench/bench_expert_gemm.c; not yet the model's path. */
+int cuda_grouped_expert_forward(float *out, const float *x, const float *const *w, const int *off, int E, int K, int M);
+int cuda_grouped_expert_dgrad(float *dx, const float *dout, const float *const *w, const int *off, int E, int K, int M,
+                              int accumulate);
+int cuda_grouped_expert_wgrad(float *const *dw, const float *dout, const float *x, const int *off, int E, int K, int M);
 
 #ifdef __cplusplus
 }

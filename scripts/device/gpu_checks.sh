@@ -5,7 +5,8 @@
 # from the repository root:
 #
 #   bash scripts/device/gpu_checks.sh moe       # issue 28's baselines, first on a lent GPU: the MoE ops
-#                                               # against the CPU's, then the Mixtral- and DeepSeek-V3-shaped
+#                                               # against the CPU's, the expert GEMMs per expert against
+#                                               # cuBLAS's grouped call, then the Mixtral- and DeepSeek-V3-shaped
 #                                               # stacks and their MoE layer against PyTorch
 #                                               # (scripts/bench/moe_gpu.sh), within BUDGET (default 480)
 #   bash scripts/device/gpu_checks.sh quick     # the acceptance-critical subset, in priority order,
@@ -114,6 +115,10 @@ case $phase in
         # moe_gpu.sh's runs in priority order, each row kept as it ends; its tables of what ran, even if cut off
         nvidia-smi -L 2>&1 | tee -a "$log"
         within test_cuda_ops build/rel/tests/test_cuda_ops
+        # the expert GEMMs alone: per-expert cuBLASLt against one cublasGemmGroupedBatchedEx call, at the
+        # Mixtral stack's (8192 tokens x top-2 over 8 experts) and the DeepSeek-V3 stack's (4096 x top-8 over 32)
+        within expert_gemm_mixtral build/rel/bench/bench_expert_gemm 16384 8 4096 14336
+        within expert_gemm_deepseek build/rel/bench/bench_expert_gemm 32768 32 7168 2048
         within moe_gpu env STEPS=3 bash scripts/bench/moe_gpu.sh
         run moe_gpu_report bash scripts/bench/moe_gpu.sh --report
         ;;

@@ -1,0 +1,92 @@
+/* The local experts' GEMMs as one cuBLAS call each (cublasGemmGroupedBatchedEx,
+ * CUDA 12.5+): a candidate for issue 28's grouped expert GEMMs, measured against
+ * the per-expert cuBLASLt calls the model makes today by
+ * scripts/bench/bench_expert_gemm.c (not yet on the model's path). Operands in the
+ * bf16 table's storage, expert-major: expert e's rows are off[e] .. off[e + 1]
+ * of x / dout / out (host offsets: the grouped call takes its sizes on the host);
+ * weights one [M, K] matrix per expert (w[e], device pointers). Row-major
+ * operands map to cuBLAS's column-major as in lt_gemm.cu. One group per expert
+ * with rows (a group holds GEMMs of one shape); the device arrays of pointers
+ * go through SCRATCH_POINTERS. Returns 0, or -1 where cuBLAS has no such
+ * grouped GEMM (nothing written). */
+#include "kernels/cuda/cuda.h"
+
+#define MAX_GROUPS 1024
+
+/* what every call fills: per group (one per expert with rows) sizes, leading dimensions and the three pointers */
+struct groups {
+    int n, m[MAX_GROUPS], nn[MAX_GROUPS], k[MAX_GROUPS], lda[MAX_GROUPS], ldb[MAX_GROUPS], ldc[MAX_GROUPS];
+    int size[MAX_GROUPS];
+    cublasOperation_t ta[MAX_GROUPS], tb[MAX_GROUPS];
+    float alpha[MAX_GROUPS], beta[MAX_GROUPS];
+    const void *a[MAX_GROUPS], *b[MAX_GROUPS];
+    void *c[MAX_GROUPS];
+};
+
+static int run(struct groups *g, cudaDataType_t c_type) {
+    if (!g->n) return 0;
+    void **dev = (void **)cuda_scratch(SCRATCH_POINTERS, 3 * sizeof(void *) * g->n);
+    const void *host[3 * MAX_GROUPS];
+    for (int i = 0; i < g->n; i++) host[i] = g->a[i], host[g->n + i] = g->b[i], host[2 * g->n + i] = g->c[i];
+    /* pageable host memory: the copy has read it when it returns */
+    CUDA_CHECK(cudaMemcpyAsync(dev, host, 3 * sizeof(void *) * g->n, cudaMemcpyHostToDevice, 0));
+    cublasStatus_t st = cublasGemmGroupedBatchedEx(
+        cuda_blas(), g->ta, g->tb, g->m, g->nn, g->k, g->alpha, (const void *const *)dev, CUDA_R_16BF, g->lda,
+        (const void *const *)(dev + g->n), CUDA_R_16BF, g->ldb, g->beta, dev + 2 * g->n, c_type, g->ldc, g->n, g->size,
+        CUBLAS_COMPUTE_32F);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return -1;
+    CUBLAS_CHECK(st);
+    return 0;
+}
+
+static void add(struct groups *g, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *a,
+                int lda, const void *b, int ldb, void *c, int ldc, float beta) {
+    if (g->n == MAX_GROUPS) die("cuda grouped expert GEMM: more than %d experts", MAX_GROUPS);
+    int i = g->n++;
+    g->ta[i] = ta, g->tb[i] = tb, g->m[i] = m, g->nn[i] = n, g->k[i] = k, g->a[i] = a, g->lda[i] = lda;
+    g->b[i] = b, g->ldb[i] = ldb, g->c[i] = c, g->ldc[i] = ldc, g->alpha[i] = 1.0f, g->beta[i] = beta, g->size[i] = 1;
+}
+
+static const uint16_t *rows(const float *p, size_t row, size_t width) { return (const uint16_t *)p + row * width; }
+
+/* out_e [n_e, M] = x_e [n_e, K] w_e [M, K]^T */
+extern "C" int cuda_grouped_expert_forward(float *out, const float *x, const float *const *w, const int *off, int E,
+                                           int K, int M) {
+    static struct groups g;
+    g.n = 0;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (n > 0)
+            add(&g, CUBLAS_OP_T, CUBLAS_OP_N, M, n, K, w[e], K, rows(x, off[e], K), K,
+                (void *)rows(out, off[e], M), M, 0.0f);
+    }
+    return run(&g, CUDA_R_16BF);
+}
+
+/* dx_e [n_e, K] (+)= dout_e [n_e, M] w_e [M, K] */
+extern "C" int cuda_grouped_expert_dgrad(float *dx, const float *dout, const float *const *w, const int *off, int E,
+                                         int K, int M, int accumulate) {
+    static struct groups g;
+    g.n = 0;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (n > 0)
+            add(&g, CUBLAS_OP_N, CUBLAS_OP_N, K, n, M, w[e], K, rows(dout, off[e], M), M,
+                (void *)rows(dx, off[e], K), K, accumulate ? 1.0f : 0.0f);
+    }
+    return run(&g, CUDA_R_16BF);
+}
+
+/* dw_e [M, K] (fp32) += dout_e^T x_e */
+extern "C" int cuda_grouped_expert_wgrad(float *const *dw, const float *dout, const float *x, const int *off, int E,
+                                         int K, int M) {
+    static struct groups g;
+    g.n = 0;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (n > 0)
+            add(&g, CUBLAS_OP_N, CUBLAS_OP_T, K, M, n, rows(x, off[e], K), K, rows(dout, off[e], M), M, dw[e], K,
+                1.0f);
+    }
+    return run(&g, CUDA_R_32F);
+}
