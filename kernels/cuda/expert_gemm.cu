@@ -49,44 +49,39 @@ static void add(struct groups *g, cublasOperation_t ta, cublasOperation_t tb, in
 
 static const uint16_t *rows(const float *p, size_t row, size_t width) { return (const uint16_t *)p + row * width; }
 
-/* out_e [n_e, M] = x_e [n_e, K] w_e [M, K]^T */
+enum kind { FORWARD, DGRAD, WGRAD };
+
+/* one group per expert with rows: the kind's GEMM on its rows (a, b: the kind's two row-major operands) */
+static int experts(enum kind kind, void *const *outs, void *out, const float *a, const float *const *w,
+                   const float *b, const int *off, int E, int K, int M, float beta) {
+    static struct groups g;
+    g.n = 0;
+    for (int e = 0; e < E; e++) {
+        int o = off[e], n = off[e + 1] - o;
+        if (n <= 0) continue;
+        if (kind == FORWARD) /* out [n, M] = x [n, K] w [M, K]^T */
+            add(&g, CUBLAS_OP_T, CUBLAS_OP_N, M, n, K, w[e], K, rows(a, o, K), K, (void *)rows((float *)out, o, M), M,
+                beta);
+        else if (kind == DGRAD) /* dx [n, K] = dout [n, M] w [M, K] */
+            add(&g, CUBLAS_OP_N, CUBLAS_OP_N, K, n, M, w[e], K, rows(a, o, M), M, (void *)rows((float *)out, o, K), K,
+                beta);
+        else /* dw [M, K] += dout [n, M]^T x [n, K]: a = x, b = dout */
+            add(&g, CUBLAS_OP_N, CUBLAS_OP_T, K, M, n, rows(a, o, K), K, rows(b, o, M), M, outs[e], K, beta);
+    }
+    return run(&g, kind == WGRAD ? CUDA_R_32F : CUDA_R_16BF);
+}
+
 extern "C" int cuda_grouped_expert_forward(float *out, const float *x, const float *const *w, const int *off, int E,
                                            int K, int M) {
-    static struct groups g;
-    g.n = 0;
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
-        if (n > 0)
-            add(&g, CUBLAS_OP_T, CUBLAS_OP_N, M, n, K, w[e], K, rows(x, off[e], K), K,
-                (void *)rows(out, off[e], M), M, 0.0f);
-    }
-    return run(&g, CUDA_R_16BF);
+    return experts(FORWARD, NULL, out, x, w, NULL, off, E, K, M, 0.0f);
 }
 
-/* dx_e [n_e, K] (+)= dout_e [n_e, M] w_e [M, K] */
 extern "C" int cuda_grouped_expert_dgrad(float *dx, const float *dout, const float *const *w, const int *off, int E,
                                          int K, int M, int accumulate) {
-    static struct groups g;
-    g.n = 0;
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
-        if (n > 0)
-            add(&g, CUBLAS_OP_N, CUBLAS_OP_N, K, n, M, w[e], K, rows(dout, off[e], M), M,
-                (void *)rows(dx, off[e], K), K, accumulate ? 1.0f : 0.0f);
-    }
-    return run(&g, CUDA_R_16BF);
+    return experts(DGRAD, NULL, dx, dout, w, NULL, off, E, K, M, accumulate ? 1.0f : 0.0f);
 }
 
-/* dw_e [M, K] (fp32) += dout_e^T x_e */
 extern "C" int cuda_grouped_expert_wgrad(float *const *dw, const float *dout, const float *x, const int *off, int E,
                                          int K, int M) {
-    static struct groups g;
-    g.n = 0;
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
-        if (n > 0)
-            add(&g, CUBLAS_OP_N, CUBLAS_OP_T, K, M, n, rows(x, off[e], K), K, rows(dout, off[e], M), M, dw[e], K,
-                1.0f);
-    }
-    return run(&g, CUDA_R_32F);
+    return experts(WGRAD, (void *const *)dw, NULL, x, NULL, dout, off, E, K, M, 1.0f);
 }
