@@ -347,6 +347,12 @@ static void scale(float *x, float s, size_t n) {
 #define BF16_ATTENTION_BACKWARD ref_attention_backward
 #endif
 
+/* the experts' GEMMs at once: a device's own (BF16_EXPERTS_FORWARD / _BACKWARD), else none */
+#ifndef BF16_EXPERTS_FORWARD
+#define BF16_EXPERTS_FORWARD NULL
+#define BF16_EXPERTS_BACKWARD NULL
+#endif
+
 /* every op but the name, precision and the fp8 GEMMs: both tables' */
 #define BF16_OPS \
     .alloc = alloc, \
@@ -362,6 +368,8 @@ static void scale(float *x, float s, size_t n) {
     .rmsnorm_backward = rmsnorm_backward, \
     .matmul_forward = bf16_matmul_forward, \
     .matmul_backward = bf16_matmul_backward, \
+    .experts_matmul_forward = BF16_EXPERTS_FORWARD, \
+    .experts_matmul_backward = BF16_EXPERTS_BACKWARD, \
     .rope = rope, \
     .attention_forward = BF16_ATTENTION_FORWARD, \
     .attention_state_floats = attention_state_floats, \

@@ -97,6 +97,17 @@ struct backend {
     /* dx[N,K] = dout @ w (+= if accumulate_dx; skipped if dx NULL); dw[M,K] += dout^T @ x */
     void (*matmul_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w, int N,
                             int K, int M, int accumulate_dx);
+    /* The local experts' GEMMs at once (model/moe.c): expert e's rows are
+     * off[e] .. off[e + 1] (host offsets) of the expert-major x, out, dout
+     * and dx, its weight w[e] [M, K] and its gradient dw[e]. forward: out =
+     * x w^T; backward: dx (+)= dout w, dw[e] += dout^T x (dx or dw NULL:
+     * not computed). 0, or -1 where the table does not take them (nothing
+     * written: the model calls matmul_forward / matmul_backward per expert).
+     * Optional: NULL in tables without them. */
+    int (*experts_matmul_forward)(float *out, const float *x, const float *const *w, const int32_t *off, int E, int K,
+                                  int M);
+    int (*experts_matmul_backward)(float *dx, float *const *dw, const float *dout, const float *x,
+                                   const float *const *w, const int32_t *off, int E, int K, int M, int accumulate_dx);
 
     /* Rotary embedding in place on x[B,T,H,D] (Hugging Face rotate_half
      * layout): positions 0..T-1, cos/sin tables [max_T, D/2]. inverse=1 applies

@@ -238,6 +238,25 @@ TIMED(fp8_matmul_backward,
       (dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe), "fp8_matmul_backward", gemm(N, K, M) * (!!dx + !!dw),
       "%s %dx%dx%d", grads(dx, dw), N, K, M)
 
+/* the experts' GEMMs at once: timed when the inner table took them (0), each its kind's GEMMs over all rows */
+static double expert_flops(const int32_t *off, int E, int K, int M) { return gemm(off[E] - off[0], K, M); }
+static int p_experts_matmul_forward(float *out, const float *x, const float *const *w, const int32_t *off, int E, int K,
+                                    int M) {
+    double t = begin();
+    int rc = in->experts_matmul_forward(out, x, w, off, E, K, M);
+    if (!rc) done(t, "experts_matmul_forward", expert_flops(off, E, K, M), "%d experts %dx%dx%d", E, off[E], K, M);
+    return rc;
+}
+static int p_experts_matmul_backward(float *dx, float *const *dw, const float *dout, const float *x,
+                                     const float *const *w, const int32_t *off, int E, int K, int M, int accumulate_dx) {
+    double t = begin();
+    int rc = in->experts_matmul_backward(dx, dw, dout, x, w, off, E, K, M, accumulate_dx);
+    if (!rc)
+        done(t, "experts_matmul_backward", expert_flops(off, E, K, M) * (!!dx + !!dw), "%s %d experts %dx%dx%d",
+             grads(dx, (const float *)dw), E, off[E], K, M);
+    return rc;
+}
+
 /* each op the inner table has, timed; what it lacks stays NULL */
 #define WRAP(op) table.op = inner->op ? p_##op : NULL
 const struct backend *backend_profiled(const struct backend *inner) {
@@ -248,7 +267,7 @@ const struct backend *backend_profiled(const struct backend *inner) {
     probe = inner->alloc(16);
     WRAP(zero), WRAP(to_host), WRAP(from_host), WRAP(copy);
     WRAP(embedding_forward), WRAP(embedding_backward), WRAP(rmsnorm_forward), WRAP(rmsnorm_backward);
-    WRAP(matmul_forward), WRAP(matmul_backward), WRAP(rope), WRAP(attention_forward), WRAP(attention_backward);
+    WRAP(matmul_forward), WRAP(matmul_backward), WRAP(experts_matmul_forward), WRAP(experts_matmul_backward), WRAP(rope), WRAP(attention_forward), WRAP(attention_backward);
     WRAP(attention_decode), WRAP(copy_cols), WRAP(swiglu_forward), WRAP(swiglu_backward);
     WRAP(moe_route_forward), WRAP(moe_route_backward), WRAP(moe_route_sigmoid_forward);
     WRAP(moe_route_sigmoid_backward), WRAP(gather_rows), WRAP(moe_combine), WRAP(moe_combine_backward);

@@ -13,6 +13,7 @@
 
 struct moe_host {
     float *counts; /* [2E] kept rows per expert sent, then received (ep > 1) */
+    float **mats;  /* [2 El]: one matrix of every local expert and its gradient (the experts' GEMMs at once) */
 };
 
 long moe_capacity(const struct model_config *cfg, int seq_len) {
@@ -156,6 +157,7 @@ static struct moe_host *host(struct transformer *m) {
     if (m->moe_host) return m->moe_host;
     struct moe_host *h = xcalloc(1, sizeof *h);
     h->counts = xmalloc(sizeof(float) * moe_counts_len(m));
+    h->mats = xmalloc(sizeof(float *) * 2 * m->El);
     m->moe_host = h;
     return h;
 }
@@ -164,7 +166,7 @@ static struct moe_host *host(struct transformer *m) {
 void moe_host_free(struct transformer *m) {
     struct moe_host *h = m->moe_host;
     if (!h) return;
-    free(h->counts);
+    free(h->counts), free(h->mats);
     free(h);
     m->moe_host = NULL;
 }
@@ -252,11 +254,55 @@ static const int32_t *expert_offsets(struct transformer *m, struct layer_acts *a
     return p->host_off;
 }
 
-/* rows [R, C] = the local experts' SwiGLU MLPs of a->xe, expert-major */
+/* One GEMM kind for all local experts: the table's experts_matmul_* where it
+ * takes them, else expert by expert (the same calls linear_forward /
+ * linear_backward make outside FP8 without a deferred W). x, out, dout, dx
+ * expert-major; w[e], dw[e] expert e's matrix [M, K] and its gradient. */
+static void experts_gemm_forward(struct transformer *m, float *out, const float *x, const float *const *w,
+                                 const int32_t *off, int K, int M) {
+    const struct backend *be = m->be;
+    if (be->experts_matmul_forward && !be->experts_matmul_forward(out, x, w, off, m->El, K, M)) return;
+    for (int e = 0; e < m->El; e++) {
+        int o = off[e], n = off[e + 1] - o;
+        if (n) be->matmul_forward(act_at(m, out, (size_t)o * M), act_at(m, x, (size_t)o * K), w[e], n, K, M, 0);
+    }
+}
+static void experts_gemm_backward(struct transformer *m, float *dx, float *const *dw, const float *dout, const float *x,
+                                  const float *const *w, const int32_t *off, int K, int M, int accumulate_dx) {
+    const struct backend *be = m->be;
+    if (be->experts_matmul_backward && !be->experts_matmul_backward(dx, dw, dout, x, w, off, m->El, K, M, accumulate_dx))
+        return;
+    for (int e = 0; e < m->El; e++) {
+        int o = off[e], n = off[e + 1] - o;
+        if (n)
+            be->matmul_backward(act_at(m, dx, (size_t)o * K), dw[e], act_at(m, dout, (size_t)o * M),
+                                act_at(m, x, (size_t)o * K), w[e], n, K, M, accumulate_dx);
+    }
+}
+
+/* matrix j (0 gate, 1 down, 2 up) of every local expert */
+static void expert_matrices(const struct transformer *m, float *const *experts, int j, float **out) {
+    for (int e = 0; e < m->El; e++) out[e] = experts[3 * e + j];
+}
+
+/* rows [R, C] = the local experts' SwiGLU MLPs of a->xe, expert-major: outside FP8 one GEMM kind at a time for all
+ * experts and one SwiGLU over all rows; in an FP8 block expert by expert (each GEMM's own casts, gate and up sharing
+ * the cast of their input) */
 static void experts_forward(struct transformer *m, struct layer_acts *a, int l, float *rows) {
     const struct layer_weights *w = &m->layers[l];
     const int32_t *off = expert_offsets(m, a);
     int C = m->C, FM = m->FM;
+    if (!m->fp8_now) {
+        float **mats = host(m)->mats;
+        expert_matrices(m, w->experts, 0, mats);
+        experts_gemm_forward(m, a->eg, a->xe, (const float *const *)mats, off, C, FM);
+        expert_matrices(m, w->experts, 2, mats);
+        experts_gemm_forward(m, a->eu, a->xe, (const float *const *)mats, off, C, FM);
+        m->be->swiglu_forward(a->eh, a->eg, a->eu, (size_t)off[m->El] * FM);
+        expert_matrices(m, w->experts, 1, mats);
+        experts_gemm_forward(m, rows, a->eh, (const float *const *)mats, off, FM, C);
+        return;
+    }
     for (int e = 0; e < m->El; e++) {
         int o = off[e], n = off[e + 1] - o;
         if (!n) continue;
@@ -274,14 +320,28 @@ static void experts_forward(struct transformer *m, struct layer_acts *a, int l, 
 }
 
 /* d_x_rows [R, C] = the experts' input gradients from d_rows, their output
- * gradients (both expert-major); weight gradients accumulate */
+ * gradients (both expert-major); weight gradients accumulate. Outside FP8
+ * and without a deferred W (zero-bubble schedules), and where the scratch
+ * holds every row, one GEMM kind at a time for all experts; else expert by
+ * expert through linear_backward. */
 static void experts_backward(struct transformer *m, struct layer_acts *a, int l, const float *d_rows, float *d_x_rows) {
     const struct backend *be = m->be;
     const struct layer_weights *w = &m->layers[l];
     struct layer_weights *dw = &m->dlayers[l];
     const int32_t *off = expert_offsets(m, a);
-    int C = m->C, FM = m->FM;
-    if (m->recompute == RECOMPUTE_SELECTIVE) be->swiglu_forward(a->eh, a->eg, a->eu, (size_t)off[m->El] * FM);
+    int C = m->C, FM = m->FM, rows = off[m->El];
+    if (m->recompute == RECOMPUTE_SELECTIVE) be->swiglu_forward(a->eh, a->eg, a->eu, (size_t)rows * FM);
+    if (!m->fp8_now && !m->defer_w && rows <= m->moe_scratch_rows) {
+        float **mats = host(m)->mats, **grads = mats + m->El;
+        expert_matrices(m, w->experts, 1, mats), expert_matrices(m, dw->experts, 1, grads);
+        experts_gemm_backward(m, m->d_eh, grads, d_rows, a->eh, (const float *const *)mats, off, FM, C, 0);
+        be->swiglu_backward(m->d_eg, m->d_eu, m->d_eh, a->eg, a->eu, (size_t)rows * FM);
+        expert_matrices(m, w->experts, 0, mats), expert_matrices(m, dw->experts, 0, grads);
+        experts_gemm_backward(m, d_x_rows, grads, m->d_eg, a->xe, (const float *const *)mats, off, C, FM, 0);
+        expert_matrices(m, w->experts, 2, mats), expert_matrices(m, dw->experts, 2, grads);
+        experts_gemm_backward(m, d_x_rows, grads, m->d_eu, a->xe, (const float *const *)mats, off, C, FM, 1);
+        return;
+    }
     for (int e = 0; e < m->El; e++) {
         int o = off[e], n = off[e + 1] - o;
         if (!n) continue;

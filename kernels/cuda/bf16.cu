@@ -308,6 +308,38 @@ static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const f
         ref_fp8_matmul_backward(rc > 0 ? NULL : dx, dw, dout, x, w, N, K, M, accumulate_dx, recipe);
 }
 
+/* the experts' GEMMs at once: cuBLAS's grouped call (kernels/cuda/expert_gemm.cu) under
+ * MTRAIN_EXPERT_GEMM=grouped, until a measurement makes it the default (scripts/bench/bench_expert_gemm.c);
+ * a grouped GEMM cuBLAS refuses runs per expert here */
+static int experts_grouped(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("MTRAIN_EXPERT_GEMM");
+        on = e && !strcmp(e, "grouped");
+    }
+    return on;
+}
+static int experts_matmul_forward(float *out, const float *x, const float *const *w, const int32_t *off, int E, int K,
+                                  int M) {
+    return experts_grouped() ? cuda_grouped_expert_forward(out, x, w, off, E, K, M) : -1;
+}
+static int experts_matmul_backward(float *dx, float *const *dw, const float *dout, const float *x,
+                                   const float *const *w, const int32_t *off, int E, int K, int M, int accumulate_dx) {
+    if (!experts_grouped()) return -1;
+    int dx_done = !dx || !cuda_grouped_expert_dgrad(dx, dout, w, off, E, K, M, accumulate_dx);
+    int dw_done = !dw || !cuda_grouped_expert_wgrad(dw, dout, x, off, E, K, M);
+    for (int e = 0; e < E && !(dx_done && dw_done); e++) {
+        int o = off[e], n = off[e + 1] - o;
+        if (n)
+            bf16_matmul_backward(dx_done ? NULL : (float *)((uint16_t *)dx + (size_t)o * K), dw_done ? NULL : dw[e],
+                                 (const float *)((const uint16_t *)dout + (size_t)o * M),
+                                 (const float *)((const uint16_t *)x + (size_t)o * K), w[e], n, K, M, accumulate_dx);
+    }
+    return 0;
+}
+#define BF16_EXPERTS_FORWARD experts_matmul_forward
+#define BF16_EXPERTS_BACKWARD experts_matmul_backward
+
 #define BF16_WEIGHTS_CHANGED cuda_fp8_weights_changed
 #define BF16_TABLE cuda_bf16_backend
 #define BF16_FP8_TABLE cuda_fp8_backend

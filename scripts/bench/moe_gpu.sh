@@ -20,7 +20,8 @@
 # the same for every run of a shape) against PEAK_BF16 (default 989: H100 SXM).
 # Writes build/bench/moe_gpu.json and prints the tables for docs/benchmarks.md.
 # SHAPES and RUNS pick subsets and their order (RUNS: mtrain-bf16 torch layer
-# torch-layer mtrain-fp8-block mtrain-fp8 torch-compile); `moe_gpu.sh --report` prints the
+# torch-layer grouped mtrain-fp8-block mtrain-fp8 torch-compile; grouped: the
+# step and the layer with MTRAIN_EXPERT_GEMM=grouped); `moe_gpu.sh --report` prints the
 # tables of the rows written so far (a run cut off at a time limit). Skips (exit 0) where no GPU is visible, unless
 # DEVICE=cpu (a smoke run of the whole script on toy recipes: SHAPE_DIR).
 set -uo pipefail
@@ -31,7 +32,7 @@ PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 SHAPES=${SHAPES:-mixtral deepseek}
 SHAPE_DIR=${SHAPE_DIR:-scripts/bench/shapes}
-RUNS=${RUNS:-mtrain-bf16 torch layer torch-layer mtrain-fp8-block mtrain-fp8 torch-compile}
+RUNS=${RUNS:-mtrain-bf16 torch layer torch-layer grouped mtrain-fp8-block mtrain-fp8 torch-compile}
 OUTDIR=${OUTDIR:-build/bench}
 mkdir -p "$OUTDIR"
 if [ "${1:-}" != --report ] && [ "$DEVICE" = cuda ] && ! "$BUILD/bench/bench_train" 1 64 4 4 128 256 1 16 1 cuda >/dev/null 2>&1; then
@@ -87,6 +88,13 @@ for l in open(sys.argv[1]):
                         "$STEPS" "$DEVICE" bf16)"
                     row "$shape" "mtrain MoE layer, bf16, profiled (ops per layer)" layer-ops \
                         "$(MTRAIN_PROFILE=1 last_json "$BUILD/bench/bench_moe" --recipe "$recipe" 2 "$DEVICE" bf16)" ;;
+                grouped)
+                    # the experts' GEMMs as one cuBLAS grouped call per kind (MTRAIN_EXPERT_GEMM=grouped): the step
+                    # and the layer, beside the per-expert rows above (same recipe; final_loss close to bf16's)
+                    row "$shape" "mtrain bf16, grouped expert GEMMs" step "$(MTRAIN_EXPERT_GEMM=grouped last_json \
+                        "$BUILD/bench/bench_train" --recipe "$recipe" "$STEPS" "$DEVICE" 0 bf16)"
+                    row "$shape" "mtrain MoE layer, bf16, grouped expert GEMMs" layer "$(MTRAIN_EXPERT_GEMM=grouped \
+                        last_json "$BUILD/bench/bench_moe" --recipe "$recipe" "$STEPS" "$DEVICE" bf16)" ;;
                 torch-layer)
                     row "$shape" "PyTorch MoE layer on torch._grouped_mm (torchtitan-style), bf16" layer \
                         "$(DEVICE=$DEVICE last_json "$PY" scripts/bench/torch_moe_layer.py "$recipe" "$STEPS")" ;;

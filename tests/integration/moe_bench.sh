@@ -29,7 +29,7 @@ if [ "$(grep -c 'hidden_size: 64$' "$TMP"/shapes/*.yaml | grep -c ':1$')" != 2 ]
     exit 1
 fi
 OMP_NUM_THREADS=1 DEVICE=cpu SHAPE_DIR="$TMP/shapes" OUTDIR="$TMP/bench" BUILD=${BUILD:-build/rel} STEPS=2 \
-    RUNS="mtrain-bf16 layer mtrain-fp8-block" bash "$TEST_ROOT/scripts/bench/moe_gpu.sh" >"$TMP/out" 2>&1
+    RUNS="mtrain-bf16 layer grouped mtrain-fp8-block" bash "$TEST_ROOT/scripts/bench/moe_gpu.sh" >"$TMP/out" 2>&1
 rc=$?
 [ $rc = 0 ] && pass moe_bench_script_runs || fail moe_bench_script_runs "exit $rc: $(tail -5 "$TMP/out")"
 expect_output moe_bench_step_table "^\| deepseek \| mtrain fp8-block \| [0-9.]+ \|"
@@ -37,7 +37,7 @@ expect_output moe_bench_layer_table "^\| mixtral \| mtrain MoE layer, bf16 \| [0
 "$PY" - "$TMP/bench/moe_gpu.json" <<'PYEOF' >"$TMP/out" 2>&1
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
-assert len(rows) == 8, len(rows)  # 2 shapes x (bf16, fp8-block, layer, layer ops)
+assert len(rows) == 12, len(rows)  # 2 shapes x (bf16, fp8-block, layer, layer ops, grouped step and layer)
 assert all(r["r"] for r in rows), [r["run"] for r in rows if not r["r"]]
 arch = {"mixtral": "mixtral", "deepseek": "deepseek_v3"}
 assert all(r["r"]["arch"] == arch[r["shape"]] for r in rows)
