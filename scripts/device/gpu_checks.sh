@@ -8,7 +8,9 @@
 #                                               # against the CPU's, the expert GEMMs per expert against
 #                                               # cuBLAS's grouped call, then the Mixtral- and DeepSeek-V3-shaped
 #                                               # stacks and their MoE layer against PyTorch
-#                                               # (scripts/bench/moe_gpu.sh), within BUDGET (default 480)
+#                                               # (scripts/bench/moe_gpu.sh), within BUDGET (default 480);
+#                                               # RUNS=... in the environment picks moe_gpu.sh's runs (a
+#                                               # second call for what the budget cut off)
 #   bash scripts/device/gpu_checks.sh quick     # the acceptance-critical subset, in priority order,
 #                                               # within BUDGET seconds (default 480): one call of a
 #                                               # 15-minute device allowance (see below)
