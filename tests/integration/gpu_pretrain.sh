@@ -9,8 +9,9 @@ CHECK_TL=$ROOT/tests/integration/check_timeline.py
 cd "$TMP"
 CHECKS="gpu_pretrain_runs gpu_pretrain_device_line gpu_mfu_and_memory gpu_matches_cpu gpu_eval_matches_cpu gpu_deterministic
 gpu_resume_bitwise gpu_checkpoint_resumes_on_cpu gpu_tf32_close gpu_zero_single_rank gpu_layout_tp2_sp gpu_layout_pp2
-gpu_layout_dp2_zero gpu_layout_tp2_pp2 gpu_mixtral_matches_cpu gpu_mixtral_deterministic gpu_mixtral_layout_ep2_tp2
-gpu_deepseek_matches_cpu gpu_deepseek_mtp_matches_cpu gpu_deepseek_deterministic gpu_deepseek_layout_tp2_ep2
+gpu_layout_dp2_zero gpu_layout_tp2_pp2 gpu_mixtral_matches_cpu gpu_mixtral_deterministic gpu_mixtral_grouped_expert_gemms
+gpu_mixtral_layout_ep2_tp2 gpu_deepseek_matches_cpu gpu_deepseek_mtp_matches_cpu gpu_deepseek_deterministic
+gpu_deepseek_grouped_expert_gemms gpu_deepseek_layout_tp2_ep2
 gpu_generate_matches_cpu gpu_generate_deepseek_matches_cpu gpu_eval_split_matches_cpu gpu_bf16_runs gpu_bf16_device_line gpu_bf16_tracks_cpu_fp32
 gpu_bf16_close_to_cpu_bf16 gpu_bf16_deterministic gpu_bf16_resume_bitwise gpu_bf16_checkpoint_resumes_on_cpu
 gpu_fp8_runs gpu_fp8_close_to_cpu_fp8 gpu_fp8_deterministic gpu_fp8_delayed_close_to_cpu gpu_fp8_delayed_resume_bitwise
@@ -195,6 +196,17 @@ close gpu_mixtral_matches_cpu mg.loss mc.loss 5e-4 40
 "$MTRAIN" pretrain m.yaml --set log.dir=mg2 >/dev/null 2>&1
 [ "$(losses mg2/metrics.jsonl)" = "$(cat mg.loss)" ] && pass gpu_mixtral_deterministic ||
     fail gpu_mixtral_deterministic "loss sequences differ"
+# grouped_expert_gemms NAME RECIPE: the experts' GEMMs as cuBLAS grouped calls (MTRAIN_EXPERT_GEMM=grouped: the bf16
+# table's experts_matmul ops, kernels/cuda/expert_gemm.cu) against the per-expert calls, 40 bf16 steps within 1e-3
+# (the same sums in another kernel's order)
+grouped_expert_gemms() {
+    "$MTRAIN" pretrain "$2" --set train.precision=bf16 --set log.dir="$1"_pe >"$TMP/out" 2>&1 &&
+        MTRAIN_EXPERT_GEMM=grouped "$MTRAIN" pretrain "$2" --set train.precision=bf16 --set log.dir="$1"_gr >"$TMP/out" 2>&1 ||
+        fail "$1" "exit $?: $(tail -2 "$TMP/out")"
+    losses "$1"_pe/metrics.jsonl >"$1".pe; losses "$1"_gr/metrics.jsonl >"$1".gr
+    close "$1" "$1".gr "$1".pe 1e-3 40
+}
+grouped_expert_gemms gpu_mixtral_grouped_expert_gemms m.yaml
 if command -v mpiexec >/dev/null; then
     OMP_NUM_THREADS=1 mpiexec -n 4 "$MTRAIN" pretrain m.yaml --set parallel.tp=2 --set parallel.ep=2 --set train.steps=20 \
         --set log.dir=mep >"$TMP/out" 2>&1 || fail gpu_mixtral_layout_ep2_tp2 "exit $?: $(tail -2 "$TMP/out")"
@@ -230,6 +242,7 @@ close gpu_deepseek_mtp_matches_cpu dg.mtp dc.mtp 1e-4 40
 "$MTRAIN" pretrain d.yaml --set log.dir=dg2 >/dev/null 2>&1
 [ "$(losses dg2/metrics.jsonl)" = "$(cat dg.loss)" ] && pass gpu_deepseek_deterministic ||
     fail gpu_deepseek_deterministic "loss sequences differ"
+grouped_expert_gemms gpu_deepseek_grouped_expert_gemms d.yaml
 if command -v mpiexec >/dev/null; then
     OMP_NUM_THREADS=1 mpiexec -n 4 "$MTRAIN" pretrain d.yaml --set parallel.tp=2 --set parallel.ep=2 --set train.steps=20 \
         --set log.dir=dep >"$TMP/out" 2>&1 || fail gpu_deepseek_layout_tp2_ep2 "exit $?: $(tail -2 "$TMP/out")"
