@@ -262,7 +262,7 @@ static const float *cast_block(const float *x, int rows, int cols, int format, i
     size_t nscales = s == W_CODES || s == WT_CODES ? (size_t)(rows / BLK) * (cols / BLK)
                      : transposed                  ? (size_t)(ld / BLK) * cols
                                                    : (size_t)ld * (cols / BLK);
-    *q = slot(s, transposed ? (size_t)cols * ld : s == X_CODES || s == G_CODES ? (size_t)ld * cols : (size_t)rows * cols);
+    *q = slot(s, (size_t)cols * ld); /* (a weight's rows are whole 128-blocks: rows4 leaves them as they are) */
     if (nscales > bscap[s]) {
         if (bscales[s]) CUDA_CHECK(cudaFree(bscales[s]));
         CUDA_CHECK(cudaMalloc(&bscales[s], nscales * sizeof(float)));

@@ -10,12 +10,11 @@
  * recipe's model (scripts/bench/shapes/), train.micro_batch x train.seq_len
  * tokens, in PRECISION (default fp32). Prints one JSON object: median
  * seconds per forward+backward, tokens/s, achieved GFLOP/s (6 x (router +
- * (k + shared) experts' three matrices) x hidden x ffn per token), and the
- * blocking copies to the host per layer forward + backward. Under
- * MTRAIN_PROFILE=1 the timed passes run on the profiled table and the JSON
- * has the backend ops per layer instead of the copies (the profiler's own
- * waits are copies) (each at least one kernel launch on the
- * GPU; a GEMM is one cuBLASLt call), its table to stderr. */
+ * k experts' three matrices) x hidden x ffn per token), and the blocking
+ * copies to the host per layer forward + backward. Under MTRAIN_PROFILE=1
+ * the timed passes run on the profiled table, its table goes to stderr, and
+ * the JSON has the backend ops per layer (each at least one kernel launch on
+ * the GPU) instead of the copies (the profiler's own waits are copies). */
 #include <omp.h>
 #include <string.h>
 
