@@ -100,9 +100,10 @@ struct backend {
     /* The local experts' GEMMs at once (model/moe.c): expert e's rows are
      * off[e] .. off[e + 1] (host offsets) of the expert-major x, out, dout
      * and dx, its weight w[e] [M, K] and its gradient dw[e]. forward: out =
-     * x w^T; backward: dx (+)= dout w, dw[e] += dout^T x (dx or dw NULL:
-     * not computed). 0, or -1 where the table does not take them (nothing
-     * written: the model calls matmul_forward / matmul_backward per expert).
+     * x w^T; backward: dx (+)= dout w, or dw[e] += dout^T x, one of them
+     * a call (the other NULL). 0, or -1 where the table does not take them
+     * (nothing written: the model calls matmul_forward / matmul_backward
+     * per expert).
      * Optional: NULL in tables without them. */
     int (*experts_matmul_forward)(float *out, const float *x, const float *const *w, const int32_t *off, int E, int K,
                                   int M);

@@ -270,13 +270,18 @@ static void experts_gemm_forward(struct transformer *m, float *out, const float 
 static void experts_gemm_backward(struct transformer *m, float *dx, float *const *dw, const float *dout, const float *x,
                                   const float *const *w, const int32_t *off, int K, int M, int accumulate_dx) {
     const struct backend *be = m->be;
-    if (be->experts_matmul_backward && !be->experts_matmul_backward(dx, dw, dout, x, w, off, m->El, K, M, accumulate_dx))
-        return;
+    int (*op)(float *, float *const *, const float *, const float *, const float *const *, const int32_t *, int, int,
+              int, int) = be->experts_matmul_backward;
+    /* one gradient a call: the table may take one and not the other (cuBLAS's grouped call and the fp32 dw) */
+    int dx_done = op && !op(dx, NULL, dout, x, w, off, m->El, K, M, accumulate_dx);
+    int dw_done = op && !op(NULL, dw, dout, x, w, off, m->El, K, M, 0);
+    if (dx_done && dw_done) return;
     for (int e = 0; e < m->El; e++) {
         int o = off[e], n = off[e + 1] - o;
         if (n)
-            be->matmul_backward(act_at(m, dx, (size_t)o * K), dw[e], act_at(m, dout, (size_t)o * M),
-                                act_at(m, x, (size_t)o * K), w[e], n, K, M, accumulate_dx);
+            be->matmul_backward(dx_done ? NULL : act_at(m, dx, (size_t)o * K), dw_done ? NULL : dw[e],
+                                act_at(m, dout, (size_t)o * M), act_at(m, x, (size_t)o * K), w[e], n, K, M,
+                                accumulate_dx);
     }
 }
 

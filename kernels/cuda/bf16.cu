@@ -310,7 +310,7 @@ static void fp8_matmul_backward(float *dx, float *dw, const float *dout, const f
 
 /* the experts' GEMMs at once: cuBLAS's grouped call (kernels/cuda/expert_gemm.cu) under
  * MTRAIN_EXPERT_GEMM=grouped, until a measurement makes it the default (scripts/bench/bench_expert_gemm.c);
- * a grouped GEMM cuBLAS refuses runs per expert here */
+ * a grouped GEMM cuBLAS refuses runs per expert in model/moe.c */
 static int experts_grouped(void) {
     static int on = -1;
     if (on < 0) {
@@ -326,16 +326,8 @@ static int experts_matmul_forward(float *out, const float *x, const float *const
 static int experts_matmul_backward(float *dx, float *const *dw, const float *dout, const float *x,
                                    const float *const *w, const int32_t *off, int E, int K, int M, int accumulate_dx) {
     if (!experts_grouped()) return -1;
-    int dx_done = !dx || !cuda_grouped_expert_dgrad(dx, dout, w, off, E, K, M, accumulate_dx);
-    int dw_done = !dw || !cuda_grouped_expert_wgrad(dw, dout, x, off, E, K, M);
-    for (int e = 0; e < E && !(dx_done && dw_done); e++) {
-        int o = off[e], n = off[e + 1] - o;
-        if (n)
-            bf16_matmul_backward(dx_done ? NULL : (float *)((uint16_t *)dx + (size_t)o * K), dw_done ? NULL : dw[e],
-                                 (const float *)((const uint16_t *)dout + (size_t)o * M),
-                                 (const float *)((const uint16_t *)x + (size_t)o * K), w[e], n, K, M, accumulate_dx);
-    }
-    return 0;
+    return dx ? cuda_grouped_expert_dgrad(dx, dout, w, off, E, K, M, accumulate_dx)
+              : cuda_grouped_expert_wgrad(dw, dout, x, off, E, K, M);
 }
 #define BF16_EXPERTS_FORWARD experts_matmul_forward
 #define BF16_EXPERTS_BACKWARD experts_matmul_backward
