@@ -58,7 +58,7 @@ static __global__ void attb_forward_k(float *o, float *lse, const float *q, cons
     int t = (int)(warp % T), h = (int)(warp / T % H), b = (int)(warp / ((long)T * H)), kh = h / (H / KVH);
     int qc = t < c ? q0 : q1, tq = t % c;
     float *ls = lse + ((size_t)b * H + h) * T + t, *orow = o + ((size_t)b * T + t) * H * Dv + h * Dv;
-    float prev = first ? -INFINITY : *ls; /* read before the shuffles below: lane 0 writes it last */
+    float prev = first ? -INFINITY : *ls; /* read before lane 0 writes it, last (the __syncwarp below) */
     const float *qr = q + ((size_t)b * T + t) * H * D + h * D;
     attb_rows kr = {k, KVH * D}, vr = {v, KVH * Dv};
     float m = -INFINITY, l = 0, acc[ATTB_COLS];
@@ -96,6 +96,7 @@ static __global__ void attb_forward_k(float *o, float *lse, const float *q, cons
         int d = lane + 32 * r;
         if (d < Dv) orow[d] = (keep == 0.0f ? 0.0f : orow[d] * keep) + acc[r] * add;
     }
+    __syncwarp(); /* every lane has read prev (no shuffle ran if no key was visible) */
     if (lane == 0) *ls = out_lse;
 }
 

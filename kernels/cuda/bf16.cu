@@ -275,7 +275,7 @@ static void fp8_qdq_blocks(float *x, int rows, int cols, int br, int bc, int for
 
 /* FP8 GEMMs on FP8 tensor cores (kernels/cuda/fp8_gemm.cu) where the shape
  * allows it (K and M multiples of 16, any N; for block scaling K and M
- * multiples of 512, N of 4) and
+ * multiples of 512; token rows padded to 4) and
  * cuBLASLt has an algorithm; other shapes take the reference path
  * (quantise-dequantise, fp32 GEMM). */
 #define BF16_OWN_FP8

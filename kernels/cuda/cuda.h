@@ -151,7 +151,7 @@ int cuda_fast_attention_backward(float *dq, float *dk, float *dv, const float *d
                                  int H, int KVH, int D, int Dv);
 /* FP8 GEMMs on FP8 tensor cores (kernels/cuda/fp8_gemm.cu) on bf16
  * storage, per-tensor (current or delayed) or block scaling: usable for
- * this shape? (K, M multiples of 16; for block scaling of 512, and N of 4;
+ * this shape? (K, M multiples of 16; for block scaling of 512: token rows are padded to 4;
  * not turned off) */
 int cuda_fp8_gemm_usable(int N, int K, int M, const void *const *outs, int nouts, int block);
 int cuda_fp8_forward(float *out, const float *x, const float *w, int N, int K, int M, int accumulate,

@@ -8,7 +8,11 @@
  * operands map to cuBLAS's column-major as in lt_gemm.cu. One group per expert
  * with rows (a group holds GEMMs of one shape); the device arrays of pointers
  * go through SCRATCH_POINTERS. Returns 0, or -1 where cuBLAS has no such
- * grouped GEMM (nothing written). */
+ * grouped GEMM (nothing written; said once per kind, and not tried again):
+ * headers before cuBLAS 12.5, rows not 16-byte aligned (K or M not a
+ * multiple of 8), or a refused type combination (cuBLAS may list bf16 A/B
+ * with an fp32 C, the weight gradient's, for its batched calls and not for
+ * the grouped one). */
 #include "kernels/cuda/cuda.h"
 
 #define MAX_GROUPS 1024
@@ -23,8 +27,22 @@ struct groups {
     void *c[MAX_GROUPS];
 };
 
-static int run(struct groups *g, cudaDataType_t c_type) {
+enum kind { FORWARD, DGRAD, WGRAD };
+static const char *const kind_name[3] = {"forward", "input-gradient", "weight-gradient"};
+static int refused[3];
+
+static int refuse(enum kind kind, const char *why) {
+    if (!refused[kind])
+        fprintf(stderr, "mtrain: no grouped %s GEMM for the experts (%s): they run expert by expert\n",
+                kind_name[kind], why);
+    refused[kind] = 1;
+    return -1;
+}
+
+#if CUBLAS_VERSION >= 120500
+static int run(struct groups *g, enum kind kind) {
     if (!g->n) return 0;
+    cudaDataType_t c_type = kind == WGRAD ? CUDA_R_32F : CUDA_R_16BF;
     void **dev = (void **)cuda_scratch(SCRATCH_POINTERS, 3 * sizeof(void *) * g->n);
     const void *host[3 * MAX_GROUPS];
     for (int i = 0; i < g->n; i++) host[i] = g->a[i], host[g->n + i] = g->b[i], host[2 * g->n + i] = g->c[i];
@@ -34,10 +52,14 @@ static int run(struct groups *g, cudaDataType_t c_type) {
         cuda_blas(), g->ta, g->tb, g->m, g->nn, g->k, g->alpha, (const void *const *)dev, CUDA_R_16BF, g->lda,
         (const void *const *)(dev + g->n), CUDA_R_16BF, g->ldb, g->beta, dev + 2 * g->n, c_type, g->ldc, g->n, g->size,
         CUBLAS_COMPUTE_32F);
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return -1;
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)
+        return refuse(kind, st == CUBLAS_STATUS_NOT_SUPPORTED ? "cuBLAS: not supported" : "cuBLAS: invalid value");
     CUBLAS_CHECK(st);
     return 0;
 }
+#else
+static int run(struct groups *, enum kind kind) { return refuse(kind, "cuBLAS before 12.5"); }
+#endif
 
 static void add(struct groups *g, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *a,
                 int lda, const void *b, int ldb, void *c, int ldc, float beta) {
@@ -49,11 +71,11 @@ static void add(struct groups *g, cublasOperation_t ta, cublasOperation_t tb, in
 
 static const uint16_t *rows(const float *p, size_t row, size_t width) { return (const uint16_t *)p + row * width; }
 
-enum kind { FORWARD, DGRAD, WGRAD };
-
 /* one group per expert with rows: the kind's GEMM on its rows (a, b: the kind's two row-major operands) */
 static int experts(enum kind kind, void *const *outs, void *out, const float *a, const float *const *w,
                    const float *b, const int *off, int E, int K, int M, float beta) {
+    if (refused[kind]) return -1;
+    if (K % 8 || M % 8) return refuse(kind, "rows not 16-byte aligned");
     static struct groups g;
     g.n = 0;
     for (int e = 0; e < E; e++) {
@@ -68,7 +90,7 @@ static int experts(enum kind kind, void *const *outs, void *out, const float *a,
         else /* dw [M, K] += dout [n, M]^T x [n, K]: a = x, b = dout */
             add(&g, CUBLAS_OP_N, CUBLAS_OP_T, K, M, n, rows(a, o, K), K, rows(b, o, M), M, outs[e], K, beta);
     }
-    return run(&g, kind == WGRAD ? CUDA_R_32F : CUDA_R_16BF);
+    return run(&g, kind);
 }
 
 extern "C" int cuda_grouped_expert_forward(float *out, const float *x, const float *const *w, const int *off, int E,

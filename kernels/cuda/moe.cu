@@ -162,7 +162,11 @@ void cuda_bf16_moe_combine_backward(float *dy, float *dw, const float *dout, con
 static unsigned grid_for(long n) { return (unsigned)((n + THREADS - 1) / THREADS); }
 
 void cuda_moe_route_counts(float *counts, const int32_t *idx, int n, int k, int E, int T, int r0, int B) {
-    moe_counts_k<<<grid_for((long)B * E), THREADS>>>(counts, idx, n, k, E, T, r0, B);
+    CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(float) * B * E, 0));
+    if (!n || !B) return;
+    dim3 grid((unsigned)((T + MOE_COUNT_TOKENS - 1) / MOE_COUNT_TOKENS), (unsigned)B,
+              (unsigned)((E + MOE_COUNT_TILE - 1) / MOE_COUNT_TILE));
+    moe_counts_k<<<grid, THREADS>>>(counts, idx, n, k, E, T, r0, B);
     LAUNCH_CHECK();
 }
 
@@ -174,7 +178,10 @@ void cuda_moe_route_balance(float *coef, double *metrics, const float *counts_al
     moe_coef_k<<<grid_for(BE), THREADS>>>(coef, metrics, counts_all, E, T, BE, tp, tp_rank, f_scale, aux_scale, cap);
     LAUNCH_CHECK();
     if (!metrics) return;
-    moe_balance_k<<<1, 256>>>(metrics, counts_all, probs, lse, n, E, T, r0, BE, tp, sigmoid, f_scale);
+    double *part = (double *)cuda_scratch(SCRATCH_MOE, sizeof(double) * 2 * MOE_BALANCE_BLOCKS);
+    moe_balance_k<<<MOE_BALANCE_BLOCKS, 256>>>(part, counts_all, probs, lse, n, E, T, r0, BE, tp, sigmoid);
+    LAUNCH_CHECK();
+    moe_balance_sum_k<<<1, MOE_BALANCE_BLOCKS>>>(metrics, part, E, T, f_scale);
     LAUNCH_CHECK();
 }
 

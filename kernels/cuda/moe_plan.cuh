@@ -22,15 +22,31 @@ __device__ inline void moe_seq_tokens(int b, int n, int T, int r0, int *t0, int 
     *t1 = hi > n ? n : hi;
 }
 
-/* one thread per (sequence, expert) */
+/* moe_counts_k's tokens and experts a block, and moe_balance_k's blocks (a power of two, 32 to 256);
+ * tests/unit/test_moe_plan_emulated.cpp sets small ones, to take several of each */
+#ifndef MOE_COUNT_TOKENS
+#define MOE_COUNT_TOKENS 1024
+#define MOE_COUNT_TILE 1024
+#define MOE_BALANCE_BLOCKS 128
+#endif
+
+/* grid (chunks of MOE_COUNT_TOKENS tokens of a sequence, B, tiles of MOE_COUNT_TILE experts): a block counts
+ * its tokens' selections of its experts in shared memory, then adds them to counts (zeroed before); counts
+ * are whole numbers, so the atomics' order does not change them */
 static __global__ void moe_counts_k(float *counts, const int32_t *idx, int n, int k, int E, int T, int r0, int B) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x, t0, t1;
-    if (i >= B * E) return;
-    moe_seq_tokens(i / E, n, T, r0, &t0, &t1);
-    float c = 0;
-    for (int t = t0; t < t1; t++)
-        for (int j = 0; j < k; j++) c += idx[(size_t)t * k + j] == i % E;
-    counts[i] = c;
+    __shared__ int h[MOE_COUNT_TILE];
+    int b = blockIdx.y, e0 = blockIdx.z * MOE_COUNT_TILE, ne = min(MOE_COUNT_TILE, E - e0), t0, t1;
+    for (int e = threadIdx.x; e < ne; e += blockDim.x) h[e] = 0;
+    __syncthreads();
+    moe_seq_tokens(b, n, T, r0, &t0, &t1);
+    int c0 = t0 + blockIdx.x * MOE_COUNT_TOKENS, c1 = min(t1, c0 + MOE_COUNT_TOKENS);
+    for (long s = (long)c0 * k + threadIdx.x; s < (long)c1 * k; s += blockDim.x) {
+        int e = idx[s] - e0;
+        if (e >= 0 && e < ne) atomicAdd(&h[e], 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < ne; e += blockDim.x)
+        if (h[e]) atomicAdd(&counts[(size_t)b * E + e0 + e], (float)h[e]);
 }
 
 /* one thread per (sequence, expert): the coefficient, and TP rank 0's load and drops */
@@ -45,17 +61,26 @@ static __global__ void moe_coef_k(float *coef, double *metrics, const float *cou
     if (cap >= 0 && c > cap) atomicAdd(&metrics[E + 2], c - (double)cap);
 }
 
-/* one block (blockDim.x a power of two <= 256): this rank's balance and z-loss terms */
-static __global__ void moe_balance_k(double *metrics, const float *counts_all, const float *probs, const float *lse,
-                                     int n, int E, int T, int r0, int BE, int tp, int sigmoid, double f_scale) {
+/* MOE_BALANCE_BLOCKS blocks (blockDim.x a power of two <= 256): block g's tokens' balance and z-loss terms
+ * into part[2g], part[2g + 1] */
+static __global__ void moe_balance_k(double *part, const float *counts_all, const float *probs, const float *lse,
+                                     int n, int E, int T, int r0, int BE, int tp, int sigmoid) {
     __shared__ double buf[256];
     double aux = 0, z = 0;
-    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < n; t += gridDim.x * blockDim.x) {
         aux += moe_token_balance(probs + (size_t)t * E, counts_all, BE, tp, (size_t)((r0 + t) / T) * E, E, sigmoid);
         if (!sigmoid) z += (double)lse[t] * lse[t];
     }
     aux = block_sum(aux, buf);
     z = block_sum(z, buf);
+    if (threadIdx.x == 0) part[2 * blockIdx.x] = aux, part[2 * blockIdx.x + 1] = z;
+}
+
+/* one block of MOE_BALANCE_BLOCKS threads: the partial sums in a fixed tree (the same sums every run) into
+ * this rank's balance and z-loss statistics */
+static __global__ void moe_balance_sum_k(double *metrics, const double *part, int E, int T, double f_scale) {
+    __shared__ double buf[MOE_BALANCE_BLOCKS];
+    double aux = block_sum(part[2 * threadIdx.x], buf), z = block_sum(part[2 * threadIdx.x + 1], buf);
     if (threadIdx.x == 0) metrics[E] += aux * f_scale / T, metrics[E + 1] += z / T;
 }
 

@@ -96,6 +96,12 @@ static inline T __shfl_sync(unsigned mask, T v, int src) {
     return emu_shfl(v, src);
 }
 
+/* a barrier over the warp (whole warps only, as the emulated kernels use it) */
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    (void)mask;
+    emu_warp_wait();
+}
+
 static inline unsigned atomicMax(unsigned *p, unsigned v) {
     std::lock_guard<std::mutex> hold(emu_atomic_lock);
     unsigned old = *p;
@@ -103,6 +109,18 @@ static inline unsigned atomicMax(unsigned *p, unsigned v) {
     return old;
 }
 
+static inline int atomicAdd(int *p, int v) {
+    std::lock_guard<std::mutex> hold(emu_atomic_lock);
+    int old = *p;
+    *p = old + v;
+    return old;
+}
+static inline float atomicAdd(float *p, float v) {
+    std::lock_guard<std::mutex> hold(emu_atomic_lock);
+    float old = *p;
+    *p = old + v;
+    return old;
+}
 static inline double atomicAdd(double *p, double v) {
     std::lock_guard<std::mutex> hold(emu_atomic_lock);
     double old = *p;
@@ -117,7 +135,7 @@ static inline float emu_uniform(unsigned long long *state, float lo, float hi) {
 }
 
 /* runs body() as every thread of every block of grid (blocks of block.x x
- * block.y threads, a multiple of 32), blocks in order; per-thread state a
+ * block.y threads, a multiple of 32), blocks in order (z, y, x); per-thread state a
  * body keeps (e.g. cp.async queues) can be checked by block_end() */
 template <typename F, typename E>
 static void emu_launch(dim3_ grid, dim3_ block, F body, E block_end) {
@@ -133,13 +151,14 @@ static void emu_launch(dim3_ grid, dim3_ block, F body, E block_end) {
     for (int i = 0; i < threads; i++)
         pool.emplace_back([=]() {
             threadIdx = dim3_{(unsigned)i % block.x, (unsigned)i / block.x, 0};
-            for (unsigned by = 0; by < grid.y; by++)
-                for (unsigned bx = 0; bx < grid.x; bx++) {
-                    blockIdx = dim3_{bx, by, 0};
-                    body();
-                    block_end();
-                    __syncthreads(); /* the next block reuses the shared memory */
-                }
+            for (unsigned bz = 0; bz < (grid.z ? grid.z : 1); bz++)
+                for (unsigned by = 0; by < grid.y; by++)
+                    for (unsigned bx = 0; bx < grid.x; bx++) {
+                        blockIdx = dim3_{bx, by, bz};
+                        body();
+                        block_end();
+                        __syncthreads(); /* the next block reuses the shared memory */
+                    }
         });
     for (auto &t : pool) t.join();
     pthread_barrier_destroy(&emu_block_bar);

@@ -483,8 +483,10 @@ static void test_cross_entropy(int N, int V) {
  * 5 experts of 0, 37, 64, 1 and 130 rows (an empty expert, partial tiles),
  * K 320, M 192; forward and dgrad (bf16 outputs, the dgrad accumulating)
  * within 4e-3 norm-wise, the fp32 weight gradients accumulated onto values
- * within 1e-5 (the same sums in another order). Any grouped GEMM cuBLAS
- * refuses fails the test. */
+ * within 1e-5 (the same sums in another order). A refused forward or
+ * dgrad fails the test; a refused weight gradient (bf16 in, fp32 out: a
+ * combination cuBLAS may not group) is said and not judged, as the model
+ * then runs it expert by expert. */
 static void test_grouped_expert_gemms(void) {
     enum { E = 5, K = 320, M = 192 };
     int off[E + 1] = {0, 0, 37, 101, 102, 232}, R = off[E];
@@ -523,7 +525,9 @@ static void test_grouped_expert_gemms(void) {
         if (d > ew) ew = d;
         free(a), free(b);
     }
-    TEST_RESULT("cuda_grouped_expert_gemms_match_per_expert", !rc && eo <= 4e-3 && ex <= 4e-3 && ew <= 1e-5,
+    if (rc & 4) printf("# cuda_grouped_expert_gemms: cuBLAS refused the grouped weight gradient (bf16 in, fp32 out)\n");
+    TEST_RESULT("cuda_grouped_expert_gemms_match_per_expert",
+                !(rc & 3) && eo <= 4e-3 && ex <= 4e-3 && ((rc & 4) || ew <= 1e-5),
                 "cuBLAS refused%s%s%s; forward %.3g, dgrad %.3g (tol 4e-3), wgrad %.3g (1e-5)", rc & 1 ? " forward" : "",
                 rc & 2 ? " dgrad" : "", rc & 4 ? " wgrad (bf16 in, fp32 out)" : rc ? "" : " nothing", eo, ex, ew);
     free(x), free(dout), free(X), free(D), free(start), free(ha), free(hb), free(ga), free(gb);

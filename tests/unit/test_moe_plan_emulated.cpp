@@ -10,6 +10,10 @@
 
 #include "tests/unit/cuda_emulation.h"
 
+/* blocks of a few tokens and experts, and 32 partial sums: several of each at these sizes */
+#define MOE_COUNT_TOKENS 7
+#define MOE_COUNT_TILE 5
+#define MOE_BALANCE_BLOCKS 32
 #include "kernels/cuda/moe_plan.cuh"
 #include "kernels/ops.h"
 
@@ -54,7 +58,10 @@ static void run_case(const char *tag, int n, int k, int E, int T, int tp, int si
         const int32_t *idx = idx_all.data() + (size_t)r * nk;
         cpu->moe_route_counts(all_cpu.data() + (size_t)r * BE, idx, n, k, E, T, r * n, B);
         float *out = all_emu.data() + (size_t)r * BE;
-        emu_launch(grid_of(BE), dim3_{THREADS_T, 1, 1}, [&]() { moe_counts_k(out, idx, n, k, E, T, r * n, B); });
+        std::fill(out, out + BE, 0.0f); /* moe.cu zeroes them first */
+        dim3_ grid = {(unsigned)((T + MOE_COUNT_TOKENS - 1) / MOE_COUNT_TOKENS), (unsigned)B,
+                      (unsigned)((E + MOE_COUNT_TILE - 1) / MOE_COUNT_TILE)};
+        emu_launch(grid, dim3_{THREADS_T, 1, 1}, [&]() { moe_counts_k(out, idx, n, k, E, T, r * n, B); });
     }
     ok_counts = same(all_cpu, all_emu);
     double f_scale = sigmoid ? (double)E / ((double)k * T) : (double)E / T;
@@ -71,8 +78,12 @@ static void run_case(const char *tag, int n, int k, int E, int T, int tp, int si
         double *met = met_e.data();
         emu_launch(grid_of(BE), dim3_{THREADS_T, 1, 1},
                    [&]() { moe_coef_k(coef, met, all, E, T, BE, tp, r, f_scale, aux_scale, cap); });
-        emu_launch(dim3_{1, 1, 1}, dim3_{THREADS_T, 1, 1},
-                   [&]() { moe_balance_k(met, all, probs, lse, n, E, T, r * n, BE, tp, sigmoid, f_scale); });
+        std::vector<double> part_v(2 * MOE_BALANCE_BLOCKS);
+        double *part = part_v.data();
+        emu_launch(dim3_{MOE_BALANCE_BLOCKS, 1, 1}, dim3_{THREADS_T, 1, 1},
+                   [&]() { moe_balance_k(part, all, probs, lse, n, E, T, r * n, BE, tp, sigmoid); });
+        emu_launch(dim3_{1, 1, 1}, dim3_{MOE_BALANCE_BLOCKS, 1, 1},
+                   [&]() { moe_balance_sum_k(met, part, E, T, f_scale); });
         ok_coef &= same(coef_c, coef_e);
         for (int i = 0; i < E + 3; i++)
             ok_stats &= fabs(met_c[i] - met_e[i]) <= 1e-12 * fmax(fabs(met_c[i]), 1e-30);
