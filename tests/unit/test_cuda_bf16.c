@@ -478,6 +478,41 @@ static void test_cross_entropy(int N, int V) {
     free(l), free(L), free(ls), free(t), free(gl), g16->free(dL), g16->free(dls), g16->free(dt);
 }
 
+/* the MoE combine and its backward on bf16 rows (kernels/cuda/moe_combine.cuh)
+ * against the CPU bf16 table's (widened, fp32, narrowed): n tokens, k
+ * selections each in a scattered order, one dropped; the outputs within the
+ * norm-wise TOL, the fp32 gate gradient within 1e-5. Rows no selection
+ * writes start at zero on both sides. */
+static void test_moe_combine(int n, int k, int C) {
+    size_t nk = (size_t)n * k, no = (size_t)n * C, ny = nk * C;
+    float *y = rnd(ny), *g = rnd(no), *w = rnd(nk), *Y = pack(y, ny), *G = pack(g, no);
+    int32_t *pos = malloc(4 * nk);
+    for (size_t i = 0; i < nk; i++) pos[i] = (int32_t)((i * 5 + 1) % nk); /* nk not a multiple of 5 */
+    pos[3] = -1;
+    float *dY = dev(Y, 2 * ny), *dG = dev(G, 2 * no), *dW = dev(w, 4 * nk), *dpos = dev(pos, 4 * nk);
+    float *O = malloc(2 * no), *dO = g16->alloc(2 * no);
+    c16->moe_combine(O, Y, pos, w, n, k, C, 0);
+    g16->moe_combine(dO, dY, (const int32_t *)dpos, dW, n, k, C, 0);
+    compare("cuda_bf16_moe_combine", dO, O, NULL, no);
+    memcpy(O, G, 2 * no);
+    g16->copy(dO, dG, 2 * no);
+    c16->moe_combine(O, Y, pos, NULL, n, k, C, 1);
+    g16->moe_combine(dO, dY, (const int32_t *)dpos, NULL, n, k, C, 1);
+    compare("cuda_bf16_moe_combine_unweighted_accumulate", dO, O, NULL, no);
+    float *DY = calloc(ny, 2), *dDY = g16->alloc(2 * ny), *dwc = malloc(4 * nk), *dDW = g16->alloc(4 * nk);
+    g16->zero(dDY, 2 * ny);
+    c16->moe_combine_backward(DY, dwc, G, Y, pos, w, n, k, C);
+    g16->moe_combine_backward(dDY, dDW, dG, dY, (const int32_t *)dpos, dW, n, k, C);
+    compare("cuda_bf16_moe_combine_backward_dy", dDY, DY, NULL, ny);
+    float *hdw = host_of(dDW, 4 * nk);
+    double e = normwise_diff(hdw, dwc, nk);
+    TEST_RESULT("cuda_bf16_moe_combine_backward_dw", e <= 1e-5 && hdw[3] == 0.0f,
+                "gate gradient differs from the CPU bf16 table's by %.3g (tol 1e-5); dropped selection's %g (want 0)", e,
+                hdw[3]);
+    free(y), free(g), free(w), free(Y), free(G), free(pos), free(O), free(DY), free(dwc), free(hdw);
+    g16->free(dY), g16->free(dG), g16->free(dW), g16->free(dpos), g16->free(dO), g16->free(dDY), g16->free(dDW);
+}
+
 /* kernels/cuda/expert_gemm.cu's grouped expert GEMMs against the per-expert
  * calls the model makes (the bf16 table's matmul_forward / matmul_backward):
  * 5 experts of 0, 37, 64, 1 and 130 rows (an empty expert, partial tiles),
@@ -564,6 +599,7 @@ int main(void) {
     test_attention_mode(1, 700, 4, 4, 192, 128, "t700_mla_d192_dv128"); /* DeepSeek-V3's heads */
     test_norm_and_elementwise(300, 520); /* C / 4 even: the RoPE head size */
     test_cross_entropy(77, 1500);
+    test_moe_combine(301, 2, 200); /* 602 selections: nk not a multiple of 5 */
     test_grouped_expert_gemms();
     if (cuda_device_has_fp8()) {
         const struct backend *g8 = backend_get("cuda", "fp8"), *c8 = backend_get("cpu", "fp8");
