@@ -22,8 +22,12 @@
 # SHAPES and RUNS pick subsets and their order (RUNS: mtrain-bf16 torch layer
 # torch-layer grouped mtrain-fp8-block mtrain-fp8 torch-compile; grouped: the
 # step and the layer with MTRAIN_EXPERT_GEMM=grouped); `moe_gpu.sh --report` prints the
-# tables of the rows written so far (a run cut off at a time limit). Skips (exit 0) where no GPU is visible, unless
-# DEVICE=cpu (a smoke run of the whole script on toy recipes: SHAPE_DIR).
+# tables of the rows written so far (a run cut off at a time limit). Each run is cut off after RUN_LIMIT seconds
+# (default 150; COMPILE_LIMIT, default 300, for torch.compile), a row at a time appended to
+# build/bench/moe_gpu.jsonl (started afresh unless APPEND=1) and copied to $OUT when set (the device tool's
+# folder, so a call killed at its limit still returns the rows). Skips (exit 0) where no GPU is visible, unless
+# DEVICE=cpu (a smoke run of the whole script on toy recipes: SHAPE_DIR); fails where nvidia-smi sees a GPU and
+# mtrain's benchmark cannot use it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/rel}
@@ -35,20 +39,40 @@ SHAPE_DIR=${SHAPE_DIR:-scripts/bench/shapes}
 RUNS=${RUNS:-mtrain-bf16 torch layer torch-layer grouped mtrain-fp8-block mtrain-fp8 torch-compile}
 OUTDIR=${OUTDIR:-build/bench}
 mkdir -p "$OUTDIR"
-if [ "${1:-}" != --report ] && [ "$DEVICE" = cuda ] && ! "$BUILD/bench/bench_train" 1 64 4 4 128 256 1 16 1 cuda >/dev/null 2>&1; then
-    echo "moe_gpu: no CUDA device here; skipped"; exit 0
+if [ "${1:-}" != --report ] && [ "$DEVICE" = cuda ]; then
+    [ -x "$BUILD/bench/bench_train" ] || { echo "FAIL moe_gpu: no $BUILD/bench/bench_train (make bench, or scripts/device/pack.sh)"; exit 1; }
+    if ! probe=$("$BUILD/bench/bench_train" 1 64 4 4 128 256 1 16 1 cuda 2>&1 >/dev/null); then
+        if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+            echo "FAIL moe_gpu: a GPU is visible but bench_train cannot use it: $(echo "$probe" | tail -3)"; exit 1
+        fi
+        echo "moe_gpu: no CUDA device here; skipped"; exit 0
+    fi
 fi
 has() { [[ " $RUNS " == *" $1 "* ]]; }
-# last_json CMD...: the command's last stdout line if it is a JSON object, else null (its stderr's tail shown)
+# last_json CMD...: the command's last stdout line if it is a JSON object, else null (its exit status and
+# stderr's tail shown); cut off after LIMIT seconds (RUN_LIMIT)
 last_json() {
-    local res err
+    local res err rc
     res=$(mktemp) err=$(mktemp)
-    "$@" >"$res" 2>"$err"
-    if [[ "$(tail -1 "$res")" == "{"* ]]; then tail -1 "$res"; else echo null; tail -5 "$err" | sed 's/^/  /' >&2; fi
+    timeout -k 5 "${LIMIT:-${RUN_LIMIT:-150}}" "$@" >"$res" 2>"$err"
+    rc=$?
+    if [[ "$(tail -1 "$res")" == "{"* ]]; then
+        tail -1 "$res"
+    else
+        echo null
+        case $rc in
+            124 | 137) echo "  cut off after ${LIMIT:-${RUN_LIMIT:-150}} s" >&2 ;;
+            *) echo "  exit $rc" >&2 ;;
+        esac
+        tail -5 "$err" | sed 's/^/  /' >&2
+    fi
     rm -f "$res" "$err"
 }
 out=$OUTDIR/moe_gpu.jsonl
-row() { echo "{\"shape\":\"$1\",\"run\":\"$2\",\"kind\":\"$3\",\"r\":$4}" >>"$out"; }
+row() {
+    echo "{\"shape\":\"$1\",\"run\":\"$2\",\"kind\":\"$3\",\"r\":$4}" | tee -a "$out" >&2
+    if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp "$out" "$OUT/"; fi
+}
 recipe_of() {
     case $1 in
         mixtral) echo "$SHAPE_DIR/mixtral-stack.yaml" ;;
@@ -59,7 +83,7 @@ recipe_of() {
 # one run kind over every shape before the next kind, most wanted first, each row written as it ends:
 # a call cut off at its time limit keeps what ran (--report prints the tables of what is there)
 if [ "${1:-}" != --report ]; then
-    : >"$out"
+    [ "${APPEND:-0}" = 1 ] || : >"$out"
     for run in $RUNS; do
         for shape in $SHAPES; do
             recipe=$(recipe_of "$shape") || exit 2
@@ -74,14 +98,16 @@ if [ "${1:-}" != --report ]; then
                     row "$shape" "PyTorch bf16 autocast, SDPA, fused AdamW" step \
                         "$(DEVICE=$DEVICE last_json "$PY" scripts/bench/torch_moe_model_step.py "$recipe" "$STEPS")" ;;
                 torch-compile)
-                    # the experts implementation eager found fastest, where it ran (compiling each costs minutes)
+                    # the experts implementation eager found fastest, where it ran (compiling each costs
+                    # minutes); else transformers' eager experts (its grouped_mm ones run in fp32 under autocast,
+                    # torch._grouped_mm not being autocast-enabled, and break dynamo's graphs)
                     impl=$("$PY" -c 'import json,sys
 for l in open(sys.argv[1]):
     r = json.loads(l)
     if r["shape"] == sys.argv[2] and r["kind"] == "step" and r["r"] and "experts" in r["r"]: print(r["r"]["experts"])' \
-                        "$out" "$shape" | tail -1)
+                        "$out" "$shape" 2>/dev/null | tail -1)
                     row "$shape" "PyTorch bf16 autocast, SDPA, fused AdamW, compile" step \
-                        "$(DEVICE=$DEVICE COMPILE=1 EXPERTS=${impl:-grouped_mm} last_json "$PY" \
+                        "$(DEVICE=$DEVICE COMPILE=1 EXPERTS=${impl:-eager} LIMIT=${COMPILE_LIMIT:-300} last_json "$PY" \
                         scripts/bench/torch_moe_model_step.py "$recipe" "$STEPS")" ;;
                 layer)
                     row "$shape" "mtrain MoE layer, bf16" layer "$(last_json "$BUILD/bench/bench_moe" --recipe "$recipe" \
@@ -103,6 +129,7 @@ for l in open(sys.argv[1]):
         done
     done
 fi
+[ -s "$out" ] || { echo "moe_gpu: no rows in $out (nothing ran)"; exit 1; }
 "$PY" - "${PEAK_BF16:-989}" "$out" "$OUTDIR/moe_gpu.json" <<'PYEOF'
 import datetime, json, subprocess, sys
 peak, rows, dest = float(sys.argv[1]), [json.loads(l) for l in open(sys.argv[2]) if l.strip()], sys.argv[3]

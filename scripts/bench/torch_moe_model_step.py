@@ -6,7 +6,10 @@ AdamW state, torch.autocast(bfloat16), SDPA attention, fused AdamW (on CUDA),
 eager or torch.compile. The experts run through transformers' experts
 implementations (eager: a loop over experts; batched_mm; grouped_mm:
 torch._grouped_mm); EXPERTS=fastest times each for a few steps and keeps the
-fastest. Prints one JSON object: median step, tokens/s, the allocator's peak
+fastest. Under autocast with fp32 weights, transformers 5's grouped_mm experts
+run in fp32 (torch._grouped_mm is not autocast-enabled, and the input is cast
+to the weights' dtype), so eager's bf16 loop usually wins; the bf16 grouped
+GEMM is torch_moe_layer.py's, the MoE layer alone. Prints one JSON object: median step, tokens/s, the allocator's peak
 memory, and one step's kernel launches and host synchronisations.
 
 usage: torch_moe_model_step.py RECIPE STEPS
