@@ -34,6 +34,13 @@ BUILD=${BUILD:-build/rel}
 STEPS=${STEPS:-5}
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
+# the DeepSeek-V3 stack (77.6 GiB by the dry run in bf16, and PyTorch's fp32 master, gradients and AdamW state
+# ~61 GiB before activations) only on a GPU of 100 GiB or more (an H200) unless SHAPES names it
+gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+if [ -z "${SHAPES:-}" ] && [ "$DEVICE" = cuda ] && [ -n "$gib" ] && [ "${gib%% *}" -lt 102400 ] 2>/dev/null; then
+    echo "moe_gpu: ${gib%% *} MiB of GPU memory: the Mixtral stack only (SHAPES=\"mixtral deepseek\" to try both)" >&2
+    SHAPES=mixtral
+fi
 SHAPES=${SHAPES:-mixtral deepseek}
 SHAPE_DIR=${SHAPE_DIR:-scripts/bench/shapes}
 RUNS=${RUNS:-mtrain-bf16 torch layer torch-layer grouped mtrain-fp8-block mtrain-fp8 torch-compile}
