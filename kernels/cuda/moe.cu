@@ -8,6 +8,9 @@
 #include "kernels/moe_sigmoid_route.h"
 
 static const unsigned THREADS = 256;
+/* the routing kernels' blocks: a thread per token, so small blocks spread 8192 tokens over 128 SMs, not 32 */
+static const unsigned ROUTE_THREADS = 64;
+static unsigned route_blocks(int n) { return (n + ROUTE_THREADS - 1) / ROUTE_THREADS; }
 
 __global__ void route_forward_k(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E,
                                 int k) {
@@ -82,23 +85,23 @@ __global__ void gather_rows_k(float *out, const float *x, const int32_t *rows, i
 
 void cuda_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E, int k) {
     if (!n) return;
-    route_forward_k<<<(n + THREADS - 1) / THREADS, THREADS>>>(probs, lse, idx, w, logits, n, E, k);
+    route_forward_k<<<route_blocks(n), ROUTE_THREADS>>>(probs, lse, idx, w, logits, n, E, k);
     LAUNCH_CHECK();
 }
 
 void cuda_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
                              const float *w, const float *aux_coef, float z_scale, int n, int E, int k, int T, int r0) {
     if (!n) return;
-    route_backward_k<<<(n + THREADS - 1) / THREADS, THREADS>>>(dlogits, dw, probs, lse, idx, w, aux_coef, z_scale, n,
-                                                               E, k, T, r0);
+    route_backward_k<<<route_blocks(n), ROUTE_THREADS>>>(dlogits, dw, probs, lse, idx, w, aux_coef, z_scale, n, E, k,
+                                                         T, r0);
     LAUNCH_CHECK();
 }
 
 void cuda_moe_route_sigmoid_forward(float *scores, int32_t *idx, float *w, const float *logits, const float *bias, int n,
                                     int E, int k, int n_group, int topk_group, float scaling) {
     if (!n) return;
-    route_sigmoid_forward_k<<<(n + THREADS - 1) / THREADS, THREADS>>>(scores, idx, w, logits, bias, n, E, k, n_group,
-                                                                      topk_group, scaling);
+    route_sigmoid_forward_k<<<route_blocks(n), ROUTE_THREADS>>>(scores, idx, w, logits, bias, n, E, k, n_group,
+                                                                topk_group, scaling);
     LAUNCH_CHECK();
 }
 
@@ -106,8 +109,8 @@ void cuda_moe_route_sigmoid_backward(float *dlogits, const float *dw, const floa
                                      const float *w, const float *aux_coef, int n, int E, int k, float scaling, int T,
                                      int r0) {
     if (!n) return;
-    route_sigmoid_backward_k<<<(n + THREADS - 1) / THREADS, THREADS>>>(dlogits, dw, scores, idx, w, aux_coef, n, E, k,
-                                                                       scaling, T, r0);
+    route_sigmoid_backward_k<<<route_blocks(n), ROUTE_THREADS>>>(dlogits, dw, scores, idx, w, aux_coef, n, E, k,
+                                                                 scaling, T, r0);
     LAUNCH_CHECK();
 }
 
