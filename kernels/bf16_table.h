@@ -168,18 +168,20 @@ static void ref_attention_backward(float *dq, float *dk, float *dv, const float 
     bf16_narrow(dv, gv, nv);
 }
 
-/* context parallelism's block ops on the fp32 table's (o, lse, dq, dk, dv are fp32 already) */
-static void attention_block_forward(float *o, float *lse, const float *q, const float *k, const float *v, int B, int c,
-                                    int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1, int first) {
+/* context parallelism's block ops on the fp32 table's (o, lse, dq, dk, dv are fp32 already); a table with
+ * its own defines BF16_OWN_ATTENTION_BLOCK and attention_block_forward / _backward falling back on these */
+static void ref_attention_block_forward(float *o, float *lse, const float *q, const float *k, const float *v, int B,
+                                        int c, int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1,
+                                        int first) {
     size_t rows = (size_t)B * 2 * c;
     CHECK(BF16_INNER.attention_block_forward);
     BF16_INNER.attention_block_forward(o, lse, wide(0, q, rows * H * D), wide(1, k, rows * KVH * D),
                                        wide(2, v, rows * KVH * Dv), B, c, H, KVH, D, Dv, q0, q1, k0, k1, first);
 }
 
-static void attention_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                                     const float *lse, const float *q, const float *k, const float *v, int B, int c,
-                                     int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1) {
+static void ref_attention_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                         const float *lse, const float *q, const float *k, const float *v, int B,
+                                         int c, int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1) {
     size_t rows = (size_t)B * 2 * c;
     CHECK(BF16_INNER.attention_block_backward);
     BF16_INNER.attention_block_backward(dq, dk, dv, wide(0, dout, rows * H * Dv), wide(1, out, rows * H * Dv), lse,
@@ -339,6 +341,13 @@ static void scale(float *x, float s, size_t n) {
 }
 #endif
 
+#ifdef BF16_OWN_ATTENTION_BLOCK
+#define BF16_ATTENTION_BLOCK_FORWARD attention_block_forward
+#define BF16_ATTENTION_BLOCK_BACKWARD attention_block_backward
+#else
+#define BF16_ATTENTION_BLOCK_FORWARD ref_attention_block_forward
+#define BF16_ATTENTION_BLOCK_BACKWARD ref_attention_block_backward
+#endif
 #ifdef BF16_OWN_ATTENTION
 #define BF16_ATTENTION_FORWARD attention_forward
 #define BF16_ATTENTION_BACKWARD attention_backward
@@ -374,8 +383,8 @@ static void scale(float *x, float s, size_t n) {
     .attention_forward = BF16_ATTENTION_FORWARD, \
     .attention_state_floats = attention_state_floats, \
     .attention_backward = BF16_ATTENTION_BACKWARD, \
-    .attention_block_forward = attention_block_forward, \
-    .attention_block_backward = attention_block_backward, \
+    .attention_block_forward = BF16_ATTENTION_BLOCK_FORWARD, \
+    .attention_block_backward = BF16_ATTENTION_BLOCK_BACKWARD, \
     .attention_decode = attention_decode, \
     .copy_cols = bf16_copy_cols, \
     .swiglu_forward = swiglu_forward, \

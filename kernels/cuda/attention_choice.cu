@@ -201,3 +201,25 @@ int cuda_fast_attention_backward(float *dq, float *dk, float *dv, const float *d
     cuda_flash_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KVH, D, Dv);
     return 1;
 }
+
+/* Context parallelism's block ops (kernels/ops.h attention_block_forward)
+ * on the flash kernels where they apply, in every mode but reference
+ * (cuDNN's graphs here have no block form): 1 done, 0 the caller widens
+ * the operands for the fp32 block kernels (kernels/cuda/attention_block.cu). */
+int cuda_fast_attention_block_forward(float *o, float *lse, const float *q, const float *k, const float *v, int B,
+                                      int c, int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1,
+                                      int first) {
+    const void *p[] = {q, k, v};
+    if (mode() == REFERENCE || !aligned16(p, 3) || !cuda_flash_attention_usable(D, Dv)) return 0;
+    cuda_flash_attention_block_forward(o, lse, q, k, v, B, c, H, KVH, D, Dv, q0, q1, k0, k1, first);
+    return 1;
+}
+
+int cuda_fast_attention_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                       const float *lse, const float *q, const float *k, const float *v, int B, int c,
+                                       int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1) {
+    const void *p[] = {dout, out, q, k, v};
+    if (mode() == REFERENCE || !aligned16(p, 5) || !cuda_flash_attention_usable(D, Dv)) return 0;
+    cuda_flash_attention_block_backward(dq, dk, dv, dout, out, lse, q, k, v, B, c, H, KVH, D, Dv, q0, q1, k0, k1);
+    return 1;
+}

@@ -182,6 +182,27 @@ static void attention_backward(float *dq, float *dk, float *dv, const float *dou
         ref_attention_backward(dq, dk, dv, dout, out, att, q, k, v, B, T, H, KVH, D, Dv);
 }
 
+/* context parallelism's block ops: the flash kernels' block form where it applies, else the widening path onto
+ * the fp32 block kernels */
+#define BF16_OWN_ATTENTION_BLOCK
+static void ref_attention_block_forward(float *o, float *lse, const float *q, const float *k, const float *v, int B,
+                                        int c, int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1,
+                                        int first);
+static void ref_attention_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                         const float *lse, const float *q, const float *k, const float *v, int B,
+                                         int c, int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1);
+static void attention_block_forward(float *o, float *lse, const float *q, const float *k, const float *v, int B, int c,
+                                    int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1, int first) {
+    if (!cuda_fast_attention_block_forward(o, lse, q, k, v, B, c, H, KVH, D, Dv, q0, q1, k0, k1, first))
+        ref_attention_block_forward(o, lse, q, k, v, B, c, H, KVH, D, Dv, q0, q1, k0, k1, first);
+}
+static void attention_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                     const float *lse, const float *q, const float *k, const float *v, int B, int c,
+                                     int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1) {
+    if (!cuda_fast_attention_block_backward(dq, dk, dv, dout, out, lse, q, k, v, B, c, H, KVH, D, Dv, q0, q1, k0, k1))
+        ref_attention_block_backward(dq, dk, dv, dout, out, lse, q, k, v, B, c, H, KVH, D, Dv, q0, q1, k0, k1);
+}
+
 static double mem(void) { return cuda_backend.device_mem_mib(); }
 
 /* Dense bf16 tensor-core peaks from NVIDIA's datasheets, by device name. */

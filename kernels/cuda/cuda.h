@@ -141,6 +141,21 @@ void cuda_flash_attention_forward(float *out, float *lse, const float *q, const 
 void cuda_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                    const float *lse, const float *q, const float *k, const float *v, int B, int T,
                                    int H, int KVH, int D, int Dv);
+/* context parallelism's block ops (kernels/ops.h attention_block_forward /
+ * _backward) on bf16 q, k, v, out, dout with fp32 o, lse, dq, dk, dv: the
+ * flash kernels' block form, and the choice (1 done, 0 not applicable) */
+void cuda_flash_attention_block_forward(float *o, float *lse, const float *q, const float *k, const float *v, int B,
+                                        int c, int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1,
+                                        int first);
+void cuda_flash_attention_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                         const float *lse, const float *q, const float *k, const float *v, int B,
+                                         int c, int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1);
+int cuda_fast_attention_block_forward(float *o, float *lse, const float *q, const float *k, const float *v, int B,
+                                      int c, int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1,
+                                      int first);
+int cuda_fast_attention_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                       const float *lse, const float *q, const float *k, const float *v, int B, int c,
+                                       int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1);
 /* attention on bf16 storage by cuDNN or the flash kernels, as
  * kernels/cuda/attention_choice.cu chooses: 1 done, 0 neither applies (the
  * caller runs the reference path). out NULL (backward): 0. */

@@ -37,6 +37,7 @@ namespace {
 #define FA_CONST __host__ __device__ constexpr
 #define fa_sync() __syncthreads()
 #define fa_shfl_xor(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
+#define fa_syncwarp() __syncwarp()
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -98,7 +99,8 @@ void forward(float *out, float *lse, const float *q, const float *k, const float
     allow_smem(flash_forward_k<D, DV>, smem, &ready);
     dim3 grid(B * H, (T + TILE - 1) / TILE);
     flash_forward_k<D, DV><<<grid, THREADS_FA, smem>>>((uint16_t *)out, lse, (const uint16_t *)q, (const uint16_t *)k,
-                                                   (const uint16_t *)v, T, H, KVH, 1.0f / sqrtf((float)D) * LOG2E);
+                                                   (const uint16_t *)v, T, H, KVH, 1.0f / sqrtf((float)D) * LOG2E,
+                                                   fa_blk{});
     LAUNCH_CHECK();
 }
 
@@ -116,14 +118,70 @@ void backward(float *dq, float *dk, float *dv, const float *dout, const float *o
     allow_smem(flash_dq_k<D, DV>, smem, &ready_dq);
     flash_dq_k<D, DV><<<dim3(B * H, (T + TILE - 1) / TILE), THREADS_FA, smem>>>(
         (uint16_t *)dq, (const uint16_t *)dout, lse, delta, (const uint16_t *)q, (const uint16_t *)k,
-        (const uint16_t *)v, T, H, KVH, scale_log2, scale);
+        (const uint16_t *)v, T, H, KVH, scale_log2, scale, fa_blk{});
     LAUNCH_CHECK();
     smem = dkdv_smem<D, DV>();
     allow_smem(flash_dkdv_k<D, DV>, smem, &ready_dkdv);
     flash_dkdv_k<D, DV><<<dim3(B * KVH, (T + TILE - 1) / TILE), THREADS_FA, smem>>>(
         (uint16_t *)dk, (uint16_t *)dv, (const uint16_t *)dout, lse, delta, (const uint16_t *)q, (const uint16_t *)k,
-        (const uint16_t *)v, T, H, KVH, scale_log2, scale);
+        (const uint16_t *)v, T, H, KVH, scale_log2, scale, fa_blk{});
     LAUNCH_CHECK();
+}
+
+__global__ void fill_k(float *x, float value, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = value;
+}
+
+/* context parallelism's block op (kernels/ops.h attention_block_forward) on
+ * bf16 q, k, v [B, 2c, heads, D]: each chunk pair that sees keys
+ * (fa_block_pairs) merged into the fp32 o, lse by the BLK kernels */
+template <int D, int DV>
+void block_forward(float *o, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int c, int H,
+                   int KVH, int q0, int q1, int k0, int k1, int first) {
+    static int ready;
+    size_t smem = forward_smem<D, DV>(), rows = (size_t)B * 2 * c;
+    allow_smem(flash_forward_k<D, DV, true>, smem, &ready);
+    if (first) { /* the running rows start at o 0, lse -inf */
+        CUDA_CHECK(cudaMemsetAsync(o, 0, sizeof(float) * rows * H * DV, 0));
+        fill_k<<<blocks_for(rows * H, 256), 256>>>(lse, -INFINITY, rows * H);
+        LAUNCH_CHECK();
+    }
+    float scale_log2 = 1.0f / sqrtf((float)D) * LOG2E;
+    fa_block_pairs(c, q0, q1, k0, k1, [&](int qi, int kj, int q_pos) {
+        fa_blk blk = {2 * c, q_pos, o + (size_t)qi * c * H * DV, NULL, NULL, NULL};
+        flash_forward_k<D, DV, true><<<dim3(B * H, (c + TILE - 1) / TILE), THREADS_FA, smem>>>(
+            NULL, lse + (size_t)qi * c, q + (size_t)qi * c * H * D, k + (size_t)kj * c * KVH * D,
+            v + (size_t)kj * c * KVH * DV, c, H, KVH, scale_log2, blk);
+        LAUNCH_CHECK();
+    });
+}
+
+/* its backward: Delta from the final out over both halves, then each chunk pair's dQ and dK/dV added to the
+ * fp32 gradients */
+template <int D, int DV>
+void block_backward(float *dq, float *dk, float *dv, const uint16_t *dout, const uint16_t *out, const float *lse,
+                    const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int c, int H, int KVH, int q0,
+                    int q1, int k0, int k1) {
+    static int ready_dq, ready_dkdv;
+    float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E;
+    size_t rows = (size_t)B * 2 * c * H, sdq = dq_smem<D, DV>(), sdkdv = dkdv_smem<D, DV>();
+    float *delta = (float *)cuda_scratch(SCRATCH_WORK, sizeof(float) * rows);
+    delta_k<<<blocks_for(rows * 32, THREADS_FA), THREADS_FA>>>(delta, dout, out, B, 2 * c, H, DV);
+    LAUNCH_CHECK();
+    allow_smem(flash_dq_k<D, DV, true>, sdq, &ready_dq);
+    allow_smem(flash_dkdv_k<D, DV, true>, sdkdv, &ready_dkdv);
+    fa_block_pairs(c, q0, q1, k0, k1, [&](int qi, int kj, int q_pos) {
+        size_t qo = (size_t)qi * c, ko = (size_t)kj * c;
+        fa_blk blk = {2 * c, q_pos, NULL, dq + qo * H * D, dk + ko * KVH * D, dv + ko * KVH * DV};
+        const uint16_t *qq = q + qo * H * D, *dd = dout + qo * H * DV, *kk = k + ko * KVH * D, *vv = v + ko * KVH * DV;
+        flash_dq_k<D, DV, true><<<dim3(B * H, (c + TILE - 1) / TILE), THREADS_FA, sdq>>>(
+            NULL, dd, lse + qo, delta + qo, qq, kk, vv, c, H, KVH, scale_log2, scale, blk);
+        LAUNCH_CHECK();
+        flash_dkdv_k<D, DV, true><<<dim3(B * KVH, (c + TILE - 1) / TILE), THREADS_FA, sdkdv>>>(
+            NULL, NULL, dd, lse + qo, delta + qo, qq, kk, vv, c, H, KVH, scale_log2, scale, blk);
+        LAUNCH_CHECK();
+    });
 }
 
 /* the most dynamic shared memory any kernel of a head size asks for */
@@ -161,6 +219,27 @@ void cuda_flash_attention_forward(float *out, float *lse, const float *q, const 
     if (D == 64) forward<64, 64>(out, lse, q, k, v, B, T, H, KVH);
     else if (D == 128) forward<128, 128>(out, lse, q, k, v, B, T, H, KVH);
     else forward<192, 128>(out, lse, q, k, v, B, T, H, KVH);
+}
+
+void cuda_flash_attention_block_forward(float *o, float *lse, const float *q, const float *k, const float *v, int B,
+                                        int c, int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1,
+                                        int first) {
+    if (!B || !c || !H) return;
+    const uint16_t *qb = (const uint16_t *)q, *kb = (const uint16_t *)k, *vb = (const uint16_t *)v;
+    if (D == 64) block_forward<64, 64>(o, lse, qb, kb, vb, B, c, H, KVH, q0, q1, k0, k1, first);
+    else if (D == 128) block_forward<128, 128>(o, lse, qb, kb, vb, B, c, H, KVH, q0, q1, k0, k1, first);
+    else block_forward<192, 128>(o, lse, qb, kb, vb, B, c, H, KVH, q0, q1, k0, k1, first);
+}
+
+void cuda_flash_attention_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                         const float *lse, const float *q, const float *k, const float *v, int B,
+                                         int c, int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1) {
+    if (!B || !c || !H) return;
+    const uint16_t *db = (const uint16_t *)dout, *ob = (const uint16_t *)out, *qb = (const uint16_t *)q;
+    const uint16_t *kb = (const uint16_t *)k, *vb = (const uint16_t *)v;
+    if (D == 64) block_backward<64, 64>(dq, dk, dv, db, ob, lse, qb, kb, vb, B, c, H, KVH, q0, q1, k0, k1);
+    else if (D == 128) block_backward<128, 128>(dq, dk, dv, db, ob, lse, qb, kb, vb, B, c, H, KVH, q0, q1, k0, k1);
+    else block_backward<192, 128>(dq, dk, dv, db, ob, lse, qb, kb, vb, B, c, H, KVH, q0, q1, k0, k1);
 }
 
 void cuda_flash_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,

@@ -8,6 +8,7 @@
  *   FA_CONST         qualifier of constexpr helpers used in kernels
  *   fa_sync()        __syncthreads
  *   fa_shfl_xor(v,o) __shfl_xor_sync over the whole warp (float)
+ *   fa_syncwarp()    __syncwarp
  *   ldsm(r, p), ldsm_t(r, p)   ldmatrix.x4 (.trans) from shared memory
  *   mma(c, a, b0, b1)          mma.sync m16n8k16 row.col, bf16 in, fp32 accumulate
  *   pack2(lo, hi)    two floats as bf16 (round to nearest even), lo in the low half
@@ -28,6 +29,19 @@ constexpr int TILE = 64;   /* query rows per forward and dQ block; kv rows per f
 constexpr int PAD = 8;     /* bf16 per smem row beyond D: rows shift by 4 banks, ldmatrix conflict-free */
 constexpr int THREADS_FA = 128; /* 4 warps */
 constexpr float LOG2E = 1.4426950408889634f;
+
+/* Context parallelism's block form (kernels/cuda/attention_block_flash.cu),
+ * the kernels' BLK instances: one pair of T-row chunks, a query chunk and a
+ * key chunk, not a whole sequence. seq: rows from one batch to the next in
+ * q, k, v, dO (and from one (b, h) to the next in lse and Delta); q_pos:
+ * the query chunk's position past the key chunk's (key j visible to query
+ * i when j <= i + q_pos: 0 the same chunk, causal; T an earlier chunk, all
+ * visible); the results fp32, merged into o32 and lse by log-sum-exp (the
+ * forward) or added to dq32, dk32, dv32 (the backward), not stored as bf16. */
+struct fa_blk {
+    int seq, q_pos;
+    float *o32, *dq32, *dk32, *dv32;
+};
 
 /* Addresses each lane gives ldmatrix.x4 (lanes 8i..8i+7: the rows of matrix i).
  * A operand, the 16 x 16 block at (r0, c0) of row-major smem:
@@ -126,6 +140,19 @@ FA_FN void store_rows(uint16_t *o, size_t stride, const float (*acc)[4], float s
     }
 }
 
+/* the same rows, times s, added to fp32 rows (the block form's gradients) */
+template <int D>
+FA_FN void add_rows_f32(float *o, size_t stride, const float (*acc)[4], float s0, float s1, int row0, int T, int t) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + 8 * r;
+        if (row >= T) continue;
+        float s = r ? s1 : s0, *dst = o + (size_t)row * stride + 2 * t;
+#pragma unroll
+        for (int nb = 0; nb < D / 8; nb++) dst[nb * 8] += acc[nb][2 * r] * s, dst[nb * 8 + 1] += acc[nb][2 * r + 1] * s;
+    }
+}
+
 /* acc[16 x 8 NB] += A B with A [16 x 16 KS] held as fragments in registers
  * (af, loaded once by a kernel for its whole loop: the forward's and dQ
  * kernel's query rows) and B n-major in sb. Measured on an H200
@@ -158,19 +185,20 @@ constexpr size_t forward_smem() {
 }
 
 /* grid (B*H, query tiles): the longest (last) query tiles of every pair
- * first; warp w owns query rows 16 w .. of the tile */
-template <int D, int DV>
+ * first; warp w owns query rows 16 w .. of the tile (BLK: fa_blk's block
+ * form, out unused) */
+template <int D, int DV, bool BLK = false>
 FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int T,
-                           int H, int KVH, float scale_log2) {
+                           int H, int KVH, float scale_log2, fa_blk blk) {
     constexpr int LD = D + PAD, TL = TILE * LD, LDV = DV + PAD, TLV = TILE * LDV;
     FA_SHARED(smem);
     uint16_t *Qs = smem, *Kb = Qs + TL, *Vb = Kb + 2 * TL;
     int qt = gridDim.y - 1 - blockIdx.y, pair = blockIdx.x, b = pair / H, h = pair % H, kh = h / (H / KVH);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int q0 = qt * TILE, row0 = q0 + warp * 16 + g;
+    int q0 = qt * TILE, row0 = q0 + warp * 16 + g, seq = BLK ? blk.seq : T, qp = BLK ? blk.q_pos : 0;
     size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D, vstride = (size_t)KVH * DV;
-    const uint16_t *qg = q + ((size_t)b * T * H + h) * D;
-    const uint16_t *kg = k + ((size_t)b * T * KVH + kh) * D, *vg = v + ((size_t)b * T * KVH + kh) * DV;
+    const uint16_t *qg = q + ((size_t)b * seq * H + h) * D;
+    const uint16_t *kg = k + ((size_t)b * seq * KVH + kh) * D, *vg = v + ((size_t)b * seq * KVH + kh) * DV;
     load_rows<D, TILE>(Qs, qg, qstride, q0, T);
     load_rows<D, TILE>(Kb, kg, kstride, 0, T);
     load_rows<DV, TILE>(Vb, vg, vstride, 0, T);
@@ -179,7 +207,8 @@ FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const u
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0}, o[DV / 8][4];
     uint32_t qf[D / 16][4]; /* this warp's 16 query rows as A operands, loaded once */
     zero_acc<DV / 8>(o);
-    int tiles = qt + 1 < (T + TILE - 1) / TILE ? qt + 1 : (T + TILE - 1) / TILE;
+    int tiles = (q0 + TILE - 1 + qp) / TILE + 1; /* through the tile of the last row's last visible key */
+    tiles = tiles < (T + TILE - 1) / TILE ? tiles : (T + TILE - 1) / TILE;
     for (int jt = 0; jt < tiles; jt++) {
         int k0 = jt * TILE, cur = jt & 1;
         if (jt + 1 < tiles) { /* prefetch the next tile into the other buffer */
@@ -200,7 +229,7 @@ FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const u
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 int row = row0 + (c >> 1) * 8, col = k0 + nb * 8 + 2 * t + (c & 1);
-                float x = (col <= row && col < T) ? s[nb][c] * scale_log2 : -INFINITY;
+                float x = (col <= row + qp && col < T) ? s[nb][c] * scale_log2 : -INFINITY;
                 s[nb][c] = x;
                 mx[c >> 1] = fmaxf(mx[c >> 1], x);
             }
@@ -228,13 +257,58 @@ FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const u
     }
     float inv[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] = quad_sum(l[r]);
-        inv[r] = 1.0f / l[r];
-        int row = row0 + 8 * r;
-        if (t == 0 && row < T) lse[(size_t)pair * T + row] = m[r] / LOG2E + logf(l[r]);
+    for (int r = 0; r < 2; r++) l[r] = quad_sum(l[r]), inv[r] = 1.0f / l[r];
+    if (BLK) { /* merged into the running rows: every lane of a row's quad reads its lse before lane t 0 writes it */
+        float keep[2], add[2], nl[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = row0 + 8 * r;
+            float prev = row < T ? lse[(size_t)pair * seq + row] : -INFINITY, lb = m[r] / LOG2E + logf(l[r]);
+            if (prev == -INFINITY) { /* nothing merged yet (the running rows start at lse -inf, o 0) */
+                keep[r] = 0.0f, add[r] = inv[r], nl[r] = lb;
+            } else {
+                float top = fmaxf(prev, lb);
+                nl[r] = top + logf(expf(prev - top) + expf(lb - top));
+                keep[r] = expf(prev - nl[r]), add[r] = expf(lb - nl[r]) * inv[r];
+            }
+        }
+        fa_syncwarp();
+        float *og = blk.o32 + ((size_t)b * seq * H + h) * DV;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = row0 + 8 * r;
+            if (row >= T) continue;
+            if (t == 0) lse[(size_t)pair * seq + row] = nl[r];
+            float *dst = og + (size_t)row * H * DV + 2 * t;
+#pragma unroll
+            for (int nb = 0; nb < DV / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float x = o[nb][2 * r + e] * add[r];
+                    dst[nb * 8 + e] = keep[r] == 0.0f ? x : dst[nb * 8 + e] * keep[r] + x;
+                }
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = row0 + 8 * r;
+            if (t == 0 && row < T) lse[(size_t)pair * T + row] = m[r] / LOG2E + logf(l[r]);
+        }
+        store_rows<DV>(out + ((size_t)b * T * H + h) * DV, (size_t)H * DV, o, inv[0], inv[1], row0, T, t);
     }
-    store_rows<DV>(out + ((size_t)b * T * H + h) * DV, (size_t)H * DV, o, inv[0], inv[1], row0, T, t);
+}
+
+/* the block form's chunk pairs (kernels/ops.h attention_block_forward): each
+ * (query half qi, key half kj) of a block whose key chunk is not after its
+ * query chunk, with its q_pos (0 the same chunk, c an earlier one); a host
+ * function, so the GPU build and the emulated test launch the same pairs */
+template <typename F>
+inline void fa_block_pairs(int c, int q0, int q1, int k0, int k1, F pair) {
+    for (int qi = 0; qi < 2; qi++)
+        for (int kj = 0; kj < 2; kj++) {
+            int qc = qi ? q1 : q0, kc = kj ? k1 : k0;
+            if (kc <= qc) pair(qi, kj, kc == qc ? 0 : c);
+        }
 }
 
 /* Delta[pair*T + t] = dO . O of each row (bf16 values, fp32 sum): a warp per row, grid-stride */
@@ -266,20 +340,21 @@ constexpr size_t dq_smem() { /* Q and dO (TILE rows), then two buffers each of D
 
 /* dQ = scale * sum over kv tiles of dS K, dS = P (dP - Delta), dP = dO V^T;
  * grid (B*H, query tiles), warp w owns query rows 16 w .. of the tile */
-template <int D, int DV>
+template <int D, int DV, bool BLK = false>
 FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse, const float *delta, const uint16_t *q,
-                      const uint16_t *k, const uint16_t *v, int T, int H, int KVH, float scale_log2, float scale) {
+                      const uint16_t *k, const uint16_t *v, int T, int H, int KVH, float scale_log2, float scale,
+                      fa_blk blk) {
     constexpr int KT = DQ_KT, LD = D + PAD, LDV = DV + PAD, TL = KT * LD, TLV = KT * LDV;
     FA_SHARED(smem);
     uint16_t *Qs = smem, *dOs = Qs + TILE * LD, *Kb = dOs + TILE * LDV, *Vb = Kb + 2 * TL;
     int qt = gridDim.y - 1 - blockIdx.y, pair = blockIdx.x, b = pair / H, h = pair % H, kh = h / (H / KVH);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int q0 = qt * TILE, w0 = q0 + warp * 16, row0 = w0 + g;
-    size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D, qoff = ((size_t)b * T * H + h) * D;
+    int q0 = qt * TILE, w0 = q0 + warp * 16, row0 = w0 + g, seq = BLK ? blk.seq : T, qp = BLK ? blk.q_pos : 0;
+    size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D, qoff = ((size_t)b * seq * H + h) * D;
     size_t ostride = (size_t)H * DV, vstride = (size_t)KVH * DV;
-    const uint16_t *kg = k + ((size_t)b * T * KVH + kh) * D, *vg = v + ((size_t)b * T * KVH + kh) * DV;
+    const uint16_t *kg = k + ((size_t)b * seq * KVH + kh) * D, *vg = v + ((size_t)b * seq * KVH + kh) * DV;
     load_rows<D, TILE>(Qs, q + qoff, qstride, q0, T);
-    load_rows<DV, TILE>(dOs, dout + ((size_t)b * T * H + h) * DV, ostride, q0, T);
+    load_rows<DV, TILE>(dOs, dout + ((size_t)b * seq * H + h) * DV, ostride, q0, T);
     load_rows<D, KT>(Kb, kg, kstride, 0, T);
     load_rows<DV, KT>(Vb, vg, vstride, 0, T);
     cp_async_commit();
@@ -287,13 +362,13 @@ FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse, cons
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = row0 + 8 * r;
-        lse2[r] = row < T ? lse[(size_t)pair * T + row] * LOG2E : 0.0f;
-        dl[r] = row < T ? delta[(size_t)pair * T + row] : 0.0f;
+        lse2[r] = row < T ? lse[(size_t)pair * seq + row] * LOG2E : 0.0f;
+        dl[r] = row < T ? delta[(size_t)pair * seq + row] : 0.0f;
     }
 
     float acc[D / 8][4];
     zero_acc<D / 8>(acc);
-    int last = q0 + TILE < T ? q0 + TILE : T, tiles = (last + KT - 1) / KT;
+    int last = q0 + TILE + qp < T ? q0 + TILE + qp : T, tiles = (last + KT - 1) / KT;
     for (int jt = 0; jt < tiles; jt++) {
         int k0 = jt * KT, cur = jt & 1;
         if (jt + 1 < tiles) {
@@ -304,19 +379,19 @@ FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse, cons
         cp_async_wait(1);
         fa_sync();
         const uint16_t *Ks = Kb + cur * TL, *Vs = Vb + cur * TLV;
-        if (k0 <= w0 + 15 && w0 < T) { /* some of this warp's rows see some of the tile */
+        if (k0 <= w0 + 15 + qp && w0 < T) { /* some of this warp's rows see some of the tile */
             float s[KT / 8][4], dp[KT / 8][4];
             zero_acc<KT / 8>(s);
             zero_acc<KT / 8>(dp);
             mma_rows_nmajor<D / 16, KT / 8>(s, Qs, warp * 16, Ks, LD, lane);
             mma_rows_nmajor<DV / 16, KT / 8>(dp, dOs, warp * 16, Vs, LDV, lane);
-            int edge = k0 + KT - 1 > w0 || k0 + KT > T || w0 + 15 >= T; /* a mask, the end or rows past it */
+            int edge = k0 + KT - 1 > w0 + qp || k0 + KT > T || w0 + 15 >= T; /* a mask, the end or rows past it */
 #pragma unroll
             for (int nb = 0; nb < KT / 8; nb++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
                     int r = c >> 1, row = row0 + r * 8, col = k0 + nb * 8 + 2 * t + (c & 1);
-                    float p = !edge || (col <= row && col < T && row < T) ? exp2f(s[nb][c] * scale_log2 - lse2[r])
+                    float p = !edge || (col <= row + qp && col < T && row < T) ? exp2f(s[nb][c] * scale_log2 - lse2[r])
                                                                           : 0.0f;
                     s[nb][c] = p * (dp[nb][c] - dl[r]);
                 }
@@ -324,7 +399,8 @@ FA_KERNEL(flash_dq_k)(uint16_t *dq, const uint16_t *dout, const float *lse, cons
         }
         fa_sync();
     }
-    store_rows<D>(dq + qoff, qstride, acc, scale, scale, row0, T, t);
+    if (BLK) add_rows_f32<D>(blk.dq32 + qoff, qstride, acc, scale, scale, row0, T, t);
+    else store_rows<D>(dq + qoff, qstride, acc, scale, scale, row0, T, t);
 }
 
 /* query rows per step of the dK/dV kernel: two 16 x D accumulators already
@@ -345,10 +421,10 @@ constexpr size_t dkdv_smem() {
  * step s of the loop is query head s / ntiles, tile s % ntiles. (Masking
  * only the steps the diagonal or the end crosses, as the dQ kernel does,
  * measured 0.8 ms slower here on an H200: the masks stay on every step.) */
-template <int D, int DV>
+template <int D, int DV, bool BLK = false>
 FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const float *lse, const float *delta,
                         const uint16_t *q, const uint16_t *k, const uint16_t *v, int T, int H, int KVH,
-                        float scale_log2, float scale) {
+                        float scale_log2, float scale, fa_blk blk) {
     constexpr int LD = D + PAD, LDV = DV + PAD, BQ = dkdv_q_rows<D>(), QL = BQ * LD, OL = BQ * LDV;
     FA_SHARED(smem);
     uint16_t *Ks = smem, *Vs = Ks + TILE * LD, *Qb = Vs + TILE * LDV, *dOb = Qb + 2 * QL;
@@ -356,13 +432,15 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const 
     int pair = blockIdx.x, b = pair / KVH, kh = pair % KVH, group = H / KVH;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int k0 = blockIdx.y * TILE, j0 = k0 + warp * 16 + g; /* this lane's kv rows j0, j0 + 8 */
-    int first = k0 / BQ * BQ, ntiles = (T - first + BQ - 1) / BQ, steps = group * ntiles;
-    size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D, koff = ((size_t)b * T * KVH + kh) * D;
-    size_t ostride = (size_t)H * DV, vstride = (size_t)KVH * DV, voff = ((size_t)b * T * KVH + kh) * DV;
+    int seq = BLK ? blk.seq : T, qp = BLK ? blk.q_pos : 0, from = k0 - qp > 0 ? k0 - qp : 0; /* the first query seeing k0 */
+    int first = from / BQ * BQ, ntiles = (T - first + BQ - 1) / BQ, steps = group * ntiles;
+    size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D, koff = ((size_t)b * seq * KVH + kh) * D;
+    size_t ostride = (size_t)H * DV, vstride = (size_t)KVH * DV, voff = ((size_t)b * seq * KVH + kh) * DV;
     /* step st's query tile, its rows' lse (log2 units) and Delta into buffer st & 1 */
     auto fetch = [&](int st) {
         int h = kh * group + st / ntiles, i0 = first + st % ntiles * BQ, buf = st & 1;
-        size_t qoff = ((size_t)b * T * H + h) * D, ooff = ((size_t)b * T * H + h) * DV, srow = ((size_t)b * H + h) * T;
+        size_t qoff = ((size_t)b * seq * H + h) * D, ooff = ((size_t)b * seq * H + h) * DV;
+        size_t srow = ((size_t)b * H + h) * seq;
         load_rows<D, BQ>(Qb + buf * QL, q + qoff, qstride, i0, T);
         load_rows<DV, BQ>(dOb + buf * OL, dout + ooff, ostride, i0, T);
         for (int i = threadIdx.x; i < BQ; i += THREADS_FA) {
@@ -396,7 +474,7 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const 
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 int ic = nb * 8 + 2 * t + (c & 1), i = i0 + ic, j = j0 + (c >> 1) * 8;
-                float p = (i >= j && i < T && j < T) ? exp2f(sT[nb][c] * scale_log2 - lse_s[ic]) : 0.0f;
+                float p = (i + qp >= j && i < T && j < T) ? exp2f(sT[nb][c] * scale_log2 - lse_s[ic]) : 0.0f;
                 sT[nb][c] = p;
                 dpT[nb][c] = p * (dpT[nb][c] - dl_s[ic]);
             }
@@ -404,6 +482,11 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const 
         mma_regs_kmajor<BQ / 16, D / 8>(dka, dpT, Qs, LD, lane);
         fa_sync(); /* the next step's fetch overwrites this buffer */
     }
-    store_rows<D>(dk + koff, kstride, dka, scale, scale, j0, T, t);
-    store_rows<DV>(dv + voff, vstride, dva, 1.0f, 1.0f, j0, T, t);
+    if (BLK) {
+        add_rows_f32<D>(blk.dk32 + koff, kstride, dka, scale, scale, j0, T, t);
+        add_rows_f32<DV>(blk.dv32 + voff, vstride, dva, 1.0f, 1.0f, j0, T, t);
+    } else {
+        store_rows<D>(dk + koff, kstride, dka, scale, scale, j0, T, t);
+        store_rows<DV>(dv + voff, vstride, dva, 1.0f, 1.0f, j0, T, t);
+    }
 }

@@ -478,6 +478,71 @@ static void test_cross_entropy(int N, int V) {
     free(l), free(L), free(ls), free(t), free(gl), g16->free(dL), g16->free(dls), g16->free(dt);
 }
 
+/* context parallelism's block ops on bf16 storage (the flash kernels' block
+ * form for head dims 64, 128 and 192/128; the widening fp32 kernels for
+ * others) against the CPU bf16 table's: rank r of cp merges its ring of cp
+ * blocks into o, lse (fp32), then each block's backward adds to dq (kept)
+ * and to that block's dk, dv; o and the gradients within the norm-wise TOL
+ * of the CPU's, lse within 1e-3 */
+static void test_attention_block_bf16(int cp, int r, int B, int c, int H, int KVH, int D, int Dv, const char *tag) {
+    size_t T = 2 * (size_t)c, nq = B * T * H * D, nk = B * T * KVH * D, nv = B * T * KVH * Dv, no = B * T * H * Dv;
+    size_t nl = (size_t)B * H * T;
+    float *x = rnd(nq), *Q = pack(x, nq), *gq = dev(Q, 2 * nq), *gdq = g16->alloc(4 * nq);
+    float *o = malloc(4 * no), *lse = malloc(4 * nl), *dq = calloc(nq, 4), *go = g16->alloc(4 * no);
+    float *glse = g16->alloc(4 * nl);
+    free(x);
+    x = rnd(no);
+    float *DO = pack(x, no), *gdo = dev(DO, 2 * no);
+    free(x);
+    float **K = malloc(sizeof(float *) * cp), **V = malloc(sizeof(float *) * cp);
+    for (int s = 0; s < cp; s++) {
+        x = rnd(nk), K[s] = pack(x, nk), free(x);
+        x = rnd(nv), V[s] = pack(x, nv), free(x);
+    }
+    int q0 = r, q1 = 2 * cp - 1 - r;
+    char name[128];
+    for (int step = 0; step < cp; step++) {
+        int s = (r - step + cp) % cp;
+        float *gk = dev(K[s], 2 * nk), *gv = dev(V[s], 2 * nv);
+        c16->attention_block_forward(o, lse, Q, K[s], V[s], B, c, H, KVH, D, Dv, q0, q1, s, 2 * cp - 1 - s, !step);
+        g16->attention_block_forward(go, glse, gq, gk, gv, B, c, H, KVH, D, Dv, q0, q1, s, 2 * cp - 1 - s, !step);
+        g16->free(gk), g16->free(gv);
+    }
+    float *ho = host_of(go, 4 * no), *hl = host_of(glse, 4 * nl);
+    double eo = normwise_diff(ho, o, no), el = 0;
+    for (size_t i = 0; i < nl; i++) el = fmax(el, fabs((double)hl[i] - lse[i]));
+    snprintf(name, sizeof name, "cuda_bf16_attention_block_forward_%s", tag);
+    TEST_RESULT(name, eo <= TOL && el <= 1e-3, "o differs norm-wise by %.3g (tol %g), lse by %.3g (tol 1e-3)", eo, TOL,
+                el);
+    /* the same stored output and state for both backwards: the CPU's, rounded */
+    float *OUT = pack(o, no), *gout = dev(OUT, 2 * no);
+    g16->from_host(glse, lse, 4 * nl);
+    g16->zero(gdq, 4 * nq);
+    double edk = 0, edv = 0;
+    for (int step = 0; step < cp; step++) {
+        int s = (r - step + cp) % cp;
+        float *gk = dev(K[s], 2 * nk), *gv = dev(V[s], 2 * nv), *gdk = g16->alloc(4 * nk), *gdv = g16->alloc(4 * nv);
+        float *dk = calloc(nk, 4), *dv = calloc(nv, 4);
+        g16->zero(gdk, 4 * nk), g16->zero(gdv, 4 * nv);
+        c16->attention_block_backward(dq, dk, dv, DO, OUT, lse, Q, K[s], V[s], B, c, H, KVH, D, Dv, q0, q1, s,
+                                      2 * cp - 1 - s);
+        g16->attention_block_backward(gdq, gdk, gdv, gdo, gout, glse, gq, gk, gv, B, c, H, KVH, D, Dv, q0, q1, s,
+                                      2 * cp - 1 - s);
+        float *hk = host_of(gdk, 4 * nk), *hv = host_of(gdv, 4 * nv);
+        edk = fmax(edk, normwise_diff(hk, dk, nk)), edv = fmax(edv, normwise_diff(hv, dv, nv));
+        free(hk), free(hv), free(dk), free(dv);
+        g16->free(gk), g16->free(gv), g16->free(gdk), g16->free(gdv);
+    }
+    float *hq = host_of(gdq, 4 * nq);
+    double edq = normwise_diff(hq, dq, nq);
+    snprintf(name, sizeof name, "cuda_bf16_attention_block_backward_%s", tag);
+    TEST_RESULT(name, edq <= TOL && edk <= TOL && edv <= TOL, "norm-wise dq %.3g, dk %.3g, dv %.3g (tol %g)", edq, edk,
+                edv, TOL);
+    for (int s = 0; s < cp; s++) free(K[s]), free(V[s]);
+    free(K), free(V), free(Q), free(DO), free(OUT), free(o), free(lse), free(dq), free(ho), free(hl), free(hq);
+    g16->free(gq), g16->free(gdq), g16->free(go), g16->free(glse), g16->free(gdo), g16->free(gout);
+}
+
 /* the MoE combine and its backward on bf16 rows (kernels/cuda/moe_combine.cuh)
  * against the CPU bf16 table's (widened, fp32, narrowed): n tokens, k
  * selections each in a scattered order, one dropped; the outputs within the
@@ -600,6 +665,11 @@ int main(void) {
     test_norm_and_elementwise(300, 520); /* C / 4 even: the RoPE head size */
     test_cross_entropy(77, 1500);
     test_moe_combine(301, 2, 200); /* 602 selections: nk not a multiple of 5 */
+    /* cp 2 and 3, a partial and a second tile, GQA; MLA's heads; head dim 32 on the widening path */
+    test_attention_block_bf16(2, 0, 2, 70, 4, 2, 64, 64, "cp2_r0_d64");
+    test_attention_block_bf16(3, 1, 1, 130, 4, 1, 128, 128, "cp3_r1_d128");
+    test_attention_block_bf16(2, 1, 1, 40, 2, 2, 192, 128, "cp2_r1_mla");
+    test_attention_block_bf16(2, 0, 1, 24, 4, 2, 32, 32, "cp2_r0_d32_widened");
     test_grouped_expert_gemms();
     if (cuda_device_has_fp8()) {
         const struct backend *g8 = backend_get("cuda", "fp8"), *c8 = backend_get("cpu", "fp8");

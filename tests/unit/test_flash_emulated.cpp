@@ -36,6 +36,7 @@ extern "C" {
 #define FA_CONST constexpr
 #define fa_sync() __syncthreads()
 #define fa_shfl_xor(v, o) __shfl_xor_sync(0xffffffffu, (v), (o))
+#define fa_syncwarp() __syncwarp()
 
 static uint16_t *block_smem;
 static const uint16_t *xp[EMU_MAX_WARPS][32];
@@ -197,18 +198,18 @@ static void run_case(int B, int T, int H, int KVH, const char *tag) {
     int tiles = (T + TILE - 1) / TILE;
     float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E;
     launch(dim3_{(unsigned)(B * H), (unsigned)tiles, 1}, THREADS_FA, forward_smem<D, DV>(), [&]() {
-        flash_forward_k<D, DV>(out.data(), lse.data(), q.data(), k.data(), v.data(), T, H, KVH, scale_log2);
+        flash_forward_k<D, DV>(out.data(), lse.data(), q.data(), k.data(), v.data(), T, H, KVH, scale_log2, fa_blk{});
     });
     check("forward", tag, out, o16, o32);
     launch(dim3_{3, 1, 1}, THREADS_FA, 0, /* fewer blocks than rows: the grid-stride loop covers the rest */
            [&]() { delta_k(delta.data(), dout.data(), out.data(), B, T, H, DV); });
     launch(dim3_{(unsigned)(B * H), (unsigned)tiles, 1}, THREADS_FA, dq_smem<D, DV>(), [&]() {
         flash_dq_k<D, DV>(dq.data(), dout.data(), lse.data(), delta.data(), q.data(), k.data(), v.data(), T, H, KVH,
-                          scale_log2, scale);
+                          scale_log2, scale, fa_blk{});
     });
     launch(dim3_{(unsigned)(B * KVH), (unsigned)tiles, 1}, THREADS_FA, dkdv_smem<D, DV>(), [&]() {
         flash_dkdv_k<D, DV>(dk.data(), dv.data(), dout.data(), lse.data(), delta.data(), q.data(), k.data(), v.data(), T,
-                            H, KVH, scale_log2, scale);
+                            H, KVH, scale_log2, scale, fa_blk{});
     });
     check("backward_dq", tag, dq, dq16, dq32);
     check("backward_dk", tag, dk, dk16, dk32);
@@ -237,6 +238,93 @@ static void run_case(int B, int T, int H, int KVH, const char *tag) {
     printf("\n");
 }
 
+/* the block form (context parallelism's ring steps, kernels/ops.h
+ * attention_block_forward / _backward): rank r of cp holds chunks r and
+ * 2cp-1-r of c rows; two ring steps, its own keys (first) then rank r+1's,
+ * launched as flash_attention.cu's block_forward / block_backward launch
+ * them, against the CPU fp32 block op on the same bf16 values: o and the
+ * gradients within 1e-2 norm-wise, lse within 1e-3 */
+static void check32(const char *what, const char *tag, const std::vector<float> &got, const std::vector<float> &want,
+                    double tol) {
+    double e = normwise(got, want);
+    int ok = e <= tol;
+    printf("%s flash_emulated_block_%s_%s", ok ? "PASS" : "FAIL", what, tag);
+    if (!ok) printf(": norm-wise error %.3g against the CPU fp32 block op (tol %g)", e, tol), failures++;
+    printf("\n");
+}
+
+template <int D, int DV>
+static void block_case(int B, int c, int H, int KVH, int cp, int r, const char *tag) {
+    const struct backend *c32 = backend_get("cpu", "fp32");
+    size_t T2 = 2 * (size_t)c, nq = B * T2 * H * D, nk = B * T2 * KVH * D, nv = B * T2 * KVH * DV;
+    size_t no = B * T2 * H * DV, ns = (size_t)B * H * T2;
+    int own[2] = {r, 2 * cp - 1 - r}, next = (r + 1) % cp, oth[2] = {next, 2 * cp - 1 - next};
+    std::vector<uint16_t> q(nq), ks[2] = {std::vector<uint16_t>(nk), std::vector<uint16_t>(nk)},
+                                 vs[2] = {std::vector<uint16_t>(nv), std::vector<uint16_t>(nv)}, dout(no);
+    for (auto *x : {&q, &ks[0], &ks[1], &vs[0], &vs[1], &dout})
+        for (auto &e : *x) e = bf16_bits(rnd());
+    std::vector<float> q32 = widen(q), k32[2] = {widen(ks[0]), widen(ks[1])}, v32[2] = {widen(vs[0]), widen(vs[1])};
+    std::vector<float> do32 = widen(dout);
+    const int *kc[2] = {own, oth};
+    /* CPU fp32 */
+    std::vector<float> o32(no), lse32(ns), dq32(nq, 0.0f), dk32[2] = {std::vector<float>(nk, 0.0f), std::vector<float>(nk, 0.0f)},
+                                                  dv32[2] = {std::vector<float>(nv, 0.0f), std::vector<float>(nv, 0.0f)};
+    for (int s = 0; s < 2; s++)
+        c32->attention_block_forward(o32.data(), lse32.data(), q32.data(), k32[s].data(), v32[s].data(), B, c, H, KVH,
+                                     D, DV, own[0], own[1], kc[s][0], kc[s][1], s == 0);
+    std::vector<uint16_t> out(no); /* the stored output both backwards read */
+    for (size_t i = 0; i < no; i++) out[i] = bf16_bits(o32[i]);
+    std::vector<float> out32 = widen(out);
+    for (int s = 0; s < 2; s++)
+        c32->attention_block_backward(dq32.data(), dk32[s].data(), dv32[s].data(), do32.data(), out32.data(),
+                                      lse32.data(), q32.data(), k32[s].data(), v32[s].data(), B, c, H, KVH, D, DV,
+                                      own[0], own[1], kc[s][0], kc[s][1]);
+    /* the kernels */
+    float scale = 1.0f / sqrtf((float)D), scale_log2 = scale * LOG2E;
+    unsigned tiles = (unsigned)((c + TILE - 1) / TILE);
+    std::vector<float> o(no, 0.0f), lse(ns, -INFINITY), delta(ns), dq(nq, 0.0f),
+        dk[2] = {std::vector<float>(nk, 0.0f), std::vector<float>(nk, 0.0f)},
+        dv[2] = {std::vector<float>(nv, 0.0f), std::vector<float>(nv, 0.0f)};
+    for (int s = 0; s < 2; s++)
+        fa_block_pairs(c, own[0], own[1], kc[s][0], kc[s][1], [&](int qi, int kj, int q_pos) {
+            fa_blk blk = {(int)T2, q_pos, o.data() + (size_t)qi * c * H * DV, NULL, NULL, NULL};
+            launch(dim3_{(unsigned)(B * H), tiles, 1}, THREADS_FA, forward_smem<D, DV>(), [&]() {
+                flash_forward_k<D, DV, true>(NULL, lse.data() + (size_t)qi * c, q.data() + (size_t)qi * c * H * D,
+                                             ks[s].data() + (size_t)kj * c * KVH * D,
+                                             vs[s].data() + (size_t)kj * c * KVH * DV, c, H, KVH, scale_log2, blk);
+            });
+        });
+    check32("forward_o", tag, o, o32, 1e-2);
+    double worst = 0;
+    for (size_t i = 0; i < ns; i++) worst = std::fmax(worst, std::fabs((double)lse[i] - lse32[i]));
+    int ok = worst <= 1e-3;
+    printf("%s flash_emulated_block_lse_%s", ok ? "PASS" : "FAIL", tag);
+    if (!ok) printf(": log-sum-exp off by %.3g (tol 1e-3)", worst), failures++;
+    printf("\n");
+    launch(dim3_{3, 1, 1}, THREADS_FA, 0, [&]() { delta_k(delta.data(), dout.data(), out.data(), B, (int)T2, H, DV); });
+    for (int s = 0; s < 2; s++)
+        fa_block_pairs(c, own[0], own[1], kc[s][0], kc[s][1], [&](int qi, int kj, int q_pos) {
+            size_t qo = (size_t)qi * c, ko = (size_t)kj * c;
+            fa_blk blk = {(int)T2, q_pos, NULL, dq.data() + qo * H * D, dk[s].data() + ko * KVH * D,
+                          dv[s].data() + ko * KVH * DV};
+            const uint16_t *qq = q.data() + qo * H * D, *dd = dout.data() + qo * H * DV;
+            const uint16_t *kk = ks[s].data() + ko * KVH * D, *vv = vs[s].data() + ko * KVH * DV;
+            launch(dim3_{(unsigned)(B * H), tiles, 1}, THREADS_FA, dq_smem<D, DV>(), [&]() {
+                flash_dq_k<D, DV, true>(NULL, dd, lse.data() + qo, delta.data() + qo, qq, kk, vv, c, H, KVH,
+                                        scale_log2, scale, blk);
+            });
+            launch(dim3_{(unsigned)(B * KVH), tiles, 1}, THREADS_FA, dkdv_smem<D, DV>(), [&]() {
+                flash_dkdv_k<D, DV, true>(NULL, NULL, dd, lse.data() + qo, delta.data() + qo, qq, kk, vv, c, H, KVH,
+                                          scale_log2, scale, blk);
+            });
+        });
+    check32("backward_dq", tag, dq, dq32, 1e-2);
+    for (int s = 0; s < 2; s++) {
+        check32(s ? "backward_dk_visiting" : "backward_dk_own", tag, dk[s], dk32[s], 1e-2);
+        check32(s ? "backward_dv_visiting" : "backward_dv_own", tag, dv[s], dv32[s], 1e-2);
+    }
+}
+
 int main() {
     /* partial and several tiles, the diagonal, GQA ratios 1, 2 and 4, head dims 64, 128 and 192/128 */
     run_case<64, 64>(1, 1, 2, 2, "t1_mha_d64");
@@ -245,5 +333,11 @@ int main() {
     run_case<128, 128>(1, 64, 2, 2, "t64_mha_d128");
     run_case<128, 128>(1, 150, 2, 1, "t150_gqa2_d128"); /* three query tiles, the last partial */
     run_case<192, 128>(1, 80, 2, 2, "t80_mla_d192_dv128"); /* DeepSeek-V3's MLA heads */
+    /* the block form: chunks of 70 rows (two tiles, the second partial), the first and last rank of cp 2 and a
+     * middle one of cp 3 (its visiting chunks both earlier, both later), GQA, MLA's head dims */
+    block_case<64, 64>(2, 70, 2, 1, 2, 0, "cp2_r0_b2_c70_gqa2_d64");
+    block_case<64, 64>(1, 70, 4, 2, 2, 1, "cp2_r1_c70_gqa2_d64");
+    block_case<128, 128>(1, 33, 2, 2, 3, 1, "cp3_r1_c33_d128");
+    block_case<192, 128>(1, 40, 2, 2, 2, 0, "cp2_r0_c40_mla_d192_dv128");
     return failures ? 1 : 0;
 }
