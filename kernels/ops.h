@@ -137,8 +137,9 @@ struct backend {
      * same chunk causally. q, k, v are stored activations; o [B,2c,H,Dv] and
      * lse [B,H,2c] are fp32 running results that each call merges its block
      * into by log-sum-exp (first = 1 starts them: rows no key reached have lse
-     * -inf and o 0). Scores scaled by 1/sqrt(D). (CUDA: a warp per row,
-     * kernels/cuda/attention_block.cuh.) */
+     * -inf and o 0). Scores scaled by 1/sqrt(D). (CUDA: the flash kernels'
+     * block form on bf16 storage, kernels/cuda/flash_attention.cuh; else a
+     * warp per row, kernels/cuda/attention_block.cuh.) */
     void (*attention_block_forward)(float *o, float *lse, const float *q, const float *k, const float *v, int B, int c,
                                     int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1, int first);
     /* The block's gradients from the final out (stored) and lse: dq [B,2c,H,D]

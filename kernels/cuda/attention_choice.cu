@@ -210,8 +210,10 @@ int cuda_fast_attention_block_forward(float *o, float *lse, const float *q, cons
                                       int c, int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1,
                                       int first) {
     const void *p[] = {q, k, v};
+    last = "reference";
     if (mode() == REFERENCE || !aligned16(p, 3) || !cuda_flash_attention_usable(D, Dv)) return 0;
     cuda_flash_attention_block_forward(o, lse, q, k, v, B, c, H, KVH, D, Dv, q0, q1, k0, k1, first);
+    last = "flash";
     return 1;
 }
 
@@ -219,7 +221,9 @@ int cuda_fast_attention_block_backward(float *dq, float *dk, float *dv, const fl
                                        const float *lse, const float *q, const float *k, const float *v, int B, int c,
                                        int H, int KVH, int D, int Dv, int q0, int q1, int k0, int k1) {
     const void *p[] = {dout, out, q, k, v};
+    last = "reference";
     if (mode() == REFERENCE || !aligned16(p, 5) || !cuda_flash_attention_usable(D, Dv)) return 0;
     cuda_flash_attention_block_backward(dq, dk, dv, dout, out, lse, q, k, v, B, c, H, KVH, D, Dv, q0, q1, k0, k1);
+    last = "flash";
     return 1;
 }

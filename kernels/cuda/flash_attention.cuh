@@ -207,7 +207,8 @@ FA_KERNEL(flash_forward_k)(uint16_t *out, float *lse, const uint16_t *q, const u
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0}, o[DV / 8][4];
     uint32_t qf[D / 16][4]; /* this warp's 16 query rows as A operands, loaded once */
     zero_acc<DV / 8>(o);
-    int tiles = (q0 + TILE - 1 + qp) / TILE + 1; /* through the tile of the last row's last visible key */
+    /* through the tile of the last row's last visible key (the whole-sequence form: this tile) */
+    int tiles = BLK ? (q0 + TILE - 1 + qp) / TILE + 1 : qt + 1;
     tiles = tiles < (T + TILE - 1) / TILE ? tiles : (T + TILE - 1) / TILE;
     for (int jt = 0; jt < tiles; jt++) {
         int k0 = jt * TILE, cur = jt & 1;
@@ -432,7 +433,8 @@ FA_KERNEL(flash_dkdv_k)(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const 
     int pair = blockIdx.x, b = pair / KVH, kh = pair % KVH, group = H / KVH;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int k0 = blockIdx.y * TILE, j0 = k0 + warp * 16 + g; /* this lane's kv rows j0, j0 + 8 */
-    int seq = BLK ? blk.seq : T, qp = BLK ? blk.q_pos : 0, from = k0 - qp > 0 ? k0 - qp : 0; /* the first query seeing k0 */
+    int seq = BLK ? blk.seq : T, qp = BLK ? blk.q_pos : 0;
+    int from = BLK && k0 < qp ? 0 : k0 - qp; /* the first query row seeing kv row k0 */
     int first = from / BQ * BQ, ntiles = (T - first + BQ - 1) / BQ, steps = group * ntiles;
     size_t qstride = (size_t)H * D, kstride = (size_t)KVH * D, koff = ((size_t)b * seq * KVH + kh) * D;
     size_t ostride = (size_t)H * DV, vstride = (size_t)KVH * DV, voff = ((size_t)b * seq * KVH + kh) * DV;

@@ -101,14 +101,14 @@ for precision in fp32 bf16; do
 done
 
 # context parallelism on the flash kernels' block form (head dim 64; r.yaml's 8 takes the widening kernels): cp 2 in
-# bf16 over NCCL against one rank's bf16 run on whole-sequence flash attention, within 2e-3 per step (GPU only: the
+# bf16 over NCCL against one rank's bf16 run on whole-sequence flash attention (MTRAIN_ATTENTION=flash, not cuDNN's), within 2e-3 per step (GPU only: the
 # stand-ins run the CPU backend)
 if [ $DEVICE = cuda ]; then
     sed 's/hidden_size: 32, num_layers: 4/hidden_size: 256, num_layers: 2/; s/seq_len: 16, micro_batch: 2/seq_len: 160, micro_batch: 1/' \
         r.yaml >r64.yaml
-    shared 2 r64.yaml --set train.precision=bf16 --set parallel.cp=2 --set parallel.comm=nccl --set log.dir=cp2_flash \
-        >cp2_flash.out 2>&1 || echo "exit $?" >>cp2_flash.out
-    "$MTRAIN" pretrain r64.yaml --set train.precision=bf16 --set log.dir=one_flash >one_flash.out 2>&1
+    MTRAIN_ATTENTION=flash shared 2 r64.yaml --set train.precision=bf16 --set parallel.cp=2 --set parallel.comm=nccl \
+        --set log.dir=cp2_flash >cp2_flash.out 2>&1 || echo "exit $?" >>cp2_flash.out
+    MTRAIN_ATTENTION=flash "$MTRAIN" pretrain r64.yaml --set train.precision=bf16 --set log.dir=one_flash >one_flash.out 2>&1
     close_metrics one_flash/metrics.jsonl cp2_flash/metrics.jsonl 1 6 loss 2e-3 && pass nccl_shared_cp2_flash_bf16_equals_one_rank ||
         fail nccl_shared_cp2_flash_bf16_equals_one_rank "$(worst_metric one_flash/metrics.jsonl cp2_flash/metrics.jsonl 1): $(tail -2 cp2_flash.out)"
 fi

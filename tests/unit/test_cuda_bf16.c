@@ -484,7 +484,8 @@ static void test_cross_entropy(int N, int V) {
  * blocks into o, lse (fp32), then each block's backward adds to dq (kept)
  * and to that block's dk, dv; o and the gradients within the norm-wise TOL
  * of the CPU's, lse within 1e-3 */
-static void test_attention_block_bf16(int cp, int r, int B, int c, int H, int KVH, int D, int Dv, const char *tag) {
+static void test_attention_block_bf16(int cp, int r, int B, int c, int H, int KVH, int D, int Dv, const char *want,
+                                      const char *tag) {
     size_t T = 2 * (size_t)c, nq = B * T * H * D, nk = B * T * KVH * D, nv = B * T * KVH * Dv, no = B * T * H * Dv;
     size_t nl = (size_t)B * H * T;
     float *x = rnd(nq), *Q = pack(x, nq), *gq = dev(Q, 2 * nq), *gdq = g16->alloc(4 * nq);
@@ -508,12 +509,13 @@ static void test_attention_block_bf16(int cp, int r, int B, int c, int H, int KV
         g16->attention_block_forward(go, glse, gq, gk, gv, B, c, H, KVH, D, Dv, q0, q1, s, 2 * cp - 1 - s, !step);
         g16->free(gk), g16->free(gv);
     }
+    const char *ran = cuda_attention_last(); /* which kernels: the flash block form, or the widening path */
     float *ho = host_of(go, 4 * no), *hl = host_of(glse, 4 * nl);
     double eo = normwise_diff(ho, o, no), el = 0;
     for (size_t i = 0; i < nl; i++) el = fmax(el, fabs((double)hl[i] - lse[i]));
     snprintf(name, sizeof name, "cuda_bf16_attention_block_forward_%s", tag);
-    TEST_RESULT(name, eo <= TOL && el <= 1e-3, "o differs norm-wise by %.3g (tol %g), lse by %.3g (tol 1e-3)", eo, TOL,
-                el);
+    TEST_RESULT(name, eo <= TOL && el <= 1e-3 && !strcmp(ran, want),
+                "o differs norm-wise by %.3g (tol %g), lse by %.3g (tol 1e-3); ran %s (want %s)", eo, TOL, el, ran, want);
     /* the same stored output and state for both backwards: the CPU's, rounded */
     float *OUT = pack(o, no), *gout = dev(OUT, 2 * no);
     g16->from_host(glse, lse, 4 * nl);
@@ -536,8 +538,9 @@ static void test_attention_block_bf16(int cp, int r, int B, int c, int H, int KV
     float *hq = host_of(gdq, 4 * nq);
     double edq = normwise_diff(hq, dq, nq);
     snprintf(name, sizeof name, "cuda_bf16_attention_block_backward_%s", tag);
-    TEST_RESULT(name, edq <= TOL && edk <= TOL && edv <= TOL, "norm-wise dq %.3g, dk %.3g, dv %.3g (tol %g)", edq, edk,
-                edv, TOL);
+    ran = cuda_attention_last();
+    TEST_RESULT(name, edq <= TOL && edk <= TOL && edv <= TOL && !strcmp(ran, want),
+                "norm-wise dq %.3g, dk %.3g, dv %.3g (tol %g); ran %s (want %s)", edq, edk, edv, TOL, ran, want);
     for (int s = 0; s < cp; s++) free(K[s]), free(V[s]);
     free(K), free(V), free(Q), free(DO), free(OUT), free(o), free(lse), free(dq), free(ho), free(hl), free(hq);
     g16->free(gq), g16->free(gdq), g16->free(go), g16->free(glse), g16->free(gdo), g16->free(gout);
@@ -666,10 +669,13 @@ int main(void) {
     test_cross_entropy(77, 1500);
     test_moe_combine(301, 2, 200); /* 602 selections: nk not a multiple of 5 */
     /* cp 2 and 3, a partial and a second tile, GQA; MLA's heads; head dim 32 on the widening path */
-    test_attention_block_bf16(2, 0, 2, 70, 4, 2, 64, 64, "cp2_r0_d64");
-    test_attention_block_bf16(3, 1, 1, 130, 4, 1, 128, 128, "cp3_r1_d128");
-    test_attention_block_bf16(2, 1, 1, 40, 2, 2, 192, 128, "cp2_r1_mla");
-    test_attention_block_bf16(2, 0, 1, 24, 4, 2, 32, 32, "cp2_r0_d32_widened");
+    {
+        const char *e = getenv("MTRAIN_ATTENTION"), *flash = e && !strcmp(e, "reference") ? "reference" : "flash";
+        test_attention_block_bf16(2, 0, 2, 70, 4, 2, 64, 64, flash, "cp2_r0_d64");
+        test_attention_block_bf16(3, 1, 1, 130, 4, 1, 128, 128, flash, "cp3_r1_d128");
+        test_attention_block_bf16(2, 1, 1, 40, 2, 2, 192, 128, flash, "cp2_r1_mla");
+        test_attention_block_bf16(2, 0, 1, 24, 4, 2, 32, 32, "reference", "cp2_r0_d32_widened");
+    }
     test_grouped_expert_gemms();
     if (cuda_device_has_fp8()) {
         const struct backend *g8 = backend_get("cuda", "fp8"), *c8 = backend_get("cpu", "fp8");
