@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/rel}
 mkdir -p build/bench
 rc=0
-for b in scripts/bench/train.sh scripts/bench/plan.sh scripts/bench/recompute.sh scripts/bench/moe.sh scripts/bench/train_gpu.sh scripts/bench/moe_gpu.sh scripts/bench/data.sh scripts/bench/data_stream.sh scripts/bench/checkpoint.sh scripts/bench/parallel.sh scripts/bench/comm.sh scripts/bench/overlap.sh scripts/bench/pipeline_schedules.sh scripts/bench/cp_balance.sh; do
+for b in scripts/bench/train.sh scripts/bench/plan.sh scripts/bench/plan_published.sh scripts/bench/recompute.sh scripts/bench/moe.sh scripts/bench/train_gpu.sh scripts/bench/moe_gpu.sh scripts/bench/data.sh scripts/bench/data_stream.sh scripts/bench/checkpoint.sh scripts/bench/parallel.sh scripts/bench/comm.sh scripts/bench/overlap.sh scripts/bench/pipeline_schedules.sh scripts/bench/cp_balance.sh; do
     [ -f "$b" ] || continue
     echo "== $b"
     BUILD=$BUILD bash "$b" || rc=1

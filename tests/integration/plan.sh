@@ -5,7 +5,8 @@
 # context-parallel ring under every recompute mode) equal a real run's comm
 # accounting on CPU ranks; the predicted memory is the dry run's estimate;
 # the ranked table, --emit (whose recipe the dry run accepts and fits) and
-# bad input. Timing accuracy is a benchmark (scripts/bench/plan.sh), not a
+# bad input; the published runs' predictions are the table docs/benchmarks.md
+# shows. Timing accuracy is a benchmark (scripts/bench/plan.sh), not a
 # test.
 source "$(dirname "$0")/../lib.sh"
 cd "$TMP"
@@ -121,4 +122,14 @@ expect_exit plan_layout_zero 2 "$MTRAIN" plan p.yaml --gpus 2 --gpu cpu.yaml --l
 expect_output plan_layout_zero_says "parallel.ep=0: key 'parallel.ep': value 0 out of range"
 expect_exit plan_layout_short 2 "$MTRAIN" plan p.yaml --gpus 2 --gpu cpu.yaml --layout 1,1,1,1,1,2
 expect_output plan_layout_short_says "expected tp,pp,vpp,cp,ep,micro_batch,recompute"
+
+# the published runs' predictions (docs/benchmarks.md): the script predicts all four, and the table in the docs is
+# what it prints now (a change to the planner's model updates both)
+MTRAIN=$MTRAIN bash "$TEST_ROOT/scripts/bench/plan_published.sh" >published.md 2>"$TMP/out"
+rc=$?
+rows=$(grep -cE '^\| [A-Z].*\| [0-9]+\.[0-9]{2} \|' published.md)
+[ $rc = 0 ] && [ "$rows" = 4 ] && pass plan_published_predicts_four ||
+    fail plan_published_predicts_four "exit $rc, $rows rows: $(head -c 300 "$TMP/out")"
+missing=$(grep -E '^\| [A-Z]' published.md | grep -vxFf "$TEST_ROOT/docs/benchmarks.md" | head -2)
+[ -z "$missing" ] && pass plan_published_table_in_docs || fail plan_published_table_in_docs "not in docs/benchmarks.md: $missing"
 exit $FAILED
