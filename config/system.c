@@ -76,8 +76,9 @@ int system_load(struct system_spec *s, const char *path, char *err, size_t errle
                 rc = -1;
             }
             s->per_node = (int)n;
-        } else if (!strcmp(key, "gemm") || !strcmp(key, "attention")) {
-            if (parse_curve(!strcmp(key, "gemm") ? &s->gemm : &s->attention, val) != 0) {
+        } else if (!strcmp(key, "gemm") || !strcmp(key, "gemm_fp8") || !strcmp(key, "attention")) {
+            struct system_curve *c = !strcmp(key, "gemm") ? &s->gemm : !strcmp(key, "gemm_fp8") ? &s->gemm_fp8 : &s->attention;
+            if (parse_curve(c, val) != 0) {
                 snprintf(err, errlen, "%s:%d: %s: expected \"size:efficiency ...\" with sizes ascending and "
                          "efficiencies in (0, 1], at most %d", path, lineno, key, SYSTEM_CURVE_MAX);
                 rc = -1;
@@ -137,6 +138,7 @@ int system_write(const struct system_spec *s, const char *path, const char *comm
     for (size_t i = 0; i < sizeof numbers / sizeof *numbers; i++)
         fprintf(f, "%s: %.6g\n", numbers[i].key, *(const double *)((const char *)s + numbers[i].off));
     write_curve(f, "gemm", &s->gemm);
+    if (s->gemm_fp8.n) write_curve(f, "gemm_fp8", &s->gemm_fp8);
     write_curve(f, "attention", &s->attention);
     int bad = ferror(f);
     if (fclose(f) != 0) bad = 1;

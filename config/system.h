@@ -26,6 +26,7 @@ struct system_spec {
     double intra_gbps, intra_lat_us; /* one direction per accelerator inside a node, and the latency of a step */
     double inter_gbps, inter_lat_us; /* ... between nodes (its share of the node's network) */
     struct system_curve gemm;        /* GEMM efficiency by FLOPs per call */
+    struct system_curve gemm_fp8;    /* FP8 GEMMs' efficiency of tflops_fp8 (none given: gemm's) */
     struct system_curve attention;   /* attention efficiency by FLOPs per call */
 };
 

@@ -15,6 +15,11 @@ struct ctx {
     const struct recipe *r;
     const struct system_spec *s;
     double peak, membw; /* FLOP/s and B/s per accelerator */
+    /* fp8 runs: the FP8 blocks' linears at the FP8 peak and gemm_fp8's efficiencies (fp8_lin), everything
+     * else kept in bf16 (docs/model.md: attention, the head, routers, MTP, the skipped end blocks) at peak16 */
+    double peak16;
+    const struct system_curve *gemm, *gemm16;
+    int fp8_lin;
     double ab;          /* bytes per stored activation element */
     int cpu;            /* the CPU backend: attention keeps its probabilities */
     /* the step's shape */
@@ -22,11 +27,16 @@ struct ctx {
     int tp, cp, pp, vpp, dp, ep, etp, sp;
 };
 
+/* a block's linear layers (FP8 in an fp8 run's FP8 blocks), and a GEMM kept in bf16 */
 static double gemm_s(const struct ctx *c, double flops_call, double calls) {
-    return calls * flops_call / (c->peak * system_curve_at(&c->s->gemm, flops_call));
+    return c->fp8_lin ? calls * flops_call / (c->peak * system_curve_at(c->gemm, flops_call))
+                      : calls * flops_call / (c->peak16 * system_curve_at(c->gemm16, flops_call));
+}
+static double gemm16_s(const struct ctx *c, double flops_call, double calls) {
+    return calls * flops_call / (c->peak16 * system_curve_at(c->gemm16, flops_call));
 }
 static double attention_s(const struct ctx *c, double flops) {
-    return flops / (c->peak * system_curve_at(&c->s->attention, flops));
+    return flops / (c->peak16 * system_curve_at(&c->s->attention, flops));
 }
 static double mem_s(const struct ctx *c, double bytes) { return bytes / c->membw; }
 
@@ -78,7 +88,7 @@ static struct cost layer_cost(const struct ctx *c, int moe) {
     } else {
         double E = m->num_experts, kk = m->experts_per_token, FM = model_moe_ffn_size(m), n = N / tp;
         double per_expert = n * kk * c->ep / E; /* rows one local expert receives, balanced */
-        g += gemm_s(c, 2 * n * C * E, 1) + gemm_s(c, 2 * per_expert * C * FM, 3 * E / c->ep);
+        g += gemm16_s(c, 2 * n * C * E, 1) + gemm_s(c, 2 * per_expert * C * FM, 3 * E / c->ep); /* router: bf16 */
         double Fs = m->moe_shared_experts * FM / tp;
         if (Fs > 0) g += gemm_s(c, 2 * N * C * Fs, 3);
         rows_w = n * kk * FM + N * Fs;
@@ -116,23 +126,29 @@ static struct cost stage_cost(const struct ctx *c, int p) {
     const struct model_config *m = &c->r->model;
     struct model_part part;
     model_part_for(&part, m, &c->r->parallel, 0, p, 0, 0);
+    struct ctx c16 = *c; /* blocks kept in bf16 */
+    c16.fp8_lin = 0;
     struct cost dense = layer_cost(c, 0), moe = m->num_experts ? layer_cost(c, 1) : dense, t = {0};
+    struct cost dense16 = layer_cost(&c16, 0), moe16 = m->num_experts ? layer_cost(&c16, 1) : dense16;
+    int skip = c->fp8_lin ? c->r->train.fp8_skip_layers : 0, L = m->num_layers;
     for (int ch = 0; ch < part.nchunks; ch++)
         for (int l = part.layer_begin[ch]; l < part.layer_end[ch]; l++) {
-            struct cost k = model_layer_is_moe(m, l) ? moe : dense;
+            int fp8_block = l >= skip && l < L - skip;
+            struct cost k = model_layer_is_moe(m, l) ? (fp8_block ? moe : moe16) : (fp8_block ? dense : dense16);
             t.f += k.f, t.b += k.b + k.recompute, t.w += k.w;
         }
     double C = m->hidden_size, V = m->vocab_size, N = c->N, ab = c->ab;
     if (part.has_embed) t.f += mem_s(c, N * C * ab), t.b += mem_s(c, 2 * N * C * 4);
     if (part.has_head) { /* the output head and the loss (fp32 logits), and each MTP module's block and head */
-        double Vl = V / c->tp, head_f = gemm_s(c, 2 * N * C * Vl, 1) + mem_s(c, 3 * N * Vl * 4);
-        double head_b = 2 * gemm_s(c, 2 * N * C * Vl, 1) + mem_s(c, 2 * N * Vl * 4);
+        double Vl = V / c->tp, head_f = gemm16_s(c, 2 * N * C * Vl, 1) + mem_s(c, 3 * N * Vl * 4);
+        double head_b = 2 * gemm16_s(c, 2 * N * C * Vl, 1) + mem_s(c, 2 * N * Vl * 4);
         for (int d = 0; d <= model_mtp_depth(m); d++) {
-            t.f += head_f, t.b += head_b, t.w += gemm_s(c, 2 * N * C * Vl, 1);
+            t.f += head_f, t.b += head_b, t.w += gemm16_s(c, 2 * N * C * Vl, 1);
             if (!d) continue;
-            struct cost k = m->num_experts ? moe : dense;
-            t.f += k.f + gemm_s(c, 2 * N * 2 * C * C, 1), t.b += k.b + k.recompute + 2 * gemm_s(c, 2 * N * 2 * C * C, 1);
-            t.w += k.w + gemm_s(c, 2 * N * 2 * C * C, 1);
+            struct cost k = m->num_experts ? moe16 : dense16; /* MTP modules: bf16 */
+            double proj = gemm16_s(c, 2 * N * 2 * C * C, 1);
+            t.f += k.f + proj, t.b += k.b + k.recompute + 2 * proj;
+            t.w += k.w + proj;
         }
     }
     if (c->pp > 1) { /* the activation to the next stage and the gradient back, per chunk */
@@ -152,11 +168,17 @@ void plan_predict(const struct recipe *r, int world, const struct system_spec *s
     c.dp = world / (c.tp * c.cp * c.pp);
     c.sp = par->sequence_parallel && c.tp > 1;
     c.ab = be->act_bytes;
-    c.peak = 1e12 * (be->precision == PRECISION_FP32 ? s->tflops_fp32 : be->precision == PRECISION_FP8 ? s->tflops_fp8
-                                                                                                      : s->tflops_bf16);
+    c.fp8_lin = be->precision == PRECISION_FP8;
+    c.peak16 = 1e12 * (be->precision == PRECISION_FP32 ? s->tflops_fp32 : s->tflops_bf16);
+    c.peak = c.fp8_lin ? 1e12 * s->tflops_fp8 : c.peak16;
+    c.gemm16 = &s->gemm;
+    c.gemm = c.fp8_lin && s->gemm_fp8.n ? &s->gemm_fp8 : &s->gemm;
     c.membw = s->mem_gbps * 1e9 * s->mem_eff;
     /* CPU ranks on one machine beyond the ones it was calibrated with (its cores) share them */
-    if (!strcmp(s->name, "cpu") && world > s->per_node) c.peak *= (double)s->per_node / world, c.membw *= (double)s->per_node / world;
+    if (!strcmp(s->name, "cpu") && world > s->per_node) {
+        double share = (double)s->per_node / world;
+        c.peak *= share, c.peak16 *= share, c.membw *= share;
+    }
     c.B = r->train.micro_batch, c.S = r->train.seq_len, c.Tl = c.S / c.cp, c.N = c.B * c.Tl;
     int m = r->train.global_batch / (r->train.micro_batch * c.dp);
     /* the busiest stage sets the pace; its memory is the estimate's */

@@ -63,6 +63,32 @@ int main(void) {
     plan_predict(&r, 4, &s, be, &two);
     TEST_RESULT("plan_dp_scales", two.tokens_per_s * 4 >= one.tokens_per_s * 2 && two.step_s < one.step_s,
                 "tokens/s per accelerator %g at dp 2, %g at dp 4", one.tokens_per_s, two.tokens_per_s);
+    /* fp8: only the FP8 blocks' linears run at the FP8 peak (attention, the head and the blocks kept in bf16 at
+     * bf16's): at an FP8 peak equal to bf16's and no gemm_fp8 curve the step is bf16's; a gemm_fp8 curve at half
+     * the efficiency is the same as half the FP8 peak; a faster FP8 peak shortens the step, by less than the
+     * whole of it */
+    {
+        const struct backend *b8 = backend_table(0, "fp8");
+        struct system_spec s8 = sys();
+        s8.tflops_fp8 = s8.tflops_bf16;
+        recipe(&r, 1, 1, 4);
+        struct plan_cost b16, f8, half_peak, half_curve, fast;
+        plan_predict(&r, 2, &s, be, &b16);
+        snprintf(r.train.precision, sizeof r.train.precision, "fp8");
+        plan_predict(&r, 2, &s8, b8, &f8);
+        TEST_RESULT("plan_fp8_at_bf16_peak_is_bf16", fabs(f8.step_s - b16.step_s) <= 1e-12 * b16.step_s,
+                    "fp8 %g s, bf16 %g s", f8.step_s, b16.step_s);
+        s8.tflops_fp8 = 400, plan_predict(&r, 2, &s8, b8, &fast);
+        s8.tflops_fp8 = 200, plan_predict(&r, 2, &s8, b8, &half_peak);
+        s8.tflops_fp8 = 400, s8.gemm_fp8 = s8.gemm;
+        for (int i = 0; i < s8.gemm_fp8.n; i++) s8.gemm_fp8.eff[i] *= 0.5;
+        plan_predict(&r, 2, &s8, b8, &half_curve);
+        TEST_RESULT("plan_fp8_gemm_curve", fabs(half_curve.step_s - half_peak.step_s) <= 1e-12 * half_peak.step_s,
+                    "half the curve %g s, half the peak %g s", half_curve.step_s, half_peak.step_s);
+        TEST_RESULT("plan_fp8_peak_speeds_linears_only", fast.step_s < half_peak.step_s &&
+                    fast.step_s > 0.25 * half_peak.step_s, "fp8 peak 400: %g s, 200: %g s", fast.step_s, half_peak.step_s);
+        snprintf(r.train.precision, sizeof r.train.precision, "bf16");
+    }
     /* the curve: log-linear between points, flat outside */
     double mid = system_curve_at(&s.gemm, 1e9), want = 0.2 + (log(1e9 / 1e6) / log(1e12 / 1e6)) * 0.6;
     TEST_RESULT("plan_curve_interpolates", fabs(mid - want) < 1e-12 && system_curve_at(&s.gemm, 1) == 0.2 &&
