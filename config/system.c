@@ -77,7 +77,9 @@ int system_load(struct system_spec *s, const char *path, char *err, size_t errle
             }
             s->per_node = (int)n;
         } else if (!strcmp(key, "gemm") || !strcmp(key, "gemm_fp8") || !strcmp(key, "attention")) {
-            struct system_curve *c = !strcmp(key, "gemm") ? &s->gemm : !strcmp(key, "gemm_fp8") ? &s->gemm_fp8 : &s->attention;
+            struct system_curve *c = !strcmp(key, "gemm")       ? &s->gemm
+                                     : !strcmp(key, "gemm_fp8") ? &s->gemm_fp8
+                                                                : &s->attention;
             if (parse_curve(c, val) != 0) {
                 snprintf(err, errlen, "%s:%d: %s: expected \"size:efficiency ...\" with sizes ascending and "
                          "efficiencies in (0, 1], at most %d", path, lineno, key, SYSTEM_CURVE_MAX);

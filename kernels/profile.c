@@ -267,7 +267,8 @@ const struct backend *backend_profiled(const struct backend *inner) {
     probe = inner->alloc(16);
     WRAP(zero), WRAP(to_host), WRAP(from_host), WRAP(copy);
     WRAP(embedding_forward), WRAP(embedding_backward), WRAP(rmsnorm_forward), WRAP(rmsnorm_backward);
-    WRAP(matmul_forward), WRAP(matmul_backward), WRAP(experts_matmul_forward), WRAP(experts_matmul_backward), WRAP(rope), WRAP(attention_forward), WRAP(attention_backward);
+    WRAP(matmul_forward), WRAP(matmul_backward), WRAP(experts_matmul_forward), WRAP(experts_matmul_backward);
+    WRAP(rope), WRAP(attention_forward), WRAP(attention_backward);
     WRAP(attention_decode), WRAP(copy_cols), WRAP(swiglu_forward), WRAP(swiglu_backward);
     WRAP(moe_route_forward), WRAP(moe_route_backward), WRAP(moe_route_sigmoid_forward);
     WRAP(moe_route_sigmoid_backward), WRAP(gather_rows), WRAP(moe_combine), WRAP(moe_combine_backward);

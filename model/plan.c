@@ -129,7 +129,8 @@ static struct cost stage_cost(const struct ctx *c, int p) {
     struct ctx c16 = *c; /* blocks kept in bf16 */
     c16.fp8_lin = 0;
     struct cost dense = layer_cost(c, 0), moe = m->num_experts ? layer_cost(c, 1) : dense, t = {0};
-    struct cost dense16 = layer_cost(&c16, 0), moe16 = m->num_experts ? layer_cost(&c16, 1) : dense16;
+    struct cost dense16 = c->fp8_lin ? layer_cost(&c16, 0) : dense; /* bf16 runs: the same */
+    struct cost moe16 = c->fp8_lin && m->num_experts ? layer_cost(&c16, 1) : c->fp8_lin ? dense16 : moe;
     int skip = c->fp8_lin ? c->r->train.fp8_skip_layers : 0, L = m->num_layers;
     for (int ch = 0; ch < part.nchunks; ch++)
         for (int l = part.layer_begin[ch]; l < part.layer_end[ch]; l++) {
