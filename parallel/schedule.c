@@ -441,7 +441,7 @@ struct sim_rank {
     struct xfer group[6], out[2], begun[2];
     int ngroup, nout, nbegun, done; /* nout: the last unit's sends, posted with the next group; nbegun: sends
                                      * begun before a W, completed with the next group */
-    double clock;
+    double clock, speed, busy; /* speed: the factor on its items' costs (schedule_simulate_speeds) */
 };
 
 static struct xfer sim_post(struct sim_channels *c, struct sim_rank *r, struct xfer x) {
@@ -485,7 +485,7 @@ static void sim_post_group(struct sim_channels *c, struct sim_rank *r, enum sche
  * after it (its sends wait for the next group). 1 progressed, 0 waiting, -2
  * a receive meets another message. */
 static int sim_advance(struct sim_channels *c, struct sim_rank *r, enum sched_kind kind, int pp, int vpp, int me,
-                       const double cost[3], double *busy) {
+                       const double cost[3]) {
     double t = r->clock;
     for (int i = 0; i < r->ngroup; i++) {
         struct xfer x = r->group[i];
@@ -501,7 +501,7 @@ static int sim_advance(struct sim_channels *c, struct sim_rank *r, enum sched_ki
         struct sched_item it = r->s[i];
         struct sched_links l = schedule_links(it, kind, pp, vpp, me);
         int vs = schedule_stage(kind, pp, it.chunk, me), bw = it.op == SCHED_BACKWARD;
-        r->clock += cost[it.op], *busy += cost[it.op];
+        r->clock += cost[it.op] * r->speed, r->busy += cost[it.op] * r->speed;
         if (l.send_to >= 0) r->out[r->nout++] = (struct xfer){1, me * pp + l.send_to, 0, bw, it.mb, bw ? vs - 1 : vs + 1};
     }
     r->pos += r->unit;
@@ -624,11 +624,10 @@ int schedule_simulate(enum sched_kind kind, int pp, int vpp, int m, int forward_
     return schedule_simulate_timed(kind, pp, vpp, m, forward_only, backward_cost, w_share, equal_costs, bubble);
 }
 
-int schedule_simulate_timed(enum sched_kind kind, int pp, int vpp, int m, int forward_only, double backward_cost,
-                            double w_share, const double made_for[3], double *bubble) {
-    int per = SCHED_ITEMS(m, vpp), split = schedule_splits(kind) && !forward_only;
-    const double cost[3] = {1.0, split ? backward_cost * (1 - w_share) : backward_cost, backward_cost * w_share};
-    if (SCHED_BUFFERED(kind)) return simulate_buffered(kind, pp, vpp, m, forward_only, cost, made_for, bubble, NULL);
+/* the grouped kinds' simulation: each rank's busy time (busy[pp]) and the span */
+static int simulate_grouped(enum sched_kind kind, int pp, int vpp, int m, int forward_only, const double cost[3],
+                            const double *speed, double *busy, double *span) {
+    int per = SCHED_ITEMS(m, vpp);
     struct sched_item *s = xmalloc(sizeof *s * per * pp);
     struct sim_rank *r = xcalloc(pp, sizeof *r);
     struct sim_channels c = {.cap = per};
@@ -639,29 +638,50 @@ int schedule_simulate_timed(enum sched_kind kind, int pp, int vpp, int m, int fo
     }
     for (int i = 0; i < pp; i++) {
         r[i].s = s + i * per;
+        r[i].speed = speed ? speed[i] : 1.0;
         r[i].n = forward_only ? schedule_build_forward(s + i * per, vpp, m)
                               : schedule_build(s + i * per, kind, pp, vpp, i, m);
         sim_post_group(&c, &r[i], kind, pp, vpp, i);
     }
-    double busy = 0;
     int progressed = 1, rc = 0;
     while (progressed && !rc) {
         progressed = 0;
         for (int i = 0; i < pp && !rc; i++)
             while (!r[i].done) {
-                int a = sim_advance(&c, &r[i], kind, pp, vpp, i, cost, &busy);
+                int a = sim_advance(&c, &r[i], kind, pp, vpp, i, cost);
                 if (a < 0) rc = a;
                 if (a <= 0) break;
                 progressed = 1;
             }
     }
-    double end = 0;
+    *span = 0;
     for (int i = 0; i < pp; i++) {
         if (!rc && !r[i].done) rc = -1;
-        if (r[i].clock > end) end = r[i].clock;
+        if (r[i].clock > *span) *span = r[i].clock;
+        busy[i] = r[i].busy;
     }
-    if (bubble) *bubble = rc ? 1.0 : 1.0 - busy / (end * pp);
     for (int d = 0; d < 2; d++) free(c.count[d]), free(c.posted[d]), free(c.at[d]);
     free(s), free(r);
     return rc;
+}
+
+int schedule_simulate_timed(enum sched_kind kind, int pp, int vpp, int m, int forward_only, double backward_cost,
+                            double w_share, const double made_for[3], double *bubble) {
+    int split = schedule_splits(kind) && !forward_only;
+    const double cost[3] = {1.0, split ? backward_cost * (1 - w_share) : backward_cost, backward_cost * w_share};
+    if (SCHED_BUFFERED(kind)) return simulate_buffered(kind, pp, vpp, m, forward_only, cost, made_for, bubble, NULL);
+    double *busy = xmalloc(sizeof *busy * pp), span, all = 0;
+    int rc = simulate_grouped(kind, pp, vpp, m, forward_only, cost, NULL, busy, &span);
+    for (int i = 0; i < pp; i++) all += busy[i];
+    if (bubble) *bubble = rc ? 1.0 : 1.0 - all / (span * pp);
+    free(busy);
+    return rc;
+}
+
+int schedule_simulate_speeds(enum sched_kind kind, int pp, int vpp, int m, double backward_cost, double w_share,
+                             const double *speed, double *busy, double *span) {
+    CHECK(!SCHED_BUFFERED(kind));
+    const double cost[3] = {1.0, schedule_splits(kind) ? backward_cost * (1 - w_share) : backward_cost,
+                            backward_cost * w_share};
+    return simulate_grouped(kind, pp, vpp, m, 0, cost, speed, busy, span);
 }

@@ -138,3 +138,9 @@ int schedule_simulate(enum sched_kind kind, int pp, int vpp, int m, int forward_
 /* The same with the V kinds' order made for made_for[] (forward, backward, W costs) */
 int schedule_simulate_timed(enum sched_kind kind, int pp, int vpp, int m, int forward_only, double backward_cost,
                             double w_share, const double made_for[3], double *bubble);
+/* The grouped kinds (1f1b, interleaved, zb-h1) on ranks of unequal speed:
+ * rank i's items take speed[i] times their cost. Gives each rank's busy
+ * time (busy[pp]) and the span (the last rank's end), from which a bubble
+ * can be measured as scripts/bench/pipeline_schedules.sh measures it. */
+int schedule_simulate_speeds(enum sched_kind kind, int pp, int vpp, int m, double backward_cost, double w_share,
+                             const double *speed, double *busy, double *span);

@@ -58,6 +58,31 @@ static void check_zb_bubble(int pp, int m) {
     TEST_RESULT(name, rc == 0 && fabs(ratio - 1.0 / 3) < 1e-9, "idle time %.4f x 1F1B's, want 1/3 (rc %d)", ratio, rc);
 }
 
+/* zb-h1 against 1F1B (F = B = W) with one rank's items `slow` times as
+ * long (the ranks of scripts/bench/pipeline_schedules.sh run at unequal
+ * speeds): the bubble beyond the slowest stage, pp x (span - the slowest
+ * rank's busy time), stays a third of 1F1B's, while the sum of every
+ * rank's idle time in the span grows with the faster ranks' waits for the
+ * slow one (both measures equal at equal speeds) */
+static void check_zb_unequal_ranks(int pp, int m, int slow_rank, double slow) {
+    char name[112];
+    snprintf(name, sizeof name, "schedule_zb_h1_unequal_ranks_pp%d_m%d_rank%d_x%.2f", pp, m, slow_rank, slow);
+    double speed[8], busy[8], slowest[2], idle[2];
+    for (int i = 0; i < pp; i++) speed[i] = i == slow_rank ? slow : 1.0;
+    int rc = 0;
+    for (int k = 0; k < 2; k++) {
+        double span, most = 0;
+        idle[k] = 0;
+        rc |= schedule_simulate_speeds(k ? SCHED_ZB_H1 : SCHED_1F1B, pp, 1, m, 2.0, k ? 0.5 : 0, speed, busy, &span);
+        for (int i = 0; i < pp; i++) idle[k] += span - busy[i], most = busy[i] > most ? busy[i] : most;
+        slowest[k] = pp * (span - most);
+    }
+    double ratio = slowest[1] / slowest[0], idle_ratio = idle[1] / idle[0];
+    int ok = rc == 0 && fabs(ratio - 1.0 / 3) < 1e-9 && (slow == 1.0 ? fabs(idle_ratio - ratio) < 1e-9 : idle_ratio > 0.4);
+    TEST_RESULT(name, ok, "beyond the slowest stage %.4f x 1F1B's (want 1/3), idle in the span %.4f x (rc %d)", ratio,
+                idle_ratio, rc);
+}
+
 /* zbv against 1F1B at equal work per chunk (F = B = W = 1 per chunk, so a
  * stage's forward costs 2 of them: 1F1B's F = 1, B = 2 halved), buffered
  * sends: when pp divides the micro batches the idle rank-time is a sixth of
@@ -189,6 +214,10 @@ int main(void) {
     int zb[][2] = {{2, 1}, {2, 4}, {2, 8}, {4, 4}, {4, 8}, {4, 16}, {8, 8}, {8, 32}, {3, 7}};
     for (int i = 0; i < 9; i++) check_complete_kind(SCHED_ZB_H1, zb[i][0], 1, zb[i][1]);
     for (int i = 2; i < 9; i++) check_zb_bubble(zb[i][0], zb[i][1]);
+    double slow[] = {1.0, 1.05, 1.1, 1.2};
+    for (int i = 0; i < 4; i++)
+        for (int r = 0; r < 2; r++) check_zb_unequal_ranks(2, 8, r, slow[i]);
+    for (int r = 0; r < 4; r++) check_zb_unequal_ranks(4, 16, r, 1.1);
     for (int i = 0; i < 9; i++) check_complete_kind(SCHED_ZBV, zb[i][0], 2, zb[i][1]);
     for (int i = 2; i < 9; i++) check_zbv_bubble(zb[i][0], zb[i][1]);
     int dual[][2] = {{2, 4}, {2, 8}, {4, 8}, {4, 16}, {8, 16}, {8, 32}, {3, 7}};
