@@ -139,13 +139,14 @@ print("bubble beyond the slowest stage (pp x (span - the slowest rank's F, B and
       % (repeat, slowest["zb-h1"], ("target <= 0.4: " + ("met" if slowest["zb-h1"] <= 0.4 else "not met"))
          if shape == "gemm" else "the 0.4 target is for F = B = W: SHAPE=gemm", predicted, slowest["zbv"],
          slowest["dualpipev"]))
-# the formulas in ms from each schedule's own means, on every rank: 1F1B (pp-1)(F+B), ZB-H1 (pp-1)(F+B-W), B zb-h1's
-# input gradient only
+# the formulas in ms, summed over the pp ranks, from each schedule's own means (those of its run with the median
+# bubble of the first measure): 1F1B pp (pp-1)(F+B), ZB-H1 pp (pp-1)(F+B-W), B zb-h1's input gradient only
 one, zb = res["1f1b"], res["zb-h1"]
 res["bubble_formula_ms"] = {"1f1b": pp * (pp - 1) * (one["forward_ms"] + one["backward_ms"]),
                             "zb-h1": pp * (pp - 1) * (zb["forward_ms"] + zb["backward_ms"] - zb["weights_ms"])}
-print("formula ms (pp x (pp-1) x the costs, the median runs' means): 1f1b %.0f, zb-h1 %.0f"
-      % (res["bubble_formula_ms"]["1f1b"], res["bubble_formula_ms"]["zb-h1"]))
+print("formula ms (pp x (pp-1) x the costs, the median runs' means): 1f1b %.0f, zb-h1 %.0f (%.3fx)"
+      % (res["bubble_formula_ms"]["1f1b"], res["bubble_formula_ms"]["zb-h1"],
+         res["bubble_formula_ms"]["zb-h1"] / res["bubble_formula_ms"]["1f1b"]))
 print("its ms of each run, sorted: " + "; ".join("%s %s" % (s, " ".join("%.0f" % b for b in res[s]["bubble_slowest_ms_runs"]))
       for s in ("1f1b", "zb-h1", "zbv", "dualpipev")))
 print("zbv idle / 1f1b idle: measured %.2f (simulated at F = B = W per chunk: 1/6); peak memory %.3fx 1f1b's "
