@@ -4,57 +4,23 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
-#include "kernels/moe_sigmoid_route.h"
+#include "kernels/moe_route.h"
 
 void cpu_moe_route_forward(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int n, int E,
                            int k) {
 #pragma omp parallel for schedule(static)
-    for (int t = 0; t < n; t++) {
-        const float *x = logits + (size_t)t * E;
-        float *p = probs + (size_t)t * E;
-        float mx = x[0];
-        for (int e = 1; e < E; e++) mx = x[e] > mx ? x[e] : mx;
-        double sum = 0;
-        for (int e = 0; e < E; e++) sum += exp((double)x[e] - mx);
-        lse[t] = (float)(mx + log(sum));
-        for (int e = 0; e < E; e++) p[e] = (float)(exp((double)x[e] - mx) / sum);
-        /* selection by repeated arg-max: k is small */
-        int32_t *ti = idx + (size_t)t * k;
-        float chosen = 0;
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int m = 0; m < j; m++) taken |= ti[m] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            ti[j] = best;
-            chosen += p[best];
-        }
-        for (int j = 0; j < k; j++) w[(size_t)t * k + j] = p[ti[j]] / chosen;
-    }
+    for (int t = 0; t < n; t++)
+        route_softmax_token(probs + (size_t)t * E, lse + t, idx + (size_t)t * k, w + (size_t)t * k,
+                            logits + (size_t)t * E, E, k);
 }
 
 void cpu_moe_route_backward(float *dlogits, const float *dw, const float *probs, const float *lse, const int32_t *idx,
                             const float *w, const float *aux_coef, float z_scale, int n, int E, int k, int T, int r0) {
 #pragma omp parallel for schedule(static)
-    for (int t = 0; t < n; t++) {
-        const float *p = probs + (size_t)t * E;
-        const int32_t *ti = idx + (size_t)t * k;
-        const float *tw = w + (size_t)t * k, *tdw = dw + (size_t)t * k;
-        float *g = dlogits + (size_t)t * E; /* dL/dprobs first, then dL/dlogits in place */
-        const float *a = aux_coef ? aux_coef + (size_t)((r0 + t) / T) * E : NULL; /* its sequence's */
-        for (int e = 0; e < E; e++) g[e] = a ? a[e] : 0.0f;
-        /* w_j = p_j / S with S the sum of the chosen p: dL/dp_j = (dw_j - sum_m dw_m w_m) / S */
-        float S = 0, dot = 0;
-        for (int j = 0; j < k; j++) S += p[ti[j]], dot += tdw[j] * tw[j];
-        for (int j = 0; j < k; j++) g[ti[j]] += (tdw[j] - dot) / S;
-        /* softmax backward, and the z-loss's d(lse^2)/dlogits = 2 lse p */
-        float pg = 0;
-        for (int e = 0; e < E; e++) pg += p[e] * g[e];
-        float z = z_scale * 2.0f * lse[t];
-        for (int e = 0; e < E; e++) g[e] = p[e] * (g[e] - pg) + z * p[e];
-    }
+    for (int t = 0; t < n; t++)
+        route_softmax_token_backward(dlogits + (size_t)t * E, dw + (size_t)t * k, probs + (size_t)t * E, lse[t],
+                                     idx + (size_t)t * k, w + (size_t)t * k,
+                                     aux_coef ? aux_coef + (size_t)((r0 + t) / T) * E : NULL, z_scale, E, k);
 }
 
 void cpu_gather_rows(float *out, const float *x, const int32_t *rows, int n, int C) {

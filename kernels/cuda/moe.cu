@@ -5,7 +5,7 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/moe_combine.cuh"
 #include "kernels/cuda/moe_plan.cuh"
-#include "kernels/moe_sigmoid_route.h"
+#include "kernels/moe_route.h"
 
 static const unsigned THREADS = 256;
 /* the routing kernels' blocks: a thread per token, so small blocks spread 8192 tokens over 128 SMs, not 32 */
@@ -16,27 +16,8 @@ __global__ void route_forward_k(float *probs, float *lse, int32_t *idx, float *w
                                 int k) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
-    const float *x = logits + (size_t)t * E;
-    float *p = probs + (size_t)t * E;
-    float mx = x[0];
-    for (int e = 1; e < E; e++) mx = fmaxf(mx, x[e]);
-    double sum = 0;
-    for (int e = 0; e < E; e++) sum += exp((double)x[e] - mx);
-    lse[t] = (float)(mx + log(sum));
-    for (int e = 0; e < E; e++) p[e] = (float)(exp((double)x[e] - mx) / sum);
-    int32_t *ti = idx + (size_t)t * k;
-    float chosen = 0;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int m = 0; m < j; m++) taken |= ti[m] == e;
-            if (!taken && (best < 0 || p[e] > p[best])) best = e;
-        }
-        ti[j] = best;
-        chosen += p[best];
-    }
-    for (int j = 0; j < k; j++) w[(size_t)t * k + j] = p[ti[j]] / chosen;
+    route_softmax_token(probs + (size_t)t * E, lse + t, idx + (size_t)t * k, w + (size_t)t * k, logits + (size_t)t * E,
+                        E, k);
 }
 
 __global__ void route_backward_k(float *dlogits, const float *dw, const float *probs, const float *lse,
@@ -44,19 +25,9 @@ __global__ void route_backward_k(float *dlogits, const float *dw, const float *p
                                  int k, int T, int r0) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
-    const float *p = probs + (size_t)t * E;
-    const int32_t *ti = idx + (size_t)t * k;
-    const float *tw = w + (size_t)t * k, *tdw = dw + (size_t)t * k;
-    float *g = dlogits + (size_t)t * E;
-    const float *a = aux_coef ? aux_coef + (size_t)((r0 + t) / T) * E : NULL; /* its sequence's */
-    for (int e = 0; e < E; e++) g[e] = a ? a[e] : 0.0f;
-    float S = 0, dot = 0;
-    for (int j = 0; j < k; j++) S += p[ti[j]], dot += tdw[j] * tw[j];
-    for (int j = 0; j < k; j++) g[ti[j]] += (tdw[j] - dot) / S;
-    float pg = 0;
-    for (int e = 0; e < E; e++) pg += p[e] * g[e];
-    float z = z_scale * 2.0f * lse[t];
-    for (int e = 0; e < E; e++) g[e] = p[e] * (g[e] - pg) + z * p[e];
+    route_softmax_token_backward(dlogits + (size_t)t * E, dw + (size_t)t * k, probs + (size_t)t * E, lse[t],
+                                 idx + (size_t)t * k, w + (size_t)t * k,
+                                 aux_coef ? aux_coef + (size_t)((r0 + t) / T) * E : NULL, z_scale, E, k);
 }
 
 __global__ void route_sigmoid_forward_k(float *scores, int32_t *idx, float *w, const float *logits, const float *bias,

@@ -1,6 +1,7 @@
-/* DeepSeek-V3 sigmoid routing of one token (semantics in kernels/ops.h,
- * moe_route_sigmoid_*), written once for the CPU backend and the CUDA
- * kernels (compiled as __host__ __device__ there) so both decide alike. */
+/* Routing of one token, softmax (Mixtral) and DeepSeek-V3's sigmoid
+ * (semantics in kernels/ops.h, moe_route_*), written once for the CPU
+ * backend and the CUDA kernels (compiled as __host__ __device__ there) so
+ * both decide alike, bitwise. */
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -10,6 +11,47 @@
 #else
 #define ROUTE_FN static inline
 #endif
+
+/* Softmax over the E logits (p, and lse = log sum exp for the z-loss), then
+ * the k largest p by repeated arg-max (k is small; ties: the lower expert),
+ * weighted by p over the chosen ones' sum */
+ROUTE_FN void route_softmax_token(float *p, float *lse, int32_t *ti, float *tw, const float *x, int E, int k) {
+    float mx = x[0];
+    for (int e = 1; e < E; e++) mx = x[e] > mx ? x[e] : mx;
+    double sum = 0;
+    for (int e = 0; e < E; e++) sum += exp((double)x[e] - mx);
+    *lse = (float)(mx + log(sum));
+    for (int e = 0; e < E; e++) p[e] = (float)(exp((double)x[e] - mx) / sum);
+    float chosen = 0;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int m = 0; m < j; m++) taken |= ti[m] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        ti[j] = best;
+        chosen += p[best];
+    }
+    for (int j = 0; j < k; j++) tw[j] = p[ti[j]] / chosen;
+}
+
+/* Its backward into g (E logits' gradients): the weights' gradient tdw, the
+ * auxiliary loss's per-expert coefficients a (its sequence's; NULL: none)
+ * and the z-loss (z_scale x lse^2) */
+ROUTE_FN void route_softmax_token_backward(float *g, const float *tdw, const float *p, float lse, const int32_t *ti,
+                                           const float *tw, const float *a, float z_scale, int E, int k) {
+    for (int e = 0; e < E; e++) g[e] = a ? a[e] : 0.0f; /* dL/dprobs first, then dL/dlogits in place */
+    /* w_j = p_j / S with S the sum of the chosen p: dL/dp_j = (dw_j - sum_m dw_m w_m) / S */
+    float S = 0, dot = 0;
+    for (int j = 0; j < k; j++) S += p[ti[j]], dot += tdw[j] * tw[j];
+    for (int j = 0; j < k; j++) g[ti[j]] += (tdw[j] - dot) / S;
+    /* softmax backward, and the z-loss's d(lse^2)/dlogits = 2 lse p */
+    float pg = 0;
+    for (int e = 0; e < E; e++) pg += p[e] * g[e];
+    float z = z_scale * 2.0f * lse;
+    for (int e = 0; e < E; e++) g[e] = p[e] * (g[e] - pg) + z * p[e];
+}
 
 #define ROUTE_MAX_GROUPS 64 /* config/recipe_validate.c enforces moe_n_group <= this */
 
