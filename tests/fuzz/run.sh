@@ -3,7 +3,9 @@
 # on seeds made here from the project's own outputs (nothing binary is kept
 # in the repository): recipes/*.yaml, a tiny training run's model.safetensors
 # and checkpoint rank file, a byte-level tokenizer.json and tiktoken rank
-# file, `mtrain data generate` datasets and Megatron .idx/.bin pairs.
+# file, `mtrain data generate` datasets (their indexes and shards) and
+# Megatron .idx/.bin pairs, recipes/systems/*.yaml, and `mtrain data build`
+# inputs (JSON lines, plain text, zstd).
 # Prints one PASS/FAIL line per harness; inputs that fail are copied to
 # $BUILD/fuzz/crashes/ (replay: $BUILD/fuzz/fuzz_NAME --replay FILE).
 # FUZZ_SEED fixes the mutation seed (default: the clock; printed on PASS).
@@ -16,7 +18,7 @@ S=$TMP/seeds
 mkdir -p "$S"
 
 if [ ! -x "$MTRAIN" ]; then fail fuzz_setup "no $MTRAIN binary"; exit 1; fi
-for h in recipe safetensors tokenizer_hf tiktoken dataset_index megatron; do
+for h in recipe safetensors tokenizer_hf tiktoken dataset_index megatron shard system data_build; do
     [ -x "$FZ/fuzz_$h" ] || { fail fuzz_setup "no $FZ/fuzz_$h (make unit-tests BUILD=${BUILD:-build/rel})"; exit 1; }
 done
 
@@ -82,6 +84,14 @@ for name, code, fmt in [("mm16", 8, "H"), ("mm32", 4, "i")]:
         f.write(struct.pack("<%dq" % len(docs), *docs))
 PY
 
+# `mtrain data build` inputs: JSON lines, plain text (a document a file, a document a line), zstd-compressed
+mkdir -p "$S/build"
+printf '{"text": "the cat sat"}\n{"text": "on the \\u00e9 mat\\n", "id": 2}\n\n{"text": "12 cats"}\n' >"$S/build/doc.jsonl"
+printf 'The cat sat on the mat.\nIt was 12 o\xc3\xa9clock.\n' >"$S/build/doc.txt"
+printf 'one line\n\nanother line\n  \nthird\n' >"$S/build/lines.txt"
+zstd -q -c "$S/build/doc.jsonl" >"$S/build/doc.jsonl.zst" && zstd -q -c "$S/build/doc.txt" >"$S/build/doc.zst" ||
+    { fail fuzz_setup "zstd failed"; exit 1; }
+
 # --- run -------------------------------------------------------------------------
 run_fuzz() {
     local h=$1; shift
@@ -105,3 +115,6 @@ run_fuzz tokenizer_hf "$S"/tokenizer0.json "$S"/tokenizer1.json
 run_fuzz tiktoken "$S"/ranks.tiktoken
 run_fuzz dataset_index "$S"/ds1/index.mtd "$S"/ds2/index.mtd
 run_fuzz megatron "$S"/mm16.idx "$S"/mm32.idx
+run_fuzz shard "$S"/ds1/shard-00000.zst "$S"/ds2/shard-00000.zst
+run_fuzz system "$ROOT"/recipes/systems/*.yaml
+run_fuzz data_build "$S"/build/*
