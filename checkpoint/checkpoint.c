@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -436,24 +437,49 @@ static int load_fail(char *err, size_t errlen, int code, const char *fmt, const 
     return code;
 }
 
-static int read_state(json_t *m, struct train_state *st) {
-    json_t *v;
-#define GET_INT(key, field)                                        \
-    if (!json_is_integer(v = json_object_get(m, key))) return -1; \
-    st->field = json_integer_value(v)
-    GET_INT("step", step);
-    GET_INT("consumed_samples", consumed_samples);
-    GET_INT("optimizer_step", opt_step);
-    GET_INT("rewinds", rewinds);
-    GET_INT("lr_scale_until", lr_scale_until);
-#undef GET_INT
-    if (!json_is_number(v = json_object_get(m, "lr_scale"))) return -1;
-    st->lr_scale = json_number_value(v);
-    json_t *mon = json_object_get(m, "monitor");
-    if (!json_is_object(mon)) return -1;
-    st->ema_loss = json_number_value(json_object_get(mon, "ema_loss"));
-    st->ema_grad_norm = json_number_value(json_object_get(mon, "ema_grad_norm"));
-    st->ema_seen = (int)json_integer_value(json_object_get(mon, "seen"));
+/* The manifest's training state, each field in its range (a manifest without
+ * a checksum is not otherwise verified): 0, or -1 with the field in why */
+static int read_int(json_t *m, const char *key, int64_t max, int64_t *out, char *why, size_t whylen) {
+    json_t *v = json_object_get(m, key);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > max) {
+        snprintf(why, whylen, "'%s' must be an integer from 0 to %lld", key, (long long)max);
+        return -1;
+    }
+    *out = json_integer_value(v);
+    return 0;
+}
+
+static int read_state(json_t *m, struct train_state *st, char *why, size_t whylen) {
+    int64_t step, consumed, opt, rewinds, until, seen;
+    json_t *mon = json_object_get(m, "monitor"), *scale = json_object_get(m, "lr_scale");
+    /* steps name the step directories (step-%09d) */
+    if (read_int(m, "step", 999999999, &step, why, whylen) ||
+        read_int(m, "consumed_samples", INT64_MAX, &consumed, why, whylen) ||
+        read_int(m, "optimizer_step", INT32_MAX, &opt, why, whylen) ||
+        read_int(m, "rewinds", INT32_MAX, &rewinds, why, whylen) ||
+        read_int(m, "lr_scale_until", INT32_MAX, &until, why, whylen))
+        return -1;
+    if (!json_is_number(scale) || !(json_number_value(scale) > 0 && json_number_value(scale) <= 1)) {
+        snprintf(why, whylen, "'lr_scale' must be a number in (0, 1]");
+        return -1;
+    }
+    if (!json_is_object(mon)) {
+        snprintf(why, whylen, "'monitor' must be an object");
+        return -1;
+    }
+    /* the monitor's fields: absent is 0, as mtrain read them before it checked them */
+    seen = 0;
+    if (json_object_get(mon, "seen") && read_int(mon, "seen", INT32_MAX, &seen, why, whylen)) return -1;
+    json_t *l = json_object_get(mon, "ema_loss"), *g = json_object_get(mon, "ema_grad_norm");
+    double loss = json_number_value(l), gnorm = json_number_value(g);
+    if ((l && !json_is_number(l)) || (g && !json_is_number(g)) || !isfinite(loss) || !isfinite(gnorm)) {
+        snprintf(why, whylen, "'monitor' averages must be finite numbers");
+        return -1;
+    }
+    *st = (struct train_state){.step = (int)step, .consumed_samples = consumed, .opt_step = (int)opt,
+                               .rewinds = (int)rewinds, .lr_scale = json_number_value(scale),
+                               .lr_scale_until = (int)until, .ema_loss = loss, .ema_grad_norm = gnorm,
+                               .ema_seen = (int)seen};
     return 0;
 }
 
@@ -516,6 +542,20 @@ static int read_shard(struct open_files *o, json_t *e, const char *name, float *
 
 /* Fill out (p's local shard in the target layout) from the stored shards of
  * `name`, whatever tensor-parallel size they were saved with. */
+/* A manifest entry's shard rule if it stores a part of tensor p (its shape, and the stored rule: the target's, or
+ * either whole: a routed expert is whole at etp 1, split over etp ranks by rows or columns otherwise), else -1 */
+static int entry_rule(json_t *e, const struct param_info *p) {
+    json_t *shape = json_object_get(e, "shape"), *sh = json_object_get(e, "shard");
+    int rule = -1;
+    for (int k = 0; json_is_string(sh) && k < (int)(sizeof shard_names / sizeof *shard_names); k++)
+        if (!strcmp(json_string_value(sh), shard_names[k])) rule = k;
+    int ok = json_is_array(shape) && (int)json_array_size(shape) == p->ndim &&
+             (rule == (int)p->shard || (p->expert && (rule == SHARD_REPLICATED || p->shard == SHARD_REPLICATED) &&
+                                        rule >= 0));
+    for (int d = 0; ok && d < p->ndim; d++) ok = json_integer_value(json_array_get(shape, d)) == p->shape[d];
+    return ok ? rule : -1;
+}
+
 static int assemble(struct open_files *o, json_t *tensors, const struct param_info *p, int tp_rank, const char *name,
                     float *out, char *err, size_t errlen) {
     size_t i;
@@ -530,17 +570,8 @@ static int assemble(struct open_files *o, json_t *tensors, const struct param_in
     json_array_foreach(tensors, i, e) {
         json_t *n = json_object_get(e, "name");
         if (!json_is_string(n) || strcmp(json_string_value(n), name)) continue;
-        json_t *shape = json_object_get(e, "shape"), *sh = json_object_get(e, "shard");
-        /* the stored rule: the target's, or either whole (a routed expert is whole at etp 1, split over etp
-         * ranks by rows or columns otherwise) */
-        int rule = -1;
-        for (int k = 0; json_is_string(sh) && k < (int)(sizeof shard_names / sizeof *shard_names); k++)
-            if (!strcmp(json_string_value(sh), shard_names[k])) rule = k;
-        int ok = json_is_array(shape) && (int)json_array_size(shape) == p->ndim &&
-                 (rule == (int)p->shard || (p->expert && (rule == SHARD_REPLICATED || p->shard == SHARD_REPLICATED) &&
-                                            rule >= 0));
-        for (int d = 0; ok && d < p->ndim; d++) ok = json_integer_value(json_array_get(shape, d)) == p->shape[d];
-        if (!ok) {
+        int rule = entry_rule(e, p);
+        if (rule < 0) {
             free(buf);
             return load_fail(err, errlen, -2, "%s: tensor %s has another shape or shard rule: the checkpoint belongs "
                              "to a different model shape than the recipe", o->dir, name);
@@ -608,9 +639,12 @@ static json_t *load_manifest(const char *step_dir, struct train_state *st, char 
              "verified", path);
     }
     json_t *fmt = json_object_get(man, "format"), *ver = json_object_get(man, "version");
+    char why[160];
     if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "mtrain-checkpoint") || !json_is_integer(ver) ||
-        !json_is_array(json_object_get(man, "tensors")) || read_state(man, st) != 0) {
+        !json_is_array(json_object_get(man, "tensors"))) {
         snprintf(err, errlen, "%s: not an mtrain checkpoint manifest", path);
+    } else if (read_state(man, st, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s: bad training state: %s", path, why);
     } else if (json_integer_value(ver) != CHECKPOINT_FORMAT_VERSION) {
         snprintf(err, errlen, "%s: checkpoint format version %lld, this mtrain reads version %d", path,
                  (long long)json_integer_value(ver), CHECKPOINT_FORMAT_VERSION);
@@ -703,6 +737,20 @@ struct convert_ctx {
 
 static const float *convert_source(void *ctx, int sec, const struct param_info *p) {
     struct convert_ctx *c = ctx;
+    /* the manifest's entry must hold this tensor's shape before its size is allocated: the recipe in a manifest
+     * without a checksum is not otherwise verified, and could name any size */
+    char name[PARAM_NAME_MAX + 32];
+    snprintf(name, sizeof name, "%s%s", section_prefix[sec], p->name);
+    size_t i;
+    json_t *e, *entry = NULL;
+    json_array_foreach(json_object_get(c->rd->man, "tensors"), i, e) {
+        json_t *n = json_object_get(e, "name");
+        if (json_is_string(n) && !strcmp(json_string_value(n), name)) entry = e;
+        if (entry) break;
+    }
+    if (!entry || entry_rule(entry, p) < 0)
+        die("%s: tensor %s is missing or has another shape or shard rule: the manifest's tensors do not match its "
+            "recipe", c->rd->dir, name);
     if (p->numel > c->cap) c->buf = xrealloc(c->buf, sizeof(float) * (c->cap = p->numel));
     if (ckpt_reader_read(c->rd, p, c->tp_rank, sec, c->buf, c->err, c->errlen) != 0) die("%s", c->err);
     return c->buf;

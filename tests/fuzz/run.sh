@@ -2,7 +2,7 @@
 # Runs every fuzz harness in $BUILD/fuzz/ for FUZZ_SECONDS each (default 40)
 # on seeds made here from the project's own outputs (nothing binary is kept
 # in the repository): recipes/*.yaml, a tiny training run's model.safetensors
-# and checkpoint rank file, a byte-level tokenizer.json and tiktoken rank
+# and checkpoint rank file and manifest, a byte-level tokenizer.json and tiktoken rank
 # file, `mtrain data generate` datasets (their indexes and shards) and
 # Megatron .idx/.bin pairs, recipes/systems/*.yaml, and `mtrain data build`
 # inputs (JSON lines, plain text, zstd).
@@ -18,7 +18,7 @@ S=$TMP/seeds
 mkdir -p "$S"
 
 if [ ! -x "$MTRAIN" ]; then fail fuzz_setup "no $MTRAIN binary"; exit 1; fi
-for h in recipe safetensors tokenizer_hf tiktoken dataset_index megatron shard system data_build; do
+for h in recipe safetensors checkpoint tokenizer_hf tiktoken dataset_index megatron shard system data_build; do
     [ -x "$FZ/fuzz_$h" ] || { fail fuzz_setup "no $FZ/fuzz_$h (make unit-tests BUILD=${BUILD:-build/rel})"; exit 1; }
 done
 
@@ -111,6 +111,7 @@ run_fuzz() {
 }
 run_fuzz recipe "$S"/*.yaml
 run_fuzz safetensors "${ST_SEEDS[@]}"
+run_fuzz checkpoint "$S"/ck/step-*/manifest.json
 run_fuzz tokenizer_hf "$S"/tokenizer0.json "$S"/tokenizer1.json
 run_fuzz tiktoken "$S"/ranks.tiktoken
 run_fuzz dataset_index "$S"/ds1/index.mtd "$S"/ds2/index.mtd

@@ -55,6 +55,25 @@ cp -r ref o
 sed -i '/"manifest_xxh3"/d' "$(manifest o 40)"
 expect_exit edge_manifest_old_loads 0 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=o --set log.dir=o_run --resume o/step-000000040
 expect_output edge_manifest_old_warns 'warning: o/step-000000040/manifest.json carries no checksum'
+# ... but its training state must still be in range: a negative data position or step is refused by name, on
+# resume and by convert (which would have written a step directory named step--0000005)
+cp -r ref ob
+sed -i '/"manifest_xxh3"/d; s/"consumed_samples": 320/"consumed_samples": -7/' "$(manifest ob 40)"
+expect_exit edge_manifest_old_bad_state_exit1 1 "$MTRAIN" pretrain r.yaml --set checkpoint.dir=ob --set log.dir=ob_x \
+    --resume ob/step-000000040
+expect_output edge_manifest_old_bad_state_message \
+    "ob/step-000000040/manifest.json: bad training state: 'consumed_samples' must be an integer from 0"
+sed -i 's/"consumed_samples": -7/"consumed_samples": 320/; s/"step": 40,/"step": -5,/' "$(manifest ob 40)"
+expect_exit edge_manifest_old_bad_step_convert_exit1 1 "$MTRAIN" convert ob/step-000000040 ob_conv --tp 1 --pp 1
+expect_output edge_manifest_old_bad_step_message "bad training state: 'step' must be an integer from 0 to 999999999"
+check edge_manifest_old_bad_step_nothing_written test ! -e ob_conv/latest
+# ... and its recipe must match its tensors: a recipe naming a vocabulary of 2^30 is refused before convert
+# allocates the embedding's 4 GiB (found by tests/fuzz/fuzz_checkpoint.c)
+sed -i 's/"step": -5,/"step": 40,/; s/vocab_size: 257\\n/vocab_size: 1073741824\\n/' "$(manifest ob 40)"
+grep -q 'vocab_size: 1073741824' "$(manifest ob 40)" || fail edge_manifest_old_big_recipe_setup "sed did not change it"
+expect_exit edge_manifest_old_big_recipe_exit1 1 "$MTRAIN" convert ob/step-000000040 ob_conv2 --tp 1 --pp 1
+expect_output edge_manifest_old_big_recipe_message \
+    "tensor model.embed_tokens.weight is missing or has another shape or shard rule: the manifest's tensors do not match"
 
 # ---- 2. `latest` does not decide: the newest committed, verified step does ----
 for kind in stale garbled missing ahead; do
