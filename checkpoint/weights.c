@@ -108,16 +108,11 @@ static int hf_interleaved(const char *path, const struct weight_files *w, const 
     return yes;
 }
 
-void weights_load_each(const struct param_table *t, const char *path, param_put_fn put, void *ctx) {
-    struct weight_files w;
-    struct mla_dims dims;
-    char err[1024];
-    open_weights(&w, path);
-    mla_dims_from_table(t, &dims);
-    int interleaved = hf_interleaved(path, &w, &dims);
+/* Every tensor of the table in the open files with its global shape; errors name the file and tensor, exit 1 */
+static void check_tensors(struct weight_files *w, const struct param_table *t) {
     for (int i = 0; i < t->count; i++) {
         const struct param_info *p = &t->items[i];
-        struct st_file *f = file_for(&w, p->name);
+        struct st_file *f = file_for(w, p->name);
         const struct st_entry *e = safetensors_find(f, p->name);
         if (!e) die("%s: tensor %s is missing", f->path, p->name);
         int ok = e->ndim == p->ndim;
@@ -127,6 +122,28 @@ void weights_load_each(const struct param_table *t, const char *path, param_put_
             die("%s: tensor %s has shape %s, the recipe needs %s", f->path, p->name,
                 shape_str(have, sizeof have, e->shape, e->ndim), shape_str(want, sizeof want, p->shape, p->ndim));
         }
+    }
+}
+
+void weights_check(const struct param_table *t, const char *path) {
+    struct weight_files w;
+    open_weights(&w, path);
+    check_tensors(&w, t);
+    close_weights(&w);
+}
+
+void weights_load_each(const struct param_table *t, const char *path, param_put_fn put, void *ctx) {
+    struct weight_files w;
+    struct mla_dims dims;
+    char err[1024];
+    open_weights(&w, path);
+    check_tensors(&w, t);
+    mla_dims_from_table(t, &dims);
+    int interleaved = hf_interleaved(path, &w, &dims);
+    for (int i = 0; i < t->count; i++) {
+        const struct param_info *p = &t->items[i];
+        struct st_file *f = file_for(&w, p->name);
+        const struct st_entry *e = safetensors_find(f, p->name);
         /* read the whole tensor, keep this rank's block of it */
         int64_t rows = p->shape[0], cols = p->ndim > 1 ? p->shape[1] : 1;
         int64_t lr = p->local_shape[0], lc = p->ndim > 1 ? p->local_shape[1] : 1;

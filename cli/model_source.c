@@ -360,6 +360,14 @@ int model_source_build(const struct model_source *s, const char *device, int B, 
     const struct backend *be = backend_get(device, "fp32"); /* inference reads the fp32 master weights */
     if (!be) return EXIT_USAGE;
     if (be != &cpu_backend) cuda_use_device(0);
+    if (s->kind != SOURCE_CHECKPOINT) { /* the file's shapes against its config before allocating the model */
+        struct model_part part;
+        struct param_table t;
+        model_part_full(&part, &s->recipe.model);
+        param_table_build(&t, &s->recipe.model, &part);
+        weights_check(&t, s->path);
+        param_table_free(&t);
+    }
     transformer_create_forward_only(m, be, &s->recipe.model, B, T);
     int rc = model_source_load(s, m, err, errlen);
     if (rc) transformer_free(m);

@@ -2,7 +2,7 @@
 # Runs every fuzz harness in $BUILD/fuzz/ for FUZZ_SECONDS each (default 40)
 # on seeds made here from the project's own outputs (nothing binary is kept
 # in the repository): recipes/*.yaml, a tiny training run's model.safetensors
-# and checkpoint rank file and manifest, a byte-level tokenizer.json and tiktoken rank
+# and checkpoint rank file and manifest, its Hugging Face config.json, a byte-level tokenizer.json and tiktoken rank
 # file, `mtrain data generate` datasets (their indexes and shards) and
 # Megatron .idx/.bin pairs, recipes/systems/*.yaml, and `mtrain data build`
 # inputs (JSON lines, plain text, zstd).
@@ -18,7 +18,7 @@ S=$TMP/seeds
 mkdir -p "$S"
 
 if [ ! -x "$MTRAIN" ]; then fail fuzz_setup "no $MTRAIN binary"; exit 1; fi
-for h in recipe safetensors checkpoint tokenizer_hf tiktoken dataset_index megatron shard system data_build; do
+for h in recipe safetensors checkpoint hf_config tokenizer_hf tiktoken dataset_index megatron shard system data_build; do
     [ -x "$FZ/fuzz_$h" ] || { fail fuzz_setup "no $FZ/fuzz_$h (make unit-tests BUILD=${BUILD:-build/rel})"; exit 1; }
 done
 
@@ -38,6 +38,7 @@ YAML
 (cd "$S" && timeout 120 "$MTRAIN" pretrain tiny.yaml >"$S/train.log" 2>&1) ||
     { fail fuzz_setup "tiny training run failed: $(tail -2 "$S/train.log")"; exit 1; }
 ST_SEEDS=("$S/run/model.safetensors" "$S"/ck/step-*/rank-00000.safetensors)
+"$MTRAIN" convert "$S/run" --hf "$S/hf" >/dev/null 2>&1 || { fail fuzz_setup "mtrain convert --hf failed"; exit 1; }
 
 python3 - "$S" <<'PY' || { fail fuzz_setup "python3 seed writer failed"; exit 1; }
 import base64, json, struct, sys
@@ -112,6 +113,7 @@ run_fuzz() {
 run_fuzz recipe "$S"/*.yaml
 run_fuzz safetensors "${ST_SEEDS[@]}"
 run_fuzz checkpoint "$S"/ck/step-*/manifest.json
+run_fuzz hf_config "$S"/hf/config.json
 run_fuzz tokenizer_hf "$S"/tokenizer0.json "$S"/tokenizer1.json
 run_fuzz tiktoken "$S"/ranks.tiktoken
 run_fuzz dataset_index "$S"/ds1/index.mtd "$S"/ds2/index.mtd

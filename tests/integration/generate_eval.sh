@@ -204,6 +204,11 @@ expect_exit eval_missing_data 1 "$MTRAIN" eval ck --data nodata
 mkdir -p other && cp -r hf other/hfx && sed -i 's/"llama"/"gpt2"/' other/hfx/config.json
 expect_exit gen_refuses_other_family 2 "$MTRAIN" generate other/hfx --prompt-ids 1
 expect_output gen_refuses_other_family_message '"gpt2" is not supported'
+# a config.json whose shapes are not its weights': refused by tensor before a model its size is allocated
+cp -r hf other/hfbig && sed -i 's/"vocab_size": *[0-9]*/"vocab_size": 1073741824/' other/hfbig/config.json
+expect_exit gen_config_shape_mismatch 1 "$MTRAIN" generate other/hfbig --prompt-ids 1
+expect_output gen_config_shape_mismatch_message \
+    'other/hfbig/model.safetensors: tensor model.embed_tokens.weight has shape \[[0-9]+, [0-9]+\], the recipe needs \[1073741824, '
 expect_exit gen_help 0 "$MTRAIN" help generate
 expect_exit eval_help 0 "$MTRAIN" eval --help
 exit $FAILED
