@@ -22,6 +22,7 @@
  * runs each file once, unmutated, e.g. to reproduce a saved crash-N). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <libgen.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -77,6 +78,25 @@ static int fuzz_write_file(const char *path, const uint8_t *p, size_t n) {
     if (!f) return -1;
     size_t w = fwrite(p, 1, n, f);
     return (fclose(f) != 0 || w != n) ? -1 : 0;
+}
+
+/* The absolute folder of a seed file (malloc'd; NULL if it cannot be resolved) */
+static inline char *fuzz_seed_dir(const char *seed) {
+    char *copy = strdup(seed), *abs = realpath(dirname(copy), NULL);
+    free(copy);
+    return abs;
+}
+
+/* Link FROM/NAME as TO/NAME: a seed's companion files (shards, weights) beside
+ * each mutated input. -1 if FROM/NAME does not exist. */
+static inline int fuzz_link(const char *from, const char *name, const char *to) {
+    char src[4400], link[4400];
+    snprintf(src, sizeof src, "%s/%s", from, name);
+    if (access(src, F_OK) != 0) return -1;
+    snprintf(link, sizeof link, "%s/%s", to, name);
+    unlink(link);
+    if (symlink(src, link) != 0) perror(link);
+    return 0;
 }
 
 /* Values that tend to sit on boundaries, as text (for JSON, YAML and rank

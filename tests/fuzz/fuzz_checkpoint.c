@@ -11,7 +11,6 @@
 
 #include <ftw.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <dirent.h>
 
 #include "checkpoint/checkpoint.h"
@@ -25,22 +24,14 @@ void fuzz_prepare(const char *workdir, int nseeds, char **seed_paths) {
     work = workdir;
     dirs = calloc((size_t)nseeds, sizeof *dirs);
     for (int k = 0; k < nseeds; k++) {
-        char *copy = strdup(seed_paths[k]);
-        char *abs = realpath(dirname(copy), NULL);
+        char *abs = fuzz_seed_dir(seed_paths[k]);
         snprintf(dirs[k], sizeof dirs[k], "%s/ck-%d", workdir, k);
         mkdir(dirs[k], 0755);
         DIR *d = abs ? opendir(abs) : NULL;
-        for (struct dirent *e; d && (e = readdir(d));) {
-            if (e->d_name[0] == '.' || !strcmp(e->d_name, "manifest.json")) continue;
-            char src[4400], link[4400];
-            snprintf(src, sizeof src, "%s/%s", abs, e->d_name);
-            snprintf(link, sizeof link, "%s/%s", dirs[k], e->d_name);
-            unlink(link);
-            if (symlink(src, link) != 0) perror(link);
-        }
+        for (struct dirent *e; d && (e = readdir(d));)
+            if (e->d_name[0] != '.' && strcmp(e->d_name, "manifest.json")) fuzz_link(abs, e->d_name, dirs[k]);
         if (d) closedir(d);
         free(abs);
-        free(copy);
     }
 }
 

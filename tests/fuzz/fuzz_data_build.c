@@ -6,8 +6,6 @@
  * whose names carry the input kind (run.sh writes them). */
 #include "tests/fuzz/fuzz.h"
 
-#include <libgen.h>
-
 #include "cli/cli.h"
 #include "config/common.h"
 #include "data/dataset.h"

@@ -6,7 +6,6 @@
  * mutated index). */
 #include "tests/fuzz/fuzz.h"
 
-#include <libgen.h>
 #include <xxhash.h>
 
 #include "data/dataset.h"
@@ -19,21 +18,14 @@ static char (*dirs)[4200];
 void fuzz_prepare(const char *workdir, int nseeds, char **seed_paths) {
     dirs = calloc((size_t)nseeds, sizeof *dirs);
     for (int k = 0; k < nseeds; k++) {
-        char src[4200], *copy = strdup(seed_paths[k]);
-        char *abs = realpath(dirname(copy), NULL);
+        char *abs = fuzz_seed_dir(seed_paths[k]), name[64];
         snprintf(dirs[k], sizeof dirs[k], "%s/ds-%d", workdir, k);
         mkdir(dirs[k], 0755);
         for (int s = 0; abs; s++) {
-            char name[64], link[4300];
             snprintf(name, sizeof name, DATASET_SHARD_FMT, s);
-            snprintf(src, sizeof src, "%s/%s", abs, name);
-            if (access(src, F_OK) != 0) break;
-            snprintf(link, sizeof link, "%s/%s", dirs[k], name);
-            unlink(link);
-            if (symlink(src, link) != 0) perror(link);
+            if (fuzz_link(abs, name, dirs[k])) break;
         }
         free(abs);
-        free(copy);
     }
 }
 

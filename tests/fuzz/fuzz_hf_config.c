@@ -7,7 +7,6 @@
  * linked next to the mutated config). */
 #include "tests/fuzz/fuzz.h"
 
-#include <libgen.h>
 
 #include "cli/model_source.h"
 #include "config/common.h"
@@ -18,16 +17,11 @@ static char (*dirs)[4200];
 void fuzz_prepare(const char *workdir, int nseeds, char **seed_paths) {
     dirs = calloc((size_t)nseeds, sizeof *dirs);
     for (int k = 0; k < nseeds; k++) {
-        char *copy = strdup(seed_paths[k]), src[4400], link[4400];
-        char *abs = realpath(dirname(copy), NULL);
+        char *abs = fuzz_seed_dir(seed_paths[k]);
         snprintf(dirs[k], sizeof dirs[k], "%s/hf-%d", workdir, k);
         mkdir(dirs[k], 0755);
-        snprintf(src, sizeof src, "%s/model.safetensors", abs ? abs : ".");
-        snprintf(link, sizeof link, "%s/model.safetensors", dirs[k]);
-        unlink(link);
-        if (!abs || symlink(src, link) != 0) perror(link);
+        if (!abs || fuzz_link(abs, "model.safetensors", dirs[k])) fprintf(stderr, "%s: no weights beside it\n", seed_paths[k]);
         free(abs);
-        free(copy);
     }
 }
 

@@ -7,7 +7,6 @@
  * generate`. */
 #include "tests/fuzz/fuzz.h"
 
-#include <libgen.h>
 
 #include "data/dataset.h"
 #include "data/shard_format.h"
@@ -19,25 +18,15 @@ static char (*dirs)[4200];
 void fuzz_prepare(const char *workdir, int nseeds, char **seed_paths) {
     dirs = calloc((size_t)nseeds, sizeof *dirs);
     for (int k = 0; k < nseeds; k++) {
-        char src[4200], link[4300], *copy = strdup(seed_paths[k]);
-        char *abs = realpath(dirname(copy), NULL);
+        char *abs = fuzz_seed_dir(seed_paths[k]), name[64];
         snprintf(dirs[k], sizeof dirs[k], "%s/sh-%d", workdir, k);
         mkdir(dirs[k], 0755);
-        snprintf(src, sizeof src, "%s/%s", abs ? abs : ".", DATASET_INDEX_NAME);
-        snprintf(link, sizeof link, "%s/%s", dirs[k], DATASET_INDEX_NAME);
-        unlink(link);
-        if (!abs || symlink(src, link) != 0) perror(link);
+        if (!abs || fuzz_link(abs, DATASET_INDEX_NAME, dirs[k])) fprintf(stderr, "%s: no index beside it\n", seed_paths[k]);
         for (int s = 1; abs; s++) {
-            char name[64];
             snprintf(name, sizeof name, DATASET_SHARD_FMT, s);
-            snprintf(src, sizeof src, "%s/%s", abs, name);
-            if (access(src, F_OK) != 0) break;
-            snprintf(link, sizeof link, "%s/%s", dirs[k], name);
-            unlink(link);
-            if (symlink(src, link) != 0) perror(link);
+            if (fuzz_link(abs, name, dirs[k])) break;
         }
         free(abs);
-        free(copy);
     }
 }
 

@@ -28,7 +28,7 @@ cp "$ROOT"/recipes/*.yaml "$S/"
     "$MTRAIN" data generate --out ds2 --docs 3 --seed 2 --frame-tokens 64 --shard-size-mb 1 >/dev/null) ||
     { fail fuzz_setup "mtrain data generate failed"; exit 1; }
 cat >"$S/tiny.yaml" <<YAML
-model: {vocab_size: 257, hidden_size: 16, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 32}
+model: {vocab_size: 258, hidden_size: 16, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 32}
 train: {seq_len: 16, micro_batch: 2, global_batch: 2, steps: 2, seed: 1}
 optimizer: {lr: 1e-3, warmup_steps: 0}
 data: {path: $S/ds1}
@@ -39,6 +39,8 @@ YAML
     { fail fuzz_setup "tiny training run failed: $(tail -2 "$S/train.log")"; exit 1; }
 ST_SEEDS=("$S/run/model.safetensors" "$S"/ck/step-*/rank-00000.safetensors)
 "$MTRAIN" convert "$S/run" --hf "$S/hf" >/dev/null 2>&1 || { fail fuzz_setup "mtrain convert --hf failed"; exit 1; }
+# the checkpoint resharded for tp 2 x pp 2 (four rank files, tensors in parts): a second manifest seed
+"$MTRAIN" convert "$S/ck" "$S/ck_tp2" --tp 2 --pp 2 >/dev/null 2>&1 || { fail fuzz_setup "mtrain convert --tp 2 failed"; exit 1; }
 
 python3 - "$S" <<'PY' || { fail fuzz_setup "python3 seed writer failed"; exit 1; }
 import base64, json, struct, sys
@@ -112,7 +114,7 @@ run_fuzz() {
 }
 run_fuzz recipe "$S"/*.yaml
 run_fuzz safetensors "${ST_SEEDS[@]}"
-run_fuzz checkpoint "$S"/ck/step-*/manifest.json
+run_fuzz checkpoint "$S"/ck/step-*/manifest.json "$S"/ck_tp2/step-*/manifest.json
 run_fuzz hf_config "$S"/hf/config.json
 run_fuzz tokenizer_hf "$S"/tokenizer0.json "$S"/tokenizer1.json
 run_fuzz tiktoken "$S"/ranks.tiktoken
