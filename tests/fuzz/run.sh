@@ -41,6 +41,12 @@ ST_SEEDS=("$S/run/model.safetensors" "$S"/ck/step-*/rank-00000.safetensors)
 "$MTRAIN" convert "$S/run" --hf "$S/hf" >/dev/null 2>&1 || { fail fuzz_setup "mtrain convert --hf failed"; exit 1; }
 # the checkpoint resharded for tp 2 x pp 2 (four rank files, tensors in parts): a second manifest seed
 "$MTRAIN" convert "$S/ck" "$S/ck_tp2" --tp 2 --pp 2 >/dev/null 2>&1 || { fail fuzz_setup "mtrain convert --tp 2 failed"; exit 1; }
+# and a tiny Mixtral's, resharded for tp 2 x dp 2 with ep 2 and etp 2 (experts split two ways): a third
+sed 's/^model: {/model: {arch: mixtral, num_experts: 4, experts_per_token: 2, /; s#/ck,#/ckm,#; s#/run,#/runm,#' \
+    "$S/tiny.yaml" >"$S/moe.yaml"
+(cd "$S" && timeout 120 "$MTRAIN" pretrain moe.yaml >"$S/train.log" 2>&1 &&
+    "$MTRAIN" convert ckm ckm_ep2 --tp 2 --pp 1 --dp 2 --ep 2 --etp 2 >/dev/null 2>&1) ||
+    { fail fuzz_setup "tiny Mixtral run or its convert failed: $(tail -2 "$S/train.log")"; exit 1; }
 
 python3 - "$S" <<'PY' || { fail fuzz_setup "python3 seed writer failed"; exit 1; }
 import base64, json, struct, sys
@@ -114,7 +120,7 @@ run_fuzz() {
 }
 run_fuzz recipe "$S"/*.yaml
 run_fuzz safetensors "${ST_SEEDS[@]}"
-run_fuzz checkpoint "$S"/ck/step-*/manifest.json "$S"/ck_tp2/step-*/manifest.json
+run_fuzz checkpoint "$S"/ck/step-*/manifest.json "$S"/ck_tp2/step-*/manifest.json "$S"/ckm_ep2/step-*/manifest.json
 run_fuzz hf_config "$S"/hf/config.json
 run_fuzz tokenizer_hf "$S"/tokenizer0.json "$S"/tokenizer1.json
 run_fuzz tiktoken "$S"/ranks.tiktoken
