@@ -643,11 +643,11 @@ static json_t *load_manifest(const char *step_dir, struct train_state *st, char 
     if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "mtrain-checkpoint") || !json_is_integer(ver) ||
         !json_is_array(json_object_get(man, "tensors"))) {
         snprintf(err, errlen, "%s: not an mtrain checkpoint manifest", path);
-    } else if (read_state(man, st, why, sizeof why) != 0) {
-        snprintf(err, errlen, "%s: bad training state: %s", path, why);
     } else if (json_integer_value(ver) != CHECKPOINT_FORMAT_VERSION) {
         snprintf(err, errlen, "%s: checkpoint format version %lld, this mtrain reads version %d", path,
                  (long long)json_integer_value(ver), CHECKPOINT_FORMAT_VERSION);
+    } else if (read_state(man, st, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s: bad training state: %s", path, why);
     } else {
         *rc = 0;
         return man;
@@ -726,6 +726,8 @@ int checkpoint_load(const char *step_dir, const struct param_table *t, float *pa
 
 /* ---- offline resharding ---- */
 
+static int reader_holds(const struct ckpt_reader *rd, int sec, const struct param_info *p, char *err, size_t errlen);
+
 struct convert_ctx {
     struct ckpt_reader *rd;
     int tp_rank;
@@ -737,23 +739,36 @@ struct convert_ctx {
 
 static const float *convert_source(void *ctx, int sec, const struct param_info *p) {
     struct convert_ctx *c = ctx;
-    /* the manifest's entry must hold this tensor's shape before its size is allocated: the recipe in a manifest
-     * without a checksum is not otherwise verified, and could name any size */
-    char name[PARAM_NAME_MAX + 32];
-    snprintf(name, sizeof name, "%s%s", section_prefix[sec], p->name);
-    size_t i;
-    json_t *e, *entry = NULL;
-    json_array_foreach(json_object_get(c->rd->man, "tensors"), i, e) {
-        json_t *n = json_object_get(e, "name");
-        if (json_is_string(n) && !strcmp(json_string_value(n), name)) entry = e;
-        if (entry) break;
-    }
-    if (!entry || entry_rule(entry, p) < 0)
-        die("%s: tensor %s is missing or has another shape or shard rule: the manifest's tensors do not match its "
-            "recipe", c->rd->dir, name);
+    if (reader_holds(c->rd, sec, p, c->err, c->errlen) != 0) die("%s", c->err);
     if (p->numel > c->cap) c->buf = xrealloc(c->buf, sizeof(float) * (c->cap = p->numel));
     if (ckpt_reader_read(c->rd, p, c->tp_rank, sec, c->buf, c->err, c->errlen) != 0) die("%s", c->err);
     return c->buf;
+}
+
+/* Whether the manifest has an entry for section sec of tensor p with p's shape: checked before a tensor the size
+ * the manifest's recipe names is allocated (the recipe of a manifest without a checksum is not otherwise
+ * verified, and could name any size). 0, or -1 with err. */
+static int reader_holds(const struct ckpt_reader *rd, int sec, const struct param_info *p, char *err, size_t errlen) {
+    char name[PARAM_NAME_MAX + 32];
+    snprintf(name, sizeof name, "%s%s", section_prefix[sec], p->name);
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(rd->man, "tensors"), i, e) {
+        json_t *n = json_object_get(e, "name");
+        if (json_is_string(n) && !strcmp(json_string_value(n), name)) {
+            if (entry_rule(e, p) >= 0) return 0;
+            break;
+        }
+    }
+    snprintf(err, errlen, "%s: tensor %s is missing or has another shape or shard rule: the manifest's tensors do "
+             "not match its recipe", rd->dir, name);
+    return -1;
+}
+
+int ckpt_reader_check(const struct ckpt_reader *rd, const struct param_table *t, char *err, size_t errlen) {
+    for (int i = 0; i < t->count; i++)
+        if (reader_holds(rd, 0, &t->items[i], err, errlen) != 0) return -1;
+    return 0;
 }
 
 int ckpt_reader_load_recipe(const struct ckpt_reader *rd, struct recipe *r, char *err, size_t errlen) {

@@ -2,6 +2,7 @@
  * logs -> checkpoint, with resume, in-process rewind and signal handling. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
@@ -232,7 +233,9 @@ static void rewind_to_checkpoint(struct run *run, int bad_step, enum rewind_reas
             run->st.rewinds = rewinds;
             if (c->lr_scale_steps > 0) {
                 run->st.lr_scale = c->lr_scale;
-                run->st.lr_scale_until = run->st.step + c->lr_scale_steps;
+                /* lr_scale_steps may be up to INT_MAX: no overflow into a negative (refused on resume) */
+                run->st.lr_scale_until = c->lr_scale_steps > INT_MAX - run->st.step ? INT_MAX
+                                                                                    : run->st.step + c->lr_scale_steps;
             }
             if (run->rank0) printf("rewind: step %d %s -> back to step %d, skipping %lld samples (rewind %d)\n", bad_step,
                    rewind_reason_name(why), run->st.step, (long long)skipped, rewinds);

@@ -45,7 +45,7 @@ ST_SEEDS=("$S/run/model.safetensors" "$S"/ck/step-*/rank-00000.safetensors)
 sed 's/^model: {/model: {arch: mixtral, num_experts: 4, experts_per_token: 2, /; s#/ck,#/ckm,#; s#/run,#/runm,#' \
     "$S/tiny.yaml" >"$S/moe.yaml"
 (cd "$S" && timeout 120 "$MTRAIN" pretrain moe.yaml >"$S/train.log" 2>&1 &&
-    "$MTRAIN" convert ckm ckm_ep2 --tp 2 --pp 1 --dp 2 --ep 2 --etp 2 >/dev/null 2>&1) ||
+    "$MTRAIN" convert ckm ckm_ep2 --tp 2 --pp 1 --dp 2 --ep 2 --etp 2 >>"$S/train.log" 2>&1) ||
     { fail fuzz_setup "tiny Mixtral run or its convert failed: $(tail -2 "$S/train.log")"; exit 1; }
 
 python3 - "$S" <<'PY' || { fail fuzz_setup "python3 seed writer failed"; exit 1; }

@@ -67,13 +67,17 @@ sed -i 's/"consumed_samples": -7/"consumed_samples": 320/; s/"step": 40,/"step":
 expect_exit edge_manifest_old_bad_step_convert_exit1 1 "$MTRAIN" convert ob/step-000000040 ob_conv --tp 1 --pp 1
 expect_output edge_manifest_old_bad_step_message "bad training state: 'step' must be an integer from 0 to 999999999"
 check edge_manifest_old_bad_step_nothing_written test ! -e ob_conv/latest
-# ... and its recipe must match its tensors: a recipe naming a vocabulary of 2^30 is refused before convert
-# allocates the embedding's 4 GiB (found by tests/fuzz/fuzz_checkpoint.c)
+# ... and its recipe must match its tensors: a recipe naming a vocabulary of 2^30 is refused by tensor before
+# convert, convert --hf or generate allocates the embedding's 128 GiB (found by tests/fuzz/fuzz_checkpoint.c)
 sed -i 's/"step": -5,/"step": 40,/; s/vocab_size: 257\\n/vocab_size: 1073741824\\n/' "$(manifest ob 40)"
 grep -q 'vocab_size: 1073741824' "$(manifest ob 40)" || fail edge_manifest_old_big_recipe_setup "sed did not change it"
 expect_exit edge_manifest_old_big_recipe_exit1 1 "$MTRAIN" convert ob/step-000000040 ob_conv2 --tp 1 --pp 1
 expect_output edge_manifest_old_big_recipe_message \
     "tensor model.embed_tokens.weight is missing or has another shape or shard rule: the manifest's tensors do not match"
+expect_exit edge_manifest_old_big_recipe_hf_exit1 1 "$MTRAIN" convert ob/step-000000040 --hf ob_hf
+expect_output edge_manifest_old_big_recipe_hf_message "tensor model.embed_tokens.weight is missing or has another shape"
+expect_exit edge_manifest_old_big_recipe_generate_exit1 1 "$MTRAIN" generate ob/step-000000040 --prompt-ids 1
+expect_output edge_manifest_old_big_recipe_generate_message "tensor model.embed_tokens.weight is missing or has another"
 
 # ---- 2. `latest` does not decide: the newest committed, verified step does ----
 for kind in stale garbled missing ahead; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A short time-boxed run of every fuzz harness (tests/fuzz/, 3 s each, about
-# 25 s in all) so CI exercises the parsers with mutated inputs; `make fuzz`
+# 45 s in all with the seeds' set-up) so CI exercises the parsers with mutated inputs; `make fuzz`
 # runs them longer. A crash, hang, sanitizer report or gigabyte allocation
 # on any input is a FAIL line naming the kept input. The mutation seed is
 # fixed (FUZZ_SEED, default 1) so a CI run is repeatable.

@@ -206,6 +206,7 @@ expect_exit gen_refuses_other_family 2 "$MTRAIN" generate other/hfx --prompt-ids
 expect_output gen_refuses_other_family_message '"gpt2" is not supported'
 # a config.json whose shapes are not its weights': refused by tensor before a model its size is allocated
 cp -r hf other/hfbig && sed -i 's/"vocab_size": *[0-9]*/"vocab_size": 1073741824/' other/hfbig/config.json
+grep -q '"vocab_size": 1073741824' other/hfbig/config.json || fail gen_config_shape_mismatch_setup "sed did not change it"
 expect_exit gen_config_shape_mismatch 1 "$MTRAIN" generate other/hfbig --prompt-ids 1
 expect_output gen_config_shape_mismatch_message \
     'other/hfbig/model.safetensors: tensor model.embed_tokens.weight has shape \[[0-9]+, [0-9]+\], the recipe needs \[1073741824, '
