@@ -225,6 +225,16 @@ out:
 
 /* ---- resolving ---- */
 
+/* s's model from the Hugging Face config.json at path, within the sizes mtrain's tables take */
+static int hf_model(struct model_source *s, const char *path, char *err, size_t errlen) {
+    if (hf_config_read(path, &s->recipe.model, err, errlen) != 0) return EXIT_USAGE;
+    const char *key;
+    char why[200];
+    if (model_check_tensor_count(&s->recipe.model, &key, why, sizeof why) != 0)
+        return snprintf(err, errlen, "%s: %s", path, why), EXIT_USAGE;
+    return 0;
+}
+
 /* The model of a weights file: --recipe, else model.recipe.yaml or config.json beside it. */
 static int weights_model(struct model_source *s, const char *file, const char *recipe_path, char *err, size_t errlen) {
     char copy[4400], dir[4400], probe[4500];
@@ -241,7 +251,7 @@ static int weights_model(struct model_source *s, const char *file, const char *r
     }
     if (exists_in(dir, "config.json", probe, sizeof probe)) {
         s->kind = SOURCE_HF;
-        return hf_config_read(probe, &s->recipe.model, err, errlen) ? EXIT_USAGE : 0;
+        return hf_model(s, probe, err, errlen);
     }
     snprintf(err, errlen, "%s: no model.recipe.yaml or config.json beside it says what model it holds; pass --recipe FILE "
              "(the recipe it was trained with)", file);
@@ -272,7 +282,7 @@ static int resolve(struct model_source *s, const char *path, const char *recipe_
     if (exists_in(path, "config.json", probe, sizeof probe) && !recipe_path) {
         s->kind = SOURCE_HF;
         snprintf(s->path, sizeof s->path, "%s", path);
-        return hf_config_read(probe, &s->recipe.model, err, errlen) ? EXIT_USAGE : 0;
+        return hf_model(s, probe, err, errlen);
     }
     if (exists_in(path, "model.safetensors", probe, sizeof probe)) return weights_model(s, probe, recipe_path, err, errlen);
     int steps[1];

@@ -12,6 +12,7 @@
 
 /* model.vocab_size: auto, until mtrain pretrain reads the dataset's tokenizer record */
 #define RECIPE_VOCAB_AUTO 0
+#define MODEL_MAX_TENSORS (1ll << 20) /* entries of the parameter table */
 
 struct model_config {
     char arch[RECIPE_STR_MAX];      /* "llama" (dense) | "mixtral" (MoE) | "deepseek_v3" (MLA, MoE, MTP): names the HF export */
@@ -203,3 +204,7 @@ void recipe_print(const struct recipe *r, FILE *out);
 
 /* Print every key with type, default and meaning (mtrain help recipe). */
 void recipe_print_schema(FILE *out);
+/* The parameter table's size (MODEL_MAX_TENSORS entries at most) for m:
+ * 0, or -1 with the recipe key at fault in *key and the reason in why
+ * (recipe_validate; a Hugging Face config.json's model). */
+int model_check_tensor_count(const struct model_config *m, const char **key, char *why, size_t n);

@@ -132,6 +132,24 @@ static int check_model(const struct recipe *r) {
     return 0;
 }
 
+/* the parameter table: 3 + 9 per layer + 3 per expert of each MoE layer */
+int model_check_tensor_count(const struct model_config *m, const char **key, char *why, size_t n) {
+    const long long most = MODEL_MAX_TENSORS;
+    *key = "model.num_layers";
+    if (m->num_layers > most / 9)
+        return snprintf(why, n, "num_layers %d is more than the supported %lld", m->num_layers, most / 9), -1;
+    *key = "model.num_experts";
+    if (m->num_experts > most / 3)
+        return snprintf(why, n, "num_experts %d is more than the supported %lld", m->num_experts, most / 3), -1;
+    long long freq = m->moe_layer_freq > 0 ? m->moe_layer_freq : 1;
+    long long moe_layers = m->num_experts > 0 ? (m->num_layers + freq - 1) / freq : 0;
+    long long tensors = 3 + 9ll * m->num_layers + 3ll * m->num_experts * moe_layers;
+    if (tensors > most)
+        return snprintf(why, n, "num_experts %d in %lld MoE layers make %lld tensors, more than the supported %lld",
+                        m->num_experts, moe_layers, tensors, most), -1;
+    return 0;
+}
+
 /* Bounds on sizes, checked before anything multiplies them: each value
  * was only range-checked alone (1..INT_MAX), and the products below (and in
  * the model code: pp*vpp, tp*pp*cp, micro_batch*dp, the tensor table) must
@@ -139,7 +157,6 @@ static int check_model(const struct recipe *r) {
  * real model or cluster. */
 #define MAX_PARALLEL (1 << 15)      /* ranks along one dimension (tp_rank * tp fits an int) */
 #define MAX_VPP 16                  /* MAX_CHUNKS in model/params.h */
-#define MAX_TENSORS (1ll << 20)     /* entries of the parameter table */
 #define MAX_MICRO_BATCHES (1 << 16) /* per data-parallel rank and step (pipeline schedules) */
 #define MAX_SCHEDULE (1 << 24)      /* pp x vpp x micro batches: the schedule the dry run prints */
 #define MAX_ZBV (1 << 16)           /* pp x micro batches of zbv, whose order is made for all ranks at once */
@@ -155,18 +172,9 @@ static int check_sizes(const struct recipe *r) {
             return verr(r, keys[i], "%d ranks is more than the supported %d", vals[i], MAX_PARALLEL);
     if (p->vpp > MAX_VPP)
         return verr(r, "parallel.vpp", "vpp %d is more than the supported %d virtual stages per rank", p->vpp, MAX_VPP);
-    /* the parameter table: 3 + 9 per layer + 3 per expert of each MoE layer */
-    if (m->num_layers > MAX_TENSORS / 9)
-        return verr(r, "model.num_layers", "num_layers %d is more than the supported %lld", m->num_layers,
-                    MAX_TENSORS / 9);
-    if (m->num_experts > MAX_TENSORS / 3)
-        return verr(r, "model.num_experts", "num_experts %d is more than the supported %lld", m->num_experts,
-                    MAX_TENSORS / 3);
-    long long moe_layers = m->num_experts > 0 ? (m->num_layers + (long long)m->moe_layer_freq - 1) / m->moe_layer_freq : 0;
-    long long tensors = 3 + 9ll * m->num_layers + 3ll * m->num_experts * moe_layers;
-    if (tensors > MAX_TENSORS)
-        return verr(r, "model.num_experts", "num_experts %d in %lld MoE layers make %lld tensors, more than the "
-                    "supported %lld", m->num_experts, moe_layers, tensors, MAX_TENSORS);
+    char why[200];
+    const char *key;
+    if (model_check_tensor_count(m, &key, why, sizeof why) != 0) return verr(r, key, "%s", why);
     /* tokens of a micro batch are counted in int by the model */
     long long tokens = (long long)t->micro_batch * t->seq_len;
     if (tokens > INT_MAX)

@@ -210,6 +210,10 @@ grep -q '"vocab_size": 1073741824' other/hfbig/config.json || fail gen_config_sh
 expect_exit gen_config_shape_mismatch 1 "$MTRAIN" generate other/hfbig --prompt-ids 1
 expect_output gen_config_shape_mismatch_message \
     'other/hfbig/model.safetensors: tensor model.embed_tokens.weight has shape \[[0-9]+, [0-9]+\], the recipe needs \[1073741824, '
+# a config.json with more layers than mtrain's tables take: refused by name (was an internal check failure)
+cp -r hf other/hfdeep && sed -i 's/"num_hidden_layers": *[0-9]*/"num_hidden_layers": 1073741824/' other/hfdeep/config.json
+expect_exit gen_config_too_many_layers 2 "$MTRAIN" generate other/hfdeep --prompt-ids 1
+expect_output gen_config_too_many_layers_message 'other/hfdeep/config.json: num_layers 1073741824 is more than the supported'
 expect_exit gen_help 0 "$MTRAIN" help generate
 expect_exit eval_help 0 "$MTRAIN" eval --help
 exit $FAILED
