@@ -12,7 +12,9 @@
 
 /* model.vocab_size: auto, until mtrain pretrain reads the dataset's tokenizer record */
 #define RECIPE_VOCAB_AUTO 0
-#define MODEL_MAX_TENSORS (1ll << 20) /* entries of the parameter table */
+/* entries of the parameter table: 4x those of the largest published MoE models (Kimi K2 ~70k), a 48 MiB table;
+ * at 2^20 a dry run built several 180 MiB tables */
+#define MODEL_MAX_TENSORS (1ll << 18)
 
 struct model_config {
     char arch[RECIPE_STR_MAX];      /* "llama" (dense) | "mixtral" (MoE) | "deepseek_v3" (MLA, MoE, MTP): names the HF export */

@@ -132,7 +132,7 @@ static int check_model(const struct recipe *r) {
     return 0;
 }
 
-/* the parameter table: 3 + 9 per layer + 3 per expert of each MoE layer */
+/* the parameter table: 3 + 9 per layer (and MTP module) + 3 per expert of each MoE layer (an upper bound) */
 int model_check_tensor_count(const struct model_config *m, const char **key, char *why, size_t n) {
     const long long most = MODEL_MAX_TENSORS;
     *key = "model.num_layers";
@@ -142,8 +142,9 @@ int model_check_tensor_count(const struct model_config *m, const char **key, cha
     if (m->num_experts > most / 3)
         return snprintf(why, n, "num_experts %d is more than the supported %lld", m->num_experts, most / 3), -1;
     long long freq = m->moe_layer_freq > 0 ? m->moe_layer_freq : 1;
-    long long moe_layers = m->num_experts > 0 ? (m->num_layers + freq - 1) / freq : 0;
-    long long tensors = 3 + 9ll * m->num_layers + 3ll * m->num_experts * moe_layers;
+    /* every MTP module's block may be an MoE block too */
+    long long moe_layers = m->num_experts > 0 ? (m->num_layers + freq - 1) / freq + m->mtp_depth : 0;
+    long long tensors = 3 + 9ll * m->mtp_depth + 9ll * m->num_layers + 3ll * m->num_experts * moe_layers;
     if (tensors > most)
         return snprintf(why, n, "num_experts %d in %lld MoE layers make %lld tensors, more than the supported %lld",
                         m->num_experts, moe_layers, tensors, most), -1;
