@@ -83,7 +83,7 @@ bad_size() {
     else fail "recipe_size_$name" "exit $rc, want 2 naming '$key': $(head -c 300 "$TMP/out")"; fi
 }
 bad_size pp_vpp_overflow parallel.pp model.num_layers=65536 parallel.pp=65536 parallel.vpp=65536
-bad_size pp_vpp_product parallel.vpp model.num_layers=65536 parallel.pp=16384 parallel.vpp=16
+bad_size pp_vpp_product parallel.vpp model.num_layers=16384 parallel.pp=16384 parallel.vpp=16
 bad_size vpp_too_many parallel.vpp model.num_layers=64 parallel.pp=2 parallel.vpp=32
 bad_size tp_huge parallel.tp parallel.tp=2147483647
 bad_size layers_huge model.num_layers model.num_layers=2147483647
