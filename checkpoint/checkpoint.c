@@ -540,8 +540,6 @@ static int read_shard(struct open_files *o, json_t *e, const char *name, float *
     return 0;
 }
 
-/* Fill out (p's local shard in the target layout) from the stored shards of
- * `name`, whatever tensor-parallel size they were saved with. */
 /* A manifest entry's shard rule if it stores a part of tensor p (its shape, and the stored rule: the target's, or
  * either whole: a routed expert is whole at etp 1, split over etp ranks by rows or columns otherwise), else -1 */
 static int entry_rule(json_t *e, const struct param_info *p) {
@@ -556,6 +554,8 @@ static int entry_rule(json_t *e, const struct param_info *p) {
     return ok ? rule : -1;
 }
 
+/* Fill out (p's local shard in the target layout) from the stored shards of
+ * `name`, whatever tensor-parallel size they were saved with. */
 static int assemble(struct open_files *o, json_t *tensors, const struct param_info *p, int tp_rank, const char *name,
                     float *out, char *err, size_t errlen) {
     size_t i;
@@ -726,25 +726,6 @@ int checkpoint_load(const char *step_dir, const struct param_table *t, float *pa
 
 /* ---- offline resharding ---- */
 
-static int reader_holds(const struct ckpt_reader *rd, int sec, const struct param_info *p, char *err, size_t errlen);
-
-struct convert_ctx {
-    struct ckpt_reader *rd;
-    int tp_rank;
-    float *buf;
-    size_t cap;
-    char *err;
-    size_t errlen;
-};
-
-static const float *convert_source(void *ctx, int sec, const struct param_info *p) {
-    struct convert_ctx *c = ctx;
-    if (reader_holds(c->rd, sec, p, c->err, c->errlen) != 0) die("%s", c->err);
-    if (p->numel > c->cap) c->buf = xrealloc(c->buf, sizeof(float) * (c->cap = p->numel));
-    if (ckpt_reader_read(c->rd, p, c->tp_rank, sec, c->buf, c->err, c->errlen) != 0) die("%s", c->err);
-    return c->buf;
-}
-
 /* Whether the manifest has an entry for section sec of tensor p with p's shape: checked before a tensor the size
  * the manifest's recipe names is allocated (the recipe of a manifest without a checksum is not otherwise
  * verified, and could name any size). 0, or -1 with err. */
@@ -765,10 +746,32 @@ static int reader_holds(const struct ckpt_reader *rd, int sec, const struct para
     return -1;
 }
 
-int ckpt_reader_check(const struct ckpt_reader *rd, const struct param_table *t, char *err, size_t errlen) {
-    for (int i = 0; i < t->count; i++)
-        if (reader_holds(rd, 0, &t->items[i], err, errlen) != 0) return -1;
-    return 0;
+struct convert_ctx {
+    struct ckpt_reader *rd;
+    int tp_rank;
+    float *buf;
+    size_t cap;
+    char *err;
+    size_t errlen;
+};
+
+static const float *convert_source(void *ctx, int sec, const struct param_info *p) {
+    struct convert_ctx *c = ctx;
+    if (reader_holds(c->rd, sec, p, c->err, c->errlen) != 0) die("%s", c->err);
+    if (p->numel > c->cap) c->buf = xrealloc(c->buf, sizeof(float) * (c->cap = p->numel));
+    if (ckpt_reader_read(c->rd, p, c->tp_rank, sec, c->buf, c->err, c->errlen) != 0) die("%s", c->err);
+    return c->buf;
+}
+
+int ckpt_reader_check(const struct ckpt_reader *rd, const struct model_config *m, char *err, size_t errlen) {
+    struct model_part part;
+    struct param_table t;
+    model_part_full(&part, m);
+    param_table_build(&t, m, &part);
+    int rc = 0;
+    for (int i = 0; i < t.count && !rc; i++) rc = reader_holds(rd, 0, &t.items[i], err, errlen);
+    param_table_free(&t);
+    return rc;
 }
 
 int ckpt_reader_load_recipe(const struct ckpt_reader *rd, struct recipe *r, char *err, size_t errlen) {

@@ -115,10 +115,10 @@ int ckpt_reader_load_recipe(const struct ckpt_reader *rd, struct recipe *r, char
  * local shape); section 0 = parameter, 1 = exp_avg, 2 = exp_avg_sq. */
 int ckpt_reader_read(struct ckpt_reader *rd, const struct param_info *p, int tp_rank, int section, float *out,
                      char *err, size_t errlen);
-/* Every tensor of table t (its parameter section) has a manifest entry of
- * its shape: 0, or -1 with the tensor named in err. For callers that
- * allocate a model the size the manifest's recipe names. */
-int ckpt_reader_check(const struct ckpt_reader *rd, const struct param_table *t, char *err, size_t errlen);
+/* Every parameter of model m (whole, one rank) has a manifest entry of its
+ * shape: 0, or -1 with the tensor named in err. For callers that allocate
+ * a model the size the manifest's recipe names. */
+int ckpt_reader_check(const struct ckpt_reader *rd, const struct model_config *m, char *err, size_t errlen);
 void ckpt_reader_close(struct ckpt_reader *rd);
 
 /* Rewrite a committed step directory for another layout, streaming tensor by

@@ -239,18 +239,11 @@ static struct ckpt_reader *open_with_recipe(const char *step_dir, struct recipe 
         *rc = -1;
         return NULL;
     }
-    if (rd) { /* the manifest's tensors against its recipe, before buffers the recipe's size */
-        struct model_part part;
-        struct param_table t;
-        model_part_full(&part, &r->model);
-        param_table_build(&t, &r->model, &part);
-        int bad = ckpt_reader_check(rd, &t, err, errlen);
-        param_table_free(&t);
-        if (bad) {
-            ckpt_reader_close(rd);
-            *rc = -1;
-            return NULL;
-        }
+    /* the manifest's tensors against its recipe, before buffers the recipe's size */
+    if (rd && ckpt_reader_check(rd, &r->model, err, errlen) != 0) {
+        ckpt_reader_close(rd);
+        *rc = -1;
+        return NULL;
     }
     return rd;
 }

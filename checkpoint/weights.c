@@ -125,11 +125,16 @@ static void check_tensors(struct weight_files *w, const struct param_table *t) {
     }
 }
 
-void weights_check(const struct param_table *t, const char *path) {
+void weights_check(const struct model_config *m, const char *path) {
+    struct model_part part;
+    struct param_table t;
     struct weight_files w;
+    model_part_full(&part, m);
+    param_table_build(&t, m, &part);
     open_weights(&w, path);
-    check_tensors(&w, t);
+    check_tensors(&w, &t);
     close_weights(&w);
+    param_table_free(&t);
 }
 
 void weights_load_each(const struct param_table *t, const char *path, param_put_fn put, void *ctx) {

@@ -14,11 +14,11 @@
  * rope_interleave) has its rotary rows put back in mtrain's order
  * (hf_rope_layout.h). Errors name the file and tensor and exit 1. */
 void weights_load(const struct backend *be, float *buf, const struct param_table *t, const char *path);
-/* Only the check: every tensor of the table is in path with its global
- * shape (before a model that size is allocated: the shapes come from a
- * config.json or recipe that may not match the file). Errors name the file
+/* Only the check: every parameter of model m (whole) is in path with its
+ * global shape (before a model that size is allocated: the shapes come from
+ * a config.json or recipe that may not match the file). Errors name the file
  * and tensor and exit 1. */
-void weights_check(const struct param_table *t, const char *path);
+void weights_check(const struct model_config *m, const char *path);
 /* The same, each tensor handed to put (model/master.h master_put). */
 void weights_load_each(const struct param_table *t, const char *path, param_put_fn put, void *ctx);
 /* Save the device buffer (e.g. parameters or gradients) as fp32 safetensors. */

@@ -370,21 +370,15 @@ int model_source_build(const struct model_source *s, const char *device, int B, 
     const struct backend *be = backend_get(device, "fp32"); /* inference reads the fp32 master weights */
     if (!be) return EXIT_USAGE;
     if (be != &cpu_backend) cuda_use_device(0);
-    { /* the weights' shapes against the model's config (config.json, a recipe, a manifest's) before allocating it */
-        struct model_part part;
-        struct param_table t;
-        model_part_full(&part, &s->recipe.model);
-        param_table_build(&t, &s->recipe.model, &part);
-        int rc = 0;
-        if (s->kind != SOURCE_CHECKPOINT) {
-            weights_check(&t, s->path);
-        } else {
-            /* (a step that does not open is left to model_source_load, which falls back to older steps) */
-            struct ckpt_reader *rd = ckpt_reader_open(s->path, err, errlen, &rc);
-            rc = rd ? ckpt_reader_check(rd, &t, err, errlen) : (err[0] = 0);
-            ckpt_reader_close(rd);
-        }
-        param_table_free(&t);
+    /* the weights' shapes against the model's config (config.json, a recipe, a manifest's) before allocating it;
+     * a step that does not open is left to model_source_load, which falls back to older steps */
+    if (s->kind != SOURCE_CHECKPOINT) {
+        weights_check(&s->recipe.model, s->path);
+    } else {
+        int rc;
+        struct ckpt_reader *rd = ckpt_reader_open(s->path, err, errlen, &rc);
+        rc = rd ? ckpt_reader_check(rd, &s->recipe.model, err, errlen) : (err[0] = 0);
+        ckpt_reader_close(rd);
         if (rc) return EXIT_RUNTIME;
     }
     transformer_create_forward_only(m, be, &s->recipe.model, B, T);
